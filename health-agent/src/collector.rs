@@ -1,0 +1,247 @@
+//! From kernel maps to exact error records.
+//!
+//! The kernel counts every error in per-CPU counters and sends a sample of
+//! them. Each sample carries `seq`, its CPU's counter for its key after the
+//! error, so per (key, CPU) this module knows how many errors it has
+//! accounted for (`accounted`). A sample accounts for itself plus any
+//! suppressed errors of the same key and CPU before it. Errors that never
+//! get a sample are accounted for by [`Collector::reconcile`], which emits
+//! summaries for counter values seen one tick earlier: by then any sample
+//! for them has long been read, so nothing is counted twice. The sum of
+//! `count` over everything emitted equals the kernel's counters.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io;
+
+use aya::maps::{MapData, PerCpuArray, PerCpuHashMap, RingBuf};
+use health_common::{stat, CounterKey, ErrorSample};
+use tokio::io::unix::AsyncFd;
+
+use crate::probes::KernelMaps;
+
+/// Errors of one key: either a sample, standing for `count` errors (itself
+/// and the suppressed ones before it), or a summary without a sample.
+#[derive(Clone, Debug)]
+pub struct KernelError {
+    pub key: CounterKey,
+    pub count: u64,
+    pub sample: Option<ErrorSample>,
+}
+
+/// What the kernel side dropped or merged, summed over CPUs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KernelStats {
+    pub samples_suppressed: u64,
+    pub ringbuf_full: u64,
+    pub counter_map_full: u64,
+    pub writeback_repeats: u64,
+    /// Samples that arrived after a summary had already covered them.
+    pub late_samples: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CollectorError {
+    #[error("waiting on the sample ring buffer: {0}")]
+    Poll(#[from] io::Error),
+    #[error("reading kernel map {map}: {source}")]
+    Map { map: &'static str, source: aya::maps::MapError },
+}
+
+type Slot = (CounterKey, u32);
+
+pub struct Collector {
+    samples: AsyncFd<RingBuf<MapData>>,
+    counts: PerCpuHashMap<MapData, CounterKey, u64>,
+    stats: PerCpuArray<MapData, u64>,
+    /// Errors already emitted, per key and CPU.
+    accounted: HashMap<Slot, u64>,
+    /// Counter values seen at the previous reconcile tick.
+    settled: HashMap<Slot, u64>,
+    late_samples: u64,
+}
+
+impl Collector {
+    /// Takes the sample, counter and stats maps; the partition and device
+    /// maps stay with the caller, which keeps them current.
+    pub fn new(maps: &mut Option<KernelMaps>) -> io::Result<(Self, KernelMapsRest)> {
+        let KernelMaps { samples, counts, stats, partitions, block_devs } =
+            maps.take().ok_or_else(|| io::Error::other("kernel maps already taken"))?;
+        let collector = Self {
+            // SAFETY: the RingBuf owns its map descriptor for as long as the
+            // AsyncFd holds it, and always reports that same descriptor.
+            samples: unsafe { AsyncFd::register_with_interest(samples, tokio::io::Interest::READABLE) }
+                .map_err(|e| e.into_parts().1)?,
+            counts,
+            stats,
+            accounted: HashMap::new(),
+            settled: HashMap::new(),
+            late_samples: 0,
+        };
+        Ok((collector, KernelMapsRest { partitions, block_devs }))
+    }
+
+    /// Waits until the ring buffer has samples, then reads all of them.
+    pub async fn next_batch(&mut self, out: &mut Vec<KernelError>) -> Result<(), CollectorError> {
+        let mut guard = self.samples.readable_mut().await?;
+        guard.clear_ready();
+        drop(guard);
+        self.drain(out);
+        Ok(())
+    }
+
+    /// Reads every sample now in the ring buffer, without waiting.
+    pub fn drain(&mut self, out: &mut Vec<KernelError>) {
+        let ring = self.samples.get_mut();
+        while let Some(item) = ring.next() {
+            let Some(sample) = decode(&item) else {
+                tracing::warn!(len = item.len(), "ignoring a short record in the sample ring buffer");
+                continue;
+            };
+            drop(item);
+            if let Some(e) = account_sample(&mut self.accounted, &mut self.late_samples, sample) {
+                out.push(e);
+            }
+        }
+    }
+
+    /// Emits summaries for errors no sample accounted for. With `final_`
+    /// (the programs are detached and the ring buffer drained), everything
+    /// counted is settled; otherwise only what was counted a tick ago.
+    pub fn reconcile(&mut self, final_: bool, out: &mut Vec<KernelError>) -> Result<(), CollectorError> {
+        for entry in self.counts.iter() {
+            let (key, per_cpu) = entry.map_err(|source| CollectorError::Map { map: "COUNTS", source })?;
+            for (cpu, &value) in per_cpu.iter().enumerate() {
+                if value == 0 {
+                    continue;
+                }
+                let slot = (key, cpu as u32);
+                let target = if final_ {
+                    value
+                } else {
+                    // Counters only grow, so last tick's value is <= value.
+                    self.settled.insert(slot, value).unwrap_or(0)
+                };
+                let acct = self.accounted.entry(slot).or_insert(0);
+                if target > *acct {
+                    out.push(KernelError { key, count: target - *acct, sample: None });
+                    *acct = target;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Exact totals per key, summed over CPUs.
+    pub fn totals(&self) -> Result<BTreeMap<CounterKey, u64>, CollectorError> {
+        let mut totals = BTreeMap::new();
+        for entry in self.counts.iter() {
+            let (key, per_cpu) = entry.map_err(|source| CollectorError::Map { map: "COUNTS", source })?;
+            let sum: u64 = per_cpu.iter().sum();
+            if sum > 0 {
+                totals.insert(key, sum);
+            }
+        }
+        Ok(totals)
+    }
+
+    pub fn kernel_stats(&self) -> Result<KernelStats, CollectorError> {
+        let read = |slot: u32| -> Result<u64, CollectorError> {
+            let per_cpu = self
+                .stats
+                .get(&slot, 0)
+                .map_err(|source| CollectorError::Map { map: "STATS", source })?;
+            Ok(per_cpu.iter().sum())
+        };
+        Ok(KernelStats {
+            samples_suppressed: read(stat::SAMPLES_SUPPRESSED)?,
+            ringbuf_full: read(stat::RINGBUF_FULL)?,
+            counter_map_full: read(stat::COUNTER_MAP_FULL)?,
+            writeback_repeats: read(stat::WRITEBACK_REPEATS)?,
+            late_samples: self.late_samples,
+        })
+    }
+}
+
+/// The maps the caller keeps current from the device topology.
+pub struct KernelMapsRest {
+    pub partitions: aya::maps::HashMap<MapData, u32, health_common::PartTable>,
+    pub block_devs: aya::maps::HashMap<MapData, u32, u8>,
+}
+
+fn decode(bytes: &[u8]) -> Option<ErrorSample> {
+    if bytes.len() < std::mem::size_of::<ErrorSample>() {
+        return None;
+    }
+    // SAFETY: ErrorSample is plain #[repr(C)] data valid for any bytes, and
+    // the length was checked; ring buffer records are only 8-byte aligned.
+    Some(unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<ErrorSample>()) })
+}
+
+/// How many errors a sample stands for, given what is already accounted.
+fn account_sample(accounted: &mut HashMap<Slot, u64>, late: &mut u64, sample: ErrorSample) -> Option<KernelError> {
+    if sample.seq == 0 {
+        // The counter map was full: this error is in no counter, so the
+        // sample is its only record.
+        return Some(KernelError { key: sample.key, count: 1, sample: Some(sample) });
+    }
+    let acct = accounted.entry((sample.key, sample.cpu)).or_insert(0);
+    if sample.seq <= *acct {
+        *late += 1;
+        return None;
+    }
+    let count = sample.seq - *acct;
+    *acct = sample.seq;
+    Some(KernelError { key: sample.key, count, sample: Some(sample) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use health_common::{op, source};
+
+    fn sample(key: CounterKey, cpu: u32, seq: u64) -> ErrorSample {
+        ErrorSample {
+            key,
+            cpu,
+            seq,
+            mono_ns: 0,
+            sector: 0,
+            ino: 0,
+            raw_dev: key.dev,
+            nr_sectors: 8,
+            flags: 0,
+            pid: 0,
+            comm: [0; 16],
+            detail: [0; 32],
+        }
+    }
+
+    #[test]
+    fn samples_account_for_suppressed_predecessors_per_key_and_cpu() {
+        let a = CounterKey::new(1, source::BLOCK_RQ_ERROR, op::WRITE, 5);
+        let b = CounterKey::new(1, source::BLOCK_RQ_ERROR, op::READ, 5);
+        let mut acct = HashMap::new();
+        let mut late = 0;
+        let counts: Vec<u64> = [(a, 0, 1), (a, 0, 2), (a, 0, 7), (b, 0, 1), (a, 1, 3)]
+            .into_iter()
+            .map(|(k, cpu, seq)| account_sample(&mut acct, &mut late, sample(k, cpu, seq)).unwrap().count)
+            .collect();
+        assert_eq!(counts, [1, 1, 5, 1, 3]);
+        // A sample already covered by a summary is dropped, not double counted.
+        acct.insert((a, 0), 10);
+        assert!(account_sample(&mut acct, &mut late, sample(a, 0, 9)).is_none());
+        assert_eq!(late, 1);
+        // An uncounted error (counter map full) still counts once.
+        let e = account_sample(&mut acct, &mut late, sample(b, 1, 0)).unwrap();
+        assert_eq!(e.count, 1);
+    }
+
+    #[test]
+    fn short_records_are_refused() {
+        assert!(decode(&[0u8; 16]).is_none());
+        let s = sample(CounterKey::new(7, 1, 2, 5), 1, 42);
+        let bytes: [u8; std::mem::size_of::<ErrorSample>()] = unsafe { std::mem::transmute(s) };
+        let back = decode(&bytes).unwrap();
+        assert_eq!((back.key, back.cpu, back.seq), (s.key, 1, 42));
+    }
+}

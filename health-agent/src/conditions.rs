@@ -1,0 +1,1219 @@
+//! Per-volume health conditions: the one state machine between evidence and
+//! reporting.
+//!
+//! Vocabulary and rules follow the 2026 revision of KEP-1432: a condition is
+//! `(status, reason, message, since)`, keyed by `(status, reason)`. Evidence
+//! comes from independent [`Source`]s (the kernel, each built-in check, the
+//! CSI node and controller services). Each source owns its own conditions and
+//! only that source's evidence can clear them; the volume's view is the union
+//! of all sources, worst first — so a CSI "healthy" never hides a kernel error.
+//!
+//! The machine never reads the clock: every call takes `now`, so tests are
+//! deterministic and the caller decides what time means.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::path::PathBuf;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::{Serialize, Serializer};
+
+use crate::dev::Dev;
+
+/// KEP-1432 volume status. `Ord` sorts worst first:
+/// `Inaccessible < DataLoss < Degraded`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub enum Status {
+    Inaccessible,
+    DataLoss,
+    Degraded,
+}
+
+impl fmt::Display for Status {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Status::Inaccessible => "Inaccessible",
+            Status::DataLoss => "DataLoss",
+            Status::Degraded => "Degraded",
+        })
+    }
+}
+
+/// The built-in checks of `checks.rs`; each one owns the conditions it raises,
+/// so that one check being unable to run never clears another's findings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum CheckKind {
+    /// The volume's mount is still in the mount table.
+    Mount,
+    /// The path answers `statvfs`/`stat` within the timeout.
+    Reachability,
+    /// The filesystem was not remounted read-only by an error.
+    ReadOnly,
+    /// Free bytes and free inodes.
+    Capacity,
+    /// A block volume's device node, sysfs entry and size.
+    Device,
+}
+
+impl fmt::Display for CheckKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            CheckKind::Mount => "mount",
+            CheckKind::Reachability => "reachability",
+            CheckKind::ReadOnly => "read-only",
+            CheckKind::Capacity => "capacity",
+            CheckKind::Device => "device",
+        })
+    }
+}
+
+/// Who owns a condition.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Source {
+    Kernel,
+    Check(CheckKind),
+    /// `Node.NodeGetVolumeHealth` (or the legacy `NodeGetVolumeStats`).
+    CsiNode,
+    /// `Controller.ControllerGetVolumeHealth` and `ControllerListVolumeHealth`.
+    CsiController,
+}
+
+impl fmt::Display for Source {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Source::Kernel => f.write_str("kernel"),
+            Source::Check(c) => write!(f, "check/{c}"),
+            Source::CsiNode => f.write_str("csi-node"),
+            Source::CsiController => f.write_str("csi-controller"),
+        }
+    }
+}
+
+impl Serialize for Source {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+/// One condition as reported.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Condition {
+    pub source: Source,
+    pub status: Status,
+    /// CamelCase, e.g. `BlockIOErrors`.
+    pub reason: String,
+    pub message: String,
+    /// When this `(status, reason)` became true (lastTransitionTime).
+    #[serde(serialize_with = "serialize_time")]
+    pub since: SystemTime,
+    /// When evidence last confirmed it (lastProbeTime).
+    #[serde(serialize_with = "serialize_time")]
+    pub last_probe: SystemTime,
+}
+
+/// What `apply`/`tick` changed; a reporter writes only when this is non-empty.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "change", rename_all = "camelCase")]
+pub enum Change {
+    Raised(Condition),
+    /// Same `(status, reason)`, new message; `since` is kept.
+    Updated {
+        previous_message: String,
+        condition: Condition,
+    },
+    Cleared(Condition),
+}
+
+// ---------------------------------------------------------------------------
+// Evidence
+// ---------------------------------------------------------------------------
+
+/// Kinds of kernel evidence the eBPF collector counts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub enum KernelErrorKind {
+    /// Failed block requests (`block_rq_error`).
+    BlockIo,
+    /// Writeback errors recorded on a mapping (`filemap_set_wb_err`): data an
+    /// application believed written is lost.
+    Writeback,
+    /// `ext4_error`.
+    FilesystemError,
+    /// XFS corruption reports.
+    XfsCorruption,
+    /// Filesystem shutdown (`xfs_force_shutdown`, `ext4_shutdown`).
+    Shutdown,
+}
+
+impl KernelErrorKind {
+    pub fn status(self) -> Status {
+        match self {
+            KernelErrorKind::BlockIo => Status::Degraded,
+            KernelErrorKind::Writeback
+            | KernelErrorKind::FilesystemError
+            | KernelErrorKind::XfsCorruption => Status::DataLoss,
+            KernelErrorKind::Shutdown => Status::Inaccessible,
+        }
+    }
+
+    pub fn reason(self) -> &'static str {
+        match self {
+            KernelErrorKind::BlockIo => "BlockIOErrors",
+            KernelErrorKind::Writeback => "WritebackErrors",
+            KernelErrorKind::FilesystemError => "FilesystemErrors",
+            KernelErrorKind::XfsCorruption => "FilesystemCorruption",
+            KernelErrorKind::Shutdown => "FilesystemShutdown",
+        }
+    }
+
+    fn noun(self, count: u64) -> &'static str {
+        let one = count == 1;
+        match self {
+            KernelErrorKind::BlockIo if one => "block I/O error",
+            KernelErrorKind::BlockIo => "block I/O errors",
+            KernelErrorKind::Writeback if one => "writeback error",
+            KernelErrorKind::Writeback => "writeback errors",
+            KernelErrorKind::FilesystemError if one => "filesystem error",
+            KernelErrorKind::FilesystemError => "filesystem errors",
+            KernelErrorKind::XfsCorruption if one => "XFS corruption report",
+            KernelErrorKind::XfsCorruption => "XFS corruption reports",
+            KernelErrorKind::Shutdown if one => "filesystem shutdown",
+            KernelErrorKind::Shutdown => "filesystem shutdowns",
+        }
+    }
+}
+
+/// New kernel errors of one kind for one volume since the previous kernel
+/// observation of that volume (a delta, not a running total).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KernelErrors {
+    pub kind: KernelErrorKind,
+    pub count: u64,
+    /// Time of the first and the last of these errors.
+    pub first: SystemTime,
+    pub last: SystemTime,
+    pub device: Option<Dev>,
+    pub mount_point: Option<PathBuf>,
+    /// `read`, `write`, `flush`, `discard`... where known.
+    pub op: Option<String>,
+    /// Positive errno (`libc::EIO`), where known.
+    pub errno: Option<i32>,
+}
+
+/// A finding of a built-in check: what `checks.rs` saw, with the numbers the
+/// message needs. Status and reason follow from the variant.
+#[derive(Clone, Debug, PartialEq)]
+pub enum CheckFinding {
+    MountMissing {
+        path: PathBuf,
+    },
+    PathUnreachable {
+        path: PathBuf,
+        op: &'static str,
+        errno: i32,
+    },
+    /// A probe did not return within `timeout`; it was started at `since` and
+    /// may still be stuck (the message stays the same while it is, so that a
+    /// stuck path does not cause a write per probe).
+    PathHung {
+        path: PathBuf,
+        op: &'static str,
+        since: SystemTime,
+        timeout: Duration,
+    },
+    ReadOnlyRemount {
+        mount_point: PathBuf,
+        device: Dev,
+        fs_type: String,
+    },
+    CapacityLow {
+        free_bytes: u64,
+        total_bytes: u64,
+        threshold_percent: f64,
+    },
+    CapacityExhausted {
+        total_bytes: u64,
+    },
+    InodesLow {
+        free: u64,
+        total: u64,
+        threshold_percent: f64,
+    },
+    InodesExhausted {
+        total: u64,
+    },
+    DeviceMissing {
+        path: PathBuf,
+        detail: String,
+    },
+    DeviceZeroSize {
+        path: PathBuf,
+        device: Dev,
+    },
+}
+
+impl CheckFinding {
+    pub fn status(&self) -> Status {
+        match self {
+            CheckFinding::MountMissing { .. }
+            | CheckFinding::PathUnreachable { .. }
+            | CheckFinding::PathHung { .. }
+            | CheckFinding::ReadOnlyRemount { .. }
+            | CheckFinding::DeviceMissing { .. }
+            | CheckFinding::DeviceZeroSize { .. } => Status::Inaccessible,
+            CheckFinding::CapacityLow { .. }
+            | CheckFinding::CapacityExhausted { .. }
+            | CheckFinding::InodesLow { .. }
+            | CheckFinding::InodesExhausted { .. } => Status::Degraded,
+        }
+    }
+
+    pub fn reason(&self) -> &'static str {
+        match self {
+            CheckFinding::MountMissing { .. } => "MountMissing",
+            CheckFinding::PathUnreachable { .. } => "PathUnreachable",
+            CheckFinding::PathHung { .. } => "PathHung",
+            CheckFinding::ReadOnlyRemount { .. } => "ReadOnlyRemount",
+            CheckFinding::CapacityLow { .. } => "CapacityLow",
+            CheckFinding::CapacityExhausted { .. } => "CapacityExhausted",
+            CheckFinding::InodesLow { .. } => "InodesLow",
+            CheckFinding::InodesExhausted { .. } => "InodesExhausted",
+            CheckFinding::DeviceMissing { .. } => "DeviceMissing",
+            CheckFinding::DeviceZeroSize { .. } => "DeviceZeroSize",
+        }
+    }
+
+    pub fn message(&self) -> String {
+        match self {
+            CheckFinding::MountMissing { path } => {
+                format!("no mount at {}", path.display())
+            }
+            CheckFinding::PathUnreachable { path, op, errno } => {
+                format!("{op} of {} failed: {}", path.display(), errno_name(*errno))
+            }
+            CheckFinding::PathHung {
+                path,
+                op,
+                since,
+                timeout,
+            } => format!(
+                "{op} of {} has not returned since {} (timeout {})",
+                path.display(),
+                rfc3339(*since),
+                human_duration(*timeout)
+            ),
+            CheckFinding::ReadOnlyRemount {
+                mount_point,
+                device,
+                fs_type,
+            } => format!(
+                "{fs_type} on {device} at {} was remounted read-only after an error; writes fail with EROFS",
+                mount_point.display()
+            ),
+            CheckFinding::CapacityLow {
+                free_bytes,
+                total_bytes,
+                threshold_percent,
+            } => format!(
+                "{} of {} bytes free ({} of {}, {:.2}%), below {threshold_percent}%",
+                free_bytes,
+                total_bytes,
+                human_bytes(*free_bytes),
+                human_bytes(*total_bytes),
+                percent(*free_bytes, *total_bytes)
+            ),
+            CheckFinding::CapacityExhausted { total_bytes } => format!(
+                "0 of {total_bytes} bytes free ({}): no space left",
+                human_bytes(*total_bytes)
+            ),
+            CheckFinding::InodesLow {
+                free,
+                total,
+                threshold_percent,
+            } => format!(
+                "{free} of {total} inodes free ({:.2}%), below {threshold_percent}%",
+                percent(*free, *total)
+            ),
+            CheckFinding::InodesExhausted { total } => {
+                format!("0 of {total} inodes free: no inodes left")
+            }
+            CheckFinding::DeviceMissing { path, detail } => {
+                format!("block device {} is gone: {detail}", path.display())
+            }
+            CheckFinding::DeviceZeroSize { path, device } => {
+                format!("block device {} ({device}) has size 0", path.display())
+            }
+        }
+    }
+}
+
+/// What one run of one check concluded.
+#[derive(Clone, Debug, PartialEq)]
+pub enum CheckResult {
+    /// Ran and found nothing: evidence of health, clears this check's conditions.
+    Pass,
+    /// Ran and found these (the complete set for this check).
+    Found(Vec<CheckFinding>),
+    /// Could not determine anything (EACCES, ...): never a recovery.
+    ProbeFailed(String),
+}
+
+/// One CSI health entry, passed through as the driver said it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct CsiEntry {
+    pub status: Status,
+    pub reason: String,
+    pub message: String,
+}
+
+/// The answer of a Node or Controller Get call for one volume.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CsiReport {
+    /// The driver's complete list; empty means healthy and clears at once.
+    Health(Vec<CsiEntry>),
+    /// The answer carried no health information: neither raise nor clear.
+    NoHealthInfo,
+    /// Error or timeout: never a recovery.
+    ProbeFailed(String),
+}
+
+/// What one cycle of `ControllerListVolumeHealth` said about one volume. The
+/// caller merges duplicates of the volume within a cycle into one `Listed`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CsiListSighting {
+    Listed(Vec<CsiEntry>),
+    /// A complete cycle ended without the volume. Drivers omit healthy
+    /// volumes, but pages may also omit unhealthy ones, so it takes
+    /// [`ConditionConfig::list_cycles_to_clear`] of these in a row to clear.
+    Absent,
+    /// The cycle did not complete (error mid-pagination): no evidence.
+    CycleFailed(String),
+}
+
+/// One piece of evidence about one volume.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Observation {
+    Kernel(Vec<KernelErrors>),
+    Check {
+        check: CheckKind,
+        result: CheckResult,
+    },
+    CsiNode(CsiReport),
+    CsiControllerGet(CsiReport),
+    CsiControllerList(CsiListSighting),
+}
+
+// ---------------------------------------------------------------------------
+// The machine
+// ---------------------------------------------------------------------------
+
+#[derive(Clone, Debug)]
+pub struct ConditionConfig {
+    /// Kernel conditions clear after this long without a new error of their
+    /// kind, measured from the last error.
+    pub kernel_quiet_window: Duration,
+    /// Consecutive complete List cycles without a volume that clear its
+    /// controller conditions.
+    pub list_cycles_to_clear: u32,
+}
+
+impl Default for ConditionConfig {
+    fn default() -> Self {
+        Self {
+            kernel_quiet_window: Duration::from_secs(5 * 60),
+            list_cycles_to_clear: 2,
+        }
+    }
+}
+
+type Key = (Status, String);
+
+#[derive(Clone, Debug)]
+struct Stored {
+    message: String,
+    since: SystemTime,
+    last_probe: SystemTime,
+}
+
+/// A condition a source currently asserts, before it is merged into the store.
+struct Desired {
+    status: Status,
+    reason: String,
+    message: String,
+    /// Used only when the condition is new.
+    since: SystemTime,
+    seen: SystemTime,
+}
+
+/// A run of kernel errors of one kind that has not yet been quiet for the
+/// window; it is what a kernel condition reports.
+#[derive(Clone, Debug)]
+struct Episode {
+    count: u64,
+    first: SystemTime,
+    last: SystemTime,
+    devices: BTreeSet<Dev>,
+    mounts: BTreeSet<PathBuf>,
+    ops: BTreeSet<String>,
+    errnos: BTreeSet<i32>,
+}
+
+impl Episode {
+    fn message(&self, kind: KernelErrorKind) -> String {
+        let mut m = format!("{} {}", self.count, kind.noun(self.count));
+        let detail: Vec<String> = self
+            .ops
+            .iter()
+            .cloned()
+            .chain(self.errnos.iter().map(|e| errno_name(*e)))
+            .collect();
+        if !detail.is_empty() {
+            m.push_str(&format!(" ({})", detail.join(", ")));
+        }
+        if !self.devices.is_empty() {
+            let devs: Vec<String> = self.devices.iter().map(Dev::to_string).collect();
+            m.push_str(&format!(" on {}", devs.join(", ")));
+        }
+        if !self.mounts.is_empty() {
+            let mounts: Vec<String> = self
+                .mounts
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect();
+            m.push_str(&format!(" at {}", mounts.join(", ")));
+        }
+        if self.first == self.last || self.count == 1 {
+            m.push_str(&format!(" at {}", rfc3339(self.last)));
+        } else {
+            let window = self.last.duration_since(self.first).unwrap_or_default();
+            m.push_str(&format!(
+                " in {} ({} to {})",
+                human_duration(window),
+                rfc3339(self.first),
+                rfc3339(self.last)
+            ));
+        }
+        m
+    }
+}
+
+/// The conditions of one volume, from all sources.
+#[derive(Clone, Debug, Default)]
+pub struct VolumeHealth {
+    config: ConditionConfig,
+    owned: BTreeMap<Source, BTreeMap<Key, Stored>>,
+    kernel: BTreeMap<KernelErrorKind, Episode>,
+    list_absent_cycles: u32,
+    probe_failures: BTreeMap<Source, u64>,
+}
+
+impl VolumeHealth {
+    pub fn new(config: ConditionConfig) -> Self {
+        Self {
+            config,
+            ..Self::default()
+        }
+    }
+
+    /// Feeds one observation; returns what changed (empty in steady state).
+    pub fn apply(&mut self, now: SystemTime, obs: Observation) -> Vec<Change> {
+        match obs {
+            Observation::Kernel(errors) => {
+                for e in errors.into_iter().filter(|e| e.count > 0) {
+                    self.merge_kernel(e);
+                }
+                self.reconcile_kernel(now)
+            }
+            Observation::Check { check, result } => {
+                let source = Source::Check(check);
+                match result {
+                    CheckResult::Pass => self.set(source, Vec::new()),
+                    CheckResult::Found(findings) => {
+                        let desired = findings
+                            .iter()
+                            .map(|f| Desired {
+                                status: f.status(),
+                                reason: f.reason().to_string(),
+                                message: f.message(),
+                                since: now,
+                                seen: now,
+                            })
+                            .collect();
+                        self.set(source, desired)
+                    }
+                    CheckResult::ProbeFailed(_) => self.probe_failed(source),
+                }
+            }
+            Observation::CsiNode(report) => self.csi_report(Source::CsiNode, report, now),
+            Observation::CsiControllerGet(report) => {
+                if matches!(report, CsiReport::Health(_)) {
+                    // A Get is a confirmation; List absences start over.
+                    self.list_absent_cycles = 0;
+                }
+                self.csi_report(Source::CsiController, report, now)
+            }
+            Observation::CsiControllerList(sighting) => match sighting {
+                CsiListSighting::Listed(entries) if !entries.is_empty() => {
+                    self.list_absent_cycles = 0;
+                    self.set(Source::CsiController, csi_desired(entries, now))
+                }
+                // Listed with no entries is treated like an omission: a List
+                // is not trusted to clear on one cycle.
+                CsiListSighting::Listed(_) | CsiListSighting::Absent => {
+                    self.list_absent_cycles = self.list_absent_cycles.saturating_add(1);
+                    if self.list_absent_cycles >= self.config.list_cycles_to_clear {
+                        self.set(Source::CsiController, Vec::new())
+                    } else {
+                        Vec::new()
+                    }
+                }
+                // A failed cycle neither counts as absence nor breaks the run
+                // of complete cycles: it says nothing.
+                CsiListSighting::CycleFailed(_) => self.probe_failed(Source::CsiController),
+            },
+        }
+    }
+
+    /// Periodic evaluation: clears kernel conditions whose quiet window has
+    /// passed.
+    pub fn tick(&mut self, now: SystemTime) -> Vec<Change> {
+        self.reconcile_kernel(now)
+    }
+
+    /// The volume's view: the union of all sources, worst first, one entry per
+    /// `(status, reason)` (the earliest `since` wins when sources agree).
+    pub fn conditions(&self) -> Vec<Condition> {
+        let mut all: Vec<Condition> = self
+            .owned
+            .iter()
+            .flat_map(|(source, map)| map.iter().map(|(key, s)| condition(*source, key, s)))
+            .collect();
+        all.sort_by(|a, b| {
+            (a.status, &a.reason, a.since, a.source).cmp(&(b.status, &b.reason, b.since, b.source))
+        });
+        all.dedup_by(|later, first| later.status == first.status && later.reason == first.reason);
+        all
+    }
+
+    /// The worst status over all sources, `None` when healthy.
+    pub fn worst(&self) -> Option<Status> {
+        self.owned
+            .values()
+            .flat_map(|m| m.keys())
+            .map(|(s, _)| *s)
+            .min()
+    }
+
+    /// How many probes of `source` failed without telling anything.
+    pub fn probe_failures(&self, source: Source) -> u64 {
+        self.probe_failures.get(&source).copied().unwrap_or(0)
+    }
+
+    fn probe_failed(&mut self, source: Source) -> Vec<Change> {
+        *self.probe_failures.entry(source).or_default() += 1;
+        Vec::new()
+    }
+
+    fn csi_report(&mut self, source: Source, report: CsiReport, now: SystemTime) -> Vec<Change> {
+        match report {
+            CsiReport::Health(entries) => self.set(source, csi_desired(entries, now)),
+            CsiReport::NoHealthInfo => Vec::new(),
+            CsiReport::ProbeFailed(_) => self.probe_failed(source),
+        }
+    }
+
+    fn merge_kernel(&mut self, e: KernelErrors) {
+        let (first, last) = (e.first.min(e.last), e.first.max(e.last));
+        let ep = self.kernel.entry(e.kind).or_insert_with(|| Episode {
+            count: 0,
+            first,
+            last,
+            devices: BTreeSet::new(),
+            mounts: BTreeSet::new(),
+            ops: BTreeSet::new(),
+            errnos: BTreeSet::new(),
+        });
+        ep.count = ep.count.saturating_add(e.count);
+        ep.first = ep.first.min(first);
+        ep.last = ep.last.max(last);
+        ep.devices.extend(e.device);
+        ep.mounts.extend(e.mount_point);
+        ep.ops.extend(e.op);
+        ep.errnos.extend(e.errno);
+    }
+
+    fn reconcile_kernel(&mut self, now: SystemTime) -> Vec<Change> {
+        let window = self.config.kernel_quiet_window;
+        // A last error in the future (clock step) keeps the episode open.
+        self.kernel.retain(|_, ep| {
+            now.duration_since(ep.last)
+                .map_or(true, |quiet| quiet < window)
+        });
+        let desired = self
+            .kernel
+            .iter()
+            .map(|(kind, ep)| Desired {
+                status: kind.status(),
+                reason: kind.reason().to_string(),
+                message: ep.message(*kind),
+                since: ep.first,
+                seen: ep.last,
+            })
+            .collect();
+        self.set(Source::Kernel, desired)
+    }
+
+    /// Makes `desired` the complete set of `source`'s conditions.
+    fn set(&mut self, source: Source, desired: Vec<Desired>) -> Vec<Change> {
+        let current = self.owned.entry(source).or_default();
+        let mut next: BTreeMap<Key, Desired> = BTreeMap::new();
+        for d in desired {
+            // (status, reason) is unique per volume: the last word wins.
+            next.insert((d.status, d.reason.clone()), d);
+        }
+        let mut changes = Vec::new();
+        current.retain(|key, stored| {
+            let keep = next.contains_key(key);
+            if !keep {
+                changes.push(Change::Cleared(condition(source, key, stored)));
+            }
+            keep
+        });
+        for (key, d) in next {
+            match current.get_mut(&key) {
+                Some(stored) => {
+                    stored.last_probe = d.seen;
+                    if stored.message != d.message {
+                        let previous_message = std::mem::replace(&mut stored.message, d.message);
+                        changes.push(Change::Updated {
+                            previous_message,
+                            condition: condition(source, &key, stored),
+                        });
+                    }
+                }
+                None => {
+                    let stored = Stored {
+                        message: d.message,
+                        since: d.since,
+                        last_probe: d.seen,
+                    };
+                    changes.push(Change::Raised(condition(source, &key, &stored)));
+                    current.insert(key, stored);
+                }
+            }
+        }
+        if current.is_empty() {
+            self.owned.remove(&source);
+        }
+        changes
+    }
+}
+
+fn csi_desired(entries: Vec<CsiEntry>, now: SystemTime) -> Vec<Desired> {
+    entries
+        .into_iter()
+        .map(|e| Desired {
+            status: e.status,
+            reason: e.reason,
+            message: e.message,
+            since: now,
+            seen: now,
+        })
+        .collect()
+}
+
+fn condition(source: Source, key: &Key, s: &Stored) -> Condition {
+    Condition {
+        source,
+        status: key.0,
+        reason: key.1.clone(),
+        message: s.message.clone(),
+        since: s.since,
+        last_probe: s.last_probe,
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Formatting helpers shared with checks.rs
+// ---------------------------------------------------------------------------
+
+/// `EIO`, or `errno 4242` for numbers the platform does not name.
+pub fn errno_name(errno: i32) -> String {
+    match nix::errno::Errno::from_raw(errno) {
+        nix::errno::Errno::UnknownErrno => format!("errno {errno}"),
+        e => format!("{e:?}"),
+    }
+}
+
+/// RFC 3339 in UTC, to the second.
+pub fn rfc3339(t: SystemTime) -> String {
+    let secs = t
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0);
+    time::OffsetDateTime::from_unix_timestamp(secs)
+        .ok()
+        .and_then(|t| {
+            t.format(&time::format_description::well_known::Rfc3339)
+                .ok()
+        })
+        .unwrap_or_else(|| format!("@{secs}"))
+}
+
+fn serialize_time<S: Serializer>(t: &SystemTime, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&rfc3339(*t))
+}
+
+/// `45s`, `2m13s`, `3h05m`, `750ms`.
+pub fn human_duration(d: Duration) -> String {
+    let secs = d.as_secs();
+    if secs == 0 {
+        return format!("{}ms", d.as_millis());
+    }
+    match secs {
+        s if s < 60 => format!("{s}s"),
+        s if s < 3600 => format!("{}m{:02}s", s / 60, s % 60),
+        s => format!("{}h{:02}m", s / 3600, (s % 3600) / 60),
+    }
+}
+
+/// `12.3 MiB`.
+pub fn human_bytes(b: u64) -> String {
+    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    let mut v = b as f64;
+    let mut unit = 0;
+    while v >= 1024.0 && unit < UNITS.len() - 1 {
+        v /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{b} B")
+    } else {
+        format!("{v:.1} {}", UNITS[unit])
+    }
+}
+
+fn percent(part: u64, whole: u64) -> f64 {
+    if whole == 0 {
+        0.0
+    } else {
+        part as f64 * 100.0 / whole as f64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(secs: u64) -> SystemTime {
+        // 2026-01-01T00:00:00Z
+        UNIX_EPOCH + Duration::from_secs(1_767_225_600 + secs)
+    }
+
+    fn block_errors(count: u64, first: u64, last: u64) -> Observation {
+        Observation::Kernel(vec![KernelErrors {
+            kind: KernelErrorKind::BlockIo,
+            count,
+            first: t(first),
+            last: t(last),
+            device: Some(Dev::new(7, 2)),
+            mount_point: Some("/var/lib/kubelet/pods/p/volumes/kubernetes.io~csi/pv1/mount".into()),
+            op: Some("write".into()),
+            errno: Some(libc::EIO),
+        }])
+    }
+
+    fn check(check: CheckKind, result: CheckResult) -> Observation {
+        Observation::Check { check, result }
+    }
+
+    fn read_only() -> CheckResult {
+        CheckResult::Found(vec![CheckFinding::ReadOnlyRemount {
+            mount_point: "/mnt/v".into(),
+            device: Dev::new(7, 2),
+            fs_type: "ext4".into(),
+        }])
+    }
+
+    fn entry(status: Status, reason: &str, message: &str) -> CsiEntry {
+        CsiEntry {
+            status,
+            reason: reason.into(),
+            message: message.into(),
+        }
+    }
+
+    fn reasons(changes: &[Change]) -> Vec<String> {
+        changes
+            .iter()
+            .map(|c| match c {
+                Change::Raised(c) => format!("+{}", c.reason),
+                Change::Updated { condition, .. } => format!("~{}", condition.reason),
+                Change::Cleared(c) => format!("-{}", c.reason),
+            })
+            .collect()
+    }
+
+    fn view(h: &VolumeHealth) -> Vec<(Status, String)> {
+        h.conditions()
+            .into_iter()
+            .map(|c| (c.status, c.reason))
+            .collect()
+    }
+
+    #[test]
+    fn vocabulary_serializes_as_kep_words() {
+        assert_eq!(
+            serde_json::to_string(&[Status::Inaccessible, Status::DataLoss, Status::Degraded])
+                .unwrap(),
+            r#"["Inaccessible","DataLoss","Degraded"]"#
+        );
+        assert_eq!(Status::DataLoss.to_string(), "DataLoss");
+        assert!(Status::Inaccessible < Status::DataLoss && Status::DataLoss < Status::Degraded);
+        let kinds = [
+            (KernelErrorKind::BlockIo, Status::Degraded, "BlockIOErrors"),
+            (
+                KernelErrorKind::Writeback,
+                Status::DataLoss,
+                "WritebackErrors",
+            ),
+            (
+                KernelErrorKind::FilesystemError,
+                Status::DataLoss,
+                "FilesystemErrors",
+            ),
+            (
+                KernelErrorKind::XfsCorruption,
+                Status::DataLoss,
+                "FilesystemCorruption",
+            ),
+            (
+                KernelErrorKind::Shutdown,
+                Status::Inaccessible,
+                "FilesystemShutdown",
+            ),
+        ];
+        for (kind, status, reason) in kinds {
+            assert_eq!((kind.status(), kind.reason()), (status, reason));
+        }
+        let mut h = VolumeHealth::default();
+        h.apply(t(0), check(CheckKind::ReadOnly, read_only()));
+        let json = serde_json::to_value(&h.conditions()[0]).unwrap();
+        assert_eq!(json["source"], "check/read-only");
+        assert_eq!(json["status"], "Inaccessible");
+        assert_eq!(json["reason"], "ReadOnlyRemount");
+        assert_eq!(json["since"], "2026-01-01T00:00:00Z");
+        assert_eq!(json["lastProbe"], "2026-01-01T00:00:00Z");
+    }
+
+    #[test]
+    fn unchanged_tuple_keeps_since_and_steady_state_is_silent() {
+        let mut h = VolumeHealth::default();
+        let changes = h.apply(t(0), check(CheckKind::ReadOnly, read_only()));
+        assert_eq!(reasons(&changes), ["+ReadOnlyRemount"]);
+
+        // Same finding again: nothing to write, since kept, last probe moves.
+        assert!(h
+            .apply(t(60), check(CheckKind::ReadOnly, read_only()))
+            .is_empty());
+        let c = &h.conditions()[0];
+        assert_eq!((c.since, c.last_probe), (t(0), t(60)));
+
+        // Same (status, reason), new message: Updated, since still kept.
+        let other = CheckResult::Found(vec![CheckFinding::ReadOnlyRemount {
+            mount_point: "/mnt/v".into(),
+            device: Dev::new(7, 3),
+            fs_type: "ext4".into(),
+        }]);
+        let changes = h.apply(t(120), check(CheckKind::ReadOnly, other));
+        match &changes[..] {
+            [Change::Updated {
+                previous_message,
+                condition,
+            }] => {
+                assert!(previous_message.contains("7:2"));
+                assert!(condition.message.contains("7:3"));
+                assert_eq!((condition.since, condition.last_probe), (t(0), t(120)));
+            }
+            other => panic!("expected one Updated, got {other:?}"),
+        }
+
+        // Healthy steady state: passes on a healthy volume change nothing.
+        let mut healthy = VolumeHealth::default();
+        for i in 0..3 {
+            assert!(healthy
+                .apply(t(i), check(CheckKind::Mount, CheckResult::Pass))
+                .is_empty());
+            assert!(healthy
+                .apply(t(i), Observation::CsiNode(CsiReport::Health(vec![])))
+                .is_empty());
+            assert!(healthy.tick(t(i)).is_empty());
+        }
+        assert_eq!(healthy.worst(), None);
+    }
+
+    #[test]
+    fn failed_check_probe_is_not_a_recovery() {
+        let mut h = VolumeHealth::default();
+        h.apply(t(0), check(CheckKind::ReadOnly, read_only()));
+        let failed = check(
+            CheckKind::ReadOnly,
+            CheckResult::ProbeFailed("EACCES".into()),
+        );
+        assert!(h.apply(t(10), failed.clone()).is_empty());
+        assert!(h.apply(t(20), failed).is_empty());
+        assert_eq!(view(&h), [(Status::Inaccessible, "ReadOnlyRemount".into())]);
+        assert_eq!(h.probe_failures(Source::Check(CheckKind::ReadOnly)), 2);
+        assert_eq!(h.probe_failures(Source::CsiNode), 0);
+        // The stored condition was not touched by the failures.
+        assert_eq!(h.conditions()[0].last_probe, t(0));
+    }
+
+    #[test]
+    fn check_condition_clears_when_the_check_passes() {
+        let mut h = VolumeHealth::default();
+        h.apply(t(0), check(CheckKind::ReadOnly, read_only()));
+        // Another check passing says nothing about this one.
+        assert!(h
+            .apply(t(5), check(CheckKind::Mount, CheckResult::Pass))
+            .is_empty());
+        // Back to rw.
+        let changes = h.apply(t(10), check(CheckKind::ReadOnly, CheckResult::Pass));
+        assert_eq!(reasons(&changes), ["-ReadOnlyRemount"]);
+        assert_eq!(h.worst(), None);
+    }
+
+    #[test]
+    fn capacity_low_then_exhausted_then_fine() {
+        let mut h = VolumeHealth::default();
+        let low = CheckResult::Found(vec![CheckFinding::CapacityLow {
+            free_bytes: 3 << 20,
+            total_bytes: 100 << 20,
+            threshold_percent: 5.0,
+        }]);
+        assert_eq!(
+            reasons(&h.apply(t(0), check(CheckKind::Capacity, low))),
+            ["+CapacityLow"]
+        );
+        let msg = h.conditions()[0].message.clone();
+        assert_eq!(
+            msg,
+            "3145728 of 104857600 bytes free (3.0 MiB of 100.0 MiB, 3.00%), below 5%"
+        );
+        let out = CheckResult::Found(vec![CheckFinding::CapacityExhausted {
+            total_bytes: 100 << 20,
+        }]);
+        let mut changes = reasons(&h.apply(t(1), check(CheckKind::Capacity, out)));
+        changes.sort();
+        assert_eq!(changes, ["+CapacityExhausted", "-CapacityLow"]);
+        let changes = h.apply(t(2), check(CheckKind::Capacity, CheckResult::Pass));
+        assert_eq!(reasons(&changes), ["-CapacityExhausted"]);
+    }
+
+    #[test]
+    fn kernel_condition_clears_after_quiet_window_from_last_error() {
+        let cfg = ConditionConfig {
+            kernel_quiet_window: Duration::from_secs(300),
+            ..ConditionConfig::default()
+        };
+        let mut h = VolumeHealth::new(cfg);
+        let changes = h.apply(t(10), block_errors(3, 0, 5));
+        assert_eq!(reasons(&changes), ["+BlockIOErrors"]);
+        let c = &h.conditions()[0];
+        assert_eq!(
+            (c.status, c.since, c.last_probe),
+            (Status::Degraded, t(0), t(5))
+        );
+        assert_eq!(
+            c.message,
+            "3 block I/O errors (write, EIO) on 7:2 at \
+             /var/lib/kubelet/pods/p/volumes/kubernetes.io~csi/pv1/mount \
+             in 5s (2026-01-01T00:00:00Z to 2026-01-01T00:00:05Z)"
+        );
+
+        // More errors extend the episode: the message (count, window) changes.
+        let changes = h.apply(t(100), block_errors(2, 100, 100));
+        assert_eq!(reasons(&changes), ["~BlockIOErrors"]);
+        assert!(h.conditions()[0].message.starts_with("5 block I/O errors"));
+        assert_eq!(h.conditions()[0].since, t(0));
+
+        // 300 s counted from the last error (t=100), not the first.
+        assert!(h.tick(t(305)).is_empty());
+        assert!(h.tick(t(399)).is_empty());
+        // An empty kernel observation is no evidence of anything.
+        assert!(h.apply(t(399), Observation::Kernel(vec![])).is_empty());
+        assert_eq!(reasons(&h.tick(t(400))), ["-BlockIOErrors"]);
+        assert!(h.tick(t(500)).is_empty());
+
+        // A new error after clearing starts a new episode with a new since.
+        h.apply(t(600), block_errors(1, 600, 600));
+        let c = &h.conditions()[0];
+        assert_eq!(c.since, t(600));
+        assert!(c
+            .message
+            .starts_with("1 block I/O error (write, EIO) on 7:2"));
+        assert!(c.message.ends_with(" at 2026-01-01T00:10:00Z"));
+    }
+
+    #[test]
+    fn kernel_kinds_map_to_their_own_conditions() {
+        let mut h = VolumeHealth::default();
+        let e = |kind, count| KernelErrors {
+            kind,
+            count,
+            first: t(0),
+            last: t(0),
+            device: None,
+            mount_point: None,
+            op: None,
+            errno: None,
+        };
+        let changes = h.apply(
+            t(0),
+            Observation::Kernel(vec![
+                e(KernelErrorKind::Writeback, 1),
+                e(KernelErrorKind::Shutdown, 1),
+                e(KernelErrorKind::FilesystemError, 0), // nothing new
+            ]),
+        );
+        assert_eq!(changes.len(), 2);
+        assert_eq!(
+            view(&h),
+            [
+                (Status::Inaccessible, "FilesystemShutdown".into()),
+                (Status::DataLoss, "WritebackErrors".into())
+            ]
+        );
+        assert_eq!(h.worst(), Some(Status::Inaccessible));
+    }
+
+    #[test]
+    fn csi_node_empty_list_clears_at_once_and_failures_do_not() {
+        let mut h = VolumeHealth::default();
+        let sick = CsiReport::Health(vec![entry(
+            Status::DataLoss,
+            "BackendCorrupt",
+            "raid lost a member",
+        )]);
+        assert_eq!(
+            reasons(&h.apply(t(0), Observation::CsiNode(sick))),
+            ["+BackendCorrupt"]
+        );
+        let timeout = Observation::CsiNode(CsiReport::ProbeFailed("DeadlineExceeded".into()));
+        assert!(h.apply(t(60), timeout).is_empty());
+        assert!(h
+            .apply(t(90), Observation::CsiNode(CsiReport::NoHealthInfo))
+            .is_empty());
+        assert_eq!(h.probe_failures(Source::CsiNode), 1);
+        assert_eq!(h.worst(), Some(Status::DataLoss));
+        let healthy = Observation::CsiNode(CsiReport::Health(vec![]));
+        assert_eq!(reasons(&h.apply(t(120), healthy)), ["-BackendCorrupt"]);
+    }
+
+    #[test]
+    fn csi_list_clears_only_after_two_complete_cycles_without_the_volume() {
+        let mut h = VolumeHealth::default();
+        let listed = || {
+            Observation::CsiControllerList(CsiListSighting::Listed(vec![entry(
+                Status::Inaccessible,
+                "VolumeNotFound",
+                "deleted on the array",
+            )]))
+        };
+        let absent = || Observation::CsiControllerList(CsiListSighting::Absent);
+        assert_eq!(reasons(&h.apply(t(0), listed())), ["+VolumeNotFound"]);
+
+        // One absence, then back: the run of absences starts over.
+        assert!(h.apply(t(300), absent()).is_empty());
+        assert!(h.apply(t(600), listed()).is_empty());
+        assert!(h.apply(t(900), absent()).is_empty());
+        // A failed cycle says nothing and is counted.
+        let failed =
+            Observation::CsiControllerList(CsiListSighting::CycleFailed("Unavailable".into()));
+        assert!(h.apply(t(1000), failed).is_empty());
+        assert_eq!(h.probe_failures(Source::CsiController), 1);
+        // A listing with no entries is no stronger than an omission.
+        let changes = h.apply(
+            t(1200),
+            Observation::CsiControllerList(CsiListSighting::Listed(vec![])),
+        );
+        assert_eq!(reasons(&changes), ["-VolumeNotFound"]);
+        assert!(h.apply(t(1500), absent()).is_empty());
+        assert_eq!(h.conditions()[0..].len(), 0);
+    }
+
+    #[test]
+    fn csi_controller_get_clears_what_list_raised_at_once() {
+        let mut h = VolumeHealth::default();
+        let listed = CsiListSighting::Listed(vec![entry(
+            Status::Degraded,
+            "ReplicaMissing",
+            "1 of 3 replicas down",
+        )]);
+        h.apply(t(0), Observation::CsiControllerList(listed));
+        h.apply(
+            t(300),
+            Observation::CsiControllerList(CsiListSighting::Absent),
+        );
+        let changes = h.apply(
+            t(301),
+            Observation::CsiControllerGet(CsiReport::Health(vec![])),
+        );
+        assert_eq!(reasons(&changes), ["-ReplicaMissing"]);
+    }
+
+    #[test]
+    fn each_source_owns_its_conditions_and_worst_case_wins() {
+        let mut h = VolumeHealth::default();
+        h.apply(t(0), block_errors(4, 0, 1));
+        h.apply(
+            t(0),
+            Observation::CsiControllerGet(CsiReport::Health(vec![entry(
+                Status::Degraded,
+                "BlockIOErrors",
+                "driver saw it too",
+            )])),
+        );
+        h.apply(
+            t(1),
+            Observation::CsiNode(CsiReport::Health(vec![entry(
+                Status::Inaccessible,
+                "NodeLostPath",
+                "multipath down",
+            )])),
+        );
+        // Union, worst first, one entry per (status, reason): the kernel's
+        // BlockIOErrors (since t0) and the controller's are one condition.
+        assert_eq!(
+            view(&h),
+            [
+                (Status::Inaccessible, "NodeLostPath".into()),
+                (Status::Degraded, "BlockIOErrors".into())
+            ]
+        );
+        // The driver saying "healthy" clears only the driver's conditions.
+        let changes = h.apply(t(2), Observation::CsiNode(CsiReport::Health(vec![])));
+        assert_eq!(reasons(&changes), ["-NodeLostPath"]);
+        let changes = h.apply(
+            t(3),
+            Observation::CsiControllerGet(CsiReport::Health(vec![])),
+        );
+        assert_eq!(reasons(&changes), ["-BlockIOErrors"]);
+        assert_eq!(view(&h), [(Status::Degraded, "BlockIOErrors".into())]);
+        assert_eq!(h.conditions()[0].source, Source::Kernel);
+        // The kernel's condition goes only by its own rule.
+        assert_eq!(reasons(&h.tick(t(301))), ["-BlockIOErrors"]);
+    }
+
+    #[test]
+    fn formatting_helpers() {
+        assert_eq!(errno_name(libc::EIO), "EIO");
+        assert_eq!(errno_name(libc::EROFS), "EROFS");
+        assert_eq!(errno_name(4242), "errno 4242");
+        assert_eq!(human_duration(Duration::from_millis(750)), "750ms");
+        assert_eq!(human_duration(Duration::from_secs(133)), "2m13s");
+        assert_eq!(human_duration(Duration::from_secs(3 * 3600 + 300)), "3h05m");
+        assert_eq!(human_bytes(512), "512 B");
+        assert_eq!(human_bytes(3 << 20), "3.0 MiB");
+    }
+}

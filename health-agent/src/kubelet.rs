@@ -1,0 +1,793 @@
+//! Discovery of the volumes kubelet has set up on this node, from its
+//! directory tree (default `/var/lib/kubelet`).
+//!
+//! Layouts read (all relative to the kubelet root):
+//! - CSI filesystem volumes: `pods/<uid>/volumes/kubernetes.io~csi/<name>/mount`
+//!   with `vol_data.json` beside `mount`. `<name>` is the PV name, or for an
+//!   inline ephemeral volume the pod's volume name.
+//! - CSI staging mounts: `plugins/kubernetes.io/csi/<driver>/<sha256(volumeHandle)>/globalmount`
+//!   (newer kubelets) or `plugins/kubernetes.io/csi/pv/<pv>/globalmount` (older).
+//! - CSI block volumes: `pods/<uid>/volumeDevices/kubernetes.io~csi/<pv>` (a
+//!   symlink to the device or a device node), with metadata in
+//!   `plugins/kubernetes.io/csi/volumeDevices/<pv>/data/vol_data.json`, the
+//!   per-pod global map file `.../volumeDevices/<pv>/dev/<uid>` and the staging
+//!   path `.../volumeDevices/staging/<pv>`.
+//! - Local PVs: `pods/<uid>/volumes/kubernetes.io~local-volume/<pv>` (and
+//!   `volumeDevices/kubernetes.io~local-volume/<pv>` in block mode).
+//!
+//! Discovery must never hang on the storage it is meant to watch, so it never
+//! stats a path that may be a mount point (on a dead NFS or FUSE mount that
+//! `lstat` blocks): whether `mount` or `globalmount` exists is read from the
+//! parent directory's entries instead. Symlinks are never followed during the
+//! walk; only [`resolve_device`] stats a block volume's device node.
+//!
+//! Anything odd (malformed `vol_data.json`, unreadable directory, a file where
+//! a directory belongs) skips that one volume with a warning naming the path.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs::{self, FileType};
+use std::io::{self, Read};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use tracing::{debug, warn};
+
+use crate::dev::Dev;
+use crate::topology::MountEntry;
+
+pub const DEFAULT_KUBELET_ROOT: &str = "/var/lib/kubelet";
+
+const CSI_PLUGIN_DIR: &str = "kubernetes.io~csi";
+const LOCAL_PLUGIN_DIR: &str = "kubernetes.io~local-volume";
+const VOL_DATA: &str = "vol_data.json";
+/// kubelet writes a handful of short strings; anything bigger is not ours.
+const VOL_DATA_MAX_BYTES: u64 = 64 * 1024;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub enum VolumeMode {
+    Filesystem,
+    Block,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub enum VolumeKind {
+    /// A CSI volume backed by a PV.
+    Csi,
+    /// An inline CSI ephemeral volume: no PV, generated volume handle.
+    CsiEphemeral,
+    /// A `local` PV.
+    LocalVolume,
+}
+
+/// One volume as one pod sees it. A PV used by two pods is two entries.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct KubeletVolume {
+    pub pod_uid: String,
+    pub pv: Option<String>,
+    /// The directory name under the pod: the PV name, or for inline
+    /// ephemeral volumes the pod's volume name.
+    pub pod_volume_dir_name: String,
+    pub driver: Option<String>,
+    pub volume_handle: Option<String>,
+    pub volume_mode: VolumeMode,
+    pub kind: VolumeKind,
+    /// Filesystem mode: the pod's mount point. Block mode: the pod's device
+    /// path (symlink or device node).
+    pub path: PathBuf,
+    pub staging_path: Option<PathBuf>,
+    pub node_name: Option<String>,
+}
+
+/// Why one volume was skipped; logged, never returned.
+#[derive(Debug, thiserror::Error)]
+enum Skip {
+    #[error("cannot read {path}: {source}")]
+    Io { path: PathBuf, source: io::Error },
+    #[error("malformed {path}: {source}")]
+    Json {
+        path: PathBuf,
+        source: serde_json::Error,
+    },
+    #[error("{path}: {what}")]
+    Unexpected { path: PathBuf, what: String },
+}
+
+fn unexpected(path: &Path, what: impl Into<String>) -> Skip {
+    Skip::Unexpected {
+        path: path.to_path_buf(),
+        what: what.into(),
+    }
+}
+
+/// The keys kubelet writes into `vol_data.json`.
+#[derive(Debug, Deserialize)]
+struct VolData {
+    #[serde(rename = "driverName")]
+    driver_name: Option<String>,
+    #[serde(rename = "volumeHandle")]
+    volume_handle: Option<String>,
+    #[serde(rename = "specVolID")]
+    spec_vol_id: Option<String>,
+    #[serde(rename = "nodeName")]
+    node_name: Option<String>,
+    #[serde(rename = "volumeLifecycleMode")]
+    lifecycle_mode: Option<String>,
+}
+
+/// Walks the kubelet tree under `kubelet_root`. Never fails: problems are
+/// logged and the affected volume is left out.
+pub fn discover(kubelet_root: &Path) -> Vec<KubeletVolume> {
+    let csi_plugins = kubelet_root.join("plugins/kubernetes.io/csi");
+    let block_dir = csi_plugins.join("volumeDevices");
+    let mut found: Found = BTreeMap::new();
+
+    let pods = kubelet_root.join("pods");
+    for (uid, pod_dir, ty) in list_dir(&pods) {
+        if !ty.is_dir() {
+            warn!(path = %pod_dir.display(), "skipping: not a pod directory");
+            continue;
+        }
+        let volumes = pod_dir.join("volumes");
+        for (name, dir, ty) in list_dir(&volumes.join(CSI_PLUGIN_DIR)) {
+            match csi_filesystem_volume(&csi_plugins, &uid, &name, &dir, ty) {
+                Ok(Some(v)) => keep(&mut found, v),
+                Ok(None) => {}
+                Err(e) => warn!(path = %dir.display(), "skipping CSI volume: {e}"),
+            }
+        }
+        for (name, path, ty) in list_dir(&volumes.join(LOCAL_PLUGIN_DIR)) {
+            if ty.is_dir() {
+                keep(
+                    &mut found,
+                    local_volume(&uid, &name, path, VolumeMode::Filesystem),
+                );
+            } else {
+                warn!(path = %path.display(), "skipping local volume: not a directory");
+            }
+        }
+        let devices = pod_dir.join("volumeDevices");
+        for (name, path, ty) in list_dir(&devices.join(CSI_PLUGIN_DIR)) {
+            match csi_block_volume(&block_dir, &uid, &name, path.clone(), ty) {
+                Ok(v) => keep(&mut found, v),
+                Err(e) => warn!(path = %path.display(), "skipping CSI block volume: {e}"),
+            }
+        }
+        for (name, path, ty) in list_dir(&devices.join(LOCAL_PLUGIN_DIR)) {
+            if is_device_like(ty) {
+                keep(
+                    &mut found,
+                    local_volume(&uid, &name, path, VolumeMode::Block),
+                );
+            } else {
+                warn!(path = %path.display(), "skipping local block volume: not a device or symlink");
+            }
+        }
+    }
+
+    // Block volumes whose pod-side link is gone (or not yet made) still have
+    // the global map file kubelet keeps per pod: `volumeDevices/<pv>/dev/<uid>`.
+    for (pv, pv_dir, ty) in list_dir(&block_dir) {
+        if !ty.is_dir() || pv == "staging" || pv == "publish" {
+            continue;
+        }
+        for (uid, path, ty) in list_dir_quiet(&pv_dir.join("dev")) {
+            if found.contains_key(&(uid.clone(), pv.clone(), VolumeMode::Block)) {
+                continue;
+            }
+            match csi_block_volume(&block_dir, &uid, &pv, path.clone(), ty) {
+                Ok(v) => keep(&mut found, v),
+                Err(e) => warn!(path = %path.display(), "skipping CSI block volume: {e}"),
+            }
+        }
+    }
+
+    found.into_values().collect()
+}
+
+/// Discovered volumes by (pod, dir name, mode); the first sighting wins.
+type Found = BTreeMap<(String, String, VolumeMode), KubeletVolume>;
+
+fn keep(found: &mut Found, v: KubeletVolume) {
+    found
+        .entry((
+            v.pod_uid.clone(),
+            v.pod_volume_dir_name.clone(),
+            v.volume_mode,
+        ))
+        .or_insert(v);
+}
+
+/// `pods/<uid>/volumes/kubernetes.io~csi/<name>`. `Ok(None)`: no `mount` dir,
+/// kubelet is setting the volume up or tearing it down.
+fn csi_filesystem_volume(
+    csi_plugins: &Path,
+    uid: &str,
+    name: &str,
+    dir: &Path,
+    ty: FileType,
+) -> Result<Option<KubeletVolume>, Skip> {
+    if !ty.is_dir() {
+        return Err(unexpected(dir, "not a directory"));
+    }
+    let entries = read_entries(dir)?;
+    let Some(mount_ty) = entries.get("mount") else {
+        debug!(path = %dir.display(), "no mount directory yet/any more");
+        return Ok(None);
+    };
+    if !mount_ty.is_dir() {
+        return Err(unexpected(&dir.join("mount"), "not a directory"));
+    }
+    if !entries.get(VOL_DATA).is_some_and(FileType::is_file) {
+        return Err(unexpected(
+            &dir.join(VOL_DATA),
+            "missing or not a regular file",
+        ));
+    }
+    let data = read_vol_data(&dir.join(VOL_DATA))?;
+    let (driver, handle) = required(&data, &dir.join(VOL_DATA))?;
+    let ephemeral = match data.lifecycle_mode.as_deref() {
+        // Kubelets before ephemeral volumes wrote no mode.
+        None | Some("Persistent") => false,
+        Some("Ephemeral") => true,
+        Some(other) => {
+            return Err(unexpected(
+                &dir.join(VOL_DATA),
+                format!("unknown volumeLifecycleMode {other:?}"),
+            ))
+        }
+    };
+    let (kind, pv, staging_path) = if ephemeral {
+        // Ephemeral volumes are never staged and have no PV.
+        (VolumeKind::CsiEphemeral, None, None)
+    } else {
+        let pv = data.spec_vol_id.clone().unwrap_or_else(|| name.to_string());
+        let staging = staging_path(csi_plugins, &driver, &handle, &pv);
+        (VolumeKind::Csi, Some(pv), staging)
+    };
+    Ok(Some(KubeletVolume {
+        pod_uid: uid.to_string(),
+        pv,
+        pod_volume_dir_name: name.to_string(),
+        driver: Some(driver),
+        volume_handle: Some(handle),
+        volume_mode: VolumeMode::Filesystem,
+        kind,
+        path: dir.join("mount"),
+        staging_path,
+        node_name: data.node_name,
+    }))
+}
+
+/// The staging mount of a persistent CSI volume, if kubelet made one.
+fn staging_path(csi_plugins: &Path, driver: &str, handle: &str, pv: &str) -> Option<PathBuf> {
+    // Newer kubelets: <driver>/<sha256(volumeHandle)>/globalmount.
+    if is_single_component(driver) {
+        let sha = hex(&Sha256::digest(handle.as_bytes()));
+        let dir = csi_plugins.join(driver).join(sha);
+        if has_entry(&dir, "globalmount") {
+            return Some(dir.join("globalmount"));
+        }
+    }
+    // Older kubelets: pv/<pv>/globalmount.
+    if is_single_component(pv) {
+        let dir = csi_plugins.join("pv").join(pv);
+        if has_entry(&dir, "globalmount") {
+            return Some(dir.join("globalmount"));
+        }
+    }
+    None
+}
+
+/// `pods/<uid>/volumeDevices/kubernetes.io~csi/<pv>` or the global map file.
+fn csi_block_volume(
+    block_dir: &Path,
+    uid: &str,
+    pv_dir_name: &str,
+    path: PathBuf,
+    ty: FileType,
+) -> Result<KubeletVolume, Skip> {
+    if !is_device_like(ty) {
+        return Err(unexpected(&path, "not a device node or symlink"));
+    }
+    if !is_single_component(pv_dir_name) {
+        return Err(unexpected(&path, "unusable volume name"));
+    }
+    let vol_data = block_dir.join(pv_dir_name).join("data").join(VOL_DATA);
+    let data = read_vol_data(&vol_data)?;
+    let (driver, handle) = required(&data, &vol_data)?;
+    let staging = has_entry(&block_dir.join("staging"), pv_dir_name)
+        .then(|| block_dir.join("staging").join(pv_dir_name));
+    Ok(KubeletVolume {
+        pod_uid: uid.to_string(),
+        pv: Some(data.spec_vol_id.unwrap_or_else(|| pv_dir_name.to_string())),
+        pod_volume_dir_name: pv_dir_name.to_string(),
+        driver: Some(driver),
+        volume_handle: Some(handle),
+        volume_mode: VolumeMode::Block,
+        kind: VolumeKind::Csi,
+        path,
+        staging_path: staging,
+        node_name: data.node_name,
+    })
+}
+
+fn local_volume(uid: &str, name: &str, path: PathBuf, mode: VolumeMode) -> KubeletVolume {
+    KubeletVolume {
+        pod_uid: uid.to_string(),
+        pv: Some(name.to_string()),
+        pod_volume_dir_name: name.to_string(),
+        driver: None,
+        volume_handle: None,
+        volume_mode: mode,
+        kind: VolumeKind::LocalVolume,
+        path,
+        staging_path: None,
+        node_name: None,
+    }
+}
+
+/// The device a volume lives on: for filesystem mode the mount at its path
+/// (the topmost one when mounts are stacked), for block mode the device node
+/// its path resolves to. `None` when not mounted / not a block device.
+pub fn resolve_device(vol: &KubeletVolume, mounts: &[MountEntry]) -> Option<Dev> {
+    match vol.volume_mode {
+        VolumeMode::Filesystem => mounts
+            .iter()
+            .rev()
+            .find(|m| m.mount_point == vol.path)
+            .map(|m| m.dev),
+        // stat follows the symlink to the device node; it does no I/O on the
+        // device itself, so it cannot hang on a dead disk.
+        VolumeMode::Block => match nix::sys::stat::stat(&vol.path) {
+            Ok(st) if st.st_mode & libc::S_IFMT == libc::S_IFBLK && st.st_rdev != 0 => {
+                Some(Dev::from_stat(st.st_rdev))
+            }
+            Ok(_) => None,
+            Err(e) => {
+                debug!(path = %vol.path.display(), "cannot stat block volume: {e}");
+                None
+            }
+        },
+    }
+}
+
+fn required(data: &VolData, path: &Path) -> Result<(String, String), Skip> {
+    match (&data.driver_name, &data.volume_handle) {
+        (Some(d), Some(h)) if !d.is_empty() && !h.is_empty() => Ok((d.clone(), h.clone())),
+        _ => Err(unexpected(path, "driverName or volumeHandle missing")),
+    }
+}
+
+fn read_vol_data(path: &Path) -> Result<VolData, Skip> {
+    let io_err = |source| Skip::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    // Not following a symlink here keeps the walk inside the kubelet tree.
+    let meta = fs::symlink_metadata(path).map_err(io_err)?;
+    if !meta.file_type().is_file() {
+        return Err(unexpected(path, "not a regular file"));
+    }
+    let mut text = String::new();
+    fs::File::open(path)
+        .and_then(|f| f.take(VOL_DATA_MAX_BYTES).read_to_string(&mut text))
+        .map_err(io_err)?;
+    serde_json::from_str(&text).map_err(|source| Skip::Json {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// Names and types (from the directory entry, without stat-ing the entry) of
+/// a directory. Missing directory: empty, silently; other errors: warn.
+fn list_dir(dir: &Path) -> Vec<(String, PathBuf, FileType)> {
+    match read_entries(dir) {
+        Ok(entries) => entries
+            .into_iter()
+            .map(|(name, ty)| {
+                let path = dir.join(&name);
+                (name, path, ty)
+            })
+            .collect(),
+        Err(Skip::Io { source, .. }) if source.kind() == io::ErrorKind::NotFound => Vec::new(),
+        Err(e) => {
+            warn!(path = %dir.display(), "skipping directory: {e}");
+            Vec::new()
+        }
+    }
+}
+
+/// Like [`list_dir`] but without warnings: for optional places.
+fn list_dir_quiet(dir: &Path) -> Vec<(String, PathBuf, FileType)> {
+    read_entries(dir)
+        .map(|e| {
+            e.into_iter()
+                .map(|(n, t)| (n.clone(), dir.join(n), t))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn read_entries(dir: &Path) -> Result<BTreeMap<String, FileType>, Skip> {
+    let io_err = |source| Skip::Io {
+        path: dir.to_path_buf(),
+        source,
+    };
+    let mut out = BTreeMap::new();
+    let mut odd = BTreeSet::new();
+    for entry in fs::read_dir(dir).map_err(io_err)? {
+        let entry = entry.map_err(io_err)?;
+        // DirEntry::file_type comes from d_type, which does not cross into a
+        // mount at that entry.
+        let ty = entry.file_type().map_err(io_err)?;
+        match entry.file_name().into_string() {
+            Ok(name) => {
+                out.insert(name, ty);
+            }
+            // Pod UIDs, PV and driver names are ASCII.
+            Err(name) => {
+                odd.insert(name);
+            }
+        }
+    }
+    if !odd.is_empty() {
+        warn!(path = %dir.display(), count = odd.len(), "ignoring entries with non-UTF-8 names");
+    }
+    Ok(out)
+}
+
+fn has_entry(dir: &Path, name: &str) -> bool {
+    read_entries(dir).is_ok_and(|e| e.contains_key(name))
+}
+
+fn is_device_like(ty: FileType) -> bool {
+    use std::os::unix::fs::FileTypeExt;
+    ty.is_symlink() || ty.is_block_device()
+}
+
+/// Guards the names taken from `vol_data.json` before they become paths.
+fn is_single_component(name: &str) -> bool {
+    !name.is_empty() && name != "." && name != ".." && !name.contains('/') && !name.contains('\0')
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::symlink;
+
+    const POD_A: &str = "11111111-aaaa-4aaa-8aaa-000000000001";
+    const POD_B: &str = "22222222-bbbb-4bbb-8bbb-000000000002";
+    const POD_C: &str = "33333333-cccc-4ccc-8ccc-000000000003";
+
+    fn write(path: &Path, text: &str) {
+        fs::create_dir_all(path.parent().unwrap()).unwrap();
+        fs::write(path, text).unwrap();
+    }
+
+    fn csi_pod_volume(root: &Path, uid: &str, name: &str, json: &str) -> PathBuf {
+        let dir = root
+            .join("pods")
+            .join(uid)
+            .join("volumes")
+            .join(CSI_PLUGIN_DIR)
+            .join(name);
+        fs::create_dir_all(dir.join("mount")).unwrap();
+        write(&dir.join(VOL_DATA), json);
+        dir
+    }
+
+    fn persistent_json(pv: &str, handle: &str) -> String {
+        format!(
+            r#"{{"attachmentID":"csi-123","driverName":"disk.csi.example.com","nodeName":"node-1",
+                "specVolID":"{pv}","volumeHandle":"{handle}","volumeLifecycleMode":"Persistent"}}"#
+        )
+    }
+
+    fn find<'a>(vols: &'a [KubeletVolume], uid: &str, name: &str) -> &'a KubeletVolume {
+        vols.iter()
+            .find(|v| v.pod_uid == uid && v.pod_volume_dir_name == name)
+            .unwrap_or_else(|| panic!("{uid}/{name} not discovered in {vols:#?}"))
+    }
+
+    /// Runs `f` with a tracing subscriber that records into a string.
+    fn with_captured_log<T>(f: impl FnOnce() -> T) -> (T, String) {
+        use std::sync::{Arc, Mutex};
+        #[derive(Clone)]
+        struct Buf(Arc<Mutex<Vec<u8>>>);
+        impl io::Write for Buf {
+            fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(b);
+                Ok(b.len())
+            }
+            fn flush(&mut self) -> io::Result<()> {
+                Ok(())
+            }
+        }
+        let buf = Buf(Arc::default());
+        let writer = buf.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .with_max_level(tracing::Level::DEBUG)
+            .finish();
+        let out = tracing::subscriber::with_default(subscriber, f);
+        let log = String::from_utf8_lossy(&buf.0.lock().unwrap()).into_owned();
+        (out, log)
+    }
+
+    /// Makes a block device node; needs root (CAP_MKNOD).
+    fn mknod_block(path: &Path, major: u64, minor: u64) {
+        use nix::sys::stat::{mknod, Mode, SFlag};
+        fs::create_dir_all(path.parent().unwrap()).unwrap();
+        mknod(
+            path,
+            SFlag::S_IFBLK,
+            Mode::from_bits_truncate(0o600),
+            libc::makedev(major as _, minor as _),
+        )
+        .unwrap_or_else(|e| {
+            panic!(
+                "mknod {} failed ({e}): these tests must run as root",
+                path.display()
+            )
+        });
+    }
+
+    #[test]
+    fn discovers_every_layout_and_skips_the_bad() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path();
+        let csi = root.join("plugins/kubernetes.io/csi");
+
+        // Pod A: a persistent volume (newer staging layout) and an inline
+        // ephemeral one, plus a configmap that is none of our business.
+        let pv_a = "pvc-0a0a";
+        let handle_a = "vol-handle-a";
+        csi_pod_volume(root, POD_A, pv_a, &persistent_json(pv_a, handle_a));
+        let sha = hex(&Sha256::digest(handle_a.as_bytes()));
+        let staging_a = csi
+            .join("disk.csi.example.com")
+            .join(&sha)
+            .join("globalmount");
+        fs::create_dir_all(&staging_a).unwrap();
+        write(
+            &staging_a.parent().unwrap().join(VOL_DATA),
+            r#"{"driverName":"disk.csi.example.com","volumeHandle":"vol-handle-a"}"#,
+        );
+        csi_pod_volume(
+            root,
+            POD_A,
+            "scratch",
+            r#"{"driverName":"inline.csi.example.com","volumeHandle":"csi-5f3e9c1b2a","specVolID":"scratch",
+                "nodeName":"node-1","volumeLifecycleMode":"Ephemeral"}"#,
+        );
+        fs::create_dir_all(
+            root.join("pods")
+                .join(POD_A)
+                .join("volumes/kubernetes.io~configmap/cfg"),
+        )
+        .unwrap();
+
+        // Pod B: shares pv_a with pod A; an old-layout volume; a malformed
+        // vol_data.json; a volume without its mount dir; a stray file; a local PV.
+        csi_pod_volume(root, POD_B, pv_a, &persistent_json(pv_a, handle_a));
+        csi_pod_volume(
+            root,
+            POD_B,
+            "pv-old",
+            &persistent_json("pv-old", "old-handle"),
+        );
+        fs::create_dir_all(csi.join("pv/pv-old/globalmount")).unwrap();
+        write(
+            &csi.join("pv/pv-old").join(VOL_DATA),
+            r#"{"driverName":"disk.csi.example.com","volumeHandle":"old-handle"}"#,
+        );
+        csi_pod_volume(
+            root,
+            POD_B,
+            "pv-broken",
+            r#"{"driverName": "disk.csi.example.com", "volumeHa"#,
+        );
+        let torn = csi_pod_volume(
+            root,
+            POD_B,
+            "pv-torn-down",
+            &persistent_json("pv-torn-down", "h"),
+        );
+        fs::remove_dir(torn.join("mount")).unwrap();
+        write(
+            &root
+                .join("pods")
+                .join(POD_B)
+                .join("volumes")
+                .join(CSI_PLUGIN_DIR)
+                .join("stray"),
+            "not a volume",
+        );
+        fs::create_dir_all(
+            root.join("pods")
+                .join(POD_B)
+                .join("volumes")
+                .join(LOCAL_PLUGIN_DIR)
+                .join("local-pv-1"),
+        )
+        .unwrap();
+
+        // Pod C: a CSI block volume, linked the way kubelet does it.
+        let blk = csi.join("volumeDevices");
+        let publish = blk.join("publish/pv-blk").join(POD_C);
+        mknod_block(&publish, 7, 242);
+        let pod_link = root
+            .join("pods")
+            .join(POD_C)
+            .join("volumeDevices")
+            .join(CSI_PLUGIN_DIR)
+            .join("pv-blk");
+        fs::create_dir_all(pod_link.parent().unwrap()).unwrap();
+        symlink(&publish, &pod_link).unwrap();
+        mknod_block(&blk.join("pv-blk/dev").join(POD_C), 7, 242);
+        write(
+            &blk.join("pv-blk/data").join(VOL_DATA),
+            &persistent_json("pv-blk", "blk-handle"),
+        );
+        fs::create_dir_all(blk.join("staging/pv-blk")).unwrap();
+        // ...and a global map file for a pod whose link is gone.
+        mknod_block(&blk.join("pv-blk/dev").join(POD_A), 7, 242);
+
+        // A symlinked "pod" pointing out of the tree is not followed.
+        let outside = tempfile::tempdir().unwrap();
+        csi_pod_volume(
+            outside.path(),
+            "evil",
+            "pv-x",
+            &persistent_json("pv-x", "x"),
+        );
+        symlink(outside.path().join("pods/evil"), root.join("pods/evil")).unwrap();
+
+        let (vols, log) = with_captured_log(|| discover(root));
+        // Each skip names the path it skipped.
+        for skipped in ["pv-broken/vol_data.json", "kubernetes.io~csi/stray"] {
+            assert!(
+                log.lines()
+                    .any(|l| l.contains("WARN") && l.contains(skipped)),
+                "{skipped} in {log}"
+            );
+        }
+        assert!(
+            !log.lines()
+                .any(|l| l.contains("WARN") && l.contains("pv-torn-down")),
+            "a volume being torn down is not worth a warning: {log}"
+        );
+        let names: Vec<(&str, &str)> = vols
+            .iter()
+            .map(|v| (&v.pod_uid[..1], &v.pod_volume_dir_name[..]))
+            .collect();
+        assert_eq!(
+            names,
+            [
+                ("1", "pv-blk"),
+                ("1", pv_a),
+                ("1", "scratch"),
+                ("2", "local-pv-1"),
+                ("2", "pv-old"),
+                ("2", pv_a),
+                ("3", "pv-blk")
+            ],
+            "{vols:#?}"
+        );
+
+        let a = find(&vols, POD_A, pv_a);
+        assert_eq!(
+            a,
+            &KubeletVolume {
+                pod_uid: POD_A.into(),
+                pv: Some(pv_a.into()),
+                pod_volume_dir_name: pv_a.into(),
+                driver: Some("disk.csi.example.com".into()),
+                volume_handle: Some(handle_a.into()),
+                volume_mode: VolumeMode::Filesystem,
+                kind: VolumeKind::Csi,
+                path: root
+                    .join("pods")
+                    .join(POD_A)
+                    .join("volumes/kubernetes.io~csi")
+                    .join(pv_a)
+                    .join("mount"),
+                staging_path: Some(staging_a.clone()),
+                node_name: Some("node-1".into()),
+            }
+        );
+        // The same PV in the other pod: same staging mount, its own path.
+        let b = find(&vols, POD_B, pv_a);
+        assert_eq!(b.staging_path.as_deref(), Some(staging_a.as_path()));
+        assert_ne!(a.path, b.path);
+
+        let eph = find(&vols, POD_A, "scratch");
+        assert_eq!(
+            (eph.kind, eph.pv.as_deref(), eph.staging_path.as_deref()),
+            (VolumeKind::CsiEphemeral, None, None)
+        );
+        assert_eq!(eph.volume_handle.as_deref(), Some("csi-5f3e9c1b2a"));
+
+        let old = find(&vols, POD_B, "pv-old");
+        assert_eq!(old.staging_path, Some(csi.join("pv/pv-old/globalmount")));
+
+        let local = find(&vols, POD_B, "local-pv-1");
+        assert_eq!(
+            (local.kind, local.volume_mode, local.pv.as_deref()),
+            (
+                VolumeKind::LocalVolume,
+                VolumeMode::Filesystem,
+                Some("local-pv-1")
+            )
+        );
+
+        let blk_c = find(&vols, POD_C, "pv-blk");
+        assert_eq!(
+            (blk_c.kind, blk_c.volume_mode),
+            (VolumeKind::Csi, VolumeMode::Block)
+        );
+        assert_eq!(blk_c.path, pod_link);
+        assert_eq!(blk_c.staging_path, Some(blk.join("staging/pv-blk")));
+        assert_eq!(blk_c.volume_handle.as_deref(), Some("blk-handle"));
+        let blk_a = find(&vols, POD_A, "pv-blk");
+        assert_eq!(blk_a.path, blk.join("pv-blk/dev").join(POD_A));
+
+        // Device resolution: block volumes by the node's st_rdev.
+        assert_eq!(resolve_device(blk_c, &[]), Some(Dev::new(7, 242)));
+        assert_eq!(resolve_device(blk_a, &[]), Some(Dev::new(7, 242)));
+
+        // Serializes for the reporter and for `watch --json`.
+        let json = serde_json::to_value(blk_c).unwrap();
+        assert_eq!(json["volumeMode"], "Block");
+        assert_eq!(json["pv"], "pv-blk");
+    }
+
+    #[test]
+    fn resolve_device_filesystem_mode_takes_the_topmost_mount() {
+        let path = "/var/lib/kubelet/pods/p/volumes/kubernetes.io~csi/pv1/mount";
+        let text = format!(
+            "1 0 8:1 / / rw - ext4 /dev/vda1 rw\n\
+             40 1 7:2 / {path} rw - ext4 /dev/loop2 rw\n\
+             41 40 7:3 / {path} rw - xfs /dev/loop3 rw\n"
+        );
+        let mounts = crate::topology::parse_mountinfo(&text).unwrap();
+        let mut vol = local_volume("p", "pv1", PathBuf::from(path), VolumeMode::Filesystem);
+        assert_eq!(resolve_device(&vol, &mounts), Some(Dev::new(7, 3)));
+        vol.path = PathBuf::from("/nowhere");
+        assert_eq!(resolve_device(&vol, &mounts), None);
+        // A block volume whose path is not a block device resolves to nothing.
+        let tmp = tempfile::tempdir().unwrap();
+        let file = tmp.path().join("not-a-device");
+        write(&file, "");
+        let blk = local_volume("p", "pv1", file, VolumeMode::Block);
+        assert_eq!(resolve_device(&blk, &mounts), None);
+    }
+
+    #[test]
+    fn missing_or_unreadable_root_is_empty_not_an_error() {
+        let tmp = tempfile::tempdir().unwrap();
+        assert!(discover(&tmp.path().join("absent")).is_empty());
+        write(&tmp.path().join("pods"), "a file where pods/ should be");
+        assert!(discover(tmp.path()).is_empty());
+    }
+
+    #[test]
+    fn names_from_vol_data_cannot_escape_the_tree() {
+        assert!(is_single_component("disk.csi.example.com"));
+        for bad in ["", ".", "..", "../../etc", "a/b"] {
+            assert!(!is_single_component(bad), "{bad:?}");
+        }
+        // A known answer, so the staging lookup hashes like kubelet.
+        assert_eq!(
+            hex(&Sha256::digest(b"abc")),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+    }
+}

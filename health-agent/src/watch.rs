@@ -1,0 +1,308 @@
+//! `health-agent watch`: standalone mode. Prints every kernel storage error
+//! on this host as it happens, with exact counts.
+
+use std::collections::{BTreeMap, HashSet};
+use std::io::Write;
+use std::time::{Duration, Instant, SystemTime};
+
+use anyhow::Context as _;
+use health_common::{CounterKey, PartRange, PartTable, MAX_PARTITIONS};
+use tokio::signal::unix::{signal, SignalKind};
+
+use crate::collector::{Collector, KernelError, KernelMapsRest};
+use crate::dev::Dev;
+use crate::event::{errno_name, op_name, source_name, Clock, ErrorEvent, Kind};
+use crate::probes::{self, ProbeOptions, SourceState};
+use crate::topology::{HostPaths, MountWatcher, Topology};
+
+#[derive(Clone, Debug)]
+pub struct WatchOptions {
+    pub probes: ProbeOptions,
+    pub host: HostPaths,
+    pub json: bool,
+    pub duration: Option<Duration>,
+    /// How often the human view prints per-device totals.
+    pub totals_interval: Duration,
+    /// Only report these devices (all when empty).
+    pub devices: Vec<Dev>,
+}
+
+/// How often counters are reconciled with samples: errors whose samples
+/// were rate-limited away show up as summaries within two of these.
+const RECONCILE_EVERY: Duration = Duration::from_secs(1);
+/// Block devices come and go without a mount-table change (a loop device
+/// attached, a partition table re-read), so the topology is also rescanned
+/// on this interval.
+const RESCAN_EVERY: Duration = Duration::from_secs(5);
+/// At most one extra rescan per this long, when an event names a device the
+/// topology does not know yet.
+const MIN_RESCAN_GAP: Duration = Duration::from_secs(1);
+
+pub async fn run(opts: WatchOptions) -> anyhow::Result<()> {
+    let (mut attached, maps) = probes::attach(&opts.probes)?;
+    for s in &attached.sources {
+        let level_missing = matches!(s.state, SourceState::Missing { .. });
+        if level_missing {
+            tracing::warn!("{s}");
+        } else {
+            tracing::info!("{s}");
+        }
+    }
+    let mut maps = Some(maps);
+    let (mut collector, mut rest) = Collector::new(&mut maps).context("setting up the sample reader")?;
+    let mut topo = Topology::scan(&opts.host).context("reading the device topology")?;
+    sync_kernel_maps(&topo, &mut rest);
+    let mut mounts = MountWatcher::new(&opts.host).context("watching the mount table")?;
+    let clock = Clock::new();
+    let mut view = View::new(&opts);
+
+    let active = attached
+        .sources
+        .iter()
+        .filter(|s| matches!(s.state, SourceState::Active { .. }))
+        .count();
+    // Tests and scripts wait for this line before causing errors.
+    eprintln!("volume-health: ready, {active} error sources attached");
+
+    let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    let deadline = opts.duration.map(|d| tokio::time::Instant::now() + d);
+    let mut reconcile = tokio::time::interval(RECONCILE_EVERY);
+    let mut rescan = tokio::time::interval(RESCAN_EVERY);
+    let mut totals = tokio::time::interval(opts.totals_interval);
+    totals.tick().await;
+    let mut last_rescan = Instant::now();
+    let mut batch = Vec::new();
+
+    loop {
+        tokio::select! {
+            r = collector.next_batch(&mut batch) => r?,
+            _ = reconcile.tick() => collector.reconcile(false, &mut batch)?,
+            _ = rescan.tick() => {
+                topo = rescan_topology(&opts.host, topo, &mut rest);
+                last_rescan = Instant::now();
+            }
+            r = mounts.changed() => {
+                r.context("watching the mount table")?;
+                topo = rescan_topology(&opts.host, topo, &mut rest);
+                last_rescan = Instant::now();
+            }
+            _ = totals.tick(), if !opts.json => view.print_totals(&collector.totals()?, &topo)?,
+            _ = sigint.recv() => break,
+            _ = sigterm.recv() => break,
+            _ = sleep_until(deadline) => break,
+        }
+        attached.flush_kernel_log();
+        if batch.iter().any(|e| topo.device(Dev::from_kernel(e.key.dev)).is_none())
+            && last_rescan.elapsed() >= MIN_RESCAN_GAP
+        {
+            topo = rescan_topology(&opts.host, topo, &mut rest);
+            last_rescan = Instant::now();
+        }
+        view.print(&batch, &topo, &clock)?;
+        batch.clear();
+    }
+
+    // Detach first, then collect what the kernel counted up to that point:
+    // the last lines printed make every total exact.
+    let sources = attached.sources.clone();
+    drop(attached);
+    collector.drain(&mut batch);
+    collector.reconcile(true, &mut batch)?;
+    view.print(&batch, &topo, &clock)?;
+    let stats = collector.kernel_stats()?;
+    view.print_final(&collector.totals()?, &topo, &stats)?;
+    tracing::debug!(sources = sources.len(), "detached");
+    Ok(())
+}
+
+async fn sleep_until(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
+}
+
+fn rescan_topology(host: &HostPaths, old: Topology, rest: &mut KernelMapsRest) -> Topology {
+    match Topology::scan(host) {
+        Ok(t) => {
+            sync_kernel_maps(&t, rest);
+            t
+        }
+        Err(e) => {
+            // Keep the last good view: a failed scan is not a topology change.
+            tracing::warn!("rescanning the device topology failed, keeping the previous view: {e}");
+            old
+        }
+    }
+}
+
+/// Writes partition tables and the set of block devices into the kernel
+/// maps, so that the kernel attributes errors to partitions and recognises
+/// block-device inodes. Stale entries are removed.
+pub fn sync_kernel_maps(topo: &Topology, rest: &mut KernelMapsRest) {
+    let mut wanted_disks = HashSet::new();
+    for disk in topo.disks() {
+        let parts = topo.partitions(disk.dev);
+        if parts.is_empty() {
+            continue;
+        }
+        if parts.len() > MAX_PARTITIONS {
+            tracing::warn!(
+                disk = %disk.name,
+                partitions = parts.len(),
+                "more partitions than the kernel table holds; errors beyond the first {MAX_PARTITIONS} count against the whole disk"
+            );
+        }
+        let mut table = PartTable::EMPTY;
+        for (slot, p) in parts.iter().filter_map(|p| p.partition.as_ref().map(|x| (p.dev, x))).take(MAX_PARTITIONS).enumerate() {
+            let (dev, part) = p;
+            table.parts[slot] = PartRange {
+                start: part.start,
+                end: part.start.saturating_add(part.sectors),
+                dev: dev.to_kernel(),
+                _pad: 0,
+            };
+            table.count = slot as u32 + 1;
+        }
+        let key = disk.dev.to_kernel();
+        wanted_disks.insert(key);
+        if rest.partitions.get(&key, 0).ok() != Some(table) {
+            if let Err(e) = rest.partitions.insert(key, table, 0) {
+                tracing::warn!(disk = %disk.name, "updating the kernel partition table failed: {e}");
+            }
+        }
+    }
+    let stale: Vec<u32> = rest.partitions.keys().filter_map(Result::ok).filter(|k| !wanted_disks.contains(k)).collect();
+    for k in stale {
+        let _ = rest.partitions.remove(&k);
+    }
+
+    let wanted_devs: HashSet<u32> = topo.devices().iter().map(|d| d.dev.to_kernel()).collect();
+    let present: HashSet<u32> = rest.block_devs.keys().filter_map(Result::ok).collect();
+    for k in wanted_devs.difference(&present) {
+        if let Err(e) = rest.block_devs.insert(*k, 1, 0) {
+            tracing::warn!(dev = %Dev::from_kernel(*k), "updating the kernel device set failed: {e}");
+            break;
+        }
+    }
+    for k in present.difference(&wanted_devs) {
+        let _ = rest.block_devs.remove(k);
+    }
+}
+
+/// Printing, filtering and the running per-device tallies.
+struct View {
+    json: bool,
+    devices: HashSet<Dev>,
+    stdout: std::io::Stdout,
+}
+
+impl View {
+    fn new(opts: &WatchOptions) -> Self {
+        Self { json: opts.json, devices: opts.devices.iter().copied().collect(), stdout: std::io::stdout() }
+    }
+
+    fn wanted(&self, dev: Dev) -> bool {
+        self.devices.is_empty() || self.devices.contains(&dev)
+    }
+
+    fn print(&mut self, batch: &[KernelError], topo: &Topology, clock: &Clock) -> anyhow::Result<()> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let now = SystemTime::now();
+        let mut out = self.stdout.lock();
+        for e in batch {
+            if !self.wanted(Dev::from_kernel(e.key.dev)) {
+                continue;
+            }
+            let ev = ErrorEvent::resolve(e, topo, clock, now);
+            if self.json {
+                serde_json::to_writer(&mut out, &ev).context("writing an event")?;
+                out.write_all(b"\n").context("writing an event")?;
+            } else {
+                writeln!(out, "{}", ev.human_line()).context("writing an event")?;
+            }
+        }
+        out.flush().context("flushing events to stdout")?;
+        Ok(())
+    }
+
+    fn totals_lines(&self, totals: &BTreeMap<CounterKey, u64>, topo: &Topology) -> Vec<String> {
+        let mut per_dev: BTreeMap<Dev, Vec<String>> = BTreeMap::new();
+        for (key, n) in totals {
+            let dev = Dev::from_kernel(key.dev);
+            if !self.wanted(dev) {
+                continue;
+            }
+            let mut what = Kind::of_source(key.source).as_str().to_string();
+            if let Some(op) = op_name(key.op) {
+                what.push(' ');
+                what.push_str(op);
+            }
+            if key.errno != 0 {
+                what.push(' ');
+                what.push_str(&errno_name(key.errno));
+            }
+            what.push_str(&format!(" ({}) {n}", source_name(key.source)));
+            per_dev.entry(dev).or_default().push(what);
+        }
+        per_dev
+            .into_iter()
+            .map(|(dev, items)| {
+                let name = topo.device(dev).map_or_else(|| "?".to_string(), |d| d.name.clone());
+                let mount = topo
+                    .affected_mounts(dev)
+                    .first()
+                    .map(|m| format!(" on {}", m.mount_point.display()))
+                    .unwrap_or_default();
+                format!("  {dev} {name}{mount}: {}", items.join(", "))
+            })
+            .collect()
+    }
+
+    fn print_totals(&mut self, totals: &BTreeMap<CounterKey, u64>, topo: &Topology) -> anyhow::Result<()> {
+        let lines = self.totals_lines(totals, topo);
+        if lines.is_empty() {
+            return Ok(());
+        }
+        let mut out = self.stdout.lock();
+        writeln!(out, "totals since start:")?;
+        for l in lines {
+            writeln!(out, "{l}")?;
+        }
+        out.flush()?;
+        Ok(())
+    }
+
+    fn print_final(
+        &mut self,
+        totals: &BTreeMap<CounterKey, u64>,
+        topo: &Topology,
+        stats: &crate::collector::KernelStats,
+    ) -> anyhow::Result<()> {
+        let lines = self.totals_lines(totals, topo);
+        let mut text = String::new();
+        if lines.is_empty() {
+            text.push_str("no storage errors seen\n");
+        } else {
+            text.push_str("totals:\n");
+            for l in lines {
+                text.push_str(&l);
+                text.push('\n');
+            }
+        }
+        text.push_str(&format!(
+            "kernel side: {} samples rate-limited, {} lost to a full ring buffer, {} errors not countable (counter map full), {} repeated writeback reports merged\n",
+            stats.samples_suppressed, stats.ringbuf_full, stats.counter_map_full, stats.writeback_repeats
+        ));
+        // JSON mode keeps stdout a pure event stream.
+        if self.json {
+            eprint!("{text}");
+        } else {
+            print!("{text}");
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,336 @@
+//! Records shared by the kernel programs (`health-ebpf`) and the agent.
+//!
+//! Every type here is `#[repr(C)]` with explicit padding fields, because the
+//! same bytes are written by BPF code and read by userspace: a hidden padding
+//! byte in a hash-map key would make two equal keys hash differently.
+#![no_std]
+
+/// Which kernel tracepoint produced an error.
+pub mod source {
+    /// `block:block_rq_error`: a block request completed with an error.
+    pub const BLOCK_RQ_ERROR: u8 = 1;
+    /// `block:block_rq_complete` with error != 0: the fallback on kernels
+    /// without `block_rq_error`, and the only place flush failures show.
+    pub const BLOCK_RQ_COMPLETE: u8 = 2;
+    /// `ext4:ext4_error`: ext4 found an inconsistency or an I/O failure.
+    pub const EXT4_ERROR: u8 = 3;
+    /// `ext4:ext4_shutdown`: the filesystem was shut down.
+    pub const EXT4_SHUTDOWN: u8 = 4;
+    /// `xfs:xfs_force_shutdown`.
+    pub const XFS_SHUTDOWN: u8 = 5;
+    /// `xfs:xfs_{fs,group,ag,inode}_mark_corrupt`: xfs marked metadata corrupt.
+    pub const XFS_CORRUPTION: u8 = 6;
+    /// `filemap:filemap_set_wb_err`: writeback failed; applications learn
+    /// of it only if they fsync.
+    pub const WRITEBACK_ERROR: u8 = 7;
+    /// One past the highest source number.
+    pub const COUNT: usize = 8;
+}
+
+/// Block operation, decoded from the tracepoint's `rwbs` string.
+pub mod op {
+    /// No operation applies (filesystem-level events).
+    pub const NONE: u8 = 0;
+    pub const READ: u8 = 1;
+    pub const WRITE: u8 = 2;
+    pub const FLUSH: u8 = 3;
+    pub const DISCARD: u8 = 4;
+    pub const SECURE_ERASE: u8 = 5;
+    pub const WRITE_ZEROES: u8 = 6;
+    /// `N` in rwbs: a driver-private or zone operation.
+    pub const OTHER: u8 = 7;
+}
+
+/// Decodes the operation from a block tracepoint's `rwbs` field.
+///
+/// The kernel writes an optional `F` (preflush), then the operation letter
+/// (`W`, `R`, `D`, `DE`, `WZ`, `F` for a bare flush, `N`), then flag letters.
+/// A leading `F` followed by another operation letter is a preflush on that
+/// operation; an `F` with nothing after it (or only flag letters) is a flush.
+#[inline(always)]
+pub fn op_from_rwbs(rwbs: &[u8; RWBS_LEN]) -> u8 {
+    let (first, second, third) = (rwbs[0], rwbs[1], rwbs[2]);
+    let (letter, next) = if first == b'F' {
+        match second {
+            b'W' | b'R' | b'D' | b'N' => (second, third),
+            _ => return op::FLUSH,
+        }
+    } else {
+        (first, second)
+    };
+    match letter {
+        b'R' => op::READ,
+        b'W' if next == b'Z' => op::WRITE_ZEROES,
+        b'W' => op::WRITE,
+        b'D' if next == b'E' => op::SECURE_ERASE,
+        b'D' => op::DISCARD,
+        b'N' => op::OTHER,
+        _ => op::NONE,
+    }
+}
+
+/// Bytes of `rwbs` the kernel side copies (every kernel has at least 8).
+pub const RWBS_LEN: usize = 8;
+
+/// Key of the in-kernel error counters: one per-CPU `u64` per key.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct CounterKey {
+    /// Kernel-encoded dev_t (`major << 20 | minor`) of the device the error
+    /// belongs to, after partition and block-device-inode resolution.
+    pub dev: u32,
+    /// Positive errno, 0 where the source carries none.
+    pub errno: u32,
+    /// One of [`source`].
+    pub source: u8,
+    /// One of [`op`].
+    pub op: u8,
+    pub _pad: [u8; 2],
+}
+
+impl CounterKey {
+    #[inline(always)]
+    pub const fn new(dev: u32, source: u8, op: u8, errno: u32) -> Self {
+        Self { dev, errno, source, op, _pad: [0; 2] }
+    }
+}
+
+/// One error as streamed to userspace over the ring buffer.
+///
+/// Samples are rate-limited per device; `seq` lets userspace account for the
+/// ones it never saw: it is this CPU's counter for `key` after counting this
+/// error, so the gap to the previous sample of the same key and CPU is the
+/// number of errors this sample stands for.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ErrorSample {
+    pub key: CounterKey,
+    /// CPU the program ran on (the per-CPU counter `seq` belongs to).
+    pub cpu: u32,
+    pub seq: u64,
+    /// `bpf_ktime_get_ns()`: CLOCK_MONOTONIC at the tracepoint.
+    pub mono_ns: u64,
+    /// Absolute sector on the whole disk (block sources), or `u64::MAX`.
+    pub sector: u64,
+    /// Inode number (writeback and xfs inode corruption), else 0.
+    pub ino: u64,
+    /// Device exactly as the tracepoint reported it (the whole disk for
+    /// block sources; `0:N` for the block-device inode case).
+    pub raw_dev: u32,
+    pub nr_sectors: u32,
+    /// Source-specific: xfs shutdown flags, ext4 shutdown flags, ext4_error
+    /// line number, xfs sick-mask.
+    pub flags: u32,
+    /// Process context the tracepoint ran in; for block completions this is
+    /// whoever completed the request, not the issuer.
+    pub pid: u32,
+    pub comm: [u8; 16],
+    /// NUL-padded text: rwbs (block), function (ext4_error), source file
+    /// (xfs shutdown), tracepoint name (xfs corruption).
+    pub detail: [u8; DETAIL_LEN],
+}
+
+pub const DETAIL_LEN: usize = 32;
+
+/// Slots of the per-CPU `STATS` array: what the kernel side dropped or merged.
+pub mod stat {
+    /// Samples not sent because the device's rate limit was exhausted.
+    pub const SAMPLES_SUPPRESSED: u32 = 0;
+    /// Samples lost because the ring buffer was full.
+    pub const RINGBUF_FULL: u32 = 1;
+    /// Errors that could not be counted because the counter map was full.
+    pub const COUNTER_MAP_FULL: u32 = 2;
+    /// Repeated `filemap_set_wb_err` hits for an error already recorded.
+    pub const WRITEBACK_REPEATS: u32 = 3;
+    pub const LEN: u32 = 4;
+}
+
+/// Partitions of one disk, so that the kernel can attribute a block error
+/// (which carries the whole disk and an absolute sector) to its partition.
+pub const MAX_PARTITIONS: usize = 16;
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PartRange {
+    /// First sector of the partition on the disk (512-byte units).
+    pub start: u64,
+    /// One past its last sector.
+    pub end: u64,
+    /// Kernel-encoded dev_t of the partition.
+    pub dev: u32,
+    pub _pad: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PartTable {
+    pub count: u32,
+    pub _pad: u32,
+    pub parts: [PartRange; MAX_PARTITIONS],
+}
+
+impl PartTable {
+    pub const EMPTY: PartTable = PartTable {
+        count: 0,
+        _pad: 0,
+        parts: [PartRange { start: 0, end: 0, dev: 0, _pad: 0 }; MAX_PARTITIONS],
+    };
+
+    /// The partition holding `sector`, or `whole_disk` when none does.
+    #[inline(always)]
+    pub fn resolve(&self, whole_disk: u32, sector: u64) -> u32 {
+        let mut i = 0;
+        while i < MAX_PARTITIONS {
+            if i as u32 >= self.count {
+                break;
+            }
+            let p = &self.parts[i];
+            if sector >= p.start && sector < p.end {
+                return p.dev;
+            }
+            i += 1;
+        }
+        whole_disk
+    }
+}
+
+/// Slots of the kernel side's `LAYOUT` table: the byte offset of each
+/// tracepoint field the programs read. Userspace fills the table from the
+/// running kernel's tracefs `format` files before loading, after checking
+/// each field's name and size, so no program reads at a guessed offset.
+pub mod field {
+    // block:block_rq_error
+    pub const RQ_ERROR_DEV: usize = 0;
+    pub const RQ_ERROR_SECTOR: usize = 1;
+    pub const RQ_ERROR_NR_SECTOR: usize = 2;
+    pub const RQ_ERROR_ERROR: usize = 3;
+    pub const RQ_ERROR_RWBS: usize = 4;
+    // block:block_rq_complete
+    pub const RQ_COMPLETE_DEV: usize = 5;
+    pub const RQ_COMPLETE_SECTOR: usize = 6;
+    pub const RQ_COMPLETE_NR_SECTOR: usize = 7;
+    pub const RQ_COMPLETE_ERROR: usize = 8;
+    pub const RQ_COMPLETE_RWBS: usize = 9;
+    // ext4:ext4_error
+    pub const EXT4_ERROR_DEV: usize = 10;
+    pub const EXT4_ERROR_FUNCTION: usize = 11;
+    pub const EXT4_ERROR_LINE: usize = 12;
+    // ext4:ext4_shutdown
+    pub const EXT4_SHUTDOWN_DEV: usize = 13;
+    pub const EXT4_SHUTDOWN_FLAGS: usize = 14;
+    // xfs:xfs_force_shutdown
+    pub const XFS_SHUTDOWN_DEV: usize = 15;
+    pub const XFS_SHUTDOWN_FLAGS: usize = 16;
+    pub const XFS_SHUTDOWN_FNAME: usize = 17;
+    pub const XFS_SHUTDOWN_LINE: usize = 18;
+    // xfs:xfs_fs_mark_corrupt
+    pub const XFS_FS_CORRUPT_DEV: usize = 19;
+    pub const XFS_FS_CORRUPT_FLAGS: usize = 20;
+    // xfs:xfs_group_mark_corrupt (xfs_ag_mark_corrupt on older kernels)
+    pub const XFS_GROUP_CORRUPT_DEV: usize = 21;
+    pub const XFS_GROUP_CORRUPT_FLAGS: usize = 22;
+    // xfs:xfs_inode_mark_corrupt
+    pub const XFS_INODE_CORRUPT_DEV: usize = 23;
+    pub const XFS_INODE_CORRUPT_INO: usize = 24;
+    pub const XFS_INODE_CORRUPT_FLAGS: usize = 25;
+    // filemap:filemap_set_wb_err
+    pub const WB_ERR_INO: usize = 26;
+    pub const WB_ERR_DEV: usize = 27;
+    pub const WB_ERR_ERRSEQ: usize = 28;
+    pub const COUNT: usize = 29;
+}
+
+/// How `block_rq_complete` is used (kernel global `COMPLETE_MODE`).
+pub mod complete_mode {
+    /// Not attached.
+    pub const OFF: u32 = 0;
+    /// Only failed flushes: they never reach `block_rq_error`.
+    pub const FLUSH_ONLY: u32 = 1;
+    /// Every failed request: the fallback for kernels without `block_rq_error`.
+    pub const ALL_ERRORS: u32 = 2;
+}
+
+/// Kernel dev_t helpers (`MAJOR`/`MINOR`/`MKDEV` of include/linux/kdev_t.h).
+pub mod kdev {
+    pub const MINOR_BITS: u32 = 20;
+    #[inline(always)]
+    pub const fn major(dev: u32) -> u32 {
+        dev >> MINOR_BITS
+    }
+    #[inline(always)]
+    pub const fn minor(dev: u32) -> u32 {
+        dev & ((1 << MINOR_BITS) - 1)
+    }
+    #[inline(always)]
+    pub const fn make(major: u32, minor: u32) -> u32 {
+        (major << MINOR_BITS) | minor
+    }
+}
+
+#[cfg(feature = "user")]
+mod pod {
+    // SAFETY: plain #[repr(C)] data with explicit padding, valid for any bytes.
+    unsafe impl aya::Pod for super::CounterKey {}
+    unsafe impl aya::Pod for super::PartTable {}
+    unsafe impl aya::Pod for super::PartRange {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rwbs(s: &str) -> [u8; RWBS_LEN] {
+        let mut b = [0u8; RWBS_LEN];
+        b[..s.len()].copy_from_slice(s.as_bytes());
+        b
+    }
+
+    #[test]
+    fn rwbs_decoding_follows_blk_fill_rwbs() {
+        let cases = [
+            ("R", op::READ),
+            ("RA", op::READ),
+            ("RM", op::READ),
+            ("W", op::WRITE),
+            ("WS", op::WRITE),
+            ("WFS", op::WRITE),
+            ("FWS", op::WRITE),
+            ("FWFS", op::WRITE),
+            ("F", op::FLUSH),
+            ("FS", op::FLUSH),
+            ("FF", op::FLUSH),
+            ("D", op::DISCARD),
+            ("DE", op::SECURE_ERASE),
+            ("WZ", op::WRITE_ZEROES),
+            ("N", op::OTHER),
+            ("", op::NONE),
+        ];
+        for (text, want) in cases {
+            assert_eq!(op_from_rwbs(&rwbs(text)), want, "rwbs {text:?}");
+        }
+    }
+
+    #[test]
+    fn partition_lookup_uses_half_open_ranges() {
+        let mut t = PartTable::EMPTY;
+        t.count = 2;
+        t.parts[0] = PartRange { start: 2048, end: 4096, dev: kdev::make(259, 1), _pad: 0 };
+        t.parts[1] = PartRange { start: 4096, end: 8192, dev: kdev::make(259, 2), _pad: 0 };
+        let disk = kdev::make(7, 3);
+        assert_eq!(t.resolve(disk, 0), disk);
+        assert_eq!(t.resolve(disk, 2048), kdev::make(259, 1));
+        assert_eq!(t.resolve(disk, 4095), kdev::make(259, 1));
+        assert_eq!(t.resolve(disk, 4096), kdev::make(259, 2));
+        assert_eq!(t.resolve(disk, 8192), disk);
+        assert_eq!(t.resolve(disk, u64::MAX), disk);
+    }
+
+    #[test]
+    fn record_layouts_are_stable() {
+        assert_eq!(core::mem::size_of::<CounterKey>(), 12);
+        assert_eq!(core::mem::size_of::<ErrorSample>(), 112);
+        assert_eq!(core::mem::size_of::<PartTable>(), 8 + 24 * MAX_PARTITIONS);
+        assert_eq!(kdev::make(7, 2), 0x700002);
+        assert_eq!((kdev::major(0x700002), kdev::minor(0x700002)), (7, 2));
+    }
+}

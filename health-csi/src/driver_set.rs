@@ -1,0 +1,299 @@
+//! All node plugins of this node, probed together.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use futures_util::future::join_all;
+use serde::{Deserialize, Serialize};
+use tokio::sync::Semaphore;
+
+use crate::error::CsiError;
+use crate::node::NodeClient;
+use crate::types::NodeVolumeReport;
+
+/// `driver=socket`: use this socket for this driver name, without asking the
+/// driver its name (for sockets outside the kubelet layout, or drivers whose
+/// GetPluginInfo is broken).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DriverOverride {
+    pub driver: String,
+    pub socket: PathBuf,
+}
+
+impl FromStr for DriverOverride {
+    type Err = CsiError;
+
+    fn from_str(spec: &str) -> Result<Self, Self::Err> {
+        match spec.split_once('=') {
+            Some((driver, socket)) if !driver.trim().is_empty() && !socket.trim().is_empty() => {
+                Ok(DriverOverride {
+                    driver: driver.trim().to_string(),
+                    socket: PathBuf::from(socket.trim()),
+                })
+            }
+            _ => Err(CsiError::InvalidOverride {
+                spec: spec.to_string(),
+            }),
+        }
+    }
+}
+
+/// One volume to ask a node plugin about.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProbeRequest {
+    /// CSI driver name (PV `spec.csi.driver`).
+    pub driver: String,
+    pub volume_id: String,
+    pub publish_path: PathBuf,
+    pub staging_path: Option<PathBuf>,
+}
+
+#[derive(Debug)]
+struct Driver {
+    client: NodeClient,
+}
+
+/// Default cap on concurrent RPCs to one driver within `probe_all`: enough to
+/// keep many volumes moving, few enough not to swamp a driver that serialises
+/// work internally.
+pub const DEFAULT_MAX_IN_FLIGHT_PER_DRIVER: usize = 4;
+
+/// One [`NodeClient`] per driver name.
+#[derive(Debug)]
+pub struct DriverSet {
+    drivers: BTreeMap<String, Driver>,
+    failures: Vec<(PathBuf, CsiError)>,
+    max_in_flight_per_driver: usize,
+}
+
+impl DriverSet {
+    /// Connects to every socket, names discovered ones by GetPluginInfo, and
+    /// caches each driver's capabilities. Overrides win over discovery for
+    /// their driver name and their socket. All sockets are asked concurrently,
+    /// each call bounded by `call_timeout`.
+    ///
+    /// A socket that cannot be used is logged and kept in
+    /// [`DriverSet::failures`]; it never fails the whole set. The set is a
+    /// snapshot: rebuild it when drivers come and go.
+    pub async fn build(
+        discovered: &[PathBuf],
+        overrides: &[DriverOverride],
+        call_timeout: Duration,
+    ) -> DriverSet {
+        let discovered: Vec<&PathBuf> = discovered
+            .iter()
+            .filter(|socket| !overrides.iter().any(|o| &o.socket == *socket))
+            .collect();
+
+        let named = join_all(discovered.iter().map(|socket| async move {
+            let result = async {
+                let client = NodeClient::connect(socket, call_timeout).await?;
+                let info = client.plugin_info().await?;
+                Ok::<_, CsiError>((info.name, client))
+            }
+            .await;
+            ((*socket).clone(), result)
+        }));
+        let overridden = join_all(overrides.iter().map(|o| async move {
+            let result = NodeClient::connect(&o.socket, call_timeout)
+                .await
+                .map(|client| (o.driver.clone(), client));
+            (o.socket.clone(), result)
+        }));
+        let (named, overridden) = tokio::join!(named, overridden);
+
+        let mut drivers: BTreeMap<String, Driver> = BTreeMap::new();
+        let mut failures = Vec::new();
+        // Overrides first so a discovered socket claiming the same name loses.
+        for (socket, result) in overridden.into_iter().chain(named) {
+            match result {
+                Ok((name, client)) => {
+                    if let Some(existing) = drivers.get(&name) {
+                        tracing::warn!(
+                            driver = %name,
+                            kept = %existing.client.socket().display(),
+                            ignored = %socket.display(),
+                            "two CSI sockets for one driver name"
+                        );
+                        continue;
+                    }
+                    drivers.insert(name, Driver { client });
+                }
+                Err(e) => {
+                    tracing::warn!(socket = %socket.display(), error = %e, "CSI socket unusable");
+                    failures.push((socket, e));
+                }
+            }
+        }
+
+        // Capabilities are fetched once here; a failure is not fatal (the
+        // health path works without them) and is retried by `probe_all`.
+        join_all(drivers.iter().map(|(name, d)| async move {
+            if let Err(e) = d.client.capabilities().await {
+                tracing::warn!(driver = %name, error = %e, "cannot read CSI node capabilities");
+            }
+        }))
+        .await;
+
+        DriverSet {
+            drivers,
+            failures,
+            max_in_flight_per_driver: DEFAULT_MAX_IN_FLIGHT_PER_DRIVER,
+        }
+    }
+
+    /// Caps concurrent RPCs per driver in `probe_all` (minimum 1).
+    pub fn with_max_in_flight_per_driver(mut self, limit: usize) -> Self {
+        self.max_in_flight_per_driver = limit.max(1);
+        self
+    }
+
+    /// Driver names and their sockets, sorted by name.
+    pub fn drivers(&self) -> impl Iterator<Item = (&str, &Path)> {
+        self.drivers
+            .iter()
+            .map(|(name, d)| (name.as_str(), d.client.socket()))
+    }
+
+    pub fn client(&self, driver: &str) -> Option<&NodeClient> {
+        self.drivers.get(driver).map(|d| &d.client)
+    }
+
+    /// Sockets that could not be used when the set was built, and why.
+    pub fn failures(&self) -> &[(PathBuf, CsiError)] {
+        &self.failures
+    }
+
+    /// Asks every request's driver about its volume, concurrently, and
+    /// returns each request with its result in the order given.
+    ///
+    /// Drivers are probed independently, so a slow or hung driver delays only
+    /// its own results (each RPC is bounded by the call timeout). Within one
+    /// driver at most `max_in_flight_per_driver` calls run at once, and once a
+    /// call to a driver times out, its requests not yet started in this round
+    /// get [`CsiError::Skipped`] instead of each waiting out a timeout too.
+    pub async fn probe_all(
+        &self,
+        requests: Vec<ProbeRequest>,
+    ) -> Vec<(ProbeRequest, Result<NodeVolumeReport, CsiError>)> {
+        let mut results: Vec<Option<Result<NodeVolumeReport, CsiError>>> =
+            (0..requests.len()).map(|_| None).collect();
+        let mut by_driver: BTreeMap<&str, Vec<(usize, &ProbeRequest)>> = BTreeMap::new();
+        for (index, request) in requests.iter().enumerate() {
+            if self.drivers.contains_key(&request.driver) {
+                by_driver
+                    .entry(request.driver.as_str())
+                    .or_default()
+                    .push((index, request));
+            } else if let Some(slot) = results.get_mut(index) {
+                *slot = Some(Err(CsiError::UnknownDriver {
+                    driver: request.driver.clone(),
+                }));
+            }
+        }
+
+        let groups = by_driver.into_iter().filter_map(|(name, batch)| {
+            self.drivers
+                .get(name)
+                .map(|driver| self.probe_driver(name, &driver.client, batch))
+        });
+        for (index, result) in join_all(groups).await.into_iter().flatten() {
+            if let Some(slot) = results.get_mut(index) {
+                *slot = Some(result);
+            }
+        }
+
+        requests
+            .into_iter()
+            .zip(results)
+            .map(|(request, result)| {
+                // Every index was filled above; the fallback only guards the
+                // bookkeeping without a panic.
+                let result = result.unwrap_or_else(|| {
+                    Err(CsiError::Skipped {
+                        driver: request.driver.clone(),
+                    })
+                });
+                (request, result)
+            })
+            .collect()
+    }
+
+    async fn probe_driver(
+        &self,
+        name: &str,
+        client: &NodeClient,
+        batch: Vec<(usize, &ProbeRequest)>,
+    ) -> Vec<(usize, Result<NodeVolumeReport, CsiError>)> {
+        if client.cached_capabilities().is_none() {
+            match client.capabilities().await {
+                Ok(_) => {}
+                // The driver did not answer at all: the volume calls would
+                // only wait out the same timeout again.
+                Err(e) if e.is_transport() => {
+                    return batch
+                        .into_iter()
+                        .map(|(index, _)| (index, Err(clone_transport_error(&e))))
+                        .collect();
+                }
+                Err(e) => {
+                    tracing::debug!(driver = %name, error = %e, "no CSI node capabilities; probing anyway");
+                }
+            }
+        }
+
+        let permits = Semaphore::new(self.max_in_flight_per_driver);
+        let timed_out = AtomicBool::new(false);
+        join_all(batch.into_iter().map(|(index, request)| {
+            let permits = &permits;
+            let timed_out = &timed_out;
+            async move {
+                // The semaphore is never closed, so acquiring cannot fail;
+                // without a permit we would just run unthrottled.
+                let _permit = permits.acquire().await.ok();
+                if timed_out.load(Ordering::Relaxed) {
+                    return (
+                        index,
+                        Err(CsiError::Skipped {
+                            driver: name.to_string(),
+                        }),
+                    );
+                }
+                let result = client
+                    .volume_health(
+                        &request.volume_id,
+                        &request.publish_path,
+                        request.staging_path.as_deref(),
+                    )
+                    .await;
+                if matches!(result, Err(CsiError::Timeout { .. })) {
+                    timed_out.store(true, Ordering::Relaxed);
+                }
+                (index, result)
+            }
+        }))
+        .await
+    }
+}
+
+/// `CsiError` is not `Clone` (it owns a boxed source); the transport errors
+/// shared by a whole batch are rebuilt from their parts.
+fn clone_transport_error(e: &CsiError) -> CsiError {
+    match e {
+        CsiError::Connect { socket, source } => CsiError::Connect {
+            socket: socket.clone(),
+            source: source.to_string().into(),
+        },
+        CsiError::Timeout { rpc, after } => CsiError::Timeout { rpc, after: *after },
+        CsiError::Skipped { driver } => CsiError::Skipped {
+            driver: driver.clone(),
+        },
+        other => CsiError::InvalidResponse {
+            rpc: "NodeGetCapabilities",
+            detail: other.to_string(),
+        },
+    }
+}

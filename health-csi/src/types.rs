@@ -1,0 +1,478 @@
+//! Driver-independent health records, and their conversion from the wire
+//! messages of both CSI generations.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::proto;
+
+/// Reason given to a legacy `VolumeCondition{abnormal: true}`: the legacy
+/// condition carries no reason of its own, and this is the word kubelet and
+/// external-health-monitor already use for it in their events.
+pub const LEGACY_ABNORMAL_REASON: &str = "VolumeConditionAbnormal";
+
+/// Kind of adverse volume condition (CSI 1.13 `VolumeHealthErrorType`).
+///
+/// Serialized and displayed as the CamelCase words of the KEP-1432 status
+/// vocabulary.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum HealthStatus {
+    Inaccessible,
+    DataLoss,
+    Degraded,
+    /// `UNKNOWN_VOLUME_HEALTH_TYPE`, or a value newer than this crate.
+    Unknown,
+}
+
+impl HealthStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HealthStatus::Inaccessible => "Inaccessible",
+            HealthStatus::DataLoss => "DataLoss",
+            HealthStatus::Degraded => "Degraded",
+            HealthStatus::Unknown => "Unknown",
+        }
+    }
+
+    pub(crate) fn from_wire(value: i32) -> Self {
+        // Proto3 enums are open: a driver speaking a newer spec may send a
+        // value we do not know. It is still an adverse condition, so it is
+        // kept as Unknown rather than dropped.
+        match proto::VolumeHealthErrorType::try_from(value) {
+            Ok(proto::VolumeHealthErrorType::Inaccessible) => HealthStatus::Inaccessible,
+            Ok(proto::VolumeHealthErrorType::DataLoss) => HealthStatus::DataLoss,
+            Ok(proto::VolumeHealthErrorType::Degraded) => HealthStatus::Degraded,
+            Ok(proto::VolumeHealthErrorType::UnknownVolumeHealthType) | Err(_) => {
+                HealthStatus::Unknown
+            }
+        }
+    }
+
+    #[cfg(feature = "testing")]
+    pub(crate) fn to_wire(self) -> proto::VolumeHealthErrorType {
+        match self {
+            HealthStatus::Inaccessible => proto::VolumeHealthErrorType::Inaccessible,
+            HealthStatus::DataLoss => proto::VolumeHealthErrorType::DataLoss,
+            HealthStatus::Degraded => proto::VolumeHealthErrorType::Degraded,
+            HealthStatus::Unknown => proto::VolumeHealthErrorType::UnknownVolumeHealthType,
+        }
+    }
+}
+
+impl fmt::Display for HealthStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One adverse condition of a volume. `(status, reason)` is its identity.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct HealthEntry {
+    pub status: HealthStatus,
+    /// CamelCase reason from the driver (or [`LEGACY_ABNORMAL_REASON`]).
+    pub reason: String,
+    pub message: String,
+}
+
+impl HealthEntry {
+    pub fn new(
+        status: HealthStatus,
+        reason: impl Into<String>,
+        message: impl Into<String>,
+    ) -> Self {
+        HealthEntry {
+            status,
+            reason: reason.into(),
+            message: message.into(),
+        }
+    }
+}
+
+/// One unit's numbers from `VolumeUsage`, as the driver reported them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UsageNumbers {
+    pub available: i64,
+    pub total: i64,
+    pub used: i64,
+}
+
+/// Usage from legacy `NodeGetVolumeStats`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Usage {
+    pub bytes: Option<UsageNumbers>,
+    pub inodes: Option<UsageNumbers>,
+}
+
+/// Which node RPC produced a report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum HealthSource {
+    /// CSI 1.13 `NodeGetVolumeHealth`.
+    NodeGetVolumeHealth,
+    /// Legacy `NodeGetVolumeStats` with its `volume_condition`.
+    NodeGetVolumeStats,
+}
+
+/// What a node plugin said about one volume.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeVolumeReport {
+    pub source: HealthSource,
+    /// `Some(vec![])`: the driver says the volume has no known adverse
+    /// condition. `Some(entries)`: those conditions. `None`: the driver gave
+    /// no health information at all (legacy stats without `volume_condition`,
+    /// or a health response without its `volume_health` message); this must
+    /// never be taken as healthy.
+    pub entries: Option<Vec<HealthEntry>>,
+    /// Only the legacy stats RPC carries usage.
+    pub usage: Option<Usage>,
+}
+
+impl NodeVolumeReport {
+    /// Whether the driver said anything about health.
+    pub fn has_health_info(&self) -> bool {
+        self.entries.is_some()
+    }
+
+    /// `Some(true)` only when the driver positively reported no adverse
+    /// condition; `None` when it reported nothing.
+    pub fn is_healthy(&self) -> Option<bool> {
+        self.entries.as_ref().map(Vec::is_empty)
+    }
+}
+
+/// `GetPluginInfo`'s answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PluginInfo {
+    pub name: String,
+    pub vendor_version: String,
+}
+
+/// `NodeGetInfo`'s answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeInfo {
+    pub node_id: String,
+    pub max_volumes_per_node: i64,
+}
+
+/// Node service capabilities with known numbers, plus the raw values of any
+/// others (e.g. CSI 1.13 GET_VOLUME_HEALTH, whose number we do not know and
+/// therefore never interpret).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct NodeCapabilities {
+    pub stage_unstage_volume: bool,
+    pub get_volume_stats: bool,
+    pub expand_volume: bool,
+    pub volume_condition: bool,
+    pub single_node_multi_writer: bool,
+    pub volume_mount_group: bool,
+    pub other: Vec<i32>,
+}
+
+impl NodeCapabilities {
+    pub(crate) fn from_wire(caps: Vec<proto::NodeServiceCapability>) -> Self {
+        use proto::node_service_capability::rpc::Type;
+        use proto::node_service_capability::Type as Arm;
+        let mut out = NodeCapabilities::default();
+        for cap in caps {
+            // Non-RPC arms do not exist in the node service today; skipping
+            // them keeps us working against a newer spec.
+            let Some(Arm::Rpc(rpc)) = cap.r#type else {
+                continue;
+            };
+            match Type::try_from(rpc.r#type) {
+                Ok(Type::StageUnstageVolume) => out.stage_unstage_volume = true,
+                Ok(Type::GetVolumeStats) => out.get_volume_stats = true,
+                Ok(Type::ExpandVolume) => out.expand_volume = true,
+                Ok(Type::VolumeCondition) => out.volume_condition = true,
+                Ok(Type::SingleNodeMultiWriter) => out.single_node_multi_writer = true,
+                Ok(Type::VolumeMountGroup) => out.volume_mount_group = true,
+                Ok(Type::Unknown) | Err(_) => out.other.push(rpc.r#type),
+            }
+        }
+        out
+    }
+}
+
+/// Controller service capabilities with known numbers, plus raw others.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct ControllerCapabilities {
+    pub list_volumes: bool,
+    pub list_volumes_published_nodes: bool,
+    pub volume_condition: bool,
+    pub get_volume: bool,
+    pub other: Vec<i32>,
+}
+
+impl ControllerCapabilities {
+    pub(crate) fn from_wire(caps: Vec<proto::ControllerServiceCapability>) -> Self {
+        use proto::controller_service_capability::rpc::Type;
+        use proto::controller_service_capability::Type as Arm;
+        let mut out = ControllerCapabilities::default();
+        for cap in caps {
+            let Some(Arm::Rpc(rpc)) = cap.r#type else {
+                continue;
+            };
+            match Type::try_from(rpc.r#type) {
+                Ok(Type::ListVolumes) => out.list_volumes = true,
+                Ok(Type::ListVolumesPublishedNodes) => out.list_volumes_published_nodes = true,
+                Ok(Type::VolumeCondition) => out.volume_condition = true,
+                Ok(Type::GetVolume) => out.get_volume = true,
+                Ok(Type::Unknown) | Err(_) => out.other.push(rpc.r#type),
+            }
+        }
+        out
+    }
+}
+
+/// Storage backend condition kind (CSI 1.13 `NodeGetStorageHealth`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum StorageHealthStatus {
+    StorageUnreachable,
+    StorageDegraded,
+    Unknown,
+}
+
+impl fmt::Display for StorageHealthStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            StorageHealthStatus::StorageUnreachable => "StorageUnreachable",
+            StorageHealthStatus::StorageDegraded => "StorageDegraded",
+            StorageHealthStatus::Unknown => "Unknown",
+        })
+    }
+}
+
+/// One adverse storage backend condition seen from this node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StorageHealthEntry {
+    pub status: StorageHealthStatus,
+    pub reason: String,
+    pub message: String,
+}
+
+impl StorageHealthEntry {
+    pub(crate) fn from_wire(b: proto::StorageBackendHealth) -> Self {
+        use proto::storage_backend_health::Status;
+        let status = match Status::try_from(b.status) {
+            Ok(Status::StorageUnreachable) => StorageHealthStatus::StorageUnreachable,
+            Ok(Status::StorageDegraded) => StorageHealthStatus::StorageDegraded,
+            Ok(Status::Unknown) | Err(_) => StorageHealthStatus::Unknown,
+        };
+        StorageHealthEntry {
+            status,
+            reason: b.reason,
+            message: b.message,
+        }
+    }
+}
+
+/// Which controller RPC produced a controller-side report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum ControllerHealthSource {
+    /// CSI 1.13 `ControllerGetVolumeHealth`.
+    ControllerGetVolumeHealth,
+    /// Legacy `ControllerGetVolume` (`status.volume_condition`).
+    ControllerGetVolume,
+    /// CSI 1.13 `ControllerListVolumeHealth`.
+    ControllerListVolumeHealth,
+    /// Legacy `ListVolumes` (`status.volume_condition`).
+    ListVolumes,
+}
+
+/// What the controller plugin said about one volume.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ControllerVolumeReport {
+    pub source: ControllerHealthSource,
+    /// Same meaning as [`NodeVolumeReport::entries`].
+    pub entries: Option<Vec<HealthEntry>>,
+}
+
+/// Result of walking every page of a controller volume listing.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolumeHealthList {
+    pub source: ControllerHealthSource,
+    /// Volumes seen on any page, merged across pages: a volume listed twice
+    /// gets the union of its conditions (later message wins for the same
+    /// `(status, reason)`), because pages may be inconsistent and the worst
+    /// case is assumed. `None` = listed without any health information
+    /// (legacy driver without VOLUME_CONDITION).
+    ///
+    /// The 1.13 list SHOULD omit healthy volumes, so absence from this map is
+    /// not proof of health; the legacy list names every volume.
+    pub volumes: BTreeMap<String, Option<Vec<HealthEntry>>>,
+    /// True when the walk reached an empty `next_token`. False when it stopped
+    /// at the page limit or on a repeated token: callers must not clear
+    /// conditions of volumes missing from an incomplete list.
+    pub complete: bool,
+    pub pages: u32,
+}
+
+/// Merge `new` into `into`, keyed by `(status, reason)`: an existing key gets
+/// the newer message, a new key is appended. Order of first appearance is kept
+/// so output is stable for the caller's change detection.
+pub(crate) fn merge_entries(
+    into: &mut Vec<HealthEntry>,
+    new: impl IntoIterator<Item = HealthEntry>,
+) {
+    for entry in new {
+        match into
+            .iter_mut()
+            .find(|e| e.status == entry.status && e.reason == entry.reason)
+        {
+            Some(existing) => existing.message = entry.message,
+            None => into.push(entry),
+        }
+    }
+}
+
+/// CSI 1.13 entries to ours; duplicates of `(status, reason)` (which the spec
+/// forbids) are folded so callers can rely on the key being unique.
+pub(crate) fn entries_from_wire(wire: Vec<proto::volume_health::Entry>) -> Vec<HealthEntry> {
+    let mut out = Vec::with_capacity(wire.len());
+    merge_entries(
+        &mut out,
+        wire.into_iter().map(|e| HealthEntry {
+            status: HealthStatus::from_wire(e.status),
+            reason: e.reason,
+            message: e.message,
+        }),
+    );
+    out
+}
+
+/// Legacy condition to entries. An absent condition is "no information";
+/// `abnormal: false` is a positive "healthy".
+pub(crate) fn entries_from_condition(
+    condition: Option<proto::VolumeCondition>,
+) -> Option<Vec<HealthEntry>> {
+    let condition = condition?;
+    if !condition.abnormal {
+        return Some(Vec::new());
+    }
+    // The legacy flag does not say how the volume is abnormal; Degraded is
+    // the mildest adverse status and claims no more than the driver did.
+    Some(vec![HealthEntry::new(
+        HealthStatus::Degraded,
+        LEGACY_ABNORMAL_REASON,
+        condition.message,
+    )])
+}
+
+pub(crate) fn usage_from_wire(usage: Vec<proto::VolumeUsage>) -> Option<Usage> {
+    use proto::volume_usage::Unit;
+    let mut out = Usage::default();
+    for u in usage {
+        let numbers = UsageNumbers {
+            available: u.available,
+            total: u.total,
+            used: u.used,
+        };
+        match Unit::try_from(u.unit) {
+            Ok(Unit::Bytes) => out.bytes = Some(numbers),
+            Ok(Unit::Inodes) => out.inodes = Some(numbers),
+            // Numbers in an unknown unit cannot be interpreted.
+            Ok(Unit::Unknown) | Err(_) => {}
+        }
+    }
+    (out.bytes.is_some() || out.inodes.is_some()).then_some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_words() {
+        assert_eq!(HealthStatus::DataLoss.to_string(), "DataLoss");
+        assert_eq!(
+            serde_json::to_string(&HealthStatus::Inaccessible)
+                .ok()
+                .as_deref(),
+            Some("\"Inaccessible\"")
+        );
+        assert_eq!(HealthStatus::from_wire(42), HealthStatus::Unknown);
+        assert_eq!(HealthStatus::from_wire(3), HealthStatus::Degraded);
+    }
+
+    #[test]
+    fn legacy_condition_mapping() {
+        assert_eq!(entries_from_condition(None), None);
+        assert_eq!(
+            entries_from_condition(Some(proto::VolumeCondition {
+                abnormal: false,
+                message: "fine".into()
+            })),
+            Some(vec![])
+        );
+        assert_eq!(
+            entries_from_condition(Some(proto::VolumeCondition {
+                abnormal: true,
+                message: "bad".into()
+            })),
+            Some(vec![HealthEntry::new(
+                HealthStatus::Degraded,
+                "VolumeConditionAbnormal",
+                "bad"
+            )])
+        );
+    }
+
+    #[test]
+    fn duplicate_keys_fold() {
+        let wire = vec![
+            proto::volume_health::Entry {
+                status: 1,
+                reason: "A".into(),
+                message: "old".into(),
+            },
+            proto::volume_health::Entry {
+                status: 3,
+                reason: "A".into(),
+                message: "other".into(),
+            },
+            proto::volume_health::Entry {
+                status: 1,
+                reason: "A".into(),
+                message: "new".into(),
+            },
+        ];
+        assert_eq!(
+            entries_from_wire(wire),
+            vec![
+                HealthEntry::new(HealthStatus::Inaccessible, "A", "new"),
+                HealthEntry::new(HealthStatus::Degraded, "A", "other"),
+            ]
+        );
+    }
+
+    #[test]
+    fn usage_units() {
+        let usage = usage_from_wire(vec![
+            proto::VolumeUsage {
+                available: 1,
+                total: 3,
+                used: 2,
+                unit: 1,
+            },
+            proto::VolumeUsage {
+                available: 9,
+                total: 9,
+                used: 9,
+                unit: 0,
+            },
+        ]);
+        assert_eq!(
+            usage,
+            Some(Usage {
+                bytes: Some(UsageNumbers {
+                    available: 1,
+                    total: 3,
+                    used: 2
+                }),
+                inodes: None
+            })
+        );
+        assert_eq!(usage_from_wire(vec![]), None);
+    }
+}

@@ -1,0 +1,441 @@
+//! Kernel programs of volume-health.
+//!
+//! Each program is attached to one tracepoint and does three things, in this
+//! order: resolve the device the error belongs to, count the error in a
+//! per-CPU counter keyed by (device, source, op, errno), and, if the
+//! device's sample budget allows, stream one [`ErrorSample`] to userspace.
+//! Counting never depends on the budget, so userspace can report exact
+//! totals however hard a dying disk floods.
+//!
+//! Field offsets are not compiled in: userspace reads them from the running
+//! kernel's tracefs `format` files, checks names and sizes, and writes them
+//! into `LAYOUT` before loading (it is read-only to the programs, so the
+//! verifier sees each offset as a constant).
+#![no_std]
+#![no_main]
+
+use aya_ebpf::{
+    bindings::BPF_NOEXIST,
+    helpers::{
+        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_smp_processor_id,
+        bpf_ktime_get_ns, bpf_probe_read_kernel_str_bytes,
+    },
+    macros::{map, tracepoint},
+    maps::{HashMap, LruHashMap, LruPerCpuHashMap, PerCpuArray, PerCpuHashMap, RingBuf},
+    programs::TracePointContext,
+    EbpfContext,
+};
+use aya_log_ebpf::debug;
+use health_common::{
+    complete_mode, field, kdev, op, op_from_rwbs, source, stat, CounterKey, ErrorSample,
+    PartTable, DETAIL_LEN, RWBS_LEN,
+};
+
+/// Byte offset of each tracepoint field, indexed by [`field`] slots.
+#[no_mangle]
+static LAYOUT: [u32; field::COUNT] = [0; field::COUNT];
+
+/// One of [`complete_mode`].
+#[no_mangle]
+static COMPLETE_MODE: u32 = complete_mode::OFF;
+
+/// Samples a device may send per second, per CPU. Counting is not limited.
+#[no_mangle]
+static SAMPLES_PER_SEC: u32 = 100;
+
+/// Exact error counts. The value is per CPU, so each CPU increments its own
+/// slot without atomics: tracepoint programs never nest on one CPU (the
+/// kernel skips a program that would run inside another and counts that as
+/// a miss, which userspace reads from the program's stats).
+#[map]
+static COUNTS: PerCpuHashMap<CounterKey, u64> = PerCpuHashMap::with_max_entries(8192, 0);
+
+/// Samples to userspace.
+#[map]
+static SAMPLES: RingBuf = RingBuf::with_byte_size(256 * 1024, 0);
+
+/// What was dropped or merged, indexed by [`stat`] slots.
+#[map]
+static STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(stat::LEN, 0);
+
+/// Partition tables by whole-disk device, kept current by userspace: block
+/// tracepoints report the disk and an absolute sector, and only the sector
+/// tells which partition's filesystem was hit.
+#[map]
+static PARTITIONS: HashMap<u32, PartTable> = HashMap::with_max_entries(1024, 0);
+
+/// Every block device number on the host, kept current by userspace. Used to
+/// recognise writeback errors of a block device's own page cache (journal
+/// and superblock buffers), which the kernel reports against the block
+/// device pseudo filesystem (dev 0:N) with the real device in the inode
+/// number.
+#[map]
+static BLOCK_DEVS: HashMap<u32, u8> = HashMap::with_max_entries(16384, 0);
+
+/// Per-device, per-CPU sample budget for the current one-second window.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct Budget {
+    window_start_ns: u64,
+    sent: u64,
+}
+
+#[map]
+static BUDGETS: LruPerCpuHashMap<u32, Budget> = LruPerCpuHashMap::with_max_entries(4096, 0);
+
+/// Key for recognising repeats of one writeback error.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct InodeKey {
+    ino: u64,
+    dev: u32,
+    _pad: u32,
+}
+
+/// Last errseq seen per inode. The kernel fires `filemap_set_wb_err` for
+/// every failed page, but while nobody has observed the error its errseq
+/// stays the same: one errseq value is one failed writeback.
+#[map]
+static WB_LAST: LruHashMap<InodeKey, u32> = LruHashMap::with_max_entries(4096, 0);
+
+const NSEC_PER_SEC: u64 = 1_000_000_000;
+/// `MAX_ERRNO`: errseq keeps the errno in its low 12 bits.
+const ERRSEQ_ERRNO_MASK: u32 = 0xfff;
+
+#[inline(always)]
+fn offset(slot: usize) -> usize {
+    // SAFETY: LAYOUT is a plain array; the volatile read keeps the compiler
+    // from folding in the all-zero initialiser that userspace overwrites.
+    unsafe { core::ptr::read_volatile(&LAYOUT[slot]) as usize }
+}
+
+#[inline(always)]
+fn global(v: &'static u32) -> u32 {
+    // SAFETY: as for `offset`.
+    unsafe { core::ptr::read_volatile(v) }
+}
+
+#[inline(always)]
+fn read<T>(ctx: &TracePointContext, slot: usize) -> Option<T> {
+    // SAFETY: the offset was checked against the tracepoint's format file.
+    unsafe { ctx.read_at::<T>(offset(slot)).ok() }
+}
+
+#[inline(always)]
+fn bump(slot: u32) {
+    if let Some(p) = STATS.get_ptr_mut(slot) {
+        // SAFETY: this CPU's slot; programs do not nest on a CPU.
+        unsafe { *p += 1 };
+    }
+}
+
+/// Counts one error and returns this CPU's count for the key afterwards
+/// (0 when the counter map is full and the error could not be counted).
+#[inline(always)]
+fn count(ctx: &TracePointContext, key: &CounterKey) -> u64 {
+    if let Some(p) = COUNTS.get_ptr_mut(key) {
+        // SAFETY: this CPU's slot.
+        unsafe {
+            *p += 1;
+            return *p;
+        }
+    }
+    if COUNTS.insert(key, &1, BPF_NOEXIST as u64).is_ok() {
+        return 1;
+    }
+    // Another CPU inserted the key first, or the map is full.
+    if let Some(p) = COUNTS.get_ptr_mut(key) {
+        // SAFETY: this CPU's slot.
+        unsafe {
+            *p += 1;
+            return *p;
+        }
+    }
+    bump(stat::COUNTER_MAP_FULL);
+    debug!(ctx, "counter map full, dev {} errno {}", key.dev, key.errno);
+    0
+}
+
+/// Takes one sample from the device's budget for this second.
+#[inline(always)]
+fn within_budget(dev: u32, now: u64) -> bool {
+    let limit = global(&SAMPLES_PER_SEC) as u64;
+    match BUDGETS.get_ptr_mut(dev) {
+        Some(b) => {
+            // SAFETY: this CPU's slot.
+            let b = unsafe { &mut *b };
+            if now.wrapping_sub(b.window_start_ns) >= NSEC_PER_SEC {
+                b.window_start_ns = now;
+                b.sent = 0;
+            }
+            if b.sent < limit {
+                b.sent += 1;
+                true
+            } else {
+                false
+            }
+        }
+        None => {
+            let fresh = Budget { window_start_ns: now, sent: 1 };
+            // A failed insert only costs this one sample's budget check.
+            let _ = BUDGETS.insert(dev, &fresh, 0);
+            limit > 0
+        }
+    }
+}
+
+/// What a program knows about one error beyond its counter key.
+struct Details {
+    raw_dev: u32,
+    sector: u64,
+    nr_sectors: u32,
+    ino: u64,
+    flags: u32,
+}
+
+/// Counts the error, then sends a sample if the device's budget allows.
+/// Returns the reserved sample slot so the caller can add its text detail.
+#[inline(always)]
+fn record(ctx: &TracePointContext, key: CounterKey, d: Details) -> Option<aya_ebpf::maps::ring_buf::RingBufEntry<ErrorSample>> {
+    let seq = count(ctx, &key);
+    let now = unsafe { bpf_ktime_get_ns() };
+    if !within_budget(key.dev, now) {
+        bump(stat::SAMPLES_SUPPRESSED);
+        return None;
+    }
+    let Some(mut entry) = SAMPLES.reserve::<ErrorSample>(0) else {
+        bump(stat::RINGBUF_FULL);
+        return None;
+    };
+    entry.write(ErrorSample {
+        key,
+        cpu: unsafe { bpf_get_smp_processor_id() },
+        seq,
+        mono_ns: now,
+        sector: d.sector,
+        ino: d.ino,
+        raw_dev: d.raw_dev,
+        nr_sectors: d.nr_sectors,
+        flags: d.flags,
+        pid: (bpf_get_current_pid_tgid() >> 32) as u32,
+        comm: bpf_get_current_comm().unwrap_or([0; 16]),
+        detail: [0; DETAIL_LEN],
+    });
+    Some(entry)
+}
+
+#[inline(always)]
+fn detail_mut(entry: &mut aya_ebpf::maps::ring_buf::RingBufEntry<ErrorSample>) -> &mut [u8; DETAIL_LEN] {
+    // SAFETY: `record` initialised the whole sample before returning it.
+    unsafe { &mut (*entry.as_mut_ptr()).detail }
+}
+
+/// Shared body of the two block tracepoints (same event class, own offsets).
+#[inline(always)]
+fn block_error(
+    ctx: &TracePointContext,
+    src: u8,
+    slots: [usize; 5],
+    flush_only: bool,
+) -> Option<()> {
+    let [dev_slot, sector_slot, nr_slot, error_slot, rwbs_slot] = slots;
+    let error: i32 = read(ctx, error_slot)?;
+    if error == 0 {
+        return Some(());
+    }
+    let rwbs: [u8; RWBS_LEN] = read(ctx, rwbs_slot)?;
+    let opcode = op_from_rwbs(&rwbs);
+    if flush_only && opcode != op::FLUSH {
+        return Some(());
+    }
+    let disk: u32 = read(ctx, dev_slot)?;
+    let sector: u64 = read(ctx, sector_slot)?;
+    let nr_sectors: u32 = read(ctx, nr_slot)?;
+    let dev = match unsafe { PARTITIONS.get(disk) } {
+        Some(table) => table.resolve(disk, sector),
+        None => disk,
+    };
+    let key = CounterKey::new(dev, src, opcode, error.unsigned_abs());
+    let details = Details { raw_dev: disk, sector, nr_sectors, ino: 0, flags: 0 };
+    let mut entry = record(ctx, key, details)?;
+    detail_mut(&mut entry)[..RWBS_LEN].copy_from_slice(&rwbs);
+    entry.submit(0);
+    Some(())
+}
+
+#[tracepoint]
+pub fn block_rq_error(ctx: TracePointContext) -> u32 {
+    let slots = [
+        field::RQ_ERROR_DEV,
+        field::RQ_ERROR_SECTOR,
+        field::RQ_ERROR_NR_SECTOR,
+        field::RQ_ERROR_ERROR,
+        field::RQ_ERROR_RWBS,
+    ];
+    let _ = block_error(&ctx, source::BLOCK_RQ_ERROR, slots, false);
+    0
+}
+
+/// Runs on every block completion when attached, so it leaves as soon as it
+/// has read the error field: that is the whole cost on the healthy path.
+#[tracepoint]
+pub fn block_rq_complete(ctx: TracePointContext) -> u32 {
+    let mode = global(&COMPLETE_MODE);
+    if mode == complete_mode::OFF {
+        return 0;
+    }
+    let slots = [
+        field::RQ_COMPLETE_DEV,
+        field::RQ_COMPLETE_SECTOR,
+        field::RQ_COMPLETE_NR_SECTOR,
+        field::RQ_COMPLETE_ERROR,
+        field::RQ_COMPLETE_RWBS,
+    ];
+    let flush_only = mode == complete_mode::FLUSH_ONLY;
+    let _ = block_error(&ctx, source::BLOCK_RQ_COMPLETE, slots, flush_only);
+    0
+}
+
+const NO_SECTOR: u64 = u64::MAX;
+
+fn fs_details(dev: u32, flags: u32, ino: u64) -> Details {
+    Details { raw_dev: dev, sector: NO_SECTOR, nr_sectors: 0, ino, flags }
+}
+
+#[tracepoint]
+pub fn ext4_error(ctx: TracePointContext) -> u32 {
+    let _ = try_ext4_error(&ctx);
+    0
+}
+
+fn try_ext4_error(ctx: &TracePointContext) -> Option<()> {
+    let dev: u32 = read(ctx, field::EXT4_ERROR_DEV)?;
+    let function: u64 = read(ctx, field::EXT4_ERROR_FUNCTION)?;
+    let line: u32 = read(ctx, field::EXT4_ERROR_LINE)?;
+    let key = CounterKey::new(dev, source::EXT4_ERROR, op::NONE, 0);
+    let mut entry = record(ctx, key, fs_details(dev, line, 0))?;
+    // The field is a pointer to the function name in kernel rodata.
+    let _ = unsafe { bpf_probe_read_kernel_str_bytes(function as *const u8, detail_mut(&mut entry)) };
+    entry.submit(0);
+    Some(())
+}
+
+#[tracepoint]
+pub fn ext4_shutdown(ctx: TracePointContext) -> u32 {
+    let _ = try_ext4_shutdown(&ctx);
+    0
+}
+
+fn try_ext4_shutdown(ctx: &TracePointContext) -> Option<()> {
+    let dev: u32 = read(ctx, field::EXT4_SHUTDOWN_DEV)?;
+    let flags: u32 = read(ctx, field::EXT4_SHUTDOWN_FLAGS)?;
+    let key = CounterKey::new(dev, source::EXT4_SHUTDOWN, op::NONE, 0);
+    record(ctx, key, fs_details(dev, flags, 0))?.submit(0);
+    Some(())
+}
+
+#[tracepoint]
+pub fn xfs_force_shutdown(ctx: TracePointContext) -> u32 {
+    let _ = try_xfs_force_shutdown(&ctx);
+    0
+}
+
+fn try_xfs_force_shutdown(ctx: &TracePointContext) -> Option<()> {
+    let dev: u32 = read(ctx, field::XFS_SHUTDOWN_DEV)?;
+    let flags: u32 = read(ctx, field::XFS_SHUTDOWN_FLAGS)?;
+    // __data_loc: low 16 bits are the string's offset inside the record.
+    let fname_loc: u32 = read(ctx, field::XFS_SHUTDOWN_FNAME)?;
+    let line: u32 = read(ctx, field::XFS_SHUTDOWN_LINE)?;
+    let key = CounterKey::new(dev, source::XFS_SHUTDOWN, op::NONE, 0);
+    let mut entry = record(ctx, key, Details { ino: line as u64, ..fs_details(dev, flags, 0) })?;
+    let fname = unsafe { (ctx.as_ptr() as *const u8).add((fname_loc & 0xffff) as usize) };
+    let _ = unsafe { bpf_probe_read_kernel_str_bytes(fname, detail_mut(&mut entry)) };
+    entry.submit(0);
+    Some(())
+}
+
+/// The three xfs corruption markers differ only in where their fields sit.
+#[inline(always)]
+fn xfs_corruption(ctx: &TracePointContext, dev_slot: usize, flags_slot: usize, ino_slot: Option<usize>, what: &[u8]) -> Option<()> {
+    let dev: u32 = read(ctx, dev_slot)?;
+    let flags: u32 = read(ctx, flags_slot)?;
+    let ino: u64 = match ino_slot {
+        Some(slot) => read(ctx, slot)?,
+        None => 0,
+    };
+    let key = CounterKey::new(dev, source::XFS_CORRUPTION, op::NONE, 0);
+    let mut entry = record(ctx, key, fs_details(dev, flags, ino))?;
+    let detail = detail_mut(&mut entry);
+    let n = if what.len() < DETAIL_LEN { what.len() } else { DETAIL_LEN };
+    detail[..n].copy_from_slice(&what[..n]);
+    entry.submit(0);
+    Some(())
+}
+
+#[tracepoint]
+pub fn xfs_fs_mark_corrupt(ctx: TracePointContext) -> u32 {
+    let _ = xfs_corruption(&ctx, field::XFS_FS_CORRUPT_DEV, field::XFS_FS_CORRUPT_FLAGS, None, b"filesystem");
+    0
+}
+
+#[tracepoint]
+pub fn xfs_group_mark_corrupt(ctx: TracePointContext) -> u32 {
+    let _ = xfs_corruption(&ctx, field::XFS_GROUP_CORRUPT_DEV, field::XFS_GROUP_CORRUPT_FLAGS, None, b"allocation group");
+    0
+}
+
+#[tracepoint]
+pub fn xfs_inode_mark_corrupt(ctx: TracePointContext) -> u32 {
+    let _ = xfs_corruption(
+        &ctx,
+        field::XFS_INODE_CORRUPT_DEV,
+        field::XFS_INODE_CORRUPT_FLAGS,
+        Some(field::XFS_INODE_CORRUPT_INO),
+        b"inode",
+    );
+    0
+}
+
+#[tracepoint]
+pub fn filemap_set_wb_err(ctx: TracePointContext) -> u32 {
+    let _ = try_filemap_set_wb_err(&ctx);
+    0
+}
+
+fn try_filemap_set_wb_err(ctx: &TracePointContext) -> Option<()> {
+    let ino: u64 = read(ctx, field::WB_ERR_INO)?;
+    let s_dev: u32 = read(ctx, field::WB_ERR_DEV)?;
+    let errseq: u32 = read(ctx, field::WB_ERR_ERRSEQ)?;
+    // A block device's own buffers live in the bdev pseudo filesystem: an
+    // anonymous s_dev, with the device number as the inode number.
+    let dev = if kdev::major(s_dev) == 0
+        && ino <= u32::MAX as u64
+        && unsafe { BLOCK_DEVS.get(ino as u32) }.is_some()
+    {
+        ino as u32
+    } else {
+        s_dev
+    };
+    let inode = InodeKey { ino, dev: s_dev, _pad: 0 };
+    if let Some(last) = unsafe { WB_LAST.get(&inode) } {
+        if *last == errseq {
+            bump(stat::WRITEBACK_REPEATS);
+            return Some(());
+        }
+    }
+    let _ = WB_LAST.insert(&inode, &errseq, 0);
+    let key = CounterKey::new(dev, source::WRITEBACK_ERROR, op::WRITE, errseq & ERRSEQ_ERRNO_MASK);
+    let details = Details { raw_dev: s_dev, sector: NO_SECTOR, nr_sectors: 0, ino, flags: errseq };
+    record(ctx, key, details)?.submit(0);
+    Some(())
+}
+
+#[cfg(not(test))]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    loop {}
+}
+
+#[link_section = "license"]
+#[no_mangle]
+static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";

@@ -1,0 +1,757 @@
+//! Client side of the `faultdisk` server: start it, attach loop devices over its image,
+//! steer fault injection, read what was injected, and clean everything up on drop.
+
+use std::fs::File;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context, Result};
+use tempfile::TempDir;
+
+use crate::cmd;
+use crate::protocol::{
+    Injection, Request, Response, Rule, ServerInfo, Stats, TracedRequest, CONTROL_SOCKET,
+    IMAGE_NAME, LOG_NAME, MOUNT_DIR,
+};
+use crate::sys;
+
+/// How long the server may take to mount and report ready.
+const READY_TIMEOUT: Duration = Duration::from_secs(30);
+/// Socket timeout for one control request (the injection log can be tens of MB).
+const CONTROL_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long Drop waits for the server to exit by itself after its unmount.
+const EXIT_GRACE: Duration = Duration::from_secs(5);
+
+/// Locks a mutex, ignoring poisoning: the data guarded here (child handle, loop list)
+/// stays consistent even if a panic happened while it was held, and Drop must still run.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A running `faultdisk` server with its FUSE mount, serving `disk.img`.
+///
+/// Dropping it unmounts filesystems on its loop devices, detaches them, unmounts the
+/// FUSE mount, stops the server and deletes the work dir, also after [`vanish`] or
+/// during a panic.
+///
+/// [`vanish`]: FaultDisk::vanish
+pub struct FaultDisk {
+    /// `Some` until Drop removes it (last).
+    dir: Option<TempDir>,
+    work_dir: PathBuf,
+    mount_dir: PathBuf,
+    image: PathBuf,
+    socket: PathBuf,
+    info: ServerInfo,
+    child: Mutex<Option<Child>>,
+    /// Held open for the server's lifetime: EOF tells it we are gone.
+    stdin: Mutex<Option<ChildStdin>>,
+    loops: Mutex<Vec<Arc<LoopShared>>>,
+    vanished: AtomicBool,
+}
+
+impl std::fmt::Debug for FaultDisk {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FaultDisk")
+            .field("work_dir", &self.work_dir)
+            .field("image", &self.image)
+            .field("pid", &self.info.pid)
+            .finish_non_exhaustive()
+    }
+}
+
+impl FaultDisk {
+    /// Starts a server for a `size_bytes` disk with the default server binary
+    /// ([`FaultDisk::default_bin`]).
+    pub fn start(size_bytes: u64) -> Result<FaultDisk> {
+        let bin = Self::default_bin()?;
+        Self::start_with(&bin, size_bytes)
+    }
+
+    /// Where the `faultdisk` binary is: `$FAULTDISK_BIN`, else next to the running
+    /// executable (`target/<profile>/faultdisk` for a test in `target/<profile>/deps/`).
+    pub fn default_bin() -> Result<PathBuf> {
+        if let Some(p) = std::env::var_os("FAULTDISK_BIN") {
+            let p = PathBuf::from(p);
+            if p.is_file() {
+                return Ok(p);
+            }
+            bail!("FAULTDISK_BIN={} does not name a file", p.display());
+        }
+        let exe = std::env::current_exe().context("finding the current executable")?;
+        let mut tried = Vec::new();
+        let mut dir = exe.parent();
+        // The executable's own dir, then its parent (deps/ -> <profile>/).
+        for _ in 0..2 {
+            let Some(d) = dir else { break };
+            let candidate = d.join("faultdisk");
+            if candidate.is_file() {
+                return Ok(candidate);
+            }
+            tried.push(candidate.display().to_string());
+            dir = d.parent();
+        }
+        bail!(
+            "cannot find the faultdisk server binary (tried {}): build it with \
+             `cargo build -p health-tests --bin faultdisk` or set FAULTDISK_BIN",
+            tried.join(", ")
+        )
+    }
+
+    /// Starts the server binary `bin` for a disk of `size_bytes` (a positive multiple of
+    /// 512) in a fresh temp dir and waits until its FUSE mount is up.
+    pub fn start_with(bin: &Path, size_bytes: u64) -> Result<FaultDisk> {
+        sys::require_root()?;
+        if size_bytes == 0 || size_bytes % 512 != 0 {
+            bail!("fault disk size {size_bytes} must be a positive multiple of 512");
+        }
+        if !bin.is_file() {
+            bail!("faultdisk server binary {} does not exist", bin.display());
+        }
+        let dir = tempfile::Builder::new()
+            .prefix("faultdisk-")
+            .tempdir()
+            .context("creating the fault disk work dir")?;
+        let work_dir = dir.path().to_path_buf();
+        let log_path = work_dir.join(LOG_NAME);
+        let log = File::create(&log_path)
+            .with_context(|| format!("creating server log {}", log_path.display()))?;
+        let mut child = Command::new(bin)
+            .arg("--dir")
+            .arg(&work_dir)
+            .arg("--size")
+            .arg(size_bytes.to_string())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(log)
+            .spawn()
+            .with_context(|| format!("starting {}", bin.display()))?;
+        let stdin = child.stdin.take();
+        let stdout = child.stdout.take();
+
+        // The ready line is read on a helper thread so we can stop waiting after a
+        // timeout without polling.
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            let res = match stdout {
+                Some(out) => BufReader::new(out).read_line(&mut line).map(|_| line),
+                None => Err(std::io::Error::other("no stdout pipe")),
+            };
+            let _ = tx.send(res);
+        });
+        let ready = rx.recv_timeout(READY_TIMEOUT);
+
+        let fail = |child: &mut Child, why: String| -> anyhow::Error {
+            let _ = child.kill();
+            let _ = child.wait();
+            anyhow!(
+                "faultdisk server {} did not become ready: {why}; server log: {}",
+                bin.display(),
+                log_tail(&log_path)
+            )
+        };
+        let line = match ready {
+            Ok(Ok(line)) => line,
+            Ok(Err(e)) => return Err(fail(&mut child, format!("reading its stdout: {e}"))),
+            Err(_) => return Err(fail(&mut child, format!("no answer in {READY_TIMEOUT:?}"))),
+        };
+        let Some(json) = line.trim_end().strip_prefix("ready ") else {
+            let why = if line.is_empty() {
+                "it exited before mounting".to_string()
+            } else {
+                format!("unexpected first line {line:?}")
+            };
+            return Err(fail(&mut child, why));
+        };
+        let info: ServerInfo = match serde_json::from_str(json) {
+            Ok(i) => i,
+            Err(e) => return Err(fail(&mut child, format!("bad ready line {json:?}: {e}"))),
+        };
+
+        let disk = FaultDisk {
+            dir: Some(dir),
+            mount_dir: work_dir.join(MOUNT_DIR),
+            image: work_dir.join(MOUNT_DIR).join(IMAGE_NAME),
+            socket: work_dir.join(CONTROL_SOCKET),
+            work_dir,
+            info,
+            child: Mutex::new(Some(child)),
+            stdin: Mutex::new(stdin),
+            loops: Mutex::new(Vec::new()),
+            vanished: AtomicBool::new(false),
+        };
+        // From here on Drop cleans up whatever goes wrong.
+        disk.call(&Request::Ping)
+            .context("faultdisk server does not answer on its control socket")?;
+        let meta = std::fs::metadata(&disk.image)
+            .with_context(|| format!("stat of {} on the FUSE mount", disk.image.display()))?;
+        if meta.len() != size_bytes {
+            bail!(
+                "{} has size {} instead of {size_bytes}",
+                disk.image.display(),
+                meta.len()
+            );
+        }
+        Ok(disk)
+    }
+
+    /// The disk image on the FUSE mount (what loop devices are attached to).
+    pub fn image_path(&self) -> &Path {
+        &self.image
+    }
+
+    /// The server's work dir (backing file, socket, mount point, `faultdisk.log`).
+    pub fn work_dir(&self) -> &Path {
+        &self.work_dir
+    }
+
+    /// The FUSE mount point.
+    pub fn mount_dir(&self) -> &Path {
+        &self.mount_dir
+    }
+
+    /// What the server reported when it became ready.
+    pub fn info(&self) -> &ServerInfo {
+        &self.info
+    }
+
+    /// Size of the disk in bytes.
+    pub fn size(&self) -> u64 {
+        self.info.size
+    }
+
+    /// The server's pid.
+    pub fn server_pid(&self) -> u32 {
+        self.info.pid
+    }
+
+    /// The last lines of the server's log, for diagnostics.
+    pub fn server_log_tail(&self) -> String {
+        log_tail(&self.work_dir.join(LOG_NAME))
+    }
+
+    /// Attaches a loop device over the image: `losetup -f --show --direct-io=on [-P]`.
+    ///
+    /// Fails if the kernel did not enable direct I/O on it (buffered loop I/O would hide
+    /// errors behind a second page cache). The device's max_sectors_kb is lowered so one
+    /// loop request always fits in one FUSE request (see [`LoopDevice::fuse_fit_kb`]).
+    pub fn attach_loop(&self, partscan: bool) -> Result<LoopDevice> {
+        self.attach_loop_with(LoopOptions {
+            partscan,
+            ..LoopOptions::default()
+        })
+    }
+
+    /// [`attach_loop`](FaultDisk::attach_loop) with every option.
+    pub fn attach_loop_with(&self, opts: LoopOptions) -> Result<LoopDevice> {
+        self.check_alive()?;
+        cmd::require_tools(&["losetup"])?;
+        let image = self.image.to_string_lossy().into_owned();
+        let mut args = vec!["-f", "--show", "--direct-io=on"];
+        if opts.partscan {
+            args.push("-P");
+        }
+        let ss;
+        if let Some(s) = opts.sector_size {
+            ss = s.to_string();
+            args.push("--sector-size");
+            args.push(&ss);
+        }
+        args.push(&image);
+        let out = cmd::run("losetup", &args)?;
+        let dev = out.stdout.trim().to_string();
+        let name = dev
+            .strip_prefix("/dev/")
+            .filter(|n| n.starts_with("loop"))
+            .with_context(|| format!("losetup printed {dev:?}, not a /dev/loopN path"))?
+            .to_string();
+        let maj_min = sys::block_maj_min(&name)?;
+        let (major, minor) = sys::parse_maj_min(&maj_min)?;
+        let shared = Arc::new(LoopShared {
+            name: name.clone(),
+            path: PathBuf::from(&dev),
+            maj_min,
+            major,
+            minor,
+            partscan: opts.partscan,
+            image: self.image.clone(),
+            detached: Mutex::new(false),
+        });
+        // Registered before the checks below so Drop detaches it if they fail.
+        lock(&self.loops).push(shared.clone());
+        let lo = LoopDevice { shared };
+
+        let dio = sys::read_sysfs(format!("/sys/block/{name}/loop/dio"))?;
+        if dio != "1" {
+            bail!(
+                "{dev}: the kernel did not enable direct I/O on the loop device (dio={dio}); \
+                 buffered loop I/O would not pass FUSE errors through reliably"
+            );
+        }
+        if opts.fit_fuse_requests {
+            let fit = lo.fuse_fit_kb(self.info.max_request_bytes);
+            let current = lo.max_sectors_kb()?;
+            if current > fit {
+                lo.set_max_sectors_kb(fit)?;
+            }
+        }
+        Ok(lo)
+    }
+
+    /// Loop devices attached through this disk and not detached yet.
+    pub fn loop_names(&self) -> Vec<String> {
+        lock(&self.loops)
+            .iter()
+            .filter(|l| !*lock(&l.detached))
+            .map(|l| l.name.clone())
+            .collect()
+    }
+
+    /// Adds a rule; returns its id (for [`remove_rule`](FaultDisk::remove_rule)).
+    pub fn add_rule(&self, rule: Rule) -> Result<u64> {
+        let shown = format!("{rule:?}");
+        let resp = self
+            .call(&Request::AddRule { rule })
+            .with_context(|| format!("adding rule {shown}"))?;
+        resp.rule_id
+            .with_context(|| format!("server answered add_rule without a rule id: {resp:?}"))
+    }
+
+    /// Removes one rule.
+    pub fn remove_rule(&self, rule_id: u64) -> Result<()> {
+        self.call(&Request::RemoveRule { rule_id })
+            .with_context(|| format!("removing rule {rule_id}"))?;
+        Ok(())
+    }
+
+    /// Removes every rule: the disk works again.
+    pub fn clear_rules(&self) -> Result<()> {
+        self.call(&Request::ClearRules).context("clearing rules")?;
+        Ok(())
+    }
+
+    /// Delays every read/write/discard/flush by `delay` (zero: off). Resolution: 1 µs.
+    pub fn set_delay(&self, delay: Duration) -> Result<()> {
+        let delay_us = u64::try_from(delay.as_micros()).unwrap_or(u64::MAX);
+        self.call(&Request::SetDelay { delay_us })
+            .with_context(|| format!("setting delay {delay:?}"))?;
+        Ok(())
+    }
+
+    /// Counters since start (or the last [`reset_stats`](FaultDisk::reset_stats)).
+    pub fn stats(&self) -> Result<Stats> {
+        self.call(&Request::Stats)
+            .context("reading stats")?
+            .stats
+            .context("server answered stats without stats")
+    }
+
+    /// Zeroes the counters and empties the injection log (sequence numbers go on).
+    pub fn reset_stats(&self) -> Result<()> {
+        self.call(&Request::ResetStats).context("resetting stats")?;
+        Ok(())
+    }
+
+    /// The whole injection log (at most the last 200 000 failures).
+    pub fn injections(&self) -> Result<Vec<Injection>> {
+        self.injections_since(0)
+    }
+
+    /// Injection log entries with `seq >= since`.
+    pub fn injections_since(&self, since: u64) -> Result<Vec<Injection>> {
+        self.call(&Request::Injections { since: Some(since) })
+            .context("reading the injection log")?
+            .injections
+            .context("server answered without injections")
+    }
+
+    /// Records every request (failed or not) from now on, or stops doing so.
+    pub fn set_trace(&self, on: bool) -> Result<()> {
+        self.call(&Request::SetTrace { on })
+            .context("switching the request trace")?;
+        Ok(())
+    }
+
+    /// Traced requests with `seq >= since`.
+    pub fn traced_requests(&self, since: u64) -> Result<Vec<TracedRequest>> {
+        self.call(&Request::Requests { since: Some(since) })
+            .context("reading the request trace")?
+            .requests
+            .context("server answered without requests")
+    }
+
+    /// Makes the server exit at once without unmounting, and waits until it is gone:
+    /// every later I/O on the loop devices fails (with EIO), like a vanished disk.
+    pub fn vanish(&self) -> Result<()> {
+        self.call(&Request::Vanish).context("asking the server to vanish")?;
+        self.vanished.store(true, Ordering::SeqCst);
+        let mut guard = lock(&self.child);
+        if let Some(child) = guard.as_mut() {
+            if !wait_child(child, EXIT_GRACE)? {
+                let _ = child.kill();
+                child.wait().context("waiting for the vanished server")?;
+            }
+        }
+        *guard = None;
+        Ok(())
+    }
+
+    /// Whether [`vanish`](FaultDisk::vanish) was called.
+    pub fn has_vanished(&self) -> bool {
+        self.vanished.load(Ordering::SeqCst)
+    }
+
+    fn check_alive(&self) -> Result<()> {
+        if self.has_vanished() {
+            bail!("the faultdisk server has vanished (vanish() was called)");
+        }
+        Ok(())
+    }
+
+    /// One request/answer on a fresh connection (cheap, and no shared stream state
+    /// between threads using the same disk).
+    fn call(&self, req: &Request) -> Result<Response> {
+        self.check_alive()?;
+        let resp = self.call_raw(req, CONTROL_TIMEOUT).map_err(|e| {
+            e.context(format!(
+                "control request to {} failed; server log: {}",
+                self.socket.display(),
+                self.server_log_tail()
+            ))
+        })?;
+        if !resp.ok {
+            bail!(
+                "faultdisk server refused: {}",
+                resp.error.as_deref().unwrap_or("(no reason given)")
+            );
+        }
+        Ok(resp)
+    }
+
+    fn call_raw(&self, req: &Request, timeout: Duration) -> Result<Response> {
+        let stream = UnixStream::connect(&self.socket)
+            .with_context(|| format!("connecting to {}", self.socket.display()))?;
+        stream.set_read_timeout(Some(timeout))?;
+        stream.set_write_timeout(Some(timeout))?;
+        let mut line = serde_json::to_string(req).context("encoding request")?;
+        line.push('\n');
+        (&stream)
+            .write_all(line.as_bytes())
+            .context("sending request")?;
+        let mut answer = String::new();
+        BufReader::new(&stream)
+            .read_line(&mut answer)
+            .context("reading answer")?;
+        if answer.is_empty() {
+            bail!("server closed the connection without answering");
+        }
+        serde_json::from_str(&answer).with_context(|| {
+            format!(
+                "bad answer {:?}",
+                answer.chars().take(200).collect::<String>()
+            )
+        })
+    }
+
+    /// Everything Drop does, reporting problems instead of printing them.
+    fn cleanup(&mut self) -> Result<()> {
+        let mut errors: Vec<String> = Vec::new();
+        let alive = !self.has_vanished();
+        if alive {
+            // A large delay would make every unmount below crawl.
+            let _ = self.call_raw(&Request::SetDelay { delay_us: 0 }, Duration::from_secs(5));
+        }
+        // Loop devices first: their filesystems still need the server to write back.
+        let loops: Vec<Arc<LoopShared>> = lock(&self.loops).clone();
+        for l in &loops {
+            if let Err(e) = l.detach() {
+                errors.push(format!("{e:#}"));
+            }
+        }
+        // Also loops someone attached by hand to our image.
+        if let Ok(names) = sys::loops_backed_by(&self.image) {
+            for name in names {
+                if let Err(e) = sys::detach_loop_device(&name, Some(&self.image)) {
+                    errors.push(format!("{e:#}"));
+                }
+            }
+        }
+        // Unmounting the FUSE mount ends the server's session and it exits by itself.
+        // Lazily if busy: a loop still held open by a lazily unmounted filesystem keeps
+        // the image open until the kill below aborts the connection.
+        if let Err(e) = sys::unmount(&self.mount_dir, true) {
+            errors.push(format!("{e:#}"));
+        }
+        if let Some(mut child) = lock(&self.child).take() {
+            match wait_child(&mut child, EXIT_GRACE) {
+                Ok(true) => {}
+                _ => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                }
+            }
+        }
+        // Only now, with the server gone, close its stdin (closing it earlier would
+        // start its orphan cleanup, racing with ours).
+        drop(lock(&self.stdin).take());
+        if let Some(dir) = self.dir.take() {
+            // FUSE may still be attached if everything above failed; a lazy detach lets
+            // the directory go in any case.
+            if sys::mount_at(&self.mount_dir).ok().flatten().is_some() {
+                let _ = nix::mount::umount2(&self.mount_dir, nix::mount::MntFlags::MNT_DETACH);
+            }
+            let path = dir.path().to_path_buf();
+            if let Err(e) = dir.close() {
+                errors.push(format!("removing work dir {}: {e}", path.display()));
+            }
+        }
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            bail!("{}", errors.join("; "))
+        }
+    }
+}
+
+impl Drop for FaultDisk {
+    fn drop(&mut self) {
+        if let Err(e) = self.cleanup() {
+            eprintln!("FaultDisk cleanup: {e:#}");
+        }
+    }
+}
+
+/// Waits up to `timeout` for `child` to exit; `Ok(false)` if it is still running.
+fn wait_child(child: &mut Child, timeout: Duration) -> Result<bool> {
+    let mut exited = false;
+    let mut err = None;
+    sys::wait_for(timeout, Duration::from_millis(10), || match child.try_wait() {
+        Ok(Some(_)) => {
+            exited = true;
+            true
+        }
+        Ok(None) => false,
+        Err(e) => {
+            err = Some(e);
+            true
+        }
+    });
+    match err {
+        Some(e) => Err(e).context("waiting for the faultdisk server"),
+        None => Ok(exited),
+    }
+}
+
+/// Last lines of a log file, or why it could not be read.
+fn log_tail(path: &Path) -> String {
+    let mut text = String::new();
+    match File::open(path).and_then(|mut f| f.read_to_string(&mut text)) {
+        Ok(_) => {
+            let lines: Vec<&str> = text.lines().collect();
+            let start = lines.len().saturating_sub(10);
+            if lines.is_empty() {
+                "(empty)".to_string()
+            } else {
+                lines[start..].join(" | ")
+            }
+        }
+        Err(e) => format!("(cannot read {}: {e})", path.display()),
+    }
+}
+
+/// Options for [`FaultDisk::attach_loop_with`].
+#[derive(Debug, Clone, Copy)]
+pub struct LoopOptions {
+    /// `losetup -P`: scan for partitions (needed for [`crate::fs::partition`]).
+    pub partscan: bool,
+    /// Lower the loop device's max_sectors_kb so one loop request is never split into
+    /// several FUSE requests (default true). With it off, a loop request larger than
+    /// the FUSE limit becomes several FUSE requests, and a write failing in any but the
+    /// first completes as a short write, which the loop driver reports as success.
+    pub fit_fuse_requests: bool,
+    /// `losetup --sector-size`: logical block size (default 512).
+    pub sector_size: Option<u32>,
+}
+
+impl Default for LoopOptions {
+    fn default() -> Self {
+        LoopOptions {
+            partscan: false,
+            fit_fuse_requests: true,
+            sector_size: None,
+        }
+    }
+}
+
+struct LoopShared {
+    name: String,
+    path: PathBuf,
+    maj_min: String,
+    major: u32,
+    minor: u32,
+    partscan: bool,
+    image: PathBuf,
+    /// Set once detached, so the LoopDevice's and the FaultDisk's Drop detach once.
+    detached: Mutex<bool>,
+}
+
+impl LoopShared {
+    fn detach(&self) -> Result<()> {
+        let mut done = lock(&self.detached);
+        if *done {
+            return Ok(());
+        }
+        // Checks the backing file: if the device was already freed and reused by
+        // someone else, it is left alone.
+        let res = sys::detach_loop_device(&self.name, Some(&self.image));
+        *done = true;
+        res
+    }
+}
+
+/// A loop device attached over a [`FaultDisk`] image. Dropping it unmounts whatever is
+/// mounted from it (or its partitions) and detaches it; the FaultDisk's Drop does the
+/// same for devices still attached.
+pub struct LoopDevice {
+    shared: Arc<LoopShared>,
+}
+
+impl std::fmt::Debug for LoopDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LoopDevice")
+            .field("path", &self.shared.path)
+            .field("maj_min", &self.shared.maj_min)
+            .finish()
+    }
+}
+
+/// A partition of a loop device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Partition {
+    /// 1-based partition number.
+    pub number: u32,
+    /// Kernel name, e.g. "loop3p1".
+    pub name: String,
+    /// Device node, e.g. "/dev/loop3p1".
+    pub path: PathBuf,
+    /// "MAJ:MIN", e.g. "259:0".
+    pub maj_min: String,
+    pub major: u32,
+    pub minor: u32,
+    /// Offset of the partition on the whole disk (= in the disk image), in bytes.
+    pub start_bytes: u64,
+    pub size_bytes: u64,
+}
+
+impl LoopDevice {
+    /// Device node, e.g. `/dev/loop3`.
+    pub fn path(&self) -> &Path {
+        &self.shared.path
+    }
+
+    /// Kernel name, e.g. `loop3`.
+    pub fn name(&self) -> &str {
+        &self.shared.name
+    }
+
+    /// "MAJ:MIN", e.g. "7:3".
+    pub fn maj_min(&self) -> &str {
+        &self.shared.maj_min
+    }
+
+    pub fn major(&self) -> u32 {
+        self.shared.major
+    }
+
+    pub fn minor(&self) -> u32 {
+        self.shared.minor
+    }
+
+    /// Whether it was attached with partition scanning.
+    pub fn partscan(&self) -> bool {
+        self.shared.partscan
+    }
+
+    /// The image it is attached to.
+    pub fn image(&self) -> &Path {
+        &self.shared.image
+    }
+
+    /// Its partitions as the kernel currently sees them.
+    pub fn partitions(&self) -> Result<Vec<Partition>> {
+        let mut out = Vec::new();
+        for name in sys::partitions_of(&self.shared.name)? {
+            out.push(partition_info(&self.shared.name, &name)?);
+        }
+        Ok(out)
+    }
+
+    /// `queue/max_sectors_kb`: the largest request the block layer builds for it.
+    pub fn max_sectors_kb(&self) -> Result<u32> {
+        let p = format!("/sys/block/{}/queue/max_sectors_kb", self.shared.name);
+        let v = sys::read_sysfs(&p)?;
+        v.parse().with_context(|| format!("{p}: bad value {v:?}"))
+    }
+
+    /// Sets `queue/max_sectors_kb` (at most max_hw_sectors_kb, 1280 for loop).
+    pub fn set_max_sectors_kb(&self, kb: u32) -> Result<()> {
+        let p = format!("/sys/block/{}/queue/max_sectors_kb", self.shared.name);
+        std::fs::write(&p, kb.to_string()).with_context(|| format!("writing {kb} to {p}"))
+    }
+
+    /// Largest max_sectors_kb that keeps every request within one FUSE request of at
+    /// most `fuse_max` bytes: FUSE counts pages, and a buffer that does not start on a
+    /// page boundary touches one page more than its length suggests, hence one page of
+    /// slack.
+    pub fn fuse_fit_kb(&self, fuse_max: u64) -> u32 {
+        let slack = 4096;
+        let kb = fuse_max.saturating_sub(slack) / 1024;
+        u32::try_from(kb.max(4)).unwrap_or(u32::MAX)
+    }
+
+    /// Unmounts its filesystems and detaches it now, reporting errors.
+    pub fn detach(self) -> Result<()> {
+        self.shared.detach()
+    }
+}
+
+impl Drop for LoopDevice {
+    fn drop(&mut self) {
+        if let Err(e) = self.shared.detach() {
+            eprintln!("LoopDevice {} cleanup: {e:#}", self.shared.name);
+        }
+    }
+}
+
+/// Reads a partition's numbers from sysfs.
+pub(crate) fn partition_info(disk: &str, name: &str) -> Result<Partition> {
+    let base = format!("/sys/block/{disk}/{name}");
+    let number: u32 = sys::read_sysfs(format!("{base}/partition"))?
+        .parse()
+        .with_context(|| format!("{base}/partition"))?;
+    let start: u64 = sys::read_sysfs(format!("{base}/start"))?
+        .parse()
+        .with_context(|| format!("{base}/start"))?;
+    let size: u64 = sys::read_sysfs(format!("{base}/size"))?
+        .parse()
+        .with_context(|| format!("{base}/size"))?;
+    let maj_min = sys::read_sysfs(format!("{base}/dev"))?;
+    let (major, minor) = sys::parse_maj_min(&maj_min)?;
+    Ok(Partition {
+        number,
+        name: name.to_string(),
+        path: PathBuf::from(format!("/dev/{name}")),
+        maj_min,
+        major,
+        minor,
+        // sysfs start/size are always in 512-byte units, whatever the block size.
+        start_bytes: start * 512,
+        size_bytes: size * 512,
+    })
+}

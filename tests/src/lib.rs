@@ -1,0 +1,51 @@
+//! Real-kernel test harness for volume-health.
+//!
+//! Real storage errors without device-mapper or fault injection: the `faultdisk` binary
+//! (src/bin/faultdisk.rs) serves a disk image over FUSE and fails chosen requests with
+//! chosen errnos; a loop device with direct I/O over that image turns them into genuine
+//! block-layer errors, with every tracepoint firing as on hardware.
+//!
+//! ```no_run
+//! use health_tests::{fs, FaultDisk, Op, Rule};
+//! # fn main() -> anyhow::Result<()> {
+//! health_tests::require_root()?;
+//! let disk = FaultDisk::start(64 << 20)?;
+//! let lo = disk.attach_loop(false)?;
+//! disk.add_rule(Rule::new(Op::Write, libc::EIO).range(1 << 20, 4096))?;
+//! let err = fs::o_direct_write(lo.path(), 1 << 20, &[0u8; 4096]).unwrap_err();
+//! assert_eq!(err.raw_os_error(), Some(libc::EIO));
+//! assert_eq!(disk.stats()?.injected(Op::Write, libc::EIO), 1);
+//! # Ok(()) }
+//! ```
+//!
+//! Requirements: root, and the tools losetup, mount (package `mount`), sfdisk (`fdisk`),
+//! mkfs.ext4 (`e2fsprogs`), mkfs.xfs (`xfsprogs`), mkfs.btrfs (`btrfs-progs`),
+//! blkdiscard (`util-linux`). Missing ones make the helpers fail with the package name.
+//! fusermount3 is not needed: the server mounts with mount(2) as root and the client
+//! unmounts with umount2(2).
+
+pub mod cmd;
+pub mod faultdisk;
+pub mod fs;
+pub mod protocol;
+pub mod sys;
+
+pub use faultdisk::{FaultDisk, LoopDevice, LoopOptions, Partition};
+pub use fs::{
+    drop_caches, file_extents, mkfs_btrfs, mkfs_ext4, mkfs_xfs, o_direct_read, o_direct_write,
+    partition, sync_fs, xfs_fail_fast, Extent, Mount,
+};
+pub use protocol::{ByteRange, Injection, Op, Rule, ServerInfo, Stats, TracedRequest};
+pub use sys::{require_root, MountInfo};
+
+/// Tools the fault-disk tests need, checked up front so a missing one fails with its
+/// Debian package named instead of halfway through a test.
+pub const BASE_TOOLS: &[&str] = &["losetup", "mount", "sfdisk", "mkfs.ext4", "blkdiscard"];
+
+/// Root plus every tool in [`BASE_TOOLS`] and `extra` (e.g. `&["mkfs.xfs"]`).
+pub fn require_env(extra: &[&str]) -> anyhow::Result<()> {
+    require_root()?;
+    let mut tools: Vec<&str> = BASE_TOOLS.to_vec();
+    tools.extend_from_slice(extra);
+    cmd::require_tools(&tools)
+}

@@ -1,0 +1,322 @@
+//! Small kernel-facing helpers: root check, mountinfo, loop devices in sysfs, unmounting.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use nix::errno::Errno;
+use nix::mount::MntFlags;
+
+use crate::cmd;
+
+/// Fails unless running as root, which every real-kernel test needs.
+pub fn require_root() -> Result<()> {
+    if nix::unistd::geteuid().is_root() {
+        Ok(())
+    } else {
+        bail!(
+            "must run as root: the real-kernel tests attach loop devices and mount \
+             filesystems (running as uid {})",
+            nix::unistd::geteuid()
+        )
+    }
+}
+
+/// One line of /proc/self/mountinfo.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MountInfo {
+    pub mount_id: u32,
+    pub parent_id: u32,
+    /// "MAJ:MIN" of the filesystem (st_dev); anonymous (0:N) for btrfs, tmpfs, FUSE...
+    pub maj_min: String,
+    pub root: PathBuf,
+    pub mount_point: PathBuf,
+    /// Per-mount options, e.g. "rw,relatime".
+    pub mount_options: String,
+    pub fstype: String,
+    /// Mount source, e.g. "/dev/loop3".
+    pub source: String,
+    /// Superblock options, e.g. "rw,errors=remount-ro" (ext4 shows `emergency_ro` here
+    /// after an error remount on 6.18 while mount_options still say rw).
+    pub super_options: String,
+}
+
+impl MountInfo {
+    /// Whether `opt` is among the superblock options (exact word match).
+    pub fn has_super_option(&self, opt: &str) -> bool {
+        self.super_options.split(',').any(|o| o == opt)
+    }
+
+    /// Whether `opt` is among the per-mount options (exact word match).
+    pub fn has_mount_option(&self, opt: &str) -> bool {
+        self.mount_options.split(',').any(|o| o == opt)
+    }
+}
+
+/// Undoes mountinfo's octal escapes (`\040` for space, etc.).
+fn unescape(field: &str) -> String {
+    let b = field.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\' && i + 4 <= b.len() {
+            let oct = &b[i + 1..i + 4];
+            if oct.iter().all(|c| (b'0'..=b'7').contains(c)) {
+                // Three octal digits fit in 9 bits; mountinfo only escapes bytes.
+                let v = oct.iter().fold(0u32, |acc, c| acc * 8 + u32::from(c - b'0'));
+                if let Ok(v) = u8::try_from(v) {
+                    out.push(v);
+                    i += 4;
+                    continue;
+                }
+            }
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Parses one mountinfo line; `None` if it is not in the documented format.
+pub fn parse_mountinfo_line(line: &str) -> Option<MountInfo> {
+    let (left, right) = line.split_once(" - ")?;
+    let mut l = left.split(' ');
+    let mount_id = l.next()?.parse().ok()?;
+    let parent_id = l.next()?.parse().ok()?;
+    let maj_min = l.next()?.to_string();
+    let root = PathBuf::from(unescape(l.next()?));
+    let mount_point = PathBuf::from(unescape(l.next()?));
+    let mount_options = l.next()?.to_string();
+    let mut r = right.split(' ');
+    let fstype = r.next()?.to_string();
+    let source = unescape(r.next()?);
+    let super_options = r.next().unwrap_or("").to_string();
+    Some(MountInfo {
+        mount_id,
+        parent_id,
+        maj_min,
+        root,
+        mount_point,
+        mount_options,
+        fstype,
+        source,
+        super_options,
+    })
+}
+
+/// All mounts of this process's mount namespace, in mount order.
+pub fn mountinfo() -> Result<Vec<MountInfo>> {
+    let text = std::fs::read_to_string("/proc/self/mountinfo")
+        .context("reading /proc/self/mountinfo")?;
+    Ok(text.lines().filter_map(parse_mountinfo_line).collect())
+}
+
+/// The mount whose mount point is exactly `path` (the last one, if stacked).
+pub fn mount_at(path: &Path) -> Result<Option<MountInfo>> {
+    Ok(mountinfo()?
+        .into_iter()
+        .rev()
+        .find(|m| m.mount_point == path))
+}
+
+/// Mounts whose device is one of `maj_mins` ("7:3") or whose source is one of `sources`
+/// ("/dev/loop3"), in mount order. Both are needed: btrfs reports an anonymous st_dev.
+pub fn mounts_of_devices(maj_mins: &[String], sources: &[String]) -> Result<Vec<MountInfo>> {
+    Ok(mountinfo()?
+        .into_iter()
+        .filter(|m| maj_mins.contains(&m.maj_min) || sources.contains(&m.source))
+        .collect())
+}
+
+/// Unmounts `path`; with `lazy_fallback`, detaches it lazily if a plain unmount fails
+/// because it is busy. Not being mounted is not an error.
+pub fn unmount(path: &Path, lazy_fallback: bool) -> Result<()> {
+    match nix::mount::umount2(path, MntFlags::empty()) {
+        Ok(()) => Ok(()),
+        // EINVAL: not a mount point (any more); ENOENT: gone.
+        Err(Errno::EINVAL) | Err(Errno::ENOENT) => Ok(()),
+        Err(Errno::EBUSY) if lazy_fallback => nix::mount::umount2(path, MntFlags::MNT_DETACH)
+            .or_else(|e| match e {
+                Errno::EINVAL | Errno::ENOENT => Ok(()),
+                e => Err(e),
+            })
+            .with_context(|| format!("lazy unmount of {}", path.display())),
+        Err(e) => Err(e).with_context(|| format!("unmounting {}", path.display())),
+    }
+}
+
+/// Reads a sysfs attribute, trimmed.
+pub fn read_sysfs(path: impl AsRef<Path>) -> Result<String> {
+    let path = path.as_ref();
+    Ok(std::fs::read_to_string(path)
+        .with_context(|| format!("reading {}", path.display()))?
+        .trim()
+        .to_string())
+}
+
+/// "MAJ:MIN" of a block device by kernel name ("loop3", "loop3p1").
+pub fn block_maj_min(name: &str) -> Result<String> {
+    read_sysfs(format!("/sys/class/block/{name}/dev"))
+}
+
+/// Splits "7:3" into (7, 3).
+pub fn parse_maj_min(s: &str) -> Result<(u32, u32)> {
+    let (a, b) = s
+        .split_once(':')
+        .with_context(|| format!("bad device number {s:?}"))?;
+    Ok((
+        a.parse().with_context(|| format!("bad major in {s:?}"))?,
+        b.parse().with_context(|| format!("bad minor in {s:?}"))?,
+    ))
+}
+
+/// Backing file of loop device `name`, if it is bound to one.
+pub fn loop_backing_file(name: &str) -> Option<PathBuf> {
+    let p = format!("/sys/block/{name}/loop/backing_file");
+    std::fs::read_to_string(p)
+        .ok()
+        .map(|s| PathBuf::from(s.trim_end_matches('\n')))
+}
+
+/// Names ("loop3") of loop devices whose backing file is `image`.
+pub fn loops_backed_by(image: &Path) -> Result<Vec<String>> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/sys/block").context("listing /sys/block")? {
+        let entry = entry.context("listing /sys/block")?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if !name.starts_with("loop") {
+            continue;
+        }
+        if loop_backing_file(&name).as_deref() == Some(image) {
+            out.push(name);
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// Kernel names of the partitions of block device `disk` ("loop3p1", ...), sorted by
+/// partition number.
+pub fn partitions_of(disk: &str) -> Result<Vec<String>> {
+    let dir = format!("/sys/block/{disk}");
+    let mut parts: Vec<(u32, String)> = Vec::new();
+    for entry in std::fs::read_dir(&dir).with_context(|| format!("listing {dir}"))? {
+        let entry = entry.with_context(|| format!("listing {dir}"))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if !name.starts_with(disk) {
+            continue;
+        }
+        if let Ok(n) = read_sysfs(entry.path().join("partition")) {
+            parts.push((n.parse().unwrap_or(0), name));
+        }
+    }
+    parts.sort();
+    Ok(parts.into_iter().map(|(_, n)| n).collect())
+}
+
+/// Unmounts every filesystem on loop device `name` or its partitions (plain unmount,
+/// lazy if busy), then detaches it with `losetup -d`. With `expect_backing`, does nothing
+/// if the device is no longer bound to that file (it may already belong to someone else).
+pub fn detach_loop_device(name: &str, expect_backing: Option<&Path>) -> Result<()> {
+    let backing = loop_backing_file(name);
+    if backing.is_none() {
+        return Ok(()); // not bound: already detached
+    }
+    if let Some(expect) = expect_backing {
+        if backing.as_deref() != Some(expect) {
+            return Ok(());
+        }
+    }
+    let mut devs = vec![name.to_string()];
+    devs.extend(partitions_of(name).unwrap_or_default());
+    let maj_mins: Vec<String> = devs.iter().filter_map(|d| block_maj_min(d).ok()).collect();
+    let sources: Vec<String> = devs.iter().map(|d| format!("/dev/{d}")).collect();
+
+    let mut errors = Vec::new();
+    // Last mounted first, so stacked mounts come off in order.
+    for m in mounts_of_devices(&maj_mins, &sources)?.iter().rev() {
+        if let Err(e) = unmount(&m.mount_point, true) {
+            errors.push(format!("{e:#}"));
+        }
+    }
+    // LOOP_CLR_FD on a still-open device (a lazily unmounted fs) succeeds by setting
+    // autoclear, so this does not fail for busy devices; retry only odd transient errors.
+    let dev = format!("/dev/{name}");
+    let mut last = None;
+    for _ in 0..3 {
+        if loop_backing_file(name).is_none() {
+            last = None;
+            break;
+        }
+        match cmd::run_timeout("losetup", &["-d", dev.as_str()], Duration::from_secs(30)) {
+            Ok(_) => {
+                last = None;
+                break;
+            }
+            Err(e) => {
+                last = Some(e);
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+    }
+    if let Some(e) = last {
+        errors.push(format!("{e:#}"));
+    }
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        bail!("cleaning up {dev}: {}", errors.join("; "))
+    }
+}
+
+/// Whether `dir` looks like a work dir created for a faultdisk server (so removing it
+/// recursively cannot hit anything else).
+pub fn is_owned_work_dir(dir: &Path) -> bool {
+    dir.join(crate::protocol::BACKING_NAME).is_file()
+        && dir.join(crate::protocol::CONTROL_SOCKET).exists()
+}
+
+/// Waits until `cond` holds, checking every `step`, for at most `timeout`.
+pub fn wait_for(timeout: Duration, step: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if cond() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(step);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_mountinfo() {
+        let line = "36 35 7:3 / /tmp/mnt\\040x rw,relatime shared:1 - ext4 /dev/loop3 rw,errors=remount-ro";
+        let m = parse_mountinfo_line(line).unwrap();
+        assert_eq!(m.maj_min, "7:3");
+        assert_eq!(m.mount_point, PathBuf::from("/tmp/mnt x"));
+        assert_eq!(m.fstype, "ext4");
+        assert_eq!(m.source, "/dev/loop3");
+        assert!(m.has_super_option("errors=remount-ro"));
+        assert!(m.has_mount_option("rw"));
+        assert!(!m.has_mount_option("r"));
+        assert!(parse_mountinfo_line("garbage").is_none());
+        assert_eq!(unescape("a\\134b\\"), "a\\b\\");
+    }
+
+    #[test]
+    fn maj_min() {
+        assert_eq!(parse_maj_min("259:1").unwrap(), (259, 1));
+        assert!(parse_maj_min("x").is_err());
+    }
+
+    #[test]
+    fn own_mountinfo_readable() {
+        assert!(!mountinfo().unwrap().is_empty());
+    }
+}

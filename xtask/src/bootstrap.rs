@@ -1,0 +1,136 @@
+//! Installing the eBPF toolchain on a fresh machine.
+//!
+//! The kernel object is built with Debian's Rust (its library source ships
+//! as a Debian package that matches the compiler exactly, which
+//! `-Z build-std` needs) and linked by bpf-linker built against the same
+//! LLVM major as that compiler. The major is read from the compiler rather
+//! than assumed, so a Debian update that moves rustc to another LLVM still
+//! produces a working linker. Everything installed is cached: apt packages
+//! system-wide, bpf-linker under `~/.cache/volume-health/tools`.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use anyhow::{bail, Context};
+
+use crate::util::{is_root, output, run, say};
+
+pub const DEBIAN_RUSTC: &str = "/usr/bin/rustc";
+pub const DEBIAN_CARGO: &str = "/usr/bin/cargo";
+const BPF_LINKER_VERSION: &str = "0.13.0";
+
+/// Debian's compiler, its cargo and its library source (for build-std).
+const COMPILER_PACKAGES: &[&str] = &["rustc-web", "cargo-web", "rust-web-src"];
+/// Tools the real-kernel tests and the demo drive.
+const TEST_PACKAGES: &[&str] = &["util-linux", "e2fsprogs", "xfsprogs", "btrfs-progs", "fdisk", "fuse3", "kmod"];
+
+pub struct Toolchain {
+    pub bpf_linker: PathBuf,
+    pub llvm_major: u32,
+}
+
+/// Makes sure everything the eBPF build and the tests need is installed.
+pub fn ensure() -> anyhow::Result<Toolchain> {
+    let mut apt = Apt::default();
+    apt.ensure(COMPILER_PACKAGES)?;
+    let llvm_major = rustc_llvm_major()?;
+    let llvm_packages = [format!("llvm-{llvm_major}-dev"), format!("libllvm{llvm_major}")];
+    let llvm_refs: Vec<&str> = llvm_packages.iter().map(String::as_str).collect();
+    apt.ensure(&llvm_refs)?;
+    apt.ensure(TEST_PACKAGES)?;
+    let bpf_linker = ensure_bpf_linker(llvm_major)?;
+    Ok(Toolchain { bpf_linker, llvm_major })
+}
+
+/// "LLVM version: 22.1.8" in `rustc --version --verbose`.
+fn rustc_llvm_major() -> anyhow::Result<u32> {
+    let text = output(Command::new(DEBIAN_RUSTC).args(["--version", "--verbose"]))?;
+    parse_llvm_major(&text).with_context(|| format!("no LLVM version in `{DEBIAN_RUSTC} --version --verbose`:\n{text}"))
+}
+
+fn parse_llvm_major(text: &str) -> Option<u32> {
+    text.lines()
+        .find_map(|l| l.strip_prefix("LLVM version:"))
+        .and_then(|v| v.trim().split('.').next())
+        .and_then(|m| m.parse().ok())
+}
+
+#[derive(Default)]
+struct Apt {
+    updated: bool,
+}
+
+impl Apt {
+    fn ensure(&mut self, packages: &[&str]) -> anyhow::Result<()> {
+        let missing: Vec<&str> = packages.iter().copied().filter(|p| !installed(p)).collect();
+        if missing.is_empty() {
+            return Ok(());
+        }
+        if !is_root() {
+            bail!(
+                "missing Debian packages {}; run `cargo xtask build` as root, or `apt-get install {}` first",
+                missing.join(" "),
+                missing.join(" ")
+            );
+        }
+        if !self.updated {
+            say("apt-get update");
+            run(Command::new("apt-get").args(["update", "-qq"]))?;
+            self.updated = true;
+        }
+        say(format!("installing Debian packages: {}", missing.join(" ")));
+        run(Command::new("apt-get")
+            .args(["install", "-y", "-qq", "--no-install-recommends"])
+            .args(&missing)
+            .env("DEBIAN_FRONTEND", "noninteractive"))
+    }
+}
+
+fn installed(package: &str) -> bool {
+    Command::new("dpkg-query")
+        .args(["-W", "-f=${Status}", package])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).contains("install ok installed"))
+        .unwrap_or(false)
+}
+
+fn cache_dir() -> PathBuf {
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(|| PathBuf::from("/var/cache"));
+    base.join("volume-health/tools")
+}
+
+fn ensure_bpf_linker(llvm_major: u32) -> anyhow::Result<PathBuf> {
+    let root = cache_dir().join(format!("bpf-linker-{BPF_LINKER_VERSION}-llvm{llvm_major}"));
+    let bin = root.join("bin/bpf-linker");
+    if bin.is_file() {
+        return Ok(bin);
+    }
+    say(format!(
+        "building bpf-linker {BPF_LINKER_VERSION} against LLVM {llvm_major} into {} (once; takes a few minutes)",
+        root.display()
+    ));
+    // /usr/bin/llvm-config may be another LLVM; point the build at ours.
+    run(crate::util::cargo()
+        .args(["install", &format!("bpf-linker@{BPF_LINKER_VERSION}"), "--locked", "--no-default-features"])
+        .args(["--features", &format!("llvm-{llvm_major}"), "--root"])
+        .arg(&root)
+        .env("LLVM_PREFIX", format!("/usr/lib/llvm-{llvm_major}")))
+    .context("building bpf-linker")?;
+    if !bin.is_file() {
+        bail!("bpf-linker installed, but {} is missing", bin.display());
+    }
+    Ok(bin)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn llvm_major_comes_from_rustc_verbose_output() {
+        let text = "rustc 1.96.0\nbinary: rustc\nhost: x86_64-unknown-linux-gnu\nrelease: 1.96.0\nLLVM version: 22.1.8\n";
+        assert_eq!(super::parse_llvm_major(text), Some(22));
+        assert_eq!(super::parse_llvm_major("rustc 1.96.0\n"), None);
+    }
+}

@@ -1,0 +1,93 @@
+//! Building the kernel object and the agent, and running tests against them.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use anyhow::{bail, Context};
+
+use crate::bootstrap::{self, DEBIAN_CARGO, DEBIAN_RUSTC};
+use crate::util::{cargo, is_root, run, say, workspace_root};
+
+pub struct Built {
+    pub ebpf_object: PathBuf,
+    pub agent: PathBuf,
+}
+
+/// Bootstrap, kernel object, release agent.
+pub fn all() -> anyhow::Result<Built> {
+    let toolchain = bootstrap::ensure()?;
+    let ebpf_object = ebpf(&toolchain)?;
+    say("building health-agent (release)");
+    run(cargo()
+        .current_dir(workspace_root())
+        .args(["build", "--release", "--package", "health-agent", "--bin", "health-agent"])
+        .env("HEALTH_EBPF_OBJECT", &ebpf_object))?;
+    let agent = target_dir().join("release/health-agent");
+    say(format!("built {} (kernel programs embedded)", agent.display()));
+    Ok(Built { ebpf_object, agent })
+}
+
+pub fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| workspace_root().join("target"))
+}
+
+/// Builds `health-ebpf` for bpfel-unknown-none with Debian's compiler.
+fn ebpf(toolchain: &bootstrap::Toolchain) -> anyhow::Result<PathBuf> {
+    let root = workspace_root();
+    let target_dir = root.join("target");
+    say(format!("building the kernel programs (Debian rustc, LLVM {})", toolchain.llvm_major));
+    let mut cmd = Command::new(DEBIAN_CARGO);
+    cmd.current_dir(root.join("health-ebpf"))
+        .args(["build", "--release", "--locked", "--target", "bpfel-unknown-none", "-Z", "build-std=core"])
+        .arg("--target-dir")
+        .arg(&target_dir)
+        // rustup's proxies and the outer cargo's settings must not leak in:
+        // this build uses a different compiler.
+        .env_remove("RUSTUP_TOOLCHAIN")
+        .env_remove("RUSTFLAGS")
+        .env_remove("CARGO_ENCODED_RUSTFLAGS")
+        .env_remove("RUSTC_WRAPPER")
+        .env_remove("RUSTC_WORKSPACE_WRAPPER")
+        .env_remove("CARGO_TARGET_DIR")
+        .env("RUSTC", DEBIAN_RUSTC)
+        // build-std is unstable; Debian's stable compiler allows it this way.
+        .env("RUSTC_BOOTSTRAP", "1")
+        .env("CARGO_TARGET_BPFEL_UNKNOWN_NONE_LINKER", &toolchain.bpf_linker)
+        .env("CARGO_TARGET_BPFEL_UNKNOWN_NONE_RUSTFLAGS", "-C debuginfo=2 -C link-arg=--btf");
+    run(&mut cmd).context("building the kernel programs")?;
+    let object = target_dir.join("bpfel-unknown-none/release/health-ebpf");
+    if !object.is_file() {
+        bail!("the eBPF build succeeded but {} is missing", object.display());
+    }
+    Ok(object)
+}
+
+pub fn run_agent(built: &Built, args: &[String]) -> anyhow::Result<()> {
+    if !is_root() {
+        say("note: not root; the agent will explain what it is missing");
+    }
+    let mut cmd = Command::new(&built.agent);
+    cmd.arg("watch").args(args);
+    say(format!("running {cmd:?} (Ctrl-C to stop)"));
+    run(&mut cmd)
+}
+
+/// The README's test command: everything, and loudly refusing to pretend
+/// when the real-kernel tests cannot run.
+pub fn test(args: &[String]) -> anyhow::Result<()> {
+    if !is_root() {
+        bail!(
+            "the test suite drives the real kernel (eBPF programs, loop devices, FUSE, mounts) and must run as root; \
+             nothing was skipped, nothing was run"
+        );
+    }
+    let built = all()?;
+    say("running the test suite (release profile, shares the agent's build)");
+    run(cargo()
+        .current_dir(workspace_root())
+        .args(["test", "--release", "--workspace"])
+        .env("HEALTH_EBPF_OBJECT", &built.ebpf_object)
+        .env("HEALTH_AGENT_BIN", &built.agent)
+        .arg("--")
+        .args(args))
+}

@@ -1,0 +1,55 @@
+//! The developer loop: `cargo xtask <command>`.
+//!
+//! xtask owns everything that plain cargo cannot do alone: installing the
+//! eBPF toolchain on a fresh machine, building the kernel object with
+//! Debian's compiler, embedding it into the agent, and running the real-kernel
+//! tests, demo and benchmarks.
+
+mod bootstrap;
+mod build;
+mod util;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "cargo xtask", about = "volume-health developer tasks")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Install what the build needs, build the eBPF object and the agent (release).
+    Build,
+    /// Build if needed, then watch this host: `cargo xtask run -- --json`.
+    Run {
+        /// Arguments for `health-agent watch`.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// Build, then run every test, including the real-kernel ones (as root).
+    Test {
+        /// Arguments passed to `cargo test` after `--` (e.g. a test name filter).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Build => build::all().map(|_| ()),
+        Command::Run { args } => build::all().and_then(|b| build::run_agent(&b, &args)),
+        Command::Test { args } => build::test(&args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,52 @@
+//! Running commands with their output visible and failures explained.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use anyhow::{bail, Context};
+
+/// The workspace root (xtask lives one level below it).
+pub fn workspace_root() -> PathBuf {
+    let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    manifest.parent().expect("xtask sits inside the workspace").to_path_buf()
+}
+
+pub fn say(msg: impl AsRef<str>) {
+    eprintln!("xtask: {}", msg.as_ref());
+}
+
+/// Runs `cmd`, streaming its output; fails with the command line on a
+/// non-zero exit.
+pub fn run(cmd: &mut Command) -> anyhow::Result<()> {
+    let line = format!("{cmd:?}");
+    let status = cmd.status().with_context(|| format!("starting {line}"))?;
+    if !status.success() {
+        bail!("{line} failed with {status}");
+    }
+    Ok(())
+}
+
+/// Runs `cmd` and returns its stdout.
+pub fn output(cmd: &mut Command) -> anyhow::Result<String> {
+    let line = format!("{cmd:?}");
+    let out = cmd.output().with_context(|| format!("starting {line}"))?;
+    if !out.status.success() {
+        bail!("{line} failed with {}: {}", out.status, String::from_utf8_lossy(&out.stderr).trim());
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc_geteuid() == 0 }
+}
+
+extern "C" {
+    #[link_name = "geteuid"]
+    fn libc_geteuid() -> u32;
+}
+
+/// The cargo that runs xtask (rustup's proxy, the stable toolchain).
+pub fn cargo() -> Command {
+    Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
+}
