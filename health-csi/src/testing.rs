@@ -488,11 +488,10 @@ impl Controller for Service {
             .map(Vec::as_slice)
             .unwrap_or_default()
             .iter()
-            .filter_map(|(id, health)| {
-                // Like the spec's SHOULD, the default listing omits healthy
-                // volumes; explicit pages are served as the test wrote them.
-                (explicit || !health.is_empty()).then(|| wire_health(id, health))
-            })
+            // Like the spec's SHOULD, the default listing omits healthy
+            // volumes; explicit pages are served as the test wrote them.
+            .filter(|(_, health)| explicit || !health.is_empty())
+            .map(|(id, health)| wire_health(id, health))
             .collect();
         Ok(Response::new(proto::ControllerListVolumeHealthResponse {
             entries,

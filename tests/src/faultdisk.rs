@@ -46,6 +46,8 @@ pub struct FaultDisk {
     work_dir: PathBuf,
     mount_dir: PathBuf,
     image: PathBuf,
+    /// Recorded at start: the image cannot be stat'ed once the server is gone.
+    image_id: sys::FileId,
     socket: PathBuf,
     info: ServerInfo,
     child: Mutex<Option<Child>>,
@@ -174,10 +176,16 @@ impl FaultDisk {
             Err(e) => return Err(fail(&mut child, format!("bad ready line {json:?}: {e}"))),
         };
 
+        let image = work_dir.join(MOUNT_DIR).join(IMAGE_NAME);
+        let image_id = match sys::FileId::of(&image) {
+            Ok(id) => id,
+            Err(e) => return Err(fail(&mut child, format!("{e:#}"))),
+        };
         let disk = FaultDisk {
             dir: Some(dir),
             mount_dir: work_dir.join(MOUNT_DIR),
-            image: work_dir.join(MOUNT_DIR).join(IMAGE_NAME),
+            image,
+            image_id,
             socket: work_dir.join(CONTROL_SOCKET),
             work_dir,
             info,
@@ -281,6 +289,7 @@ impl FaultDisk {
             minor,
             partscan: opts.partscan,
             image: self.image.clone(),
+            image_id: self.image_id,
             detached: Mutex::new(false),
         });
         // Registered before the checks below so Drop detaches it if they fail.
@@ -295,7 +304,7 @@ impl FaultDisk {
             );
         }
         if opts.fit_fuse_requests {
-            let fit = lo.fuse_fit_kb(self.info.max_request_bytes);
+            let fit = LoopDevice::fuse_fit_kb(self.info.max_request_bytes);
             let current = lo.max_sectors_kb()?;
             if current > fit {
                 lo.set_max_sectors_kb(fit)?;
@@ -477,7 +486,7 @@ impl FaultDisk {
         // Also loops someone attached by hand to our image.
         if let Ok(names) = sys::loops_backed_by(&self.image) {
             for name in names {
-                if let Err(e) = sys::detach_loop_device(&name, Some(&self.image)) {
+                if let Err(e) = sys::detach_loop_device(&name, Some(self.image_id)) {
                     errors.push(format!("{e:#}"));
                 }
             }
@@ -492,6 +501,13 @@ impl FaultDisk {
             match wait_child(&mut child, EXIT_GRACE) {
                 Ok(true) => {}
                 _ => {
+                    // Killing it aborts the FUSE connection, failing whatever a lazily
+                    // unmounted filesystem still has in flight instead of hanging on it.
+                    errors.push(format!(
+                        "faultdisk server {} did not exit within {EXIT_GRACE:?} after its \
+                         unmount; killed it",
+                        self.info.pid
+                    ));
                     let _ = child.kill();
                     let _ = child.wait();
                 }
@@ -597,6 +613,7 @@ struct LoopShared {
     minor: u32,
     partscan: bool,
     image: PathBuf,
+    image_id: sys::FileId,
     /// Set once detached, so the LoopDevice's and the FaultDisk's Drop detach once.
     detached: Mutex<bool>,
 }
@@ -609,7 +626,7 @@ impl LoopShared {
         }
         // Checks the backing file: if the device was already freed and reused by
         // someone else, it is left alone.
-        let res = sys::detach_loop_device(&self.name, Some(&self.image));
+        let res = sys::detach_loop_device(&self.name, Some(self.image_id)).map(|_| ());
         *done = true;
         res
     }
@@ -705,11 +722,16 @@ impl LoopDevice {
         std::fs::write(&p, kb.to_string()).with_context(|| format!("writing {kb} to {p}"))
     }
 
+    /// Completed request counters of the whole device (partitions included).
+    pub fn stat(&self) -> Result<sys::BlockStat> {
+        sys::block_stat(&self.shared.name)
+    }
+
     /// Largest max_sectors_kb that keeps every request within one FUSE request of at
     /// most `fuse_max` bytes: FUSE counts pages, and a buffer that does not start on a
     /// page boundary touches one page more than its length suggests, hence one page of
-    /// slack.
-    pub fn fuse_fit_kb(&self, fuse_max: u64) -> u32 {
+    /// slack (1 MiB -> 1020 KiB).
+    pub fn fuse_fit_kb(fuse_max: u64) -> u32 {
         let slack = 4096;
         let kb = fuse_max.saturating_sub(slack) / 1024;
         u32::try_from(kb.max(4)).unwrap_or(u32::MAX)

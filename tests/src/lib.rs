@@ -24,6 +24,7 @@
 //! fusermount3 is not needed: the server mounts with mount(2) as root and the client
 //! unmounts with umount2(2).
 
+pub mod agent;
 pub mod cmd;
 pub mod faultdisk;
 pub mod fs;
@@ -36,7 +37,7 @@ pub use fs::{
     partition, sync_fs, xfs_fail_fast, Extent, Mount,
 };
 pub use protocol::{ByteRange, Injection, Op, Rule, ServerInfo, Stats, TracedRequest};
-pub use sys::{require_root, MountInfo};
+pub use sys::{require_root, BlockStat, MountInfo};
 
 /// Tools the fault-disk tests need, checked up front so a missing one fails with its
 /// Debian package named instead of halfway through a test.

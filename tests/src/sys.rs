@@ -7,7 +7,6 @@ use anyhow::{bail, Context, Result};
 use nix::errno::Errno;
 use nix::mount::MntFlags;
 
-use crate::cmd;
 
 /// Fails unless running as root, which every real-kernel test needs.
 pub fn require_root() -> Result<()> {
@@ -170,6 +169,39 @@ pub fn parse_maj_min(s: &str) -> Result<(u32, u32)> {
     ))
 }
 
+/// Completed request counters of a whole block device, from /sys/block/<name>/stat
+/// (requests after merging, i.e. what the driver saw; partitions included).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BlockStat {
+    pub reads: u64,
+    pub read_sectors: u64,
+    pub writes: u64,
+    pub write_sectors: u64,
+    pub discards: u64,
+    pub flushes: u64,
+}
+
+/// Reads /sys/block/<name>/stat.
+pub fn block_stat(name: &str) -> Result<BlockStat> {
+    let p = format!("/sys/block/{name}/stat");
+    let text = read_sysfs(&p)?;
+    let f: Vec<u64> = text
+        .split_whitespace()
+        .map(|v| v.parse().with_context(|| format!("{p}: bad field {v:?}")))
+        .collect::<Result<_>>()?;
+    // Field order per Documentation/block/stat.rst; discard fields since 4.18, flush
+    // fields since 5.5.
+    let get = |i: usize| f.get(i).copied().unwrap_or(0);
+    Ok(BlockStat {
+        reads: get(0),
+        read_sectors: get(2),
+        writes: get(4),
+        write_sectors: get(6),
+        discards: get(11),
+        flushes: get(15),
+    })
+}
+
 /// Backing file of loop device `name`, if it is bound to one.
 pub fn loop_backing_file(name: &str) -> Option<PathBuf> {
     let p = format!("/sys/block/{name}/loop/backing_file");
@@ -214,24 +246,93 @@ pub fn partitions_of(disk: &str) -> Result<Vec<String>> {
     Ok(parts.into_iter().map(|(_, n)| n).collect())
 }
 
-/// Unmounts every filesystem on loop device `name` or its partitions (plain unmount,
-/// lazy if busy), then detaches it with `losetup -d`. With `expect_backing`, does nothing
-/// if the device is no longer bound to that file (it may already belong to someone else).
-pub fn detach_loop_device(name: &str, expect_backing: Option<&Path>) -> Result<()> {
-    let backing = loop_backing_file(name);
-    if backing.is_none() {
-        return Ok(()); // not bound: already detached
+/// Identity of a file as the loop driver records it (device and inode of the backing
+/// file), so a loop device can be checked to still be bound to *that* file even after
+/// the file became unreachable (a dead FUSE server).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileId {
+    pub major: u32,
+    pub minor: u32,
+    pub ino: u64,
+}
+
+impl FileId {
+    /// stat(2) of `path`.
+    pub fn of(path: &Path) -> Result<FileId> {
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::metadata(path).with_context(|| format!("stat {}", path.display()))?;
+        Ok(FileId {
+            major: libc::major(m.dev()),
+            minor: libc::minor(m.dev()),
+            ino: m.ino(),
+        })
     }
-    if let Some(expect) = expect_backing {
-        if backing.as_deref() != Some(expect) {
-            return Ok(());
+}
+
+/// struct loop_info64 from <linux/loop.h>.
+#[repr(C)]
+struct LoopInfo64 {
+    lo_device: u64,
+    lo_inode: u64,
+    lo_rdevice: u64,
+    lo_offset: u64,
+    lo_sizelimit: u64,
+    lo_number: u32,
+    lo_encrypt_type: u32,
+    lo_encrypt_key_size: u32,
+    lo_flags: u32,
+    lo_file_name: [u8; 64],
+    lo_crypt_name: [u8; 64],
+    lo_encrypt_key: [u8; 32],
+    lo_init: [u64; 2],
+}
+
+nix::ioctl_read_bad!(loop_get_status64, 0x4C05, LoopInfo64);
+nix::ioctl_none_bad!(loop_clr_fd, 0x4C01);
+
+/// Unmounts every filesystem on loop device `name` or its partitions (plain unmount,
+/// lazy if busy), then detaches it (LOOP_CLR_FD) — but only if it is bound to the file
+/// `expect` (any file with `None`). Returns whether it detached something.
+///
+/// Race-free against loop devices being freed and reused by other processes (tests run
+/// in parallel, other people use loop devices on the same machine): the device is held
+/// open from the ownership check to the detach, and an open device cannot be unbound and
+/// rebound in between (a concurrent detach only marks it for autoclear on last close).
+pub fn detach_loop_device(name: &str, expect: Option<FileId>) -> Result<bool> {
+    use std::os::fd::AsRawFd;
+    let dev = format!("/dev/{name}");
+    let file = match std::fs::File::open(&dev) {
+        Ok(f) => f,
+        // ENXIO: being torn down; ENOENT: device removed.
+        Err(e) if matches!(e.raw_os_error(), Some(libc::ENXIO) | Some(libc::ENOENT)) => {
+            return Ok(false)
+        }
+        Err(e) => return Err(e).with_context(|| format!("opening {dev}")),
+    };
+    // SAFETY: LoopInfo64 is plain old data; all-zero is a valid value.
+    let mut info: LoopInfo64 = unsafe { std::mem::zeroed() };
+    // SAFETY: the kernel writes one loop_info64 into `info`, which outlives the call.
+    match unsafe { loop_get_status64(file.as_raw_fd(), &mut info) } {
+        Ok(_) => {}
+        Err(Errno::ENXIO) => return Ok(false), // not bound
+        Err(e) => return Err(e).with_context(|| format!("LOOP_GET_STATUS64 on {dev}")),
+    }
+    if let Some(id) = expect {
+        let dev_t = info.lo_device as libc::dev_t;
+        let bound = FileId {
+            major: libc::major(dev_t),
+            minor: libc::minor(dev_t),
+            ino: info.lo_inode,
+        };
+        if bound != id {
+            return Ok(false); // someone else's now
         }
     }
+
     let mut devs = vec![name.to_string()];
     devs.extend(partitions_of(name).unwrap_or_default());
     let maj_mins: Vec<String> = devs.iter().filter_map(|d| block_maj_min(d).ok()).collect();
     let sources: Vec<String> = devs.iter().map(|d| format!("/dev/{d}")).collect();
-
     let mut errors = Vec::new();
     // Last mounted first, so stacked mounts come off in order.
     for m in mounts_of_devices(&maj_mins, &sources)?.iter().rev() {
@@ -239,31 +340,16 @@ pub fn detach_loop_device(name: &str, expect_backing: Option<&Path>) -> Result<(
             errors.push(format!("{e:#}"));
         }
     }
-    // LOOP_CLR_FD on a still-open device (a lazily unmounted fs) succeeds by setting
-    // autoclear, so this does not fail for busy devices; retry only odd transient errors.
-    let dev = format!("/dev/{name}");
-    let mut last = None;
-    for _ in 0..3 {
-        if loop_backing_file(name).is_none() {
-            last = None;
-            break;
-        }
-        match cmd::run_timeout("losetup", &["-d", dev.as_str()], Duration::from_secs(30)) {
-            Ok(_) => {
-                last = None;
-                break;
-            }
-            Err(e) => {
-                last = Some(e);
-                std::thread::sleep(Duration::from_millis(100));
-            }
-        }
+    // LOOP_CLR_FD only marks the device for autoclear; the kernel unbinds it when the
+    // last opener closes (our fd below, or a lazily unmounted filesystem later).
+    // SAFETY: argument-less ioctl on an fd we own.
+    match unsafe { loop_clr_fd(file.as_raw_fd()) } {
+        Ok(_) | Err(Errno::ENXIO) => {}
+        Err(e) => errors.push(format!("LOOP_CLR_FD on {dev}: {e}")),
     }
-    if let Some(e) = last {
-        errors.push(format!("{e:#}"));
-    }
+    drop(file);
     if errors.is_empty() {
-        Ok(())
+        Ok(true)
     } else {
         bail!("cleaning up {dev}: {}", errors.join("; "))
     }

@@ -52,7 +52,10 @@ const TTL: Duration = Duration::from_secs(3600);
 /// fuser's ceiling for max_write (its read buffer is sized for it).
 const MAX_WRITE: u32 = 16 * 1024 * 1024;
 const DEFAULT_THREADS: usize = 4;
-static ASYNC_DIO: AtomicBool = AtomicBool::new(false);
+/// FUSE_ASYNC_DIO: lets the kernel keep several direct-I/O requests in flight for the
+/// loop driver's async kiocbs (without it every loop request waits for the previous
+/// one, which serializes delays); `--sync-dio` turns it off.
+static ASYNC_DIO: AtomicBool = AtomicBool::new(true);
 
 fn main() {
     if let Err(e) = real_main() {
@@ -84,7 +87,7 @@ fn parse_args() -> Result<Args> {
                 let v = value("--size")?;
                 size = Some(v.parse::<u64>().with_context(|| format!("bad --size {v}"))?);
             }
-            Some("--async-dio") => ASYNC_DIO.store(true, Ordering::Relaxed),
+            Some("--sync-dio") => ASYNC_DIO.store(false, Ordering::Relaxed),
             Some("--threads") => {
                 let v = value("--threads")?;
                 threads = v
@@ -94,7 +97,7 @@ fn parse_args() -> Result<Args> {
                     .with_context(|| format!("bad --threads {v} (1..=64)"))?;
             }
             _ => bail!(
-                "unknown argument {a:?}; usage: faultdisk --dir DIR --size BYTES [--threads N]"
+                "unknown argument {a:?}; usage: faultdisk --dir DIR --size BYTES [--threads N] [--sync-dio]"
             ),
         }
     }
@@ -1070,8 +1073,10 @@ fn orphan_cleanup(dir: &Path, image: &Path, mnt: &Path) -> Result<()> {
     if !loops.is_empty() {
         eprintln!("faultdisk: stdin closed with loop devices still attached: {loops:?}");
     }
+    // We serve the image, so stat works; it is the identity the loop driver recorded.
+    let id = health_tests::sys::FileId::of(image)?;
     for name in &loops {
-        if let Err(e) = health_tests::sys::detach_loop_device(name, Some(image)) {
+        if let Err(e) = health_tests::sys::detach_loop_device(name, Some(id)) {
             eprintln!("faultdisk: detaching {name}: {e:#}");
         }
     }

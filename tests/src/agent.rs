@@ -1,0 +1,215 @@
+//! Running the real `health-agent watch --json` as a child process and
+//! collecting what it reports.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use serde_json::Value;
+
+/// How long the agent may take to load and attach its programs.
+const READY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The agent binary: `HEALTH_AGENT_BIN` (set by `cargo xtask test`), else
+/// the workspace's release build.
+pub fn agent_bin() -> Result<PathBuf> {
+    if let Some(p) = std::env::var_os("HEALTH_AGENT_BIN") {
+        return Ok(PathBuf::from(p));
+    }
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/release/health-agent");
+    if !p.is_file() {
+        bail!("{} is missing: run the tests with `cargo xtask test` (it builds the agent with its kernel programs)", p.display());
+    }
+    Ok(p)
+}
+
+/// A running agent. Events are read on a thread as they arrive.
+pub struct Agent {
+    child: Child,
+    events: mpsc::Receiver<Value>,
+    seen: Vec<Value>,
+    stdout_reader: Option<JoinHandle<Result<()>>>,
+    stderr_reader: Option<JoinHandle<String>>,
+}
+
+/// What a stopped agent reported.
+#[derive(Debug)]
+pub struct AgentRun {
+    pub events: Vec<Value>,
+    pub stderr: String,
+    pub status: ExitStatus,
+}
+
+impl Agent {
+    /// Starts `health-agent watch --json <args>` and waits until it says it
+    /// is attached.
+    pub fn start(args: &[&str]) -> Result<Agent> {
+        let bin = agent_bin()?;
+        let mut child = Command::new(&bin)
+            .arg("watch")
+            .arg("--json")
+            .args(args)
+            .env("HEALTH_LOG", "info")
+            .env("NO_COLOR", "1")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .with_context(|| format!("starting {}", bin.display()))?;
+        let stdout = child.stdout.take().context("agent stdout")?;
+        let stderr = child.stderr.take().context("agent stderr")?;
+
+        let (tx, events) = mpsc::channel();
+        let stdout_reader = std::thread::spawn(move || -> Result<()> {
+            for line in BufReader::new(stdout).lines() {
+                let line = line.context("reading agent stdout")?;
+                let v: Value = serde_json::from_str(&line).with_context(|| format!("agent printed a non-JSON line: {line:?}"))?;
+                if tx.send(v).is_err() {
+                    break;
+                }
+            }
+            Ok(())
+        });
+        let (ready_tx, ready_rx) = mpsc::channel();
+        let stderr_reader = std::thread::spawn(move || {
+            let mut text = String::new();
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if line.contains("volume-health: ready") {
+                    let _ = ready_tx.send(());
+                }
+                text.push_str(&line);
+                text.push('\n');
+            }
+            text
+        });
+        let agent = Agent { child, events, seen: Vec::new(), stdout_reader: Some(stdout_reader), stderr_reader: Some(stderr_reader) };
+        if ready_rx.recv_timeout(READY_TIMEOUT).is_err() {
+            let run = agent.stop()?;
+            bail!("the agent did not become ready within {READY_TIMEOUT:?} ({}):\n{}", run.status, run.stderr);
+        }
+        Ok(agent)
+    }
+
+    fn pump(&mut self, wait: Duration) {
+        if let Ok(v) = self.events.recv_timeout(wait) {
+            self.seen.push(v);
+            while let Ok(v) = self.events.try_recv() {
+                self.seen.push(v);
+            }
+        }
+    }
+
+    /// Waits until the events matching `filter` add up to at least `count`
+    /// (by their `count` field), or `timeout` passes; returns the sum.
+    pub fn wait_for_count(&mut self, filter: &EventFilter, count: u64, timeout: Duration) -> u64 {
+        let start = Instant::now();
+        loop {
+            let sum = filter.sum(&self.seen);
+            if sum >= count || start.elapsed() >= timeout {
+                return sum;
+            }
+            self.pump(Duration::from_millis(50));
+        }
+    }
+
+    /// Events received so far.
+    pub fn events(&mut self) -> &[Value] {
+        self.pump(Duration::ZERO);
+        &self.seen
+    }
+
+    /// SIGTERM, then everything it printed. The agent detaches and reports
+    /// its last exact counts before exiting.
+    pub fn stop(mut self) -> Result<AgentRun> {
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let status = loop {
+            if let Some(s) = self.child.try_wait().context("waiting for the agent")? {
+                break s;
+            }
+            if Instant::now() >= deadline {
+                let _ = self.child.kill();
+                bail!("the agent did not exit within 20 s of SIGTERM");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        if let Some(h) = self.stdout_reader.take() {
+            h.join().map_err(|_| anyhow::anyhow!("stdout reader panicked"))??;
+        }
+        while let Ok(v) = self.events.try_recv() {
+            self.seen.push(v);
+        }
+        let stderr = self.stderr_reader.take().map(|h| h.join().unwrap_or_default()).unwrap_or_default();
+        Ok(AgentRun { events: std::mem::take(&mut self.seen), stderr, status })
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        if self.stdout_reader.is_some() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Selects events by their JSON fields; unset fields match anything.
+#[derive(Clone, Debug, Default)]
+pub struct EventFilter {
+    pub device: Option<String>,
+    pub kind: Option<&'static str>,
+    pub op: Option<&'static str>,
+    pub errno: Option<i64>,
+}
+
+impl EventFilter {
+    pub fn device(dev: &str) -> Self {
+        Self { device: Some(dev.to_string()), ..Self::default() }
+    }
+    pub fn kind(mut self, kind: &'static str) -> Self {
+        self.kind = Some(kind);
+        self
+    }
+    pub fn op(mut self, op: &'static str) -> Self {
+        self.op = Some(op);
+        self
+    }
+    pub fn errno(mut self, errno: i32) -> Self {
+        self.errno = Some(errno as i64);
+        self
+    }
+
+    pub fn matches(&self, e: &Value) -> bool {
+        let is = |key: &str, want: Option<&str>| want.is_none_or(|w| e[key].as_str() == Some(w));
+        is("device", self.device.as_deref())
+            && is("kind", self.kind)
+            && is("op", self.op)
+            && self.errno.is_none_or(|w| e["errno"].as_i64() == Some(w))
+    }
+
+    /// Sum of `count` over the matching events: the number of kernel errors.
+    pub fn sum(&self, events: &[Value]) -> u64 {
+        events.iter().filter(|e| self.matches(e)).map(|e| e["count"].as_u64().unwrap_or(0)).sum()
+    }
+}
+
+/// Sum of `count` per (device, kind, op, errno): the shape tests assert on.
+pub fn tally(events: &[Value]) -> BTreeMap<(String, String, String, i64), u64> {
+    let mut out = BTreeMap::new();
+    for e in events {
+        let key = (
+            e["device"].as_str().unwrap_or("?").to_string(),
+            e["kind"].as_str().unwrap_or("?").to_string(),
+            e["op"].as_str().unwrap_or("-").to_string(),
+            e["errno"].as_i64().unwrap_or(0),
+        );
+        *out.entry(key).or_insert(0) += e["count"].as_u64().unwrap_or(0);
+    }
+    out
+}

@@ -1,0 +1,447 @@
+//! The agent against real I/O errors in the real kernel.
+//!
+//! Each test builds its own fault disk, starts `health-agent watch --json`
+//! limited to that disk's devices, makes the fault disk fail requests, and
+//! asserts that the agent reported exactly what was injected: same count,
+//! device, operation and errno. Rules are cleared before the agent stops,
+//! so no request fails between the agent's last count and ours.
+
+use std::collections::BTreeMap;
+use std::fs::OpenOptions;
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use health_tests::agent::{tally, Agent, AgentRun, EventFilter};
+use health_tests::{fs, require_root, FaultDisk, Mount, Op, Rule};
+use serde_json::Value;
+
+const MIB: u64 = 1 << 20;
+const EIO: i32 = libc::EIO;
+const WAIT: Duration = Duration::from_secs(15);
+
+type Tally = BTreeMap<(String, String, String, i64), u64>;
+
+fn key(dev: &str, kind: &str, op: &str, errno: i32) -> (String, String, String, i64) {
+    (dev.to_string(), kind.to_string(), op.to_string(), errno as i64)
+}
+
+/// Clears the rules, lets in-flight completions land, then stops the agent.
+fn finish(disk: &FaultDisk, agent: Agent) -> Result<AgentRun> {
+    disk.clear_rules()?;
+    std::thread::sleep(Duration::from_millis(200));
+    let run = agent.stop()?;
+    assert!(run.status.success(), "agent exited with {}:\n{}", run.status, run.stderr);
+    Ok(run)
+}
+
+fn events_for<'a>(run: &'a AgentRun, dev: &str) -> Vec<&'a Value> {
+    run.events.iter().filter(|e| e["device"] == dev).collect()
+}
+
+#[test]
+fn o_direct_write_errors_are_counted_exactly() -> Result<()> {
+    require_root()?;
+    let disk = FaultDisk::start(64 * MIB)?;
+    let lo = disk.attach_loop(false)?;
+    let mut agent = Agent::start(&["--device", lo.maj_min()])?;
+    disk.add_rule(Rule::new(Op::Write, EIO).range(8 * MIB, 64 * 1024))?;
+    for i in 0..16 {
+        let err = fs::o_direct_write(lo.path(), 8 * MIB + i * 4096, &[0xab; 4096]).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(EIO), "write {i}");
+    }
+    let injected = disk.stats()?.injected(Op::Write, EIO);
+    assert_eq!(injected, 16);
+    let filter = EventFilter::device(lo.maj_min()).kind("block_io_error");
+    agent.wait_for_count(&filter, injected, WAIT);
+    let run = finish(&disk, agent)?;
+
+    let want: Tally = [(key(lo.maj_min(), "block_io_error", "write", EIO), 16)].into();
+    assert_eq!(tally(&run.events), want);
+    for e in &run.events {
+        assert_eq!(e["disk"], lo.name());
+        assert_eq!(e["errno_name"], "EIO");
+        assert_eq!(e["backing_file"], disk.image_path().to_str().unwrap());
+        assert_eq!(e["sectors"], 8, "{e}");
+        let sector = e["sector"].as_u64().unwrap();
+        assert!((8 * MIB / 512..(8 * MIB + 64 * 1024) / 512).contains(&sector), "{e}");
+    }
+    Ok(())
+}
+
+#[test]
+fn cold_cache_read_errors_name_the_mount() -> Result<()> {
+    require_root()?;
+    let disk = FaultDisk::start(128 * MIB)?;
+    let lo = disk.attach_loop(false)?;
+    fs::mkfs_ext4(lo.path())?;
+    let mnt = Mount::new(lo.path(), "ext4", "errors=remount-ro")?;
+    let file = mnt.path().join("data.bin");
+    std::fs::write(&file, vec![0x5a; 256 * 1024])?;
+    fs::sync_fs(mnt.path())?;
+    let extent = fs::file_extents(&file)?[0];
+    assert!(extent.is_mapped());
+
+    let mut agent = Agent::start(&["--device", lo.maj_min()])?;
+    fs::drop_caches()?;
+    disk.add_rule(Rule::new(Op::Read, EIO).range(extent.physical, extent.len))?;
+    let err = std::fs::read(&file).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(EIO));
+    let injected = disk.stats()?.injected(Op::Read, EIO);
+    assert!(injected >= 1);
+    let filter = EventFilter::device(lo.maj_min());
+    agent.wait_for_count(&filter, injected, WAIT);
+    let run = finish(&disk, agent)?;
+
+    let want: Tally = [(key(lo.maj_min(), "block_io_error", "read", EIO), injected)].into();
+    assert_eq!(tally(&run.events), want);
+    for e in &run.events {
+        assert_eq!(e["mount"], mnt.path().to_str().unwrap(), "{e}");
+        assert_eq!(e["fs_type"], "ext4");
+    }
+    Ok(())
+}
+
+#[test]
+fn failed_writeback_is_one_writeback_error_plus_its_block_errors() -> Result<()> {
+    require_root()?;
+    let disk = FaultDisk::start(128 * MIB)?;
+    let lo = disk.attach_loop(false)?;
+    fs::mkfs_ext4(lo.path())?;
+    let mnt = Mount::new(lo.path(), "ext4", "errors=remount-ro")?;
+    let path = mnt.path().join("journal.log");
+    std::fs::write(&path, vec![0u8; 64 * 1024])?;
+    fs::sync_fs(mnt.path())?;
+    let extent = fs::file_extents(&path)?[0];
+
+    let mut agent = Agent::start(&["--device", lo.maj_min()])?;
+    disk.add_rule(Rule::new(Op::Write, EIO).range(extent.physical, 64 * 1024))?;
+    let mut f = OpenOptions::new().write(true).open(&path)?;
+    f.write_all(&[0x77; 64 * 1024])?; // lands in the page cache: succeeds
+    let err = f.sync_all().unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(EIO));
+    f.sync_all().context("the second fsync reports nothing: the error was consumed")?;
+    let injected = disk.stats()?.injected(Op::Write, EIO);
+    assert!(injected >= 1);
+    agent.wait_for_count(&EventFilter::device(lo.maj_min()).kind("writeback_error"), 1, WAIT);
+    agent.wait_for_count(&EventFilter::device(lo.maj_min()).kind("block_io_error"), injected, WAIT);
+    let run = finish(&disk, agent)?;
+
+    let want: Tally = [
+        (key(lo.maj_min(), "block_io_error", "write", EIO), injected),
+        (key(lo.maj_min(), "writeback_error", "write", EIO), 1),
+    ]
+    .into();
+    assert_eq!(tally(&run.events), want);
+    let wb: Vec<_> = run.events.iter().filter(|e| e["kind"] == "writeback_error").collect();
+    let ino = std::fs::metadata(&path).map(|m| std::os::unix::fs::MetadataExt::ino(&m))?;
+    assert_eq!(wb[0]["inode"], ino);
+    assert_eq!(wb[0]["mount"], mnt.path().to_str().unwrap());
+    Ok(())
+}
+
+#[test]
+fn ext4_metadata_read_error_is_an_fs_error_and_remounts_read_only() -> Result<()> {
+    require_root()?;
+    let disk = FaultDisk::start(128 * MIB)?;
+    let lo = disk.attach_loop(false)?;
+    fs::mkfs_ext4(lo.path())?;
+    let mnt = Mount::new(lo.path(), "ext4", "errors=remount-ro")?;
+    let dir = mnt.path().join("dir");
+    std::fs::create_dir(&dir)?;
+    for i in 0..40 {
+        std::fs::write(dir.join(format!("file-{i:03}")), b"x")?;
+    }
+    fs::sync_fs(mnt.path())?;
+    let dir_block = fs::file_extents(&dir)?[0];
+
+    let mut agent = Agent::start(&["--device", lo.maj_min()])?;
+    fs::drop_caches()?;
+    disk.add_rule(Rule::new(Op::Read, EIO).range(dir_block.physical, 4096))?;
+    let listing = std::fs::read_dir(&dir).and_then(|it| it.collect::<std::io::Result<Vec<_>>>());
+    assert_eq!(listing.unwrap_err().raw_os_error(), Some(EIO));
+    let injected = disk.stats()?.injected(Op::Read, EIO);
+    agent.wait_for_count(&EventFilter::device(lo.maj_min()).kind("fs_error"), 1, WAIT);
+    agent.wait_for_count(&EventFilter::device(lo.maj_min()).kind("block_io_error"), injected, WAIT);
+    let run = finish(&disk, agent)?;
+
+    let want: Tally = [
+        (key(lo.maj_min(), "block_io_error", "read", EIO), injected),
+        (key(lo.maj_min(), "fs_error", "-", 0), 1),
+    ]
+    .into();
+    assert_eq!(tally(&run.events), want);
+    let fs_error = run.events.iter().find(|e| e["kind"] == "fs_error").unwrap();
+    assert_eq!(fs_error["source"], "ext4_error");
+    assert_eq!(fs_error["mount"], mnt.path().to_str().unwrap());
+    assert!(fs_error["detail"].as_str().unwrap().contains("ext4"), "{fs_error}");
+    let info = mnt.info()?;
+    assert!(info.has_super_option("emergency_ro") || info.has_super_option("ro"), "{info:?}");
+    Ok(())
+}
+
+/// Restores `fs.xfs.xfssyncd_centisecs` on drop.
+struct XfsSyncPeriod(String);
+
+impl XfsSyncPeriod {
+    const PATH: &'static str = "/proc/sys/fs/xfs/xfssyncd_centisecs";
+    fn set(centisecs: u32) -> Result<Self> {
+        let old = std::fs::read_to_string(Self::PATH).context(Self::PATH)?;
+        std::fs::write(Self::PATH, centisecs.to_string()).context(Self::PATH)?;
+        Ok(Self(old.trim().to_string()))
+    }
+}
+
+impl Drop for XfsSyncPeriod {
+    fn drop(&mut self) {
+        let _ = std::fs::write(Self::PATH, &self.0);
+    }
+}
+
+/// Byte offset and length of the xfs log on its device.
+fn xfs_log_range(dev: &Path) -> Result<(u64, u64)> {
+    let out = Command::new("xfs_db")
+        .args(["-r", "-c", "sb 0", "-c", "p logstart logblocks blocksize"])
+        .arg(dev)
+        .output()
+        .context("running xfs_db (package xfsprogs)")?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let get = |name: &str| -> Result<u64> {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name).and_then(|r| r.trim().strip_prefix('=')))
+            .map(str::trim)
+            .with_context(|| format!("no {name} in xfs_db output {text:?}"))?
+            .parse()
+            .with_context(|| format!("{name} in {text:?}"))
+    };
+    let (start, blocks, bsize) = (get("logstart")?, get("logblocks")?, get("blocksize")?);
+    let conv = Command::new("xfs_db")
+        .args(["-r", "-c", &format!("convert fsb {start} byte")])
+        .arg(dev)
+        .output()?;
+    let conv = String::from_utf8_lossy(&conv.stdout);
+    let offset = conv
+        .split_whitespace()
+        .next()
+        .and_then(|v| v.strip_prefix("0x").map(|h| u64::from_str_radix(h, 16)).unwrap_or(v.parse()).ok())
+        .with_context(|| format!("xfs_db convert printed {conv:?}"))?;
+    Ok((offset, blocks * bsize))
+}
+
+#[test]
+fn xfs_metadata_writeback_failure_shuts_the_filesystem_down() -> Result<()> {
+    require_root()?;
+    let size = 128 * MIB;
+    let disk = FaultDisk::start(size)?;
+    let lo = disk.attach_loop(false)?;
+    fs::mkfs_xfs(lo.path())?;
+    let (log_start, log_len) = xfs_log_range(lo.path())?;
+    let mnt = Mount::new(lo.path(), "xfs", "")?;
+    fs::xfs_fail_fast(lo.name())?;
+    let _period = XfsSyncPeriod::set(100)?;
+    fs::sync_fs(mnt.path())?;
+
+    let mut agent = Agent::start(&["--device", lo.maj_min()])?;
+    // Fail every write except the log's: the transaction commits, and the
+    // metadata writeback that follows fails.
+    disk.add_rule(Rule::new(Op::Write, EIO).range(0, log_start))?;
+    let log_end = log_start + log_len;
+    disk.add_rule(Rule::new(Op::Write, EIO).range(log_end, size - log_end))?;
+    for i in 0..20 {
+        std::fs::write(mnt.path().join(format!("f{i}")), b"")?;
+    }
+    let _ = fs::sync_fs(mnt.path());
+    let shutdown = EventFilter::device(lo.maj_min()).kind("fs_shutdown");
+    assert_eq!(agent.wait_for_count(&shutdown, 1, Duration::from_secs(40)), 1, "no xfs shutdown seen");
+    let injected = disk.stats()?.injected(Op::Write, EIO);
+    agent.wait_for_count(&EventFilter::device(lo.maj_min()).kind("block_io_error"), injected, WAIT);
+    let run = finish(&disk, agent)?;
+
+    let t = tally(&run.events);
+    assert_eq!(t.get(&key(lo.maj_min(), "fs_shutdown", "-", 0)), Some(&1), "{t:?}");
+    assert_eq!(t.get(&key(lo.maj_min(), "block_io_error", "write", EIO)), Some(&injected), "{t:?}");
+    let ev = run.events.iter().find(|e| e["kind"] == "fs_shutdown").unwrap();
+    assert_eq!(ev["source"], "xfs_force_shutdown");
+    assert_eq!(ev["mount"], mnt.path().to_str().unwrap());
+    assert!(ev["detail"].as_str().unwrap().starts_with("metadata_io"), "{ev}");
+    Ok(())
+}
+
+#[test]
+fn errors_on_a_partition_belong_to_the_partition() -> Result<()> {
+    require_root()?;
+    let disk = FaultDisk::start(64 * MIB)?;
+    let lo = disk.attach_loop(true)?;
+    let parts = fs::partition(&lo, &[16 * MIB, 16 * MIB])?;
+    let (p1, p2) = (&parts[0], &parts[1]);
+    let mut agent = Agent::start(&["--device", lo.maj_min(), "--device", &p1.maj_min, "--device", &p2.maj_min])?;
+    disk.add_rule(Rule::new(Op::Write, EIO).range(p2.start_bytes + MIB, 16 * 1024))?;
+    for i in 0..4 {
+        let err = fs::o_direct_write(&p2.path, MIB + i * 4096, &[1; 4096]).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(EIO));
+    }
+    assert_eq!(disk.stats()?.injected(Op::Write, EIO), 4);
+    agent.wait_for_count(&EventFilter::device(&p2.maj_min), 4, WAIT);
+    let run = finish(&disk, agent)?;
+
+    let want: Tally = [(key(&p2.maj_min, "block_io_error", "write", EIO), 4)].into();
+    assert_eq!(tally(&run.events), want);
+    for e in &run.events {
+        assert_eq!(e["disk"], p2.name.as_str());
+        assert_eq!(e["parent_disk"], lo.name());
+    }
+    Ok(())
+}
+
+#[test]
+fn a_vanished_disk_fails_every_request_with_eio() -> Result<()> {
+    require_root()?;
+    let disk = FaultDisk::start(64 * MIB)?;
+    let lo = disk.attach_loop(false)?;
+    let mut agent = Agent::start(&["--device", lo.maj_min()])?;
+    disk.vanish()?;
+    for i in 0..3 {
+        let err = fs::o_direct_write(lo.path(), i * 4096, &[2; 4096]).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(EIO));
+    }
+    for i in 0..2 {
+        let err = fs::o_direct_read(lo.path(), i * 4096, 4096).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(EIO));
+    }
+    agent.wait_for_count(&EventFilter::device(lo.maj_min()), 5, WAIT);
+    std::thread::sleep(Duration::from_millis(200));
+    let run = agent.stop()?;
+    assert!(run.status.success(), "{}", run.stderr);
+    let want: Tally = [
+        (key(lo.maj_min(), "block_io_error", "read", EIO), 2),
+        (key(lo.maj_min(), "block_io_error", "write", EIO), 3),
+    ]
+    .into();
+    assert_eq!(tally(&run.events), want);
+    Ok(())
+}
+
+#[test]
+fn errnos_pass_through_with_their_names() -> Result<()> {
+    require_root()?;
+    let disk = FaultDisk::start(64 * MIB)?;
+    let lo = disk.attach_loop(false)?;
+    let errnos = [
+        (libc::ENOSPC, "ENOSPC"),
+        (libc::ETIMEDOUT, "ETIMEDOUT"),
+        (libc::ENODATA, "ENODATA"),
+        (libc::ENOLINK, "ENOLINK"),
+        (libc::EILSEQ, "EILSEQ"),
+    ];
+    let mut agent = Agent::start(&["--device", lo.maj_min()])?;
+    for (i, (errno, _)) in errnos.iter().enumerate() {
+        let at = (i as u64 + 1) * MIB;
+        disk.add_rule(Rule::new(Op::Write, *errno).range(at, 4096))?;
+        let err = fs::o_direct_write(lo.path(), at, &[3; 4096]).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(*errno));
+    }
+    agent.wait_for_count(&EventFilter::device(lo.maj_min()), errnos.len() as u64, WAIT);
+    let run = finish(&disk, agent)?;
+
+    let want: Tally = errnos.iter().map(|(e, _)| (key(lo.maj_min(), "block_io_error", "write", *e), 1)).collect();
+    assert_eq!(tally(&run.events), want);
+    for (errno, name) in errnos {
+        let ev = run.events.iter().find(|e| e["errno"] == errno).unwrap();
+        assert_eq!(ev["errno_name"], name);
+    }
+    Ok(())
+}
+
+#[test]
+fn a_flood_of_errors_is_counted_exactly_despite_sampling() -> Result<()> {
+    require_root()?;
+    let disk = FaultDisk::start(64 * MIB)?;
+    let lo = disk.attach_loop(false)?;
+    let mut agent = Agent::start(&["--device", lo.maj_min()])?;
+    disk.add_rule(Rule::new(Op::Write, EIO).range(0, 16 * MIB))?;
+    const PER_THREAD: u64 = 1500;
+    std::thread::scope(|s| {
+        for t in 0..2u64 {
+            let path = lo.path().to_path_buf();
+            s.spawn(move || {
+                for i in 0..PER_THREAD {
+                    let at = (t * PER_THREAD + i) % 4096 * 4096;
+                    let err = fs::o_direct_write(&path, at, &[4; 4096]).unwrap_err();
+                    assert_eq!(err.raw_os_error(), Some(EIO));
+                }
+            });
+        }
+    });
+    let injected = disk.stats()?.injected(Op::Write, EIO);
+    assert_eq!(injected, 2 * PER_THREAD);
+    agent.wait_for_count(&EventFilter::device(lo.maj_min()), injected, Duration::from_secs(30));
+    let run = finish(&disk, agent)?;
+
+    let want: Tally = [(key(lo.maj_min(), "block_io_error", "write", EIO), injected)].into();
+    assert_eq!(tally(&run.events), want);
+    // Far fewer lines than errors: the kernel rate-limited the samples, and
+    // the counts still add up.
+    let lines = events_for(&run, lo.maj_min()).len() as u64;
+    assert!(lines < injected, "{lines} lines for {injected} errors: nothing was rate-limited");
+    assert!(run.events.iter().any(|e| e["count"].as_u64().unwrap() > 1));
+    assert!(!run.stderr.contains(" 0 samples rate-limited"), "{}", run.stderr);
+    Ok(())
+}
+
+#[test]
+fn flush_errors_are_caught_with_the_option() -> Result<()> {
+    require_root()?;
+    let disk = FaultDisk::start(64 * MIB)?;
+    let lo = disk.attach_loop(false)?;
+    let mut agent = Agent::start(&["--device", lo.maj_min(), "--flush-errors"])?;
+    disk.add_rule(Rule::new(Op::Flush, EIO).limit(1))?;
+    let dev = OpenOptions::new().write(true).custom_flags(libc::O_DIRECT).open(lo.path())?;
+    fs::o_direct_write(lo.path(), 0, &[5; 4096]).context("a healthy write")?;
+    let err = dev.sync_all().unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(EIO));
+    assert_eq!(disk.stats()?.injected(Op::Flush, EIO), 1);
+    agent.wait_for_count(&EventFilter::device(lo.maj_min()), 1, WAIT);
+    let run = finish(&disk, agent)?;
+
+    let want: Tally = [(key(lo.maj_min(), "block_io_error", "flush", EIO), 1)].into();
+    assert_eq!(tally(&run.events), want);
+    assert_eq!(run.events[0]["source"], "block_rq_complete");
+    assert_eq!(run.events[0]["sector"], Value::Null);
+    Ok(())
+}
+
+fn agent_exit(args: &[&str]) -> Result<(i32, String)> {
+    let out = Command::new(health_tests::agent::agent_bin()?).args(args).output()?;
+    Ok((out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stderr).into_owned()))
+}
+
+#[test]
+fn refusals_have_distinct_exit_codes_and_say_why() -> Result<()> {
+    require_root()?;
+    let fake = tempfile::tempdir()?;
+    let (code, stderr) = agent_exit(&["--host-sys", fake.path().to_str().unwrap(), "watch", "--duration", "1"])?;
+    assert_eq!(code, 5, "{stderr}");
+    assert!(stderr.contains("kernel BTF is missing"), "{stderr}");
+
+    std::fs::create_dir_all(fake.path().join("kernel/btf"))?;
+    std::fs::write(fake.path().join("kernel/btf/vmlinux"), b"")?;
+    let (code, stderr) = agent_exit(&["--host-sys", fake.path().to_str().unwrap(), "watch", "--duration", "1"])?;
+    assert_eq!(code, 6, "{stderr}");
+    assert!(stderr.contains("tracefs is not mounted"), "{stderr}");
+
+    // Drop to an unprivileged user: no capabilities, no BPF.
+    let bin = health_tests::agent::agent_bin()?;
+    let out = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all"])
+        .arg(&bin)
+        .args(["watch", "--duration", "1"])
+        .output()
+        .context("running setpriv (package util-linux)")?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{stderr}");
+    assert!(stderr.contains("not permitted to load kernel programs: running as uid 65534"), "{stderr}");
+    Ok(())
+}
