@@ -13,7 +13,8 @@ fn main() {
         .map(PathBuf::from)
         .unwrap_or_else(|| manifest.join("../target/bpfel-unknown-none/release/health-ebpf"));
     println!("cargo:rerun-if-changed={}", object.display());
-    let out = PathBuf::from(std::env::var_os("OUT_DIR").expect("set by cargo")).join("health-ebpf.o");
+    let out =
+        PathBuf::from(std::env::var_os("OUT_DIR").expect("set by cargo")).join("health-ebpf.o");
     let bytes = match std::fs::read(&object) {
         Ok(b) => b,
         Err(_) => {

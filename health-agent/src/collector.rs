@@ -44,7 +44,10 @@ pub enum CollectorError {
     #[error("waiting on the sample ring buffer: {0}")]
     Poll(#[from] io::Error),
     #[error("reading kernel map {map}: {source}")]
-    Map { map: &'static str, source: aya::maps::MapError },
+    Map {
+        map: &'static str,
+        source: aya::maps::MapError,
+    },
 }
 
 type Slot = (CounterKey, u32);
@@ -64,20 +67,35 @@ impl Collector {
     /// Takes the sample, counter and stats maps; the partition and device
     /// maps stay with the caller, which keeps them current.
     pub fn new(maps: &mut Option<KernelMaps>) -> io::Result<(Self, KernelMapsRest)> {
-        let KernelMaps { samples, counts, stats, partitions, block_devs } =
-            maps.take().ok_or_else(|| io::Error::other("kernel maps already taken"))?;
+        let KernelMaps {
+            samples,
+            counts,
+            stats,
+            partitions,
+            block_devs,
+        } = maps
+            .take()
+            .ok_or_else(|| io::Error::other("kernel maps already taken"))?;
         let collector = Self {
             // SAFETY: the RingBuf owns its map descriptor for as long as the
             // AsyncFd holds it, and always reports that same descriptor.
-            samples: unsafe { AsyncFd::register_with_interest(samples, tokio::io::Interest::READABLE) }
-                .map_err(|e| e.into_parts().1)?,
+            samples: unsafe {
+                AsyncFd::register_with_interest(samples, tokio::io::Interest::READABLE)
+            }
+            .map_err(|e| e.into_parts().1)?,
             counts,
             stats,
             accounted: HashMap::new(),
             settled: HashMap::new(),
             late_samples: 0,
         };
-        Ok((collector, KernelMapsRest { partitions, block_devs }))
+        Ok((
+            collector,
+            KernelMapsRest {
+                partitions,
+                block_devs,
+            },
+        ))
     }
 
     /// Waits until the ring buffer has samples, then reads all of them.
@@ -94,7 +112,10 @@ impl Collector {
         let ring = self.samples.get_mut();
         while let Some(item) = ring.next() {
             let Some(sample) = decode(&item) else {
-                tracing::warn!(len = item.len(), "ignoring a short record in the sample ring buffer");
+                tracing::warn!(
+                    len = item.len(),
+                    "ignoring a short record in the sample ring buffer"
+                );
                 continue;
             };
             drop(item);
@@ -107,9 +128,16 @@ impl Collector {
     /// Emits summaries for errors no sample accounted for. With `final_`
     /// (the programs are detached and the ring buffer drained), everything
     /// counted is settled; otherwise only what was counted a tick ago.
-    pub fn reconcile(&mut self, final_: bool, out: &mut Vec<KernelError>) -> Result<(), CollectorError> {
+    pub fn reconcile(
+        &mut self,
+        final_: bool,
+        out: &mut Vec<KernelError>,
+    ) -> Result<(), CollectorError> {
         for entry in self.counts.iter() {
-            let (key, per_cpu) = entry.map_err(|source| CollectorError::Map { map: "COUNTS", source })?;
+            let (key, per_cpu) = entry.map_err(|source| CollectorError::Map {
+                map: "COUNTS",
+                source,
+            })?;
             for (cpu, &value) in per_cpu.iter().enumerate() {
                 if value == 0 {
                     continue;
@@ -123,7 +151,11 @@ impl Collector {
                 };
                 let acct = self.accounted.entry(slot).or_insert(0);
                 if target > *acct {
-                    out.push(KernelError { key, count: target - *acct, sample: None });
+                    out.push(KernelError {
+                        key,
+                        count: target - *acct,
+                        sample: None,
+                    });
                     *acct = target;
                 }
             }
@@ -135,7 +167,10 @@ impl Collector {
     pub fn totals(&self) -> Result<BTreeMap<CounterKey, u64>, CollectorError> {
         let mut totals = BTreeMap::new();
         for entry in self.counts.iter() {
-            let (key, per_cpu) = entry.map_err(|source| CollectorError::Map { map: "COUNTS", source })?;
+            let (key, per_cpu) = entry.map_err(|source| CollectorError::Map {
+                map: "COUNTS",
+                source,
+            })?;
             let sum: u64 = per_cpu.iter().sum();
             if sum > 0 {
                 totals.insert(key, sum);
@@ -149,7 +184,10 @@ impl Collector {
             let per_cpu = self
                 .stats
                 .get(&slot, 0)
-                .map_err(|source| CollectorError::Map { map: "STATS", source })?;
+                .map_err(|source| CollectorError::Map {
+                    map: "STATS",
+                    source,
+                })?;
             Ok(per_cpu.iter().sum())
         };
         Ok(KernelStats {
@@ -178,11 +216,19 @@ fn decode(bytes: &[u8]) -> Option<ErrorSample> {
 }
 
 /// How many errors a sample stands for, given what is already accounted.
-fn account_sample(accounted: &mut HashMap<Slot, u64>, late: &mut u64, sample: ErrorSample) -> Option<KernelError> {
+fn account_sample(
+    accounted: &mut HashMap<Slot, u64>,
+    late: &mut u64,
+    sample: ErrorSample,
+) -> Option<KernelError> {
     if sample.seq == 0 {
         // The counter map was full: this error is in no counter, so the
         // sample is its only record.
-        return Some(KernelError { key: sample.key, count: 1, sample: Some(sample) });
+        return Some(KernelError {
+            key: sample.key,
+            count: 1,
+            sample: Some(sample),
+        });
     }
     let acct = accounted.entry((sample.key, sample.cpu)).or_insert(0);
     if sample.seq <= *acct {
@@ -191,7 +237,11 @@ fn account_sample(accounted: &mut HashMap<Slot, u64>, late: &mut u64, sample: Er
     }
     let count = sample.seq - *acct;
     *acct = sample.seq;
-    Some(KernelError { key: sample.key, count, sample: Some(sample) })
+    Some(KernelError {
+        key: sample.key,
+        count,
+        sample: Some(sample),
+    })
 }
 
 #[cfg(test)]
@@ -224,7 +274,11 @@ mod tests {
         let mut late = 0;
         let counts: Vec<u64> = [(a, 0, 1), (a, 0, 2), (a, 0, 7), (b, 0, 1), (a, 1, 3)]
             .into_iter()
-            .map(|(k, cpu, seq)| account_sample(&mut acct, &mut late, sample(k, cpu, seq)).unwrap().count)
+            .map(|(k, cpu, seq)| {
+                account_sample(&mut acct, &mut late, sample(k, cpu, seq))
+                    .unwrap()
+                    .count
+            })
             .collect();
         assert_eq!(counts, [1, 1, 5, 1, 3]);
         // A sample already covered by a summary is dropped, not double counted.

@@ -13,6 +13,7 @@ use serde::Serialize;
 
 use crate::collector::KernelError;
 use crate::dev::Dev;
+use crate::kubelet::{KubeletVolume, VolumeMode};
 use crate::topology::Topology;
 
 /// What kind of failure an event is.
@@ -126,6 +127,19 @@ pub struct ErrorEvent {
     pub task: Option<String>,
     /// CLOCK_MONOTONIC nanoseconds at the tracepoint, for correlation.
     pub mono_ns: Option<u64>,
+    /// The pod volume this line is about, when `device` backs one (see
+    /// `volumes.rs`); all five are null otherwise. A device that backs
+    /// several pod volumes (a PV shared by two pods, volumes stacked on one
+    /// disk) yields one line per pod volume, each with the full `count`: sum
+    /// counts per (`pod_uid`, `pv`), never across pod volumes.
+    pub pod_uid: Option<String>,
+    /// The PV name; null for inline ephemeral volumes too.
+    pub pv: Option<String>,
+    /// The CSI driver; null for local PVs.
+    pub driver: Option<String>,
+    pub volume_handle: Option<String>,
+    /// `Filesystem` or `Block`.
+    pub volume_mode: Option<VolumeMode>,
 }
 
 /// Converts kernel monotonic timestamps to wall-clock time.
@@ -141,7 +155,9 @@ impl Clock {
         let wall = SystemTime::now()
             .duration_since(SystemTime::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as i128);
-        Self { offset_ns: wall - mono }
+        Self {
+            offset_ns: wall - mono,
+        }
     }
 
     pub fn wall_time(&self, mono_ns: u64) -> SystemTime {
@@ -187,8 +203,23 @@ fn detail(s: &ErrorSample) -> Option<String> {
             t.unwrap_or_else(|| "?".into()),
             s.ino
         )),
-        source::XFS_CORRUPTION => Some(format!("{} marked corrupt (sick mask {:#x})", t.unwrap_or_default(), s.flags)),
-        source::WRITEBACK_ERROR => Some(format!("errseq {:#x}", s.flags)),
+        source::XFS_CORRUPTION => Some(format!(
+            "{} marked corrupt (sick mask {:#x})",
+            t.unwrap_or_default(),
+            s.flags
+        )),
+        source::WRITEBACK_ERROR => Some(match t.as_deref() {
+            Some("fentry") => format!("errseq before {:#x}", s.flags),
+            Some("errseq") => format!(
+                "errseq before {:#x}; errno from the file's earlier error",
+                s.flags
+            ),
+            Some("last-write") => format!(
+                "errseq before {:#x}; errno of the device's last failed write",
+                s.flags
+            ),
+            _ => format!("errseq before {:#x}; errno unknown", s.flags),
+        }),
         _ => t,
     }
 }
@@ -202,7 +233,11 @@ fn xfs_shutdown_flags(flags: u32) -> String {
         (1 << 3, "corruption"),
         (1 << 5, "device_removed"),
     ];
-    let set: Vec<&str> = names.iter().filter(|(b, _)| flags & b != 0).map(|(_, n)| *n).collect();
+    let set: Vec<&str> = names
+        .iter()
+        .filter(|(b, _)| flags & b != 0)
+        .map(|(_, n)| *n)
+        .collect();
     if set.is_empty() {
         format!("flags {flags:#x}")
     } else {
@@ -247,7 +282,21 @@ impl ErrorEvent {
             detail: s.and_then(detail),
             task: s.and_then(|s| text(&s.comm).map(|c| format!("{c}[{}]", s.pid))),
             mono_ns: s.map(|s| s.mono_ns),
+            pod_uid: None,
+            pv: None,
+            driver: None,
+            volume_handle: None,
+            volume_mode: None,
         }
+    }
+
+    /// Makes this line about `volume` (or about no volume).
+    pub fn set_volume(&mut self, volume: Option<&KubeletVolume>) {
+        self.pod_uid = volume.map(|v| v.pod_uid.clone());
+        self.pv = volume.and_then(|v| v.pv.clone());
+        self.driver = volume.and_then(|v| v.driver.clone());
+        self.volume_handle = volume.and_then(|v| v.volume_handle.clone());
+        self.volume_mode = volume.map(|v| v.volume_mode);
     }
 
     /// One line for people: time, what, where, how many.
@@ -274,8 +323,18 @@ impl ErrorEvent {
         if let Some(d) = &self.detail {
             let _ = write!(line, " [{d}]");
         }
+        if let Some(pod) = &self.pod_uid {
+            let _ = write!(line, " pod {pod}");
+            if let Some(pv) = &self.pv {
+                let _ = write!(line, " pv {pv}");
+            }
+        }
         if self.count > 1 || !self.sampled {
-            let what = if self.sampled { "with suppressed repeats" } else { "rate-limited, not sampled" };
+            let what = if self.sampled {
+                "with suppressed repeats"
+            } else {
+                "rate-limited, not sampled"
+            };
             let _ = write!(line, " x{} ({what})", self.count);
         }
         line
@@ -304,7 +363,11 @@ mod tests {
             dev: Dev::new(259, 1),
             name: "loop3p1".into(),
             whole_disk: Some(Dev::new(7, 3)),
-            partition: Some(Partition { number: 1, start: 2048, sectors: 4096 }),
+            partition: Some(Partition {
+                number: 1,
+                start: 2048,
+                sectors: 4096,
+            }),
             size_sectors: 4096,
             loop_backing_file: None,
             holders: vec![],
@@ -348,9 +411,20 @@ mod tests {
 
     #[test]
     fn json_schema_of_a_block_error_on_a_partition() {
-        let key = CounterKey::new(Dev::new(259, 1).to_kernel(), source::BLOCK_RQ_ERROR, op::WRITE, 5);
-        let e = KernelError { key, count: 3, sample: Some(sample(key)) };
-        let clock = Clock { offset_ns: 1_700_000_000_000_000_000 };
+        let key = CounterKey::new(
+            Dev::new(259, 1).to_kernel(),
+            source::BLOCK_RQ_ERROR,
+            op::WRITE,
+            5,
+        );
+        let e = KernelError {
+            key,
+            count: 3,
+            sample: Some(sample(key)),
+        };
+        let clock = Clock {
+            offset_ns: 1_700_000_000_000_000_000,
+        };
         let ev = ErrorEvent::resolve(&e, &topo(), &clock, SystemTime::UNIX_EPOCH);
         let json = serde_json::to_value(&ev).unwrap();
         assert_eq!(
@@ -376,25 +450,76 @@ mod tests {
                 "inode": null,
                 "detail": "rwbs WS",
                 "task": "kworker[42]",
-                "mono_ns": 5_000_000_000u64
+                "mono_ns": 5_000_000_000u64,
+                "pod_uid": null,
+                "pv": null,
+                "driver": null,
+                "volume_handle": null,
+                "volume_mode": null
             })
         );
         assert_eq!(
             ev.human_line(),
             "2023-11-14T22:13:25Z block_io_error  259:1 loop3p1 write EIO sector 2056+8 on /mnt/data (ext4) [rwbs WS] x3 (with suppressed repeats)"
         );
+
+        // The same error as it reaches a pod volume on that partition.
+        let vol = crate::kubelet::KubeletVolume {
+            pod_uid: "11111111-aaaa-4aaa-8aaa-000000000001".into(),
+            pv: Some("pvc-0a0a".into()),
+            pod_volume_dir_name: "pvc-0a0a".into(),
+            driver: Some("disk.csi.example.com".into()),
+            volume_handle: Some("vol-a".into()),
+            volume_mode: VolumeMode::Filesystem,
+            kind: crate::kubelet::VolumeKind::Csi,
+            path: "/mnt/data".into(),
+            staging_path: None,
+            node_name: None,
+        };
+        let mut ev = ev;
+        ev.set_volume(Some(&vol));
+        let json = serde_json::to_value(&ev).unwrap();
+        assert_eq!(json["pod_uid"], "11111111-aaaa-4aaa-8aaa-000000000001");
+        assert_eq!(json["pv"], "pvc-0a0a");
+        assert_eq!(json["driver"], "disk.csi.example.com");
+        assert_eq!(json["volume_handle"], "vol-a");
+        assert_eq!(json["volume_mode"], "Filesystem");
+        assert_eq!(json["count"], 3);
+        assert!(
+            ev.human_line()
+                .contains("[rwbs WS] pod 11111111-aaaa-4aaa-8aaa-000000000001 pv pvc-0a0a x3"),
+            "{}",
+            ev.human_line()
+        );
+        ev.set_volume(None);
+        assert!(serde_json::to_value(&ev).unwrap()["volume_mode"].is_null());
     }
 
     #[test]
     fn summaries_have_no_sample_fields() {
-        let key = CounterKey::new(Dev::new(7, 3).to_kernel(), source::WRITEBACK_ERROR, op::WRITE, 28);
-        let e = KernelError { key, count: 12, sample: None };
+        let key = CounterKey::new(
+            Dev::new(7, 3).to_kernel(),
+            source::WRITEBACK_ERROR,
+            op::WRITE,
+            28,
+        );
+        let e = KernelError {
+            key,
+            count: 12,
+            sample: None,
+        };
         let ev = ErrorEvent::resolve(&e, &topo(), &Clock::new(), SystemTime::UNIX_EPOCH);
         assert_eq!(ev.kind, Kind::WritebackError);
         assert_eq!(ev.errno_name.as_deref(), Some("ENOSPC"));
-        assert_eq!((ev.sector, ev.sectors, ev.mono_ns, ev.sampled), (None, None, None, false));
+        assert_eq!(
+            (ev.sector, ev.sectors, ev.mono_ns, ev.sampled),
+            (None, None, None, false)
+        );
         assert_eq!(ev.time, "1970-01-01T00:00:00Z");
-        assert_eq!(ev.backing_file.as_deref(), Some(std::path::Path::new("/tmp/fd/disk.img")));
+        assert_eq!(
+            ev.backing_file.as_deref(),
+            Some(std::path::Path::new("/tmp/fd/disk.img"))
+        );
         assert_eq!(ev.count, 12);
     }
 

@@ -17,3 +17,4 @@ pub mod watch;
 pub mod checks;
 pub mod conditions;
 pub mod kubelet;
+pub mod volumes;

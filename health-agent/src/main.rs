@@ -1,17 +1,27 @@
 //! `health-agent`: the volume-health node agent.
 
+use std::io::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
+use health_agent::checks::CheckConfig;
+use health_agent::conditions::ConditionConfig;
 use health_agent::dev::Dev;
+use health_agent::kubelet::DEFAULT_KUBELET_ROOT;
 use health_agent::probes::{ProbeError, ProbeOptions};
 use health_agent::topology::HostPaths;
+use health_agent::volumes::{self, view, WatchVolumesConfig};
 use health_agent::watch::{self, WatchOptions};
+use health_csi::DriverOverride;
 
 #[derive(Parser)]
-#[command(name = "health-agent", version, about = "Catches storage failures the moment the kernel sees them")]
+#[command(
+    name = "health-agent",
+    version,
+    about = "Catches storage failures the moment the kernel sees them"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -30,6 +40,40 @@ struct Cli {
 enum Command {
     /// Watch this host's block and filesystem errors live (no cluster needed).
     Watch(WatchArgs),
+    /// One-shot view of every pod volume on this node and its conditions.
+    Volumes(VolumesArgs),
+}
+
+/// Where pod volumes are and how they are checked; shared by `watch` and `volumes`.
+#[derive(clap::Args)]
+struct VolumeArgs {
+    /// kubelet's root directory, where pod volumes are found. `watch` uses
+    /// /var/lib/kubelet when this is not given and that directory exists.
+    #[arg(long, value_name = "DIR", env = "HEALTH_KUBELET_ROOT")]
+    kubelet_root: Option<PathBuf>,
+    /// Seconds one volume probe (statvfs, stat) or CSI call may take before
+    /// it counts as hung / failed.
+    #[arg(long, value_name = "SECS", default_value_t = 5.0)]
+    check_timeout: f64,
+    /// Use this socket for this CSI driver (DRIVER=PATH); repeatable. Sockets
+    /// under <kubelet-root>/plugins are found without this.
+    #[arg(long = "csi-socket", value_name = "DRIVER=PATH")]
+    csi_sockets: Vec<DriverOverride>,
+    /// Degraded (CapacityLow) below this percentage of free bytes.
+    #[arg(long, value_name = "PERCENT", default_value_t = 5.0)]
+    capacity_low_percent: f64,
+    /// Degraded (InodesLow) below this percentage of free inodes.
+    #[arg(long, value_name = "PERCENT", default_value_t = 5.0)]
+    inodes_low_percent: f64,
+}
+
+#[derive(clap::Args)]
+struct VolumesArgs {
+    /// A JSON array, one object per pod volume (schema in README.md).
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    volume: VolumeArgs,
 }
 
 #[derive(clap::Args)]
@@ -52,21 +96,39 @@ struct WatchArgs {
     /// Samples per device per second per CPU (counting is never limited).
     #[arg(long, default_value_t = 100)]
     sample_rate: u32,
+    #[command(flatten)]
+    volume: VolumeArgs,
+    /// Seconds between volume checks and kubelet rediscoveries.
+    #[arg(long, value_name = "SECS", default_value_t = 10.0)]
+    check_interval: f64,
+    /// Seconds between CSI node health calls for each volume.
+    #[arg(long, value_name = "SECS", default_value_t = 60.0)]
+    csi_interval: f64,
 }
 
 fn seconds(name: &str, v: f64) -> Result<Duration, String> {
-    Duration::try_from_secs_f64(v).map_err(|_| format!("--{name} must be a non-negative number of seconds, got {v}"))
+    Duration::try_from_secs_f64(v)
+        .map_err(|_| format!("--{name} must be a non-negative number of seconds, got {v}"))
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let filter = tracing_subscriber::EnvFilter::try_new(&cli.log).unwrap_or_else(|e| {
-        eprintln!("health-agent: invalid --log filter {:?} ({e}); using `info`", cli.log);
+        eprintln!(
+            "health-agent: invalid --log filter {:?} ({e}); using `info`",
+            cli.log
+        );
         tracing_subscriber::EnvFilter::new("info")
     });
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
 
-    let host = HostPaths { proc_root: cli.host_proc.clone(), sys_root: cli.host_sys.clone() };
+    let host = HostPaths {
+        proc_root: cli.host_proc.clone(),
+        sys_root: cli.host_sys.clone(),
+    };
     let result = match cli.command {
         Command::Watch(args) => watch_options(args, host).and_then(|opts| {
             let rt = tokio::runtime::Builder::new_current_thread()
@@ -75,21 +137,57 @@ fn main() -> ExitCode {
                 .map_err(anyhow::Error::from)?;
             rt.block_on(watch::run(opts))
         }),
+        Command::Volumes(args) => volumes_command(args, host),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("health-agent: {e:#}");
-            let code = e.downcast_ref::<ProbeError>().map_or(1, ProbeError::exit_code);
+            let code = e
+                .downcast_ref::<ProbeError>()
+                .map_or(1, ProbeError::exit_code);
             ExitCode::from(code as u8)
         }
     }
 }
 
 fn watch_options(args: WatchArgs, host: HostPaths) -> anyhow::Result<WatchOptions> {
-    let duration = args.duration.map(|d| seconds("duration", d)).transpose().map_err(anyhow::Error::msg)?;
-    let totals_interval = seconds("totals-interval", args.totals_interval).map_err(anyhow::Error::msg)?;
-    anyhow::ensure!(!totals_interval.is_zero(), "--totals-interval must be greater than zero");
+    let volumes = match volumes::kubelet_root(args.volume.kubelet_root.as_deref()) {
+        Some(kubelet_root) => {
+            let check_interval =
+                seconds("check-interval", args.check_interval).map_err(anyhow::Error::msg)?;
+            let csi_interval =
+                seconds("csi-interval", args.csi_interval).map_err(anyhow::Error::msg)?;
+            anyhow::ensure!(
+                !check_interval.is_zero(),
+                "--check-interval must be greater than zero"
+            );
+            anyhow::ensure!(
+                !csi_interval.is_zero(),
+                "--csi-interval must be greater than zero"
+            );
+            Some(WatchVolumesConfig {
+                kubelet_root,
+                check: check_config(&args.volume, &host)?,
+                check_interval,
+                csi_interval,
+                csi_overrides: args.volume.csi_sockets.clone(),
+                conditions: ConditionConfig::default(),
+            })
+        }
+        None => None,
+    };
+    let duration = args
+        .duration
+        .map(|d| seconds("duration", d))
+        .transpose()
+        .map_err(anyhow::Error::msg)?;
+    let totals_interval =
+        seconds("totals-interval", args.totals_interval).map_err(anyhow::Error::msg)?;
+    anyhow::ensure!(
+        !totals_interval.is_zero(),
+        "--totals-interval must be greater than zero"
+    );
     Ok(WatchOptions {
         probes: ProbeOptions {
             sys_root: host.sys_root.clone(),
@@ -102,5 +200,64 @@ fn watch_options(args: WatchArgs, host: HostPaths) -> anyhow::Result<WatchOption
         duration,
         totals_interval,
         devices: args.devices,
+        volumes,
     })
+}
+
+fn check_config(args: &VolumeArgs, host: &HostPaths) -> anyhow::Result<CheckConfig> {
+    let timeout = seconds("check-timeout", args.check_timeout).map_err(anyhow::Error::msg)?;
+    anyhow::ensure!(
+        !timeout.is_zero(),
+        "--check-timeout must be greater than zero"
+    );
+    for (name, v) in [
+        ("capacity-low-percent", args.capacity_low_percent),
+        ("inodes-low-percent", args.inodes_low_percent),
+    ] {
+        anyhow::ensure!(
+            (0.0..=100.0).contains(&v),
+            "--{name} must be between 0 and 100, got {v}"
+        );
+    }
+    Ok(CheckConfig {
+        timeout,
+        capacity_low_percent: args.capacity_low_percent,
+        inodes_low_percent: args.inodes_low_percent,
+        sys_root: host.sys_root.clone(),
+    })
+}
+
+fn volumes_command(args: VolumesArgs, host: HostPaths) -> anyhow::Result<()> {
+    let check = check_config(&args.volume, &host)?;
+    let given = args.volume.kubelet_root.as_deref();
+    let root = volumes::kubelet_root(given.or(Some(std::path::Path::new(DEFAULT_KUBELET_ROOT))))
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_KUBELET_ROOT));
+    if !root.is_dir() {
+        tracing::warn!(root = %root.display(), "no kubelet directory: no pod volumes to show");
+    }
+    let opts = view::ViewOptions {
+        host,
+        kubelet_root: root,
+        check,
+        csi_overrides: args.volume.csi_sockets,
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(anyhow::Error::from)?;
+    let result = rt.block_on(view::collect(&opts));
+    // A probe stuck on a hung mount holds a blocking thread that may never
+    // come back; waiting for it would turn a finding into a hang.
+    rt.shutdown_timeout(Duration::from_millis(100));
+    let views = result?;
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        serde_json::to_writer_pretty(&mut out, &views)?;
+        writeln!(out)?;
+    } else {
+        out.write_all(view::human(&views).as_bytes())?;
+    }
+    out.flush()?;
+    Ok(())
 }

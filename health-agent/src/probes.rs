@@ -11,7 +11,7 @@ use std::os::fd::{FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
 use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, PerCpuHashMap, RingBuf};
-use aya::programs::TracePoint;
+use aya::programs::{FEntry, TracePoint};
 use aya::{Ebpf, EbpfLoader};
 use health_common::{complete_mode, field, CounterKey, PartTable};
 
@@ -43,11 +43,17 @@ pub enum ProbeError {
     #[error("loading the kernel programs: {0}")]
     Load(#[source] Box<aya::EbpfError>),
     #[error("kernel program {program}: {detail}")]
-    Program { program: &'static str, detail: String },
+    Program {
+        program: &'static str,
+        detail: String,
+    },
     #[error("kernel map {0} is missing from the object")]
     MissingMap(&'static str),
     #[error("kernel map {name}: {source}")]
-    Map { name: &'static str, source: Box<aya::maps::MapError> },
+    Map {
+        name: &'static str,
+        source: Box<aya::maps::MapError>,
+    },
     #[error("none of the error tracepoints could be attached:\n{0}")]
     NothingAttached(String),
 }
@@ -98,16 +104,29 @@ pub struct SourceStatus {
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum SourceState {
-    Active { tracepoint: String, note: Option<String> },
-    Missing { reason: String },
-    Disabled { reason: String },
+    Active {
+        tracepoint: String,
+        note: Option<String>,
+    },
+    Missing {
+        reason: String,
+    },
+    Disabled {
+        reason: String,
+    },
 }
 
 impl fmt::Display for SourceStatus {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.state {
-            SourceState::Active { tracepoint, note: None } => write!(f, "active   {tracepoint}"),
-            SourceState::Active { tracepoint, note: Some(n) } => write!(f, "active   {tracepoint} ({n})"),
+            SourceState::Active {
+                tracepoint,
+                note: None,
+            } => write!(f, "active   {tracepoint}"),
+            SourceState::Active {
+                tracepoint,
+                note: Some(n),
+            } => write!(f, "active   {tracepoint} ({n})"),
             SourceState::Missing { reason } => write!(f, "missing  {}: {reason}", self.program),
             SourceState::Disabled { reason } => write!(f, "off      {}: {reason}", self.program),
         }
@@ -156,7 +175,12 @@ struct FieldSpec {
 }
 
 const fn exact(slot: usize, name: &'static str, sizes: &'static [u32]) -> FieldSpec {
-    FieldSpec { slot, name, sizes, min_size: None }
+    FieldSpec {
+        slot,
+        name,
+        sizes,
+        min_size: None,
+    }
 }
 
 struct ProgramSpec {
@@ -174,7 +198,12 @@ const BLOCK_RQ_ERROR: ProgramSpec = ProgramSpec {
         exact(field::RQ_ERROR_SECTOR, "sector", &[8]),
         exact(field::RQ_ERROR_NR_SECTOR, "nr_sector", &[4]),
         exact(field::RQ_ERROR_ERROR, "error", &[4]),
-        FieldSpec { slot: field::RQ_ERROR_RWBS, name: "rwbs", sizes: &[], min_size: Some(8) },
+        FieldSpec {
+            slot: field::RQ_ERROR_RWBS,
+            name: "rwbs",
+            sizes: &[],
+            min_size: Some(8),
+        },
     ],
 };
 
@@ -186,7 +215,12 @@ const BLOCK_RQ_COMPLETE: ProgramSpec = ProgramSpec {
         exact(field::RQ_COMPLETE_SECTOR, "sector", &[8]),
         exact(field::RQ_COMPLETE_NR_SECTOR, "nr_sector", &[4]),
         exact(field::RQ_COMPLETE_ERROR, "error", &[4]),
-        FieldSpec { slot: field::RQ_COMPLETE_RWBS, name: "rwbs", sizes: &[], min_size: Some(8) },
+        FieldSpec {
+            slot: field::RQ_COMPLETE_RWBS,
+            name: "rwbs",
+            sizes: &[],
+            min_size: Some(8),
+        },
     ],
 };
 
@@ -229,7 +263,10 @@ const FS_PROGRAMS: &[ProgramSpec] = &[
     ProgramSpec {
         program: "xfs_group_mark_corrupt",
         // Renamed from the per-AG marker when xfs grew realtime groups.
-        tracepoints: &[("xfs", "xfs_group_mark_corrupt"), ("xfs", "xfs_ag_mark_corrupt")],
+        tracepoints: &[
+            ("xfs", "xfs_group_mark_corrupt"),
+            ("xfs", "xfs_ag_mark_corrupt"),
+        ],
         fields: &[
             exact(field::XFS_GROUP_CORRUPT_DEV, "dev", &[4]),
             exact(field::XFS_GROUP_CORRUPT_FLAGS, "flags", &[4]),
@@ -296,9 +333,9 @@ fn check_fields(
         problem,
     };
     for spec in fields {
-        let f = format
-            .field(spec.name)
-            .ok_or_else(|| layout_error(format!("has no field `{}`; refusing to read it", spec.name)))?;
+        let f = format.field(spec.name).ok_or_else(|| {
+            layout_error(format!("has no field `{}`; refusing to read it", spec.name))
+        })?;
         let size_ok = match spec.min_size {
             Some(min) => f.size >= min,
             None => spec.sizes.contains(&f.size),
@@ -321,10 +358,16 @@ fn check_fields(
 }
 
 fn missing_reason(spec: &ProgramSpec) -> String {
-    let names: Vec<String> = spec.tracepoints.iter().map(|(g, n)| format!("{g}:{n}")).collect();
+    let names: Vec<String> = spec
+        .tracepoints
+        .iter()
+        .map(|(g, n)| format!("{g}:{n}"))
+        .collect();
     let group = spec.tracepoints[0].0;
     let hint = match group {
-        "xfs" | "ext4" => format!(" (the {group} module is not loaded; it is attached at the next start)"),
+        "xfs" | "ext4" => {
+            format!(" (the {group} module is not loaded; it is attached at the next start)")
+        }
         _ => String::new(),
     };
     format!("this kernel has no {}{hint}", names.join(" or "))
@@ -356,10 +399,17 @@ pub fn attach(opts: &ProbeOptions) -> Result<(Attached, KernelMaps), ProbeError>
         (Err(_), _) => complete_mode::ALL_ERRORS,
     };
     match rq_error {
-        Ok((group, name)) => planned.push(Planned { program: BLOCK_RQ_ERROR.program, group, name, note: None }),
+        Ok((group, name)) => planned.push(Planned {
+            program: BLOCK_RQ_ERROR.program,
+            group,
+            name,
+            note: None,
+        }),
         Err(reason) => sources.push(SourceStatus {
             program: BLOCK_RQ_ERROR.program,
-            state: SourceState::Missing { reason: reason + "; using block_rq_complete" },
+            state: SourceState::Missing {
+                reason: reason + "; using block_rq_complete",
+            },
         }),
     }
     match (rq_complete, mode) {
@@ -377,7 +427,9 @@ pub fn attach(opts: &ProbeOptions) -> Result<(Attached, KernelMaps), ProbeError>
         }),
         (Ok(_), _) => sources.push(SourceStatus {
             program: BLOCK_RQ_COMPLETE.program,
-            state: SourceState::Disabled { reason: "flush errors not requested (--flush-errors)".into() },
+            state: SourceState::Disabled {
+                reason: "flush errors not requested (--flush-errors)".into(),
+            },
         }),
         (Err(reason), _) => sources.push(SourceStatus {
             program: BLOCK_RQ_COMPLETE.program,
@@ -386,8 +438,16 @@ pub fn attach(opts: &ProbeOptions) -> Result<(Attached, KernelMaps), ProbeError>
     }
     for spec in FS_PROGRAMS {
         match plan(&tracefs, spec, &mut layout) {
-            Ok((group, name)) => planned.push(Planned { program: spec.program, group, name, note: None }),
-            Err(reason) => sources.push(SourceStatus { program: spec.program, state: SourceState::Missing { reason } }),
+            Ok((group, name)) => planned.push(Planned {
+                program: spec.program,
+                group,
+                name,
+                note: None,
+            }),
+            Err(reason) => sources.push(SourceStatus {
+                program: spec.program,
+                state: SourceState::Missing { reason },
+            }),
         }
     }
 
@@ -409,21 +469,40 @@ pub fn attach(opts: &ProbeOptions) -> Result<(Attached, KernelMaps), ProbeError>
     for p in planned {
         let program: &mut TracePoint = ebpf
             .program_mut(p.program)
-            .ok_or_else(|| ProbeError::Program { program: p.program, detail: "not in the object".into() })?
+            .ok_or_else(|| ProbeError::Program {
+                program: p.program,
+                detail: "not in the object".into(),
+            })?
             .try_into()
-            .map_err(|e: aya::programs::ProgramError| ProbeError::Program { program: p.program, detail: e.to_string() })?;
+            .map_err(|e: aya::programs::ProgramError| ProbeError::Program {
+                program: p.program,
+                detail: e.to_string(),
+            })?;
         let tracepoint = format!("{}:{}", p.group, p.name);
-        let outcome = program.load().and_then(|()| program.attach(p.group, p.name).map(|_| ()));
+        let outcome = program
+            .load()
+            .and_then(|()| program.attach(p.group, p.name).map(|_| ()));
+        let mut note = p.note;
+        if outcome.is_ok() && p.program == "filemap_set_wb_err" {
+            if let Err(why) = attach_writeback_errno(&mut ebpf) {
+                note = Some(format!("errno only when the file already had one: {why}"));
+            }
+        }
         sources.push(SourceStatus {
             program: p.program,
             state: match outcome {
-                Ok(()) => SourceState::Active { tracepoint, note: p.note },
-                Err(e) => SourceState::Missing { reason: format!("attaching {tracepoint}: {}", error_chain(&e)) },
+                Ok(()) => SourceState::Active { tracepoint, note },
+                Err(e) => SourceState::Missing {
+                    reason: format!("attaching {tracepoint}: {}", error_chain(&e)),
+                },
             },
         });
     }
     sources.sort_by_key(|s| s.program);
-    if !sources.iter().any(|s| matches!(s.state, SourceState::Active { .. })) {
+    if !sources
+        .iter()
+        .any(|s| matches!(s.state, SourceState::Active { .. }))
+    {
         let lines: Vec<String> = sources.iter().map(|s| format!("  {s}")).collect();
         return Err(ProbeError::NothingAttached(lines.join("\n")));
     }
@@ -435,7 +514,34 @@ pub fn attach(opts: &ProbeOptions) -> Result<(Attached, KernelMaps), ProbeError>
         partitions: take_map(&mut ebpf, "PARTITIONS")?,
         block_devs: take_map(&mut ebpf, "BLOCK_DEVS")?,
     };
-    Ok((Attached { _ebpf: ebpf, logger, sources }, maps))
+    Ok((
+        Attached {
+            _ebpf: ebpf,
+            logger,
+            sources,
+        },
+        maps,
+    ))
+}
+
+/// The writeback tracepoint shows errseq from before the update, so the
+/// errno of a file's first error comes from an fentry program on the
+/// function that records it (needs kernel BTF and fentry support).
+fn attach_writeback_errno(ebpf: &mut Ebpf) -> Result<(), String> {
+    const FUNCTION: &str = "__filemap_set_wb_err";
+    let btf = aya::Btf::from_sys_fs().map_err(|e| format!("reading kernel BTF: {e}"))?;
+    let program: &mut FEntry = ebpf
+        .program_mut("filemap_set_wb_err_entry")
+        .ok_or("the fentry program is not in the object")?
+        .try_into()
+        .map_err(|e: aya::programs::ProgramError| e.to_string())?;
+    program
+        .load(FUNCTION, &btf)
+        .map_err(|e| format!("fentry on {FUNCTION}: {}", error_chain(&e)))?;
+    program
+        .attach()
+        .map_err(|e| format!("fentry on {FUNCTION}: {}", error_chain(&e)))?;
+    Ok(())
 }
 
 fn take_map<T>(ebpf: &mut Ebpf, name: &'static str) -> Result<T, ProbeError>
@@ -443,7 +549,10 @@ where
     T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>,
 {
     let map = ebpf.take_map(name).ok_or(ProbeError::MissingMap(name))?;
-    T::try_from(map).map_err(|e| ProbeError::Map { name, source: Box::new(e) })
+    T::try_from(map).map_err(|e| ProbeError::Map {
+        name,
+        source: Box::new(e),
+    })
 }
 
 fn error_chain(e: &dyn std::error::Error) -> String {
@@ -482,7 +591,9 @@ fn check_privileges(proc_root: &Path) -> Result<(), ProbeError> {
     // When the host's /proc is mounted elsewhere, `self` there is still us.
     let status = std::fs::read_to_string(&status_path)
         .or_else(|_| std::fs::read_to_string("/proc/self/status"))
-        .map_err(|e| ProbeError::NotPermitted(format!("cannot read {}: {e}", status_path.display())))?;
+        .map_err(|e| {
+            ProbeError::NotPermitted(format!("cannot read {}: {e}", status_path.display()))
+        })?;
     let cap_eff = status
         .lines()
         .find_map(|l| l.strip_prefix("CapEff:"))
@@ -513,7 +624,13 @@ fn check_bpf() -> Result<(), ProbeError> {
     }
     const BPF_MAP_CREATE: libc::c_long = 0;
     const BPF_MAP_TYPE_ARRAY: u32 = 2;
-    let attr = MapCreate { map_type: BPF_MAP_TYPE_ARRAY, key_size: 4, value_size: 4, max_entries: 1, map_flags: 0 };
+    let attr = MapCreate {
+        map_type: BPF_MAP_TYPE_ARRAY,
+        key_size: 4,
+        value_size: 4,
+        max_entries: 1,
+        map_flags: 0,
+    };
     // SAFETY: bpf(2) reads `size` bytes of `attr`, which lives across the call.
     let fd = unsafe {
         libc::syscall(
@@ -557,7 +674,14 @@ mod tests {
              \tfield:char rwbs[8];\toffset:40;\tsize:8;\tsigned:0;\n",
         );
         let mut layout = [0; field::COUNT];
-        check_fields("block", "block_rq_error", &f, BLOCK_RQ_ERROR.fields, &mut layout).unwrap();
+        check_fields(
+            "block",
+            "block_rq_error",
+            &f,
+            BLOCK_RQ_ERROR.fields,
+            &mut layout,
+        )
+        .unwrap();
         assert_eq!(layout[field::RQ_ERROR_DEV], 12);
         assert_eq!(layout[field::RQ_ERROR_SECTOR], 24);
         assert_eq!(layout[field::RQ_ERROR_NR_SECTOR], 32);
@@ -569,13 +693,27 @@ mod tests {
     fn layout_check_refuses_missing_or_resized_fields() {
         let mut layout = [0; field::COUNT];
         let f = format("\tfield:dev_t dev;\toffset:8;\tsize:8;\tsigned:0;\n");
-        let err = check_fields("ext4", "ext4_shutdown", &f, FS_PROGRAMS[1].fields, &mut layout).unwrap_err();
+        let err = check_fields(
+            "ext4",
+            "ext4_shutdown",
+            &f,
+            FS_PROGRAMS[1].fields,
+            &mut layout,
+        )
+        .unwrap_err();
         assert_eq!(
             err.to_string(),
             "tracepoint ext4:ext4_shutdown: field `dev` (dev_t dev) is 8 bytes, expected [4]; refusing to read it"
         );
         let f = format("\tfield:dev_t dev;\toffset:8;\tsize:4;\tsigned:0;\n");
-        let err = check_fields("ext4", "ext4_shutdown", &f, FS_PROGRAMS[1].fields, &mut layout).unwrap_err();
+        let err = check_fields(
+            "ext4",
+            "ext4_shutdown",
+            &f,
+            FS_PROGRAMS[1].fields,
+            &mut layout,
+        )
+        .unwrap_err();
         assert_eq!(
             err.to_string(),
             "tracepoint ext4:ext4_shutdown: has no field `flags`; refusing to read it"
@@ -583,7 +721,10 @@ mod tests {
         let f = format("\tfield:char rwbs[6];\toffset:8;\tsize:6;\tsigned:0;\n");
         let rwbs_only = &BLOCK_RQ_ERROR.fields[4..];
         let err = check_fields("block", "block_rq_error", &f, rwbs_only, &mut layout).unwrap_err();
-        assert!(err.to_string().contains("is 6 bytes, expected at least 8"), "{err}");
+        assert!(
+            err.to_string().contains("is 6 bytes, expected at least 8"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -592,7 +733,10 @@ mod tests {
             ProbeError::NotPermitted(String::new()).exit_code(),
             ProbeError::BpfUnavailable(String::new()).exit_code(),
             ProbeError::BtfMissing(PathBuf::new()).exit_code(),
-            ProbeError::Tracefs(TracefsError::Missing { tried: String::new() }).exit_code(),
+            ProbeError::Tracefs(TracefsError::Missing {
+                tried: String::new(),
+            })
+            .exit_code(),
         ];
         assert_eq!(codes, [3, 4, 5, 6]);
     }

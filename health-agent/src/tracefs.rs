@@ -17,7 +17,11 @@ pub enum TracefsError {
     #[error("reading {path}: {source}")]
     Read { path: PathBuf, source: io::Error },
     #[error("{path}: malformed line {line}: {text:?}")]
-    Malformed { path: PathBuf, line: usize, text: String },
+    Malformed {
+        path: PathBuf,
+        line: usize,
+        text: String,
+    },
 }
 
 /// A tracefs mount.
@@ -66,12 +70,16 @@ impl Tracefs {
             sys_root.join("kernel/debug/tracing"),
         ];
         if let Some(found) = candidates.iter().find(|c| c.join("events").is_dir()) {
-            return Ok(Self { root: found.clone() });
+            return Ok(Self {
+                root: found.clone(),
+            });
         }
         let primary = &candidates[0];
         if primary.is_dir() && try_mount_tracefs(primary) && primary.join("events").is_dir() {
             tracing::info!(path = %primary.display(), "mounted tracefs");
-            return Ok(Self { root: primary.clone() });
+            return Ok(Self {
+                root: primary.clone(),
+            });
         }
         Err(TracefsError::Missing {
             tried: candidates
@@ -92,8 +100,17 @@ impl Tracefs {
 
     /// The format of `group:name`, or `None` when this kernel has no such
     /// tracepoint (the module is not loaded, or the kernel predates it).
-    pub fn event_format(&self, group: &str, name: &str) -> Result<Option<EventFormat>, TracefsError> {
-        let path = self.root.join("events").join(group).join(name).join("format");
+    pub fn event_format(
+        &self,
+        group: &str,
+        name: &str,
+    ) -> Result<Option<EventFormat>, TracefsError> {
+        let path = self
+            .root
+            .join("events")
+            .join(group)
+            .join(name)
+            .join("format");
         match std::fs::read_to_string(&path) {
             Ok(text) => parse_format(&path, &text).map(Some),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
@@ -196,7 +213,18 @@ print fmt: \"%d,%d\", REC->dev
         let names: Vec<_> = f.fields.iter().map(|f| f.name.as_str()).collect();
         assert_eq!(
             names,
-            ["common_type", "common_pid", "dev", "sector", "nr_sector", "error", "rwbs", "cmd", "stack", "function"]
+            [
+                "common_type",
+                "common_pid",
+                "dev",
+                "sector",
+                "nr_sector",
+                "error",
+                "rwbs",
+                "cmd",
+                "stack",
+                "function"
+            ]
         );
         let rwbs = f.field("rwbs").unwrap();
         assert_eq!((rwbs.offset, rwbs.size, rwbs.signed), (34, 10, false));
@@ -208,8 +236,12 @@ print fmt: \"%d,%d\", REC->dev
 
     #[test]
     fn malformed_field_lines_are_errors_not_panics() {
-        let err = parse_format(Path::new("fmt"), "\tfield:int x;\toffset:zz;\tsize:4;\n").unwrap_err();
-        assert_eq!(err.to_string(), "fmt: malformed line 1: \"field:int x;\toffset:zz;\tsize:4;\"");
+        let err =
+            parse_format(Path::new("fmt"), "\tfield:int x;\toffset:zz;\tsize:4;\n").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "fmt: malformed line 1: \"field:int x;\toffset:zz;\tsize:4;\""
+        );
         assert!(parse_format(Path::new("fmt"), "\tfield:;\toffset:1;\tsize:4;\n").is_err());
     }
 
@@ -222,6 +254,9 @@ print fmt: \"%d,%d\", REC->dev
             .expect("block_rq_complete exists on every supported kernel");
         assert_eq!(format.field("dev").unwrap().size, 4);
         assert_eq!(format.field("sector").unwrap().size, 8);
-        assert!(tracefs.event_format("block", "no_such_event").unwrap().is_none());
+        assert!(tracefs
+            .event_format("block", "no_such_event")
+            .unwrap()
+            .is_none());
     }
 }

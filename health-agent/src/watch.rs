@@ -14,6 +14,7 @@ use crate::dev::Dev;
 use crate::event::{errno_name, op_name, source_name, Clock, ErrorEvent, Kind};
 use crate::probes::{self, ProbeOptions, SourceState};
 use crate::topology::{HostPaths, MountWatcher, Topology};
+use crate::volumes::{self, VolumeIndex, WatchVolumes, WatchVolumesConfig};
 
 #[derive(Clone, Debug)]
 pub struct WatchOptions {
@@ -25,6 +26,9 @@ pub struct WatchOptions {
     pub totals_interval: Duration,
     /// Only report these devices (all when empty).
     pub devices: Vec<Dev>,
+    /// Annotate events with the pod volumes they reach and keep their
+    /// conditions (`volumes.rs`); `None` when there is no kubelet tree.
+    pub volumes: Option<WatchVolumesConfig>,
 }
 
 /// How often counters are reconciled with samples: errors whose samples
@@ -49,12 +53,17 @@ pub async fn run(opts: WatchOptions) -> anyhow::Result<()> {
         }
     }
     let mut maps = Some(maps);
-    let (mut collector, mut rest) = Collector::new(&mut maps).context("setting up the sample reader")?;
+    let (mut collector, mut rest) =
+        Collector::new(&mut maps).context("setting up the sample reader")?;
     let mut topo = Topology::scan(&opts.host).context("reading the device topology")?;
     sync_kernel_maps(&topo, &mut rest);
     let mut mounts = MountWatcher::new(&opts.host).context("watching the mount table")?;
     let clock = Clock::new();
     let mut view = View::new(&opts);
+    let mut vols = opts
+        .volumes
+        .clone()
+        .map(|cfg| WatchVolumes::new(cfg, &topo, opts.json));
 
     let active = attached
         .sources
@@ -81,25 +90,42 @@ pub async fn run(opts: WatchOptions) -> anyhow::Result<()> {
             _ = rescan.tick() => {
                 topo = rescan_topology(&opts.host, topo, &mut rest);
                 last_rescan = Instant::now();
+                if let Some(v) = &mut vols { v.topology_changed(&topo) }
             }
             r = mounts.changed() => {
                 r.context("watching the mount table")?;
                 topo = rescan_topology(&opts.host, topo, &mut rest);
                 last_rescan = Instant::now();
+                // A mount change usually means kubelet set a volume up or tore one down.
+                if let Some(v) = &mut vols { v.rediscover(&topo) }
             }
+            w = volumes::next_wake(&mut vols) => if let Some(v) = &mut vols { v.handle(w, &topo) },
             _ = totals.tick(), if !opts.json => view.print_totals(&collector.totals()?, &topo)?,
             _ = sigint.recv() => break,
             _ = sigterm.recv() => break,
             _ = sleep_until(deadline) => break,
         }
         attached.flush_kernel_log();
-        if batch.iter().any(|e| topo.device(Dev::from_kernel(e.key.dev)).is_none())
+        if batch
+            .iter()
+            .any(|e| topo.device(Dev::from_kernel(e.key.dev)).is_none())
             && last_rescan.elapsed() >= MIN_RESCAN_GAP
         {
             topo = rescan_topology(&opts.host, topo, &mut rest);
             last_rescan = Instant::now();
+            if let Some(v) = &mut vols {
+                v.topology_changed(&topo)
+            }
         }
-        view.print(&batch, &topo, &clock)?;
+        if let Some(v) = &mut vols {
+            v.record(&batch)
+        }
+        view.print(
+            &batch,
+            &topo,
+            &clock,
+            vols.as_ref().map(WatchVolumes::index),
+        )?;
         batch.clear();
     }
 
@@ -109,7 +135,12 @@ pub async fn run(opts: WatchOptions) -> anyhow::Result<()> {
     drop(attached);
     collector.drain(&mut batch);
     collector.reconcile(true, &mut batch)?;
-    view.print(&batch, &topo, &clock)?;
+    view.print(
+        &batch,
+        &topo,
+        &clock,
+        vols.as_ref().map(WatchVolumes::index),
+    )?;
     let stats = collector.kernel_stats()?;
     view.print_final(&collector.totals()?, &topo, &stats)?;
     tracing::debug!(sources = sources.len(), "detached");
@@ -155,7 +186,12 @@ pub fn sync_kernel_maps(topo: &Topology, rest: &mut KernelMapsRest) {
             );
         }
         let mut table = PartTable::EMPTY;
-        for (slot, p) in parts.iter().filter_map(|p| p.partition.as_ref().map(|x| (p.dev, x))).take(MAX_PARTITIONS).enumerate() {
+        for (slot, p) in parts
+            .iter()
+            .filter_map(|p| p.partition.as_ref().map(|x| (p.dev, x)))
+            .take(MAX_PARTITIONS)
+            .enumerate()
+        {
             let (dev, part) = p;
             table.parts[slot] = PartRange {
                 start: part.start,
@@ -173,7 +209,12 @@ pub fn sync_kernel_maps(topo: &Topology, rest: &mut KernelMapsRest) {
             }
         }
     }
-    let stale: Vec<u32> = rest.partitions.keys().filter_map(Result::ok).filter(|k| !wanted_disks.contains(k)).collect();
+    let stale: Vec<u32> = rest
+        .partitions
+        .keys()
+        .filter_map(Result::ok)
+        .filter(|k| !wanted_disks.contains(k))
+        .collect();
     for k in stale {
         let _ = rest.partitions.remove(&k);
     }
@@ -200,14 +241,26 @@ struct View {
 
 impl View {
     fn new(opts: &WatchOptions) -> Self {
-        Self { json: opts.json, devices: opts.devices.iter().copied().collect(), stdout: std::io::stdout() }
+        Self {
+            json: opts.json,
+            devices: opts.devices.iter().copied().collect(),
+            stdout: std::io::stdout(),
+        }
     }
 
     fn wanted(&self, dev: Dev) -> bool {
         self.devices.is_empty() || self.devices.contains(&dev)
     }
 
-    fn print(&mut self, batch: &[KernelError], topo: &Topology, clock: &Clock) -> anyhow::Result<()> {
+    /// One line per event, or with `volumes`, one per pod volume the
+    /// event's device reaches (events reaching none keep null volume fields).
+    fn print(
+        &mut self,
+        batch: &[KernelError],
+        topo: &Topology,
+        clock: &Clock,
+        volumes: Option<&VolumeIndex>,
+    ) -> anyhow::Result<()> {
         if batch.is_empty() {
             return Ok(());
         }
@@ -217,15 +270,31 @@ impl View {
             if !self.wanted(Dev::from_kernel(e.key.dev)) {
                 continue;
             }
-            let ev = ErrorEvent::resolve(e, topo, clock, now);
-            if self.json {
-                serde_json::to_writer(&mut out, &ev).context("writing an event")?;
-                out.write_all(b"\n").context("writing an event")?;
-            } else {
-                writeln!(out, "{}", ev.human_line()).context("writing an event")?;
+            let mut ev = ErrorEvent::resolve(e, topo, clock, now);
+            let dev = ev.device;
+            let mut reached = volumes
+                .into_iter()
+                .flat_map(|v| v.volumes_for(dev))
+                .peekable();
+            if reached.peek().is_none() {
+                self.write(&mut out, &ev)?;
+            }
+            for v in reached {
+                ev.set_volume(Some(&v.volume));
+                self.write(&mut out, &ev)?;
             }
         }
         out.flush().context("flushing events to stdout")?;
+        Ok(())
+    }
+
+    fn write(&self, out: &mut impl Write, ev: &ErrorEvent) -> anyhow::Result<()> {
+        if self.json {
+            serde_json::to_writer(&mut *out, ev).context("writing an event")?;
+            out.write_all(b"\n").context("writing an event")?;
+        } else {
+            writeln!(out, "{}", ev.human_line()).context("writing an event")?;
+        }
         Ok(())
     }
 
@@ -251,7 +320,9 @@ impl View {
         per_dev
             .into_iter()
             .map(|(dev, items)| {
-                let name = topo.device(dev).map_or_else(|| "?".to_string(), |d| d.name.clone());
+                let name = topo
+                    .device(dev)
+                    .map_or_else(|| "?".to_string(), |d| d.name.clone());
                 let mount = topo
                     .affected_mounts(dev)
                     .first()
@@ -262,7 +333,11 @@ impl View {
             .collect()
     }
 
-    fn print_totals(&mut self, totals: &BTreeMap<CounterKey, u64>, topo: &Topology) -> anyhow::Result<()> {
+    fn print_totals(
+        &mut self,
+        totals: &BTreeMap<CounterKey, u64>,
+        topo: &Topology,
+    ) -> anyhow::Result<()> {
         let lines = self.totals_lines(totals, topo);
         if lines.is_empty() {
             return Ok(());

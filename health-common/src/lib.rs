@@ -91,7 +91,13 @@ pub struct CounterKey {
 impl CounterKey {
     #[inline(always)]
     pub const fn new(dev: u32, source: u8, op: u8, errno: u32) -> Self {
-        Self { dev, errno, source, op, _pad: [0; 2] }
+        Self {
+            dev,
+            errno,
+            source,
+            op,
+            _pad: [0; 2],
+        }
     }
 }
 
@@ -173,7 +179,12 @@ impl PartTable {
     pub const EMPTY: PartTable = PartTable {
         count: 0,
         _pad: 0,
-        parts: [PartRange { start: 0, end: 0, dev: 0, _pad: 0 }; MAX_PARTITIONS],
+        parts: [PartRange {
+            start: 0,
+            end: 0,
+            dev: 0,
+            _pad: 0,
+        }; MAX_PARTITIONS],
     };
 
     /// The partition holding `sector`, or `whole_disk` when none does.
@@ -314,8 +325,18 @@ mod tests {
     fn partition_lookup_uses_half_open_ranges() {
         let mut t = PartTable::EMPTY;
         t.count = 2;
-        t.parts[0] = PartRange { start: 2048, end: 4096, dev: kdev::make(259, 1), _pad: 0 };
-        t.parts[1] = PartRange { start: 4096, end: 8192, dev: kdev::make(259, 2), _pad: 0 };
+        t.parts[0] = PartRange {
+            start: 2048,
+            end: 4096,
+            dev: kdev::make(259, 1),
+            _pad: 0,
+        };
+        t.parts[1] = PartRange {
+            start: 4096,
+            end: 8192,
+            dev: kdev::make(259, 2),
+            _pad: 0,
+        };
         let disk = kdev::make(7, 3);
         assert_eq!(t.resolve(disk, 0), disk);
         assert_eq!(t.resolve(disk, 2048), kdev::make(259, 1));

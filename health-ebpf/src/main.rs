@@ -17,18 +17,18 @@
 use aya_ebpf::{
     bindings::BPF_NOEXIST,
     helpers::{
-        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_smp_processor_id,
-        bpf_ktime_get_ns, bpf_probe_read_kernel_str_bytes,
+        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_ktime_get_ns,
+        bpf_probe_read_kernel_str_bytes,
     },
-    macros::{map, tracepoint},
+    macros::{fentry, map, tracepoint},
     maps::{HashMap, LruHashMap, LruPerCpuHashMap, PerCpuArray, PerCpuHashMap, RingBuf},
-    programs::TracePointContext,
+    programs::{FEntryContext, TracePointContext},
     EbpfContext,
 };
 use aya_log_ebpf::debug;
 use health_common::{
-    complete_mode, field, kdev, op, op_from_rwbs, source, stat, CounterKey, ErrorSample,
-    PartTable, DETAIL_LEN, RWBS_LEN,
+    complete_mode, field, kdev, op, op_from_rwbs, source, stat, CounterKey, ErrorSample, PartTable,
+    DETAIL_LEN, RWBS_LEN,
 };
 
 /// Byte offset of each tracepoint field, indexed by [`field`] slots.
@@ -92,15 +92,48 @@ struct InodeKey {
     _pad: u32,
 }
 
-/// Last errseq seen per inode. The kernel fires `filemap_set_wb_err` for
-/// every failed page, but while nobody has observed the error its errseq
-/// stays the same: one errseq value is one failed writeback.
+/// Inodes with a writeback error recorded, and the errseq value last seen.
 #[map]
 static WB_LAST: LruHashMap<InodeKey, u32> = LruHashMap::with_max_entries(4096, 0);
+
+/// The errno being recorded by `__filemap_set_wb_err` on this CPU. The
+/// tracepoint inside that function only shows the errseq value from
+/// before the update (errseq_set returns the old value), which for the
+/// first error on a file holds no errno at all; the fentry program sees
+/// the function's `err` argument and leaves it here for the tracepoint.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct WbPending {
+    pid_tgid: u64,
+    errno: u32,
+    _pad: u32,
+}
+
+#[map]
+static WB_PENDING: PerCpuArray<WbPending> = PerCpuArray::with_max_entries(1, 0);
+
+/// The last failed write per device, for writeback errors whose errno
+/// nothing else reveals (where fentry is not allowed): a writeback failure
+/// on a block device is the failed write that just completed there.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct LastWriteError {
+    mono_ns: u64,
+    errno: u32,
+    _pad: u32,
+}
+
+#[map]
+static LAST_WRITE_ERROR: LruHashMap<u32, LastWriteError> = LruHashMap::with_max_entries(4096, 0);
+
+/// How recent a failed write must be to lend its errno to a writeback error.
+const WRITE_ERRNO_WINDOW_NS: u64 = 5 * NSEC_PER_SEC;
 
 const NSEC_PER_SEC: u64 = 1_000_000_000;
 /// `MAX_ERRNO`: errseq keeps the errno in its low 12 bits.
 const ERRSEQ_ERRNO_MASK: u32 = 0xfff;
+/// errseq's flag: someone (fsync) has reported the current error.
+const ERRSEQ_SEEN: u32 = 1 << 12;
 
 #[inline(always)]
 fn offset(slot: usize) -> usize {
@@ -176,7 +209,10 @@ fn within_budget(dev: u32, now: u64) -> bool {
             }
         }
         None => {
-            let fresh = Budget { window_start_ns: now, sent: 1 };
+            let fresh = Budget {
+                window_start_ns: now,
+                sent: 1,
+            };
             // A failed insert only costs this one sample's budget check.
             let _ = BUDGETS.insert(dev, &fresh, 0);
             limit > 0
@@ -196,7 +232,11 @@ struct Details {
 /// Counts the error, then sends a sample if the device's budget allows.
 /// Returns the reserved sample slot so the caller can add its text detail.
 #[inline(always)]
-fn record(ctx: &TracePointContext, key: CounterKey, d: Details) -> Option<aya_ebpf::maps::ring_buf::RingBufEntry<ErrorSample>> {
+fn record(
+    ctx: &TracePointContext,
+    key: CounterKey,
+    d: Details,
+) -> Option<aya_ebpf::maps::ring_buf::RingBufEntry<ErrorSample>> {
     let seq = count(ctx, &key);
     let now = unsafe { bpf_ktime_get_ns() };
     if !within_budget(key.dev, now) {
@@ -225,7 +265,9 @@ fn record(ctx: &TracePointContext, key: CounterKey, d: Details) -> Option<aya_eb
 }
 
 #[inline(always)]
-fn detail_mut(entry: &mut aya_ebpf::maps::ring_buf::RingBufEntry<ErrorSample>) -> &mut [u8; DETAIL_LEN] {
+fn detail_mut(
+    entry: &mut aya_ebpf::maps::ring_buf::RingBufEntry<ErrorSample>,
+) -> &mut [u8; DETAIL_LEN] {
     // SAFETY: `record` initialised the whole sample before returning it.
     unsafe { &mut (*entry.as_mut_ptr()).detail }
 }
@@ -244,19 +286,43 @@ fn block_error(
         return Some(());
     }
     let rwbs: [u8; RWBS_LEN] = read(ctx, rwbs_slot)?;
-    let opcode = op_from_rwbs(&rwbs);
+    let nr_sectors: u32 = read(ctx, nr_slot)?;
+    let mut opcode = op_from_rwbs(&rwbs);
+    if src == source::BLOCK_RQ_ERROR && opcode == op::WRITE && nr_sectors == 0 {
+        // A write without data is the carrier of a preflush (fsync on a
+        // block device, a journal commit): its failure is a failed flush.
+        // With flush errors on, the flush request itself is counted from
+        // block_rq_complete instead, so each failure is counted once.
+        if global(&COMPLETE_MODE) == complete_mode::FLUSH_ONLY {
+            return Some(());
+        }
+        opcode = op::FLUSH;
+    }
     if flush_only && opcode != op::FLUSH {
         return Some(());
     }
     let disk: u32 = read(ctx, dev_slot)?;
     let sector: u64 = read(ctx, sector_slot)?;
-    let nr_sectors: u32 = read(ctx, nr_slot)?;
     let dev = match unsafe { PARTITIONS.get(disk) } {
         Some(table) => table.resolve(disk, sector),
         None => disk,
     };
     let key = CounterKey::new(dev, src, opcode, error.unsigned_abs());
-    let details = Details { raw_dev: disk, sector, nr_sectors, ino: 0, flags: 0 };
+    if opcode == op::WRITE {
+        let last = LastWriteError {
+            mono_ns: unsafe { bpf_ktime_get_ns() },
+            errno: key.errno,
+            _pad: 0,
+        };
+        let _ = LAST_WRITE_ERROR.insert(dev, &last, 0);
+    }
+    let details = Details {
+        raw_dev: disk,
+        sector,
+        nr_sectors,
+        ino: 0,
+        flags: 0,
+    };
     let mut entry = record(ctx, key, details)?;
     detail_mut(&mut entry)[..RWBS_LEN].copy_from_slice(&rwbs);
     entry.submit(0);
@@ -299,7 +365,13 @@ pub fn block_rq_complete(ctx: TracePointContext) -> u32 {
 const NO_SECTOR: u64 = u64::MAX;
 
 fn fs_details(dev: u32, flags: u32, ino: u64) -> Details {
-    Details { raw_dev: dev, sector: NO_SECTOR, nr_sectors: 0, ino, flags }
+    Details {
+        raw_dev: dev,
+        sector: NO_SECTOR,
+        nr_sectors: 0,
+        ino,
+        flags,
+    }
 }
 
 #[tracepoint]
@@ -315,7 +387,8 @@ fn try_ext4_error(ctx: &TracePointContext) -> Option<()> {
     let key = CounterKey::new(dev, source::EXT4_ERROR, op::NONE, 0);
     let mut entry = record(ctx, key, fs_details(dev, line, 0))?;
     // The field is a pointer to the function name in kernel rodata.
-    let _ = unsafe { bpf_probe_read_kernel_str_bytes(function as *const u8, detail_mut(&mut entry)) };
+    let _ =
+        unsafe { bpf_probe_read_kernel_str_bytes(function as *const u8, detail_mut(&mut entry)) };
     entry.submit(0);
     Some(())
 }
@@ -347,7 +420,14 @@ fn try_xfs_force_shutdown(ctx: &TracePointContext) -> Option<()> {
     let fname_loc: u32 = read(ctx, field::XFS_SHUTDOWN_FNAME)?;
     let line: u32 = read(ctx, field::XFS_SHUTDOWN_LINE)?;
     let key = CounterKey::new(dev, source::XFS_SHUTDOWN, op::NONE, 0);
-    let mut entry = record(ctx, key, Details { ino: line as u64, ..fs_details(dev, flags, 0) })?;
+    let mut entry = record(
+        ctx,
+        key,
+        Details {
+            ino: line as u64,
+            ..fs_details(dev, flags, 0)
+        },
+    )?;
     let fname = unsafe { (ctx.as_ptr() as *const u8).add((fname_loc & 0xffff) as usize) };
     let _ = unsafe { bpf_probe_read_kernel_str_bytes(fname, detail_mut(&mut entry)) };
     entry.submit(0);
@@ -356,7 +436,13 @@ fn try_xfs_force_shutdown(ctx: &TracePointContext) -> Option<()> {
 
 /// The three xfs corruption markers differ only in where their fields sit.
 #[inline(always)]
-fn xfs_corruption(ctx: &TracePointContext, dev_slot: usize, flags_slot: usize, ino_slot: Option<usize>, what: &[u8]) -> Option<()> {
+fn xfs_corruption(
+    ctx: &TracePointContext,
+    dev_slot: usize,
+    flags_slot: usize,
+    ino_slot: Option<usize>,
+    what: &[u8],
+) -> Option<()> {
     let dev: u32 = read(ctx, dev_slot)?;
     let flags: u32 = read(ctx, flags_slot)?;
     let ino: u64 = match ino_slot {
@@ -366,7 +452,11 @@ fn xfs_corruption(ctx: &TracePointContext, dev_slot: usize, flags_slot: usize, i
     let key = CounterKey::new(dev, source::XFS_CORRUPTION, op::NONE, 0);
     let mut entry = record(ctx, key, fs_details(dev, flags, ino))?;
     let detail = detail_mut(&mut entry);
-    let n = if what.len() < DETAIL_LEN { what.len() } else { DETAIL_LEN };
+    let n = if what.len() < DETAIL_LEN {
+        what.len()
+    } else {
+        DETAIL_LEN
+    };
     detail[..n].copy_from_slice(&what[..n]);
     entry.submit(0);
     Some(())
@@ -374,13 +464,25 @@ fn xfs_corruption(ctx: &TracePointContext, dev_slot: usize, flags_slot: usize, i
 
 #[tracepoint]
 pub fn xfs_fs_mark_corrupt(ctx: TracePointContext) -> u32 {
-    let _ = xfs_corruption(&ctx, field::XFS_FS_CORRUPT_DEV, field::XFS_FS_CORRUPT_FLAGS, None, b"filesystem");
+    let _ = xfs_corruption(
+        &ctx,
+        field::XFS_FS_CORRUPT_DEV,
+        field::XFS_FS_CORRUPT_FLAGS,
+        None,
+        b"filesystem",
+    );
     0
 }
 
 #[tracepoint]
 pub fn xfs_group_mark_corrupt(ctx: TracePointContext) -> u32 {
-    let _ = xfs_corruption(&ctx, field::XFS_GROUP_CORRUPT_DEV, field::XFS_GROUP_CORRUPT_FLAGS, None, b"allocation group");
+    let _ = xfs_corruption(
+        &ctx,
+        field::XFS_GROUP_CORRUPT_DEV,
+        field::XFS_GROUP_CORRUPT_FLAGS,
+        None,
+        b"allocation group",
+    );
     0
 }
 
@@ -396,6 +498,39 @@ pub fn xfs_inode_mark_corrupt(ctx: TracePointContext) -> u32 {
     0
 }
 
+#[fentry(function = "__filemap_set_wb_err")]
+pub fn filemap_set_wb_err_entry(ctx: FEntryContext) -> u32 {
+    let err: i32 = ctx.arg(1);
+    if let Some(p) = WB_PENDING.get_ptr_mut(0) {
+        let pending = WbPending {
+            pid_tgid: bpf_get_current_pid_tgid(),
+            errno: err.unsigned_abs(),
+            _pad: 0,
+        };
+        // SAFETY: this CPU's slot.
+        unsafe { *p = pending };
+    }
+    0
+}
+
+/// The errno `__filemap_set_wb_err` was called with, if its fentry program
+/// ran just before on this CPU in this task; taken once.
+#[inline(always)]
+fn take_pending_errno() -> u32 {
+    let Some(p) = WB_PENDING.get_ptr_mut(0) else {
+        return 0;
+    };
+    // SAFETY: this CPU's slot.
+    let pending = unsafe { &mut *p };
+    let errno = if pending.pid_tgid == bpf_get_current_pid_tgid() {
+        pending.errno
+    } else {
+        0
+    };
+    pending.errno = 0;
+    errno
+}
+
 #[tracepoint]
 pub fn filemap_set_wb_err(ctx: TracePointContext) -> u32 {
     let _ = try_filemap_set_wb_err(&ctx);
@@ -405,7 +540,9 @@ pub fn filemap_set_wb_err(ctx: TracePointContext) -> u32 {
 fn try_filemap_set_wb_err(ctx: &TracePointContext) -> Option<()> {
     let ino: u64 = read(ctx, field::WB_ERR_INO)?;
     let s_dev: u32 = read(ctx, field::WB_ERR_DEV)?;
-    let errseq: u32 = read(ctx, field::WB_ERR_ERRSEQ)?;
+    // The value before this error was recorded (see WB_PENDING).
+    let old_errseq: u32 = read(ctx, field::WB_ERR_ERRSEQ)?;
+    let pending_errno = take_pending_errno();
     // A block device's own buffers live in the bdev pseudo filesystem: an
     // anonymous s_dev, with the device number as the inode number.
     let dev = if kdev::major(s_dev) == 0
@@ -416,17 +553,47 @@ fn try_filemap_set_wb_err(ctx: &TracePointContext) -> Option<()> {
     } else {
         s_dev
     };
-    let inode = InodeKey { ino, dev: s_dev, _pad: 0 };
-    if let Some(last) = unsafe { WB_LAST.get(&inode) } {
-        if *last == errseq {
-            bump(stat::WRITEBACK_REPEATS);
-            return Some(());
-        }
+    // The kernel calls this once per failed page; what an application can
+    // learn (by fsync) is one error per errseq episode. A new episode starts
+    // on a file with no error yet (old value 0) or once the previous error
+    // was reported (SEEN); repeats inside an episode are merged.
+    let inode = InodeKey {
+        ino,
+        dev: s_dev,
+        _pad: 0,
+    };
+    let known = unsafe { WB_LAST.get(&inode) }.is_some();
+    let _ = WB_LAST.insert(&inode, &old_errseq, 0);
+    if known && old_errseq != 0 && old_errseq & ERRSEQ_SEEN == 0 {
+        bump(stat::WRITEBACK_REPEATS);
+        return Some(());
     }
-    let _ = WB_LAST.insert(&inode, &errseq, 0);
-    let key = CounterKey::new(dev, source::WRITEBACK_ERROR, op::WRITE, errseq & ERRSEQ_ERRNO_MASK);
-    let details = Details { raw_dev: s_dev, sector: NO_SECTOR, nr_sectors: 0, ino, flags: errseq };
-    record(ctx, key, details)?.submit(0);
+    let (errno, how): (u32, &[u8]) = if pending_errno != 0 {
+        (pending_errno, b"fentry")
+    } else if old_errseq & ERRSEQ_ERRNO_MASK != 0 {
+        (old_errseq & ERRSEQ_ERRNO_MASK, b"errseq")
+    } else {
+        match unsafe { LAST_WRITE_ERROR.get(dev) } {
+            Some(last)
+                if unsafe { bpf_ktime_get_ns() }.wrapping_sub(last.mono_ns)
+                    < WRITE_ERRNO_WINDOW_NS =>
+            {
+                (last.errno, b"last-write")
+            }
+            _ => (0, b""),
+        }
+    };
+    let key = CounterKey::new(dev, source::WRITEBACK_ERROR, op::WRITE, errno);
+    let details = Details {
+        raw_dev: s_dev,
+        sector: NO_SECTOR,
+        nr_sectors: 0,
+        ino,
+        flags: old_errseq,
+    };
+    let mut entry = record(ctx, key, details)?;
+    detail_mut(&mut entry)[..how.len()].copy_from_slice(how);
+    entry.submit(0);
     Some(())
 }
 

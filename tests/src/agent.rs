@@ -68,7 +68,8 @@ impl Agent {
         let stdout_reader = std::thread::spawn(move || -> Result<()> {
             for line in BufReader::new(stdout).lines() {
                 let line = line.context("reading agent stdout")?;
-                let v: Value = serde_json::from_str(&line).with_context(|| format!("agent printed a non-JSON line: {line:?}"))?;
+                let v: Value = serde_json::from_str(&line)
+                    .with_context(|| format!("agent printed a non-JSON line: {line:?}"))?;
                 if tx.send(v).is_err() {
                     break;
                 }
@@ -87,10 +88,20 @@ impl Agent {
             }
             text
         });
-        let agent = Agent { child, events, seen: Vec::new(), stdout_reader: Some(stdout_reader), stderr_reader: Some(stderr_reader) };
+        let agent = Agent {
+            child,
+            events,
+            seen: Vec::new(),
+            stdout_reader: Some(stdout_reader),
+            stderr_reader: Some(stderr_reader),
+        };
         if ready_rx.recv_timeout(READY_TIMEOUT).is_err() {
             let run = agent.stop()?;
-            bail!("the agent did not become ready within {READY_TIMEOUT:?} ({}):\n{}", run.status, run.stderr);
+            bail!(
+                "the agent did not become ready within {READY_TIMEOUT:?} ({}):\n{}",
+                run.status,
+                run.stderr
+            );
         }
         Ok(agent)
     }
@@ -140,13 +151,22 @@ impl Agent {
             std::thread::sleep(Duration::from_millis(20));
         };
         if let Some(h) = self.stdout_reader.take() {
-            h.join().map_err(|_| anyhow::anyhow!("stdout reader panicked"))??;
+            h.join()
+                .map_err(|_| anyhow::anyhow!("stdout reader panicked"))??;
         }
         while let Ok(v) = self.events.try_recv() {
             self.seen.push(v);
         }
-        let stderr = self.stderr_reader.take().map(|h| h.join().unwrap_or_default()).unwrap_or_default();
-        Ok(AgentRun { events: std::mem::take(&mut self.seen), stderr, status })
+        let stderr = self
+            .stderr_reader
+            .take()
+            .map(|h| h.join().unwrap_or_default())
+            .unwrap_or_default();
+        Ok(AgentRun {
+            events: std::mem::take(&mut self.seen),
+            stderr,
+            status,
+        })
     }
 }
 
@@ -170,7 +190,10 @@ pub struct EventFilter {
 
 impl EventFilter {
     pub fn device(dev: &str) -> Self {
-        Self { device: Some(dev.to_string()), ..Self::default() }
+        Self {
+            device: Some(dev.to_string()),
+            ..Self::default()
+        }
     }
     pub fn kind(mut self, kind: &'static str) -> Self {
         self.kind = Some(kind);
@@ -195,7 +218,11 @@ impl EventFilter {
 
     /// Sum of `count` over the matching events: the number of kernel errors.
     pub fn sum(&self, events: &[Value]) -> u64 {
-        events.iter().filter(|e| self.matches(e)).map(|e| e["count"].as_u64().unwrap_or(0)).sum()
+        events
+            .iter()
+            .filter(|e| self.matches(e))
+            .map(|e| e["count"].as_u64().unwrap_or(0))
+            .sum()
     }
 }
 

@@ -1,8 +1,7 @@
 //! Running the external tools the harness needs, with errors that say what is missing.
 
-use std::ffi::{OsStr, OsString};
+use std::ffi::OsStr;
 use std::io::{Read, Write};
-use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
@@ -217,20 +216,6 @@ pub fn first_lines(text: &str) -> String {
     } else {
         lines.join(" | ")
     }
-}
-
-/// An `OsString` for a path, for argument lists mixing paths and strings.
-pub fn arg(p: impl AsRef<OsStr>) -> OsString {
-    p.as_ref().to_owned()
-}
-
-/// Whether a path's bytes are plain enough to appear in a line-based kernel file (no
-/// whitespace or control characters), used before matching paths in sysfs/mountinfo.
-pub fn plain_path(p: &Path) -> bool {
-    p.as_os_str()
-        .as_bytes()
-        .iter()
-        .all(|b| b.is_ascii_graphic() || *b >= 0x80)
 }
 
 #[cfg(test)]

@@ -4,6 +4,7 @@
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -109,7 +110,7 @@ impl FaultDisk {
     /// 512) in a fresh temp dir and waits until its FUSE mount is up.
     pub fn start_with(bin: &Path, size_bytes: u64) -> Result<FaultDisk> {
         sys::require_root()?;
-        if size_bytes == 0 || size_bytes % 512 != 0 {
+        if size_bytes == 0 || !size_bytes.is_multiple_of(512) {
             bail!("fault disk size {size_bytes} must be a positive multiple of 512");
         }
         if !bin.is_file() {
@@ -124,6 +125,9 @@ impl FaultDisk {
         let log = File::create(&log_path)
             .with_context(|| format!("creating server log {}", log_path.display()))?;
         let mut child = Command::new(bin)
+            // Own process group: a Ctrl-C aimed at the test run must not kill the server
+            // before it can clean up (it notices its client is gone by stdin EOF).
+            .process_group(0)
             .arg("--dir")
             .arg(&work_dir)
             .arg("--size")
@@ -397,8 +401,19 @@ impl FaultDisk {
 
     /// Makes the server exit at once without unmounting, and waits until it is gone:
     /// every later I/O on the loop devices fails (with EIO), like a vanished disk.
+    ///
+    /// The FUSE mount is detached from the mount namespace first (the loop devices keep
+    /// their open file, so they keep working until the server exits): a mount whose
+    /// server is dead answers ENOTCONN to anyone stat'ing it, and tools that walk the
+    /// mount table (mkfs.btrfs checking whether its device is mounted, df, ...) would
+    /// fail in every other test running meanwhile. [`image_path`](FaultDisk::image_path)
+    /// no longer resolves afterwards.
     pub fn vanish(&self) -> Result<()> {
-        self.call(&Request::Vanish).context("asking the server to vanish")?;
+        self.check_alive()?;
+        nix::mount::umount2(&self.mount_dir, nix::mount::MntFlags::MNT_DETACH)
+            .with_context(|| format!("detaching the FUSE mount {}", self.mount_dir.display()))?;
+        self.call(&Request::Vanish)
+            .context("asking the server to vanish")?;
         self.vanished.store(true, Ordering::SeqCst);
         let mut guard = lock(&self.child);
         if let Some(child) = guard.as_mut() {
@@ -547,15 +562,17 @@ impl Drop for FaultDisk {
 fn wait_child(child: &mut Child, timeout: Duration) -> Result<bool> {
     let mut exited = false;
     let mut err = None;
-    sys::wait_for(timeout, Duration::from_millis(10), || match child.try_wait() {
-        Ok(Some(_)) => {
-            exited = true;
-            true
-        }
-        Ok(None) => false,
-        Err(e) => {
-            err = Some(e);
-            true
+    sys::wait_for(timeout, Duration::from_millis(10), || {
+        match child.try_wait() {
+            Ok(Some(_)) => {
+                exited = true;
+                true
+            }
+            Ok(None) => false,
+            Err(e) => {
+                err = Some(e);
+                true
+            }
         }
     });
     match err {

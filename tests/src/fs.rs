@@ -60,6 +60,7 @@ pub struct Mount {
     target: PathBuf,
     source: PathBuf,
     fstype: String,
+    options: String,
     mounted: bool,
     /// The mount point when [`Mount::new`] made one; removed after unmounting.
     dir: Option<TempDir>,
@@ -89,27 +90,31 @@ impl Mount {
     ) -> Result<Mount> {
         let dev = dev.as_ref();
         let target = target.as_ref();
-        let mut args: Vec<&std::ffi::OsStr> = vec!["-t".as_ref(), fstype.as_ref()];
-        if !options.is_empty() {
-            args.push("-o".as_ref());
-            args.push(options.as_ref());
-        }
-        args.push(dev.as_os_str());
-        args.push(target.as_os_str());
-        cmd::run("mount", &args).with_context(|| {
-            format!(
-                "mounting {} ({fstype}, options {options:?}) on {}",
-                dev.display(),
-                target.display()
-            )
-        })?;
+        run_mount(dev, target, fstype, options)?;
         Ok(Mount {
             target: target.to_path_buf(),
             source: dev.to_path_buf(),
             fstype: fstype.to_string(),
+            options: options.to_string(),
             mounted: true,
             dir: None,
         })
+    }
+
+    /// Unmounts and mounts again (same device, place and options), for a guaranteed cold
+    /// cache: [`drop_caches`] cannot evict metadata blocks a filesystem still pins (ext4
+    /// keeps journalled blocks until a checkpoint, which a sync does not force), so a
+    /// cold *metadata* read needs this. Fails if the filesystem is busy.
+    pub fn cycle(&mut self) -> Result<()> {
+        if self.mounted {
+            nix::mount::umount2(&self.target, nix::mount::MntFlags::empty()).with_context(
+                || format!("unmounting {} to mount it again", self.target.display()),
+            )?;
+            self.mounted = false;
+        }
+        run_mount(&self.source, &self.target, &self.fstype, &self.options)?;
+        self.mounted = true;
+        Ok(())
     }
 
     /// The mount point.
@@ -150,6 +155,25 @@ impl Mount {
         }
         Ok(())
     }
+}
+
+/// `mount -t fstype [-o options] dev target`.
+fn run_mount(dev: &Path, target: &Path, fstype: &str, options: &str) -> Result<()> {
+    let mut args: Vec<&std::ffi::OsStr> = vec!["-t".as_ref(), fstype.as_ref()];
+    if !options.is_empty() {
+        args.push("-o".as_ref());
+        args.push(options.as_ref());
+    }
+    args.push(dev.as_os_str());
+    args.push(target.as_os_str());
+    cmd::run("mount", &args).with_context(|| {
+        format!(
+            "mounting {} ({fstype}, options {options:?}) on {}",
+            dev.display(),
+            target.display()
+        )
+    })?;
+    Ok(())
 }
 
 impl Drop for Mount {
@@ -196,7 +220,7 @@ pub fn partition(lo: &LoopDevice, sizes: &[u64]) -> Result<Vec<Partition>> {
             }
             script.push_str(&format!("type={LINUX_DATA_GUID}\n"));
         } else {
-            if size % 512 != 0 {
+            if !size.is_multiple_of(512) {
                 bail!("partition: size {size} is not a multiple of 512");
             }
             script.push_str(&format!("size={}, type={LINUX_DATA_GUID}\n", size / 512));
@@ -204,8 +228,12 @@ pub fn partition(lo: &LoopDevice, sizes: &[u64]) -> Result<Vec<Partition>> {
     }
     let dev = lo.path().to_path_buf();
     let dev_s = dev.to_string_lossy().into_owned();
-    cmd::run_input("sfdisk", &["-q", "--wipe", "always", &dev_s], script.as_bytes())
-        .with_context(|| format!("partitioning {dev_s} with sizes {sizes:?}"))?;
+    cmd::run_input(
+        "sfdisk",
+        &["-q", "--wipe", "always", &dev_s],
+        script.as_bytes(),
+    )
+    .with_context(|| format!("partitioning {dev_s} with sizes {sizes:?}"))?;
 
     let layout = sfdisk_layout(&dev_s)?;
     if layout.len() != sizes.len() {
@@ -294,7 +322,11 @@ struct BlkpgIoctlArg {
 
 const BLKPG_ADD_PARTITION: libc::c_int = 1;
 // BLKPG = _IO(0x12, 105)
-nix::ioctl_write_ptr_bad!(blkpg_ioctl, nix::request_code_none!(0x12, 105), BlkpgIoctlArg);
+nix::ioctl_write_ptr_bad!(
+    blkpg_ioctl,
+    nix::request_code_none!(0x12, 105),
+    BlkpgIoctlArg
+);
 
 fn blkpg_add_partition(disk: &File, pno: u32, start: u64, len: u64) -> Result<()> {
     let mut part = BlkpgPartition {
@@ -446,8 +478,11 @@ pub fn file_extents(path: &Path) -> Result<Vec<Extent>> {
 // Caches and sync
 
 /// `echo 3 > /proc/sys/vm/drop_caches`: drops clean page cache, dentries and inodes so
-/// the next buffered read goes to the device. Dirty pages stay: fsync or [`sync_fs`]
-/// first. (No global sync(2) here: it could block on someone else's stuck filesystem.)
+/// the next buffered read of file data goes to the device. Dirty pages stay: fsync or
+/// [`sync_fs`] first. Metadata blocks a filesystem still pins (ext4 directory blocks
+/// waiting for a journal checkpoint, measured to survive drop_caches after syncfs and
+/// 15 s) stay too: use [`Mount::cycle`] for those. (No global sync(2) here: it could
+/// block on someone else's stuck filesystem.)
 pub fn drop_caches() -> Result<()> {
     std::fs::write("/proc/sys/vm/drop_caches", "3").context("writing 3 to /proc/sys/vm/drop_caches")
 }

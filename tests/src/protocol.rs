@@ -252,7 +252,9 @@ pub struct Stats {
     pub total_injected: u64,
     /// Injected failures per (op, errno), sorted by op then errno.
     pub injected: Vec<ErrnoCount>,
-    /// Requests received per type, failed or not.
+    /// Requests received per type, failed or not. Includes the kernel's own: one FSYNC
+    /// when a loop device switches to direct I/O at attach, and the WRITE_ZEROES that
+    /// mkfs/BLKZEROOUT issue (they are fallocates, so they count as `discard`).
     pub requests: OpCounters,
     /// Bytes of requests received per type (flush: 0).
     pub bytes: OpCounters,

@@ -7,7 +7,6 @@ use anyhow::{bail, Context, Result};
 use nix::errno::Errno;
 use nix::mount::MntFlags;
 
-
 /// Fails unless running as root, which every real-kernel test needs.
 pub fn require_root() -> Result<()> {
     if nix::unistd::geteuid().is_root() {
@@ -62,7 +61,9 @@ fn unescape(field: &str) -> String {
             let oct = &b[i + 1..i + 4];
             if oct.iter().all(|c| (b'0'..=b'7').contains(c)) {
                 // Three octal digits fit in 9 bits; mountinfo only escapes bytes.
-                let v = oct.iter().fold(0u32, |acc, c| acc * 8 + u32::from(c - b'0'));
+                let v = oct
+                    .iter()
+                    .fold(0u32, |acc, c| acc * 8 + u32::from(c - b'0'));
                 if let Ok(v) = u8::try_from(v) {
                     out.push(v);
                     i += 4;
@@ -105,8 +106,8 @@ pub fn parse_mountinfo_line(line: &str) -> Option<MountInfo> {
 
 /// All mounts of this process's mount namespace, in mount order.
 pub fn mountinfo() -> Result<Vec<MountInfo>> {
-    let text = std::fs::read_to_string("/proc/self/mountinfo")
-        .context("reading /proc/self/mountinfo")?;
+    let text =
+        std::fs::read_to_string("/proc/self/mountinfo").context("reading /proc/self/mountinfo")?;
     Ok(text.lines().filter_map(parse_mountinfo_line).collect())
 }
 

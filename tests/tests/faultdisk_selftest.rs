@@ -4,7 +4,7 @@
 //! and FAIL, never skip, without them. Each test has its own disk, so they run in
 //! parallel.
 
-use std::io;
+use std::io::{self, Write};
 use std::path::Path;
 use std::time::Duration;
 
@@ -165,7 +165,10 @@ fn limit_fails_at_most_n_times_and_rules_can_be_cleared() -> Result<()> {
     let t = std::time::Instant::now();
     fs::o_direct_read(lo.path(), 0, 4096)?;
     let took = t.elapsed();
-    assert!(took >= Duration::from_millis(50), "delayed read took {took:?}");
+    assert!(
+        took >= Duration::from_millis(50),
+        "delayed read took {took:?}"
+    );
     disk.set_delay(Duration::ZERO)?;
 
     // An everything-rule, cleared: I/O works again, counters keep the history.
@@ -221,10 +224,7 @@ fn discard_and_flush_rules_are_counted() -> Result<()> {
     )
     .expect_err("discard in the failing range must fail");
     // The loop driver turns any fallocate error but EINVAL/EOPNOTSUPP into EIO.
-    assert!(
-        format!("{err:#}").contains("Input/output error"),
-        "{err:#}"
-    );
+    assert!(format!("{err:#}").contains("Input/output error"), "{err:#}");
     let stats = disk.stats()?;
     assert_eq!(stats.injected(Op::Discard, libc::ENOSPC), 1, "{stats:?}");
     assert_eq!(stats.total_injected, 1);
@@ -260,8 +260,8 @@ fn assert_nothing_left(image: &Path, loop_name: &str, maj_min: &str, mount_dir: 
     assert!(left.is_empty(), "mounts left behind: {left:#?}");
     let by_sysfs = sys::loops_backed_by(image).expect("scan loops");
     assert!(by_sysfs.is_empty(), "loop devices left: {by_sysfs:?}");
-    let out = cmd::run("losetup", &[std::ffi::OsStr::new("-j"), image.as_os_str()])
-        .expect("losetup -j");
+    let out =
+        cmd::run("losetup", &[std::ffi::OsStr::new("-j"), image.as_os_str()]).expect("losetup -j");
     assert_eq!(out.stdout.trim(), "", "losetup -j {}", image.display());
 }
 
@@ -320,7 +320,12 @@ fn ext4_file_on_partition_fails_exactly_where_fiemap_says() -> Result<()> {
 
     let part = &parts[1];
     fs::mkfs_ext4(&part.path)?;
-    let mnt = fs::Mount::new(&part.path, "ext4", "errors=remount-ro")?;
+    let mut mnt = fs::Mount::new(&part.path, "ext4", "errors=remount-ro")?;
+    let dir = mnt.path().join("dir");
+    std::fs::create_dir(&dir)?;
+    for i in 0..40 {
+        std::fs::write(dir.join(format!("file-{i:03}")), b"x")?;
+    }
     let victim = mnt.path().join("victim");
     let bystander = mnt.path().join("bystander");
     let payload: Vec<u8> = (0..64 * 1024).map(|i| (i % 251) as u8).collect();
@@ -369,6 +374,28 @@ fn ext4_file_on_partition_fails_exactly_where_fiemap_says() -> Result<()> {
     assert_eq!(got, vec![(off, 64 * 1024), (off, 4096)]);
     assert_eq!(stats.injected(Op::Read, libc::EIO), 2, "{stats:?}");
     assert_eq!(stats.total_injected, 2, "{stats:?}");
+
+    // Metadata: the directory block stays pinned in memory through drop_caches; after a
+    // remount its read goes to the disk and fails.
+    disk.clear_rules()?;
+    let dir_ext = fs::file_extents(&dir)?;
+    assert_eq!(dir_ext.len(), 1, "{dir_ext:?}");
+    mnt.cycle()?;
+    let dir_off = dir_ext[0].disk_offset(part.start_bytes);
+    disk.add_rule(Rule::new(Op::Read, libc::EIO).range(dir_off, dir_ext[0].len))?;
+    let listing = std::fs::read_dir(&dir).and_then(|it| it.collect::<io::Result<Vec<_>>>());
+    assert_eq!(
+        listing.as_ref().err().and_then(|e| e.raw_os_error()),
+        Some(libc::EIO),
+        "listing after remount: {:?}",
+        listing.map(|l| l.len())
+    );
+    let info = mnt.info()?;
+    eprintln!(
+        "after the directory read error: mount options {}, super options {}",
+        info.mount_options, info.super_options
+    );
+    assert!(disk.stats()?.injected(Op::Read, libc::EIO) >= 3);
     Ok(())
 }
 
@@ -381,13 +408,13 @@ fn xfs_and_btrfs_helpers_work_on_a_fault_disk() -> Result<()> {
     {
         let mnt = fs::Mount::new(lo.path(), "xfs", "")?;
         fs::xfs_fail_fast(lo.name())?;
-        let p = format!(
-            "/sys/fs/xfs/{}/error/metadata/EIO/max_retries",
-            lo.name()
-        );
+        let p = format!("/sys/fs/xfs/{}/error/metadata/EIO/max_retries", lo.name());
         assert_eq!(sys::read_sysfs(&p)?, "0");
         let info = mnt.info()?;
-        assert_eq!((info.fstype.as_str(), info.maj_min.as_str()), ("xfs", lo.maj_min()));
+        assert_eq!(
+            (info.fstype.as_str(), info.maj_min.as_str()),
+            ("xfs", lo.maj_min())
+        );
         std::fs::write(mnt.path().join("f"), vec![1u8; 8192])?;
         let ext = fs::file_extents(&mnt.path().join("f"))?;
         assert_eq!(ext.iter().map(|e| e.len).sum::<u64>(), 8192);
@@ -421,12 +448,19 @@ fn one_loop_request_is_one_fuse_request() -> Result<()> {
     let before = lo.stat()?;
     fs::o_direct_write(lo.path(), 0, &vec![5u8; 8 * MIB as usize])?;
     fs::o_direct_read(lo.path(), 0, 8 * MIB as usize)?;
-    cmd::run("blkdiscard", &["-f", "-o", "0", "-l", &(8 * MIB).to_string(), dev.as_str()])?;
+    cmd::run(
+        "blkdiscard",
+        &["-f", "-o", "0", "-l", &(8 * MIB).to_string(), dev.as_str()],
+    )?;
     // Buffered I/O too: the block device's page cache writes back in its own sizes when
     // the last opener closes it. (No fsync here: blkdev_issue_flush sends an empty
     // PREFLUSH write, which /sys/block/*/stat counts as a write but never reaches FUSE
     // as one; the flush itself arrives as FSYNC.)
-    std::fs::write(lo.path(), vec![6u8; 4 * MIB as usize])?;
+    // (OpenOptions without create: never make a regular file if the node were gone.)
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(lo.path())?
+        .write_all(&vec![6u8; 4 * MIB as usize])?;
     let after = lo.stat()?;
     let stats = disk.stats()?;
 
@@ -452,5 +486,86 @@ fn one_loop_request_is_one_fuse_request() -> Result<()> {
     assert_eq!(stats.requests.discard, loop_discards, "{stats:?}");
     assert!(stats.max_len.read <= u64::from(fit) * 1024);
     assert!(stats.max_len.write <= u64::from(fit) * 1024);
+    Ok(())
+}
+
+/// Set in the environment of the helper process of
+/// `orphaned_server_cleans_up_after_its_client_dies`.
+const ORPHAN_HELPER_ENV: &str = "FAULTDISK_SELFTEST_ORPHAN_HELPER";
+
+#[test]
+#[ignore = "helper process of orphaned_server_cleans_up_after_its_client_dies; does nothing \
+            unless that test runs it"]
+fn orphan_helper() {
+    if std::env::var_os(ORPHAN_HELPER_ENV).is_none() {
+        return;
+    }
+    let run = || -> Result<()> {
+        let disk = start(64 * MIB)?;
+        let lo = disk.attach_loop(false)?;
+        fs::mkfs_ext4(lo.path())?;
+        // Inside the work dir, which the orphaned server deletes after unmounting.
+        let target = disk.work_dir().join("fs");
+        std::fs::create_dir(&target)?;
+        let mnt = fs::Mount::at(lo.path(), &target, "ext4", "")?;
+        std::fs::write(mnt.path().join("f"), b"x")?;
+        println!(
+            "ORPHAN {} {} {} {} {} {}",
+            disk.server_pid(),
+            lo.name(),
+            lo.maj_min(),
+            disk.image_path().display(),
+            disk.mount_dir().display(),
+            disk.work_dir().display(),
+        );
+        io::stdout().flush()?;
+        // Die without running any destructor, like a killed test process.
+        std::process::abort();
+    };
+    if let Err(e) = run() {
+        println!("ORPHAN-ERROR {e:#}");
+    }
+}
+
+#[test]
+fn orphaned_server_cleans_up_after_its_client_dies() -> Result<()> {
+    health_tests::require_env(&[])?;
+    let exe = std::env::current_exe()?;
+    let out = std::process::Command::new(&exe)
+        .args([
+            "orphan_helper",
+            "--exact",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(ORPHAN_HELPER_ENV, "1")
+        .output()
+        .with_context(|| format!("running {} orphan_helper", exe.display()))?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let line = stdout
+        .lines()
+        // The harness prints "test orphan_helper ... " before the helper's own output.
+        .find_map(|l| l.split_once("ORPHAN ").map(|(_, rest)| rest))
+        .with_context(|| {
+            format!(
+                "helper printed no ORPHAN line ({}): {stdout} {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            )
+        })?;
+    assert!(!out.status.success(), "the helper must have aborted");
+    let f: Vec<&str> = line.split(' ').collect();
+    assert_eq!(f.len(), 6, "{line}");
+    let (pid, name, maj_min) = (f[0], f[1], f[2]);
+    let (image, mount_dir, work_dir) = (Path::new(f[3]), Path::new(f[4]), Path::new(f[5]));
+
+    let proc_dir = format!("/proc/{pid}");
+    let gone = sys::wait_for(Duration::from_secs(20), Duration::from_millis(50), || {
+        !Path::new(&proc_dir).exists()
+    });
+    assert!(gone, "orphaned server {pid} still running");
+    assert_nothing_left(image, name, maj_min, mount_dir);
+    assert!(!work_dir.exists(), "work dir {} left", work_dir.display());
     Ok(())
 }

@@ -22,7 +22,15 @@ const BPF_LINKER_VERSION: &str = "0.13.0";
 /// Debian's compiler, its cargo and its library source (for build-std).
 const COMPILER_PACKAGES: &[&str] = &["rustc-web", "cargo-web", "rust-web-src"];
 /// Tools the real-kernel tests and the demo drive.
-const TEST_PACKAGES: &[&str] = &["util-linux", "e2fsprogs", "xfsprogs", "btrfs-progs", "fdisk", "fuse3", "kmod"];
+const TEST_PACKAGES: &[&str] = &[
+    "util-linux",
+    "e2fsprogs",
+    "xfsprogs",
+    "btrfs-progs",
+    "fdisk",
+    "fuse3",
+    "kmod",
+];
 
 pub struct Toolchain {
     pub bpf_linker: PathBuf,
@@ -34,18 +42,26 @@ pub fn ensure() -> anyhow::Result<Toolchain> {
     let mut apt = Apt::default();
     apt.ensure(COMPILER_PACKAGES)?;
     let llvm_major = rustc_llvm_major()?;
-    let llvm_packages = [format!("llvm-{llvm_major}-dev"), format!("libllvm{llvm_major}")];
+    let llvm_packages = [
+        format!("llvm-{llvm_major}-dev"),
+        format!("libllvm{llvm_major}"),
+    ];
     let llvm_refs: Vec<&str> = llvm_packages.iter().map(String::as_str).collect();
     apt.ensure(&llvm_refs)?;
     apt.ensure(TEST_PACKAGES)?;
     let bpf_linker = ensure_bpf_linker(llvm_major)?;
-    Ok(Toolchain { bpf_linker, llvm_major })
+    Ok(Toolchain {
+        bpf_linker,
+        llvm_major,
+    })
 }
 
 /// "LLVM version: 22.1.8" in `rustc --version --verbose`.
 fn rustc_llvm_major() -> anyhow::Result<u32> {
     let text = output(Command::new(DEBIAN_RUSTC).args(["--version", "--verbose"]))?;
-    parse_llvm_major(&text).with_context(|| format!("no LLVM version in `{DEBIAN_RUSTC} --version --verbose`:\n{text}"))
+    parse_llvm_major(&text).with_context(|| {
+        format!("no LLVM version in `{DEBIAN_RUSTC} --version --verbose`:\n{text}")
+    })
 }
 
 fn parse_llvm_major(text: &str) -> Option<u32> {
@@ -114,7 +130,12 @@ fn ensure_bpf_linker(llvm_major: u32) -> anyhow::Result<PathBuf> {
     ));
     // /usr/bin/llvm-config may be another LLVM; point the build at ours.
     run(crate::util::cargo()
-        .args(["install", &format!("bpf-linker@{BPF_LINKER_VERSION}"), "--locked", "--no-default-features"])
+        .args([
+            "install",
+            &format!("bpf-linker@{BPF_LINKER_VERSION}"),
+            "--locked",
+            "--no-default-features",
+        ])
         .args(["--features", &format!("llvm-{llvm_major}"), "--root"])
         .arg(&root)
         .env("LLVM_PREFIX", format!("/usr/lib/llvm-{llvm_major}")))

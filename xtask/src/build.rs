@@ -20,25 +20,48 @@ pub fn all() -> anyhow::Result<Built> {
     say("building health-agent (release)");
     run(cargo()
         .current_dir(workspace_root())
-        .args(["build", "--release", "--package", "health-agent", "--bin", "health-agent"])
+        .args([
+            "build",
+            "--release",
+            "--package",
+            "health-agent",
+            "--bin",
+            "health-agent",
+        ])
         .env("HEALTH_EBPF_OBJECT", &ebpf_object))?;
     let agent = target_dir().join("release/health-agent");
-    say(format!("built {} (kernel programs embedded)", agent.display()));
+    say(format!(
+        "built {} (kernel programs embedded)",
+        agent.display()
+    ));
     Ok(Built { ebpf_object, agent })
 }
 
 pub fn target_dir() -> PathBuf {
-    std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| workspace_root().join("target"))
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target"))
 }
 
 /// Builds `health-ebpf` for bpfel-unknown-none with Debian's compiler.
 fn ebpf(toolchain: &bootstrap::Toolchain) -> anyhow::Result<PathBuf> {
     let root = workspace_root();
     let target_dir = root.join("target");
-    say(format!("building the kernel programs (Debian rustc, LLVM {})", toolchain.llvm_major));
+    say(format!(
+        "building the kernel programs (Debian rustc, LLVM {})",
+        toolchain.llvm_major
+    ));
     let mut cmd = Command::new(DEBIAN_CARGO);
     cmd.current_dir(root.join("health-ebpf"))
-        .args(["build", "--release", "--locked", "--target", "bpfel-unknown-none", "-Z", "build-std=core"])
+        .args([
+            "build",
+            "--release",
+            "--locked",
+            "--target",
+            "bpfel-unknown-none",
+            "-Z",
+            "build-std=core",
+        ])
         .arg("--target-dir")
         .arg(&target_dir)
         // rustup's proxies and the outer cargo's settings must not leak in:
@@ -52,12 +75,21 @@ fn ebpf(toolchain: &bootstrap::Toolchain) -> anyhow::Result<PathBuf> {
         .env("RUSTC", DEBIAN_RUSTC)
         // build-std is unstable; Debian's stable compiler allows it this way.
         .env("RUSTC_BOOTSTRAP", "1")
-        .env("CARGO_TARGET_BPFEL_UNKNOWN_NONE_LINKER", &toolchain.bpf_linker)
-        .env("CARGO_TARGET_BPFEL_UNKNOWN_NONE_RUSTFLAGS", "-C debuginfo=2 -C link-arg=--btf");
+        .env(
+            "CARGO_TARGET_BPFEL_UNKNOWN_NONE_LINKER",
+            &toolchain.bpf_linker,
+        )
+        .env(
+            "CARGO_TARGET_BPFEL_UNKNOWN_NONE_RUSTFLAGS",
+            "-C debuginfo=2 -C link-arg=--btf",
+        );
     run(&mut cmd).context("building the kernel programs")?;
     let object = target_dir.join("bpfel-unknown-none/release/health-ebpf");
     if !object.is_file() {
-        bail!("the eBPF build succeeded but {} is missing", object.display());
+        bail!(
+            "the eBPF build succeeded but {} is missing",
+            object.display()
+        );
     }
     Ok(object)
 }

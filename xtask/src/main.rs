@@ -5,8 +5,10 @@
 //! Debian's compiler, embedding it into the agent, and running the real-kernel
 //! tests, demo and benchmarks.
 
+mod bench;
 mod bootstrap;
 mod build;
+mod demo;
 mod util;
 
 use std::process::ExitCode;
@@ -36,6 +38,10 @@ enum Command {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// Build, then show the agent catching real I/O errors on a fault disk (root, ~1 minute).
+    Demo,
+    /// Build, then measure latency, overhead, an error flood and the event path (root); updates BENCHMARKS.md.
+    Bench(bench::BenchArgs),
 }
 
 fn main() -> ExitCode {
@@ -44,9 +50,20 @@ fn main() -> ExitCode {
         Command::Build => build::all().map(|_| ()),
         Command::Run { args } => build::all().and_then(|b| build::run_agent(&b, &args)),
         Command::Test { args } => build::test(&args),
+        Command::Demo => demo::run(),
+        Command::Bench(args) => bench::run_bench(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        // Ctrl-C: everything was cleaned up on the way out; exit as a shell
+        // reports a SIGINT.
+        Err(e) if e.is::<bench::interrupt::Interrupted>() || bench::interrupt::interrupted() => {
+            if !e.is::<bench::interrupt::Interrupted>() {
+                eprintln!("xtask: stopped by a signal: {e:#}");
+            }
+            eprintln!("xtask: interrupted");
+            ExitCode::from(130)
+        }
         Err(e) => {
             eprintln!("xtask: error: {e:#}");
             ExitCode::FAILURE

@@ -8,7 +8,10 @@ use anyhow::{bail, Context};
 /// The workspace root (xtask lives one level below it).
 pub fn workspace_root() -> PathBuf {
     let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    manifest.parent().expect("xtask sits inside the workspace").to_path_buf()
+    manifest
+        .parent()
+        .expect("xtask sits inside the workspace")
+        .to_path_buf()
 }
 
 pub fn say(msg: impl AsRef<str>) {
@@ -31,7 +34,11 @@ pub fn output(cmd: &mut Command) -> anyhow::Result<String> {
     let line = format!("{cmd:?}");
     let out = cmd.output().with_context(|| format!("starting {line}"))?;
     if !out.status.success() {
-        bail!("{line} failed with {}: {}", out.status, String::from_utf8_lossy(&out.stderr).trim());
+        bail!(
+            "{line} failed with {}: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }

@@ -1,0 +1,310 @@
+//! `health-agent volumes`: a one-shot view of every pod volume on this node
+//! and its conditions.
+//!
+//! Discovery, device resolution, the built-in checks and the CSI probes run
+//! once; checks and CSI run concurrently, each call bounded by the timeout,
+//! so a hung path or driver costs at most about three timeouts (CSI: name
+//! and capabilities, then one health call) and delays nothing else. Without
+//! the live kernel collector, past kernel evidence comes from ext4's own
+//! error record ([`super::ext4_error_evidence`]).
+//!
+//! The JSON is an array with one object per pod volume, sorted by pod uid and
+//! volume name; README.md documents each field.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use health_csi::DriverOverride;
+use serde::Serialize;
+
+use super::{run_checks, CsiOutcome, CsiProber, CsiResult, Ext4Errors, VolumeIndex, VolumeMonitor};
+use crate::checks::{CheckConfig, CheckReport, Checker};
+use crate::conditions::{rfc3339, CheckResult, Condition, ConditionConfig, Status};
+use crate::dev::Dev;
+use crate::kubelet::{self, VolumeKind, VolumeMode};
+use crate::topology::{HostPaths, MountEntry, Topology, TopologyError};
+
+#[derive(Clone, Debug)]
+pub struct ViewOptions {
+    pub host: HostPaths,
+    pub kubelet_root: PathBuf,
+    /// Timeout and thresholds of the checks; the timeout also bounds each
+    /// CSI call.
+    pub check: CheckConfig,
+    pub csi_overrides: Vec<DriverOverride>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ViewError {
+    #[error("reading the device topology: {0}")]
+    Topology(#[from] TopologyError),
+    #[error("a discovery thread failed: {0}")]
+    Join(#[from] tokio::task::JoinError),
+}
+
+/// One condition as `volumes` prints it.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ConditionView {
+    pub status: Status,
+    pub reason: String,
+    pub message: String,
+    /// RFC 3339: when this (status, reason) became true.
+    pub since: String,
+    /// RFC 3339: when evidence last confirmed it.
+    pub last_probe: String,
+    /// Who said so: `check/read-only`, `csi-node`, `ext4-superblock`, ...
+    pub source: String,
+}
+
+/// A probe that could not tell: not a condition, and not health either.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ProbeFailure {
+    pub source: String,
+    pub error: String,
+}
+
+/// One pod volume.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct VolumeView {
+    pub pod_uid: String,
+    /// Null for inline ephemeral volumes.
+    pub pv: Option<String>,
+    /// The directory name kubelet uses under the pod (the PV name, or the
+    /// pod's volume name for inline ephemeral volumes).
+    pub name: String,
+    pub driver: Option<String>,
+    pub volume_handle: Option<String>,
+    pub volume_mode: VolumeMode,
+    pub kind: VolumeKind,
+    /// The pod's mount point (filesystem) or device path (block).
+    pub path: PathBuf,
+    pub staging_path: Option<PathBuf>,
+    /// MAJ:MIN of the filesystem (filesystem mode) or the device node (block).
+    pub device: Option<Dev>,
+    /// Kernel name of `device`, when it is a block device.
+    pub disk: Option<String>,
+    /// Where the volume is mounted (the pod's path), null when it is not
+    /// mounted or a block volume.
+    pub mount: Option<PathBuf>,
+    pub fs_type: Option<String>,
+    /// The worst condition's status, null when there is none.
+    pub worst: Option<Status>,
+    /// Worst first.
+    pub conditions: Vec<ConditionView>,
+    pub probe_failures: Vec<ProbeFailure>,
+    /// The CSI node plugin's answer; null for volumes without a CSI driver.
+    pub csi: Option<CsiOutcome>,
+}
+
+/// Discovers, resolves, checks and probes every pod volume once.
+pub async fn collect(opts: &ViewOptions) -> Result<Vec<VolumeView>, ViewError> {
+    let host = opts.host.clone();
+    let root = opts.kubelet_root.clone();
+    // Blocking file I/O, none of it on the volumes themselves.
+    let (topo, index) = tokio::task::spawn_blocking(move || {
+        let topo = Topology::scan(&host)?;
+        let volumes = kubelet::discover(&root);
+        let index = VolumeIndex::build(&topo, volumes);
+        Ok::<_, ViewError>((topo, index))
+    })
+    .await??;
+
+    let checker = Checker::new(opts.check.clone());
+    let mounts: Arc<[MountEntry]> = topo.mounts().into();
+    let checks = run_checks(&checker, index.volumes(), mounts);
+    let csi = async {
+        let prober = CsiProber::connect(
+            Some(&opts.kubelet_root),
+            &opts.csi_overrides,
+            opts.check.timeout,
+        )
+        .await;
+        prober.probe(index.volumes()).await
+    };
+    let (checks, csi) = tokio::join!(checks, csi);
+    if checker.stuck_probes() > 0 {
+        tracing::warn!(
+            stuck = checker.stuck_probes(),
+            "some volume probes are still blocked in the kernel"
+        );
+    }
+
+    let now = SystemTime::now();
+    let mut failures: Vec<(super::VolumeKey, ProbeFailure)> = Vec::new();
+    for (key, report) in &checks {
+        failures.extend(check_failures(report).map(|f| (key.clone(), f)));
+    }
+    for o in &csi {
+        if let CsiResult::ProbeFailed { error } = &o.result {
+            let failure = ProbeFailure {
+                source: "csi-node".into(),
+                error: error.clone(),
+            };
+            failures.push((o.key.clone(), failure));
+        }
+    }
+    let mut monitor = VolumeMonitor::new(index, ConditionConfig::default());
+    monitor.apply_checks(now, checks);
+    monitor.apply_csi(now, &csi);
+
+    let index = Arc::clone(monitor.index());
+    let mut views = Vec::with_capacity(index.len());
+    for v in index.volumes() {
+        let mount = match v.volume.volume_mode {
+            VolumeMode::Filesystem => topo
+                .mounts()
+                .iter()
+                .rev()
+                .find(|m| m.mount_point == v.volume.path),
+            VolumeMode::Block => None,
+        };
+        let disk = v
+            .device
+            .and_then(|d| topo.device(d))
+            .map(|b| b.name.clone());
+        let mut conditions: Vec<ConditionView> = monitor
+            .health(&v.key)
+            .map(|h| h.conditions().iter().map(condition_view).collect())
+            .unwrap_or_default();
+        if let (Some(m), Some(name)) = (mount, &disk) {
+            if let Some(e) = ext4_errors(&opts.host.sys_root, m, name) {
+                merge(&mut conditions, ext4_condition(&e, now));
+            }
+        }
+        views.push(VolumeView {
+            pod_uid: v.volume.pod_uid.clone(),
+            pv: v.volume.pv.clone(),
+            name: v.volume.pod_volume_dir_name.clone(),
+            driver: v.volume.driver.clone(),
+            volume_handle: v.volume.volume_handle.clone(),
+            volume_mode: v.volume.volume_mode,
+            kind: v.volume.kind,
+            path: v.volume.path.clone(),
+            staging_path: v.volume.staging_path.clone(),
+            device: v.device,
+            disk,
+            mount: mount.map(|m| m.mount_point.clone()),
+            fs_type: mount.map(|m| m.fs_type.clone()),
+            worst: conditions.first().map(|c| c.status),
+            conditions,
+            probe_failures: failures
+                .iter()
+                .filter(|(k, _)| *k == v.key)
+                .map(|(_, f)| f.clone())
+                .collect(),
+            csi: csi.iter().find(|o| o.key == v.key).cloned(),
+        });
+    }
+    Ok(views)
+}
+
+fn check_failures(report: &CheckReport) -> impl Iterator<Item = ProbeFailure> + '_ {
+    report.results.iter().filter_map(|(kind, r)| match r {
+        CheckResult::ProbeFailed(e) => Some(ProbeFailure {
+            source: format!("check/{kind}"),
+            error: e.clone(),
+        }),
+        _ => None,
+    })
+}
+
+fn condition_view(c: &Condition) -> ConditionView {
+    ConditionView {
+        status: c.status,
+        reason: c.reason.clone(),
+        message: c.message.clone(),
+        since: rfc3339(c.since),
+        last_probe: rfc3339(c.last_probe),
+        source: c.source.to_string(),
+    }
+}
+
+/// ext2/3/4 mounts are served by the ext4 driver and have its record.
+fn ext4_errors(sys_root: &Path, mount: &MountEntry, disk: &str) -> Option<Ext4Errors> {
+    if !matches!(mount.fs_type.as_str(), "ext4" | "ext3" | "ext2") {
+        return None;
+    }
+    match super::ext4_error_evidence(sys_root, disk) {
+        Ok(e) => e,
+        Err(e) => {
+            tracing::debug!(disk, "no ext4 error record: {e}");
+            None
+        }
+    }
+}
+
+fn ext4_condition(e: &Ext4Errors, now: SystemTime) -> ConditionView {
+    ConditionView {
+        status: Ext4Errors::STATUS,
+        reason: Ext4Errors::REASON.into(),
+        message: e.message(),
+        since: rfc3339(e.first.unwrap_or(now)),
+        last_probe: rfc3339(now),
+        source: "ext4-superblock".into(),
+    }
+}
+
+/// Adds `c` unless a condition with its (status, reason) is there; keeps
+/// the list worst first.
+fn merge(conditions: &mut Vec<ConditionView>, c: ConditionView) {
+    if conditions
+        .iter()
+        .any(|have| have.status == c.status && have.reason == c.reason)
+    {
+        return;
+    }
+    conditions.push(c);
+    conditions.sort_by(|a, b| (a.status, &a.reason).cmp(&(b.status, &b.reason)));
+}
+
+/// The human view: one block per volume.
+pub fn human(views: &[VolumeView]) -> String {
+    if views.is_empty() {
+        return "no pod volumes found\n".into();
+    }
+    let mut out = String::new();
+    for v in views {
+        let pv = v.pv.as_deref().unwrap_or("(inline)");
+        let driver = v.driver.as_deref().unwrap_or("local");
+        let device = v.device.map_or_else(|| "-".to_string(), |d| d.to_string());
+        let disk = v
+            .disk
+            .as_deref()
+            .map(|d| format!(" {d}"))
+            .unwrap_or_default();
+        let place = match (&v.mount, v.volume_mode) {
+            (Some(m), _) => format!(" on {}", m.display()),
+            (None, VolumeMode::Block) => format!(" at {}", v.path.display()),
+            (None, VolumeMode::Filesystem) => " (not mounted)".to_string(),
+        };
+        let mode = match v.volume_mode {
+            VolumeMode::Filesystem => "Filesystem",
+            VolumeMode::Block => "Block",
+        };
+        let state = v
+            .worst
+            .map_or_else(|| "Healthy".to_string(), |s| s.to_string());
+        out.push_str(&format!(
+            "pod {} pv {pv} ({driver}, {mode}) {device}{disk}{place}: {state}\n",
+            v.pod_uid
+        ));
+        for c in &v.conditions {
+            out.push_str(&format!(
+                "  {} {} since {} [{}]: {}\n",
+                c.status, c.reason, c.since, c.source, c.message
+            ));
+        }
+        for f in &v.probe_failures {
+            out.push_str(&format!("  probe failed [{}]: {}\n", f.source, f.error));
+        }
+    }
+    out
+}
+
+/// A timeout given in seconds on the command line.
+pub fn timeout_from_secs(secs: f64) -> Option<Duration> {
+    Duration::try_from_secs_f64(secs)
+        .ok()
+        .filter(|d| !d.is_zero())
+}

@@ -1,0 +1,282 @@
+//! Pod volumes while `watch` runs: the index that annotates events, kept
+//! current, and the conditions of each volume from kernel errors, checks and
+//! CSI, printed when they change.
+//!
+//! `watch.rs` calls in at four points: after each topology rescan
+//! ([`WatchVolumes::topology_changed`]), after a mount-table change
+//! ([`WatchVolumes::rediscover`]), with each batch of kernel errors
+//! ([`WatchVolumes::record`]), and in its select loop ([`next_wake`] then
+//! [`WatchVolumes::handle`]). Checks and CSI probes run in a spawned task so
+//! that a hung volume never holds up the event stream; at most one round is
+//! in flight.
+
+use std::io::Write as _;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use health_csi::DriverOverride;
+use tokio::sync::Mutex;
+use tokio::task::JoinHandle;
+use tokio::time::{Instant, Interval, MissedTickBehavior};
+
+use super::{
+    run_checks, CsiOutcome, CsiProber, IndexedVolume, VolumeChanges, VolumeIndex, VolumeKey,
+    VolumeMonitor,
+};
+use crate::checks::{CheckConfig, CheckReport, Checker};
+use crate::collector::KernelError;
+use crate::conditions::{Change, ConditionConfig};
+use crate::kubelet::{self, KubeletVolume};
+use crate::topology::{MountEntry, Topology};
+
+#[derive(Clone, Debug)]
+pub struct WatchVolumesConfig {
+    pub kubelet_root: PathBuf,
+    pub check: CheckConfig,
+    /// Checks and kubelet rediscovery.
+    pub check_interval: Duration,
+    /// CSI node health calls, per volume. Longer than the check interval by
+    /// default: each is a request to a driver, and kubelet itself asks only
+    /// every minute or two.
+    pub csi_interval: Duration,
+    pub csi_overrides: Vec<DriverOverride>,
+    pub conditions: ConditionConfig,
+}
+
+/// Default interval of CSI node health calls.
+pub const DEFAULT_CSI_INTERVAL: Duration = Duration::from_secs(60);
+/// Kernel errors are handed to the condition machine at most this often, so
+/// a flood costs one observation per volume per interval.
+const KERNEL_FLUSH_EVERY: Duration = Duration::from_secs(1);
+
+/// What woke the volume side of the watch loop.
+#[derive(Debug)]
+pub enum Wake {
+    CheckTick,
+    FlushKernel,
+    Round(Result<RoundResult, tokio::task::JoinError>),
+}
+
+#[derive(Debug)]
+pub struct RoundResult {
+    checks: Vec<(VolumeKey, CheckReport)>,
+    csi: Option<Vec<CsiOutcome>>,
+}
+
+pub struct WatchVolumes {
+    cfg: WatchVolumesConfig,
+    json: bool,
+    discovered: Vec<KubeletVolume>,
+    monitor: VolumeMonitor,
+    checker: Checker,
+    csi: Arc<Mutex<Option<CsiProber>>>,
+    check_tick: Interval,
+    flush_tick: Interval,
+    next_csi: Instant,
+    round: Option<JoinHandle<RoundResult>>,
+}
+
+impl WatchVolumes {
+    /// Discovers the volumes now; the first check round starts at once.
+    pub fn new(cfg: WatchVolumesConfig, topo: &Topology, json: bool) -> Self {
+        let discovered = kubelet::discover(&cfg.kubelet_root);
+        let index = VolumeIndex::build(topo, discovered.clone());
+        tracing::info!(
+            root = %cfg.kubelet_root.display(),
+            volumes = index.len(),
+            "watching pod volumes"
+        );
+        let mut check_tick = tokio::time::interval(cfg.check_interval);
+        check_tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        let mut flush_tick = tokio::time::interval(KERNEL_FLUSH_EVERY);
+        flush_tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        Self {
+            monitor: VolumeMonitor::new(index, cfg.conditions.clone()),
+            checker: Checker::new(cfg.check.clone()),
+            cfg,
+            json,
+            discovered,
+            csi: Arc::new(Mutex::new(None)),
+            check_tick,
+            flush_tick,
+            next_csi: Instant::now(),
+            round: None,
+        }
+    }
+
+    pub fn index(&self) -> &VolumeIndex {
+        self.monitor.index()
+    }
+
+    /// Re-resolves the known volumes against a new topology.
+    pub fn topology_changed(&mut self, topo: &Topology) {
+        self.rebuild(topo);
+    }
+
+    /// Reads the kubelet tree again (a mount change usually means a volume
+    /// came or went) and rebuilds the index.
+    pub fn rediscover(&mut self, topo: &Topology) {
+        self.discovered = kubelet::discover(&self.cfg.kubelet_root);
+        self.rebuild(topo);
+    }
+
+    fn rebuild(&mut self, topo: &Topology) {
+        let index = VolumeIndex::build(topo, self.discovered.clone());
+        let before = self.monitor.index().len();
+        let gone = self.monitor.replace_index(index);
+        if before != self.monitor.index().len() || !gone.is_empty() {
+            tracing::info!(
+                volumes = self.monitor.index().len(),
+                gone = gone.len(),
+                "pod volumes changed"
+            );
+        }
+    }
+
+    /// Accounts a batch of kernel errors to their volumes (handed to the
+    /// condition machine on the next flush tick).
+    pub fn record(&mut self, batch: &[KernelError]) {
+        let now = SystemTime::now();
+        for e in batch {
+            self.monitor.record(e, now);
+        }
+    }
+
+    /// Handles what [`next_wake`] returned; prints condition changes.
+    pub fn handle(&mut self, wake: Wake, topo: &Topology) {
+        let now = SystemTime::now();
+        let changes = match wake {
+            Wake::FlushKernel => self.monitor.flush_kernel(now),
+            Wake::CheckTick => {
+                self.rediscover(topo);
+                if self.round.is_none() {
+                    self.start_round(topo);
+                }
+                let mut changes = self.monitor.flush_kernel(now);
+                changes.extend(self.monitor.tick(now));
+                changes
+            }
+            Wake::Round(result) => {
+                self.round = None;
+                match result {
+                    Ok(r) => {
+                        let mut changes = self.monitor.apply_checks(now, r.checks);
+                        if let Some(csi) = r.csi {
+                            changes.extend(self.monitor.apply_csi(now, &csi));
+                        }
+                        changes
+                    }
+                    Err(e) => {
+                        tracing::warn!("a volume check round failed: {e}");
+                        Vec::new()
+                    }
+                }
+            }
+        };
+        self.print(&changes);
+    }
+
+    fn start_round(&mut self, topo: &Topology) {
+        let volumes: Vec<IndexedVolume> = self.monitor.index().volumes().to_vec();
+        let mounts: Arc<[MountEntry]> = topo.mounts().into();
+        let checker = self.checker.clone();
+        let csi_due = Instant::now() >= self.next_csi;
+        if csi_due {
+            self.next_csi = Instant::now() + self.cfg.csi_interval;
+        }
+        let csi = Arc::clone(&self.csi);
+        let root = self.cfg.kubelet_root.clone();
+        let overrides = self.cfg.csi_overrides.clone();
+        let timeout = self.cfg.check.timeout;
+        self.round = Some(tokio::spawn(async move {
+            let checks = run_checks(&checker, &volumes, mounts);
+            let probe = async {
+                if !csi_due {
+                    return None;
+                }
+                let mut guard = csi.lock().await;
+                match guard.as_mut() {
+                    Some(p) => p.refresh(Some(&root)).await,
+                    None => {
+                        *guard = Some(CsiProber::connect(Some(&root), &overrides, timeout).await)
+                    }
+                }
+                match guard.as_ref() {
+                    Some(p) => Some(p.probe(&volumes).await),
+                    None => None,
+                }
+            };
+            let (checks, csi) = tokio::join!(checks, probe);
+            RoundResult { checks, csi }
+        }));
+    }
+
+    fn print(&self, changes: &[VolumeChanges]) {
+        if changes.is_empty() {
+            return;
+        }
+        let mut text = String::new();
+        for vc in changes {
+            let pv = self
+                .monitor
+                .index()
+                .get(&vc.key)
+                .and_then(|v| v.volume.pv.clone())
+                .unwrap_or_else(|| vc.key.name.clone());
+            for c in &vc.changes {
+                let line = match c {
+                    Change::Raised(c) => {
+                        format!(
+                            "raised {} {} [{}]: {}",
+                            c.status, c.reason, c.source, c.message
+                        )
+                    }
+                    Change::Updated { condition: c, .. } => {
+                        format!(
+                            "updated {} {} [{}]: {}",
+                            c.status, c.reason, c.source, c.message
+                        )
+                    }
+                    Change::Cleared(c) => {
+                        format!("cleared {} {} [{}]", c.status, c.reason, c.source)
+                    }
+                };
+                text.push_str(&format!("volume pod {} pv {pv}: {line}\n", vc.key.pod_uid));
+            }
+        }
+        // JSON mode keeps stdout a pure event stream.
+        let written = if self.json {
+            std::io::stderr().lock().write_all(text.as_bytes())
+        } else {
+            let mut out = std::io::stdout().lock();
+            out.write_all(text.as_bytes()).and_then(|()| out.flush())
+        };
+        if let Err(e) = written {
+            tracing::warn!("printing volume condition changes: {e}");
+        }
+    }
+}
+
+/// Waits for the next thing the volume side must do; never resolves when
+/// volumes are not watched. Cancel-safe (ticks and the join handle are).
+pub async fn next_wake(volumes: &mut Option<WatchVolumes>) -> Wake {
+    let Some(v) = volumes else {
+        return std::future::pending().await;
+    };
+    let has_pending = v.monitor.has_pending();
+    tokio::select! {
+        _ = v.check_tick.tick() => Wake::CheckTick,
+        _ = v.flush_tick.tick(), if has_pending => Wake::FlushKernel,
+        r = wait_round(&mut v.round) => Wake::Round(r),
+    }
+}
+
+async fn wait_round(
+    round: &mut Option<JoinHandle<RoundResult>>,
+) -> Result<RoundResult, tokio::task::JoinError> {
+    match round {
+        Some(h) => h.await,
+        None => std::future::pending().await,
+    }
+}

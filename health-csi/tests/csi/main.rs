@@ -1,0 +1,9 @@
+//! Integration tests of health-csi over real unix sockets in temp dirs.
+//!
+//! One test binary with modules rather than one binary per file: each binary
+//! links tonic, hyper and the test driver again, which cost about a minute of
+//! build time per file on the project's 2-core machines.
+
+mod controller;
+mod driver_set;
+mod node;

@@ -1,0 +1,805 @@
+//! Pod volumes against the real kernel: a kubelet-like tree in a temp root,
+//! with real loop-mounted filesystems over fault disks bind-mounted where
+//! kubelet puts them, a real block-mode device node, in-process CSI drivers
+//! of every generation, and the real agent binary.
+//!
+//! Layout made here (relative to the temp kubelet root), as kubelet makes it:
+//! - staging: `plugins/kubernetes.io/csi/pv/<pv>/globalmount` (the older
+//!   layout, with `vol_data.json` beside it), the filesystem mounted there;
+//! - filesystem volumes: `pods/<uid>/volumes/kubernetes.io~csi/<pv>/mount`, a
+//!   bind mount of the staging mount, `vol_data.json` beside `mount`;
+//! - block volumes: `pods/<uid>/volumeDevices/kubernetes.io~csi/<pv>`, a
+//!   device node, metadata in
+//!   `plugins/kubernetes.io/csi/volumeDevices/<pv>/data/vol_data.json`;
+//! - local PVs: `pods/<uid>/volumes/kubernetes.io~local-volume/<pv>`;
+//! - CSI node plugins: `plugins/<driver>/csi.sock`.
+//!
+//! These tests need root and fail (not skip) without it.
+
+use std::collections::BTreeMap;
+use std::fs::OpenOptions;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use health_csi::testing::{DriverMode, TestDriver, TestDriverHandle};
+use health_csi::{HealthEntry, HealthStatus};
+use health_tests::agent::{agent_bin, Agent, AgentRun};
+use health_tests::{fs, require_env, FaultDisk, LoopDevice, Mount, Op, Rule};
+use serde_json::{json, Value};
+use tempfile::TempDir;
+
+const MIB: u64 = 1 << 20;
+const EIO: i32 = libc::EIO;
+const WAIT: Duration = Duration::from_secs(15);
+
+const POD_A: &str = "0a0a0a0a-0000-4000-8000-00000000000a";
+const POD_B: &str = "0b0b0b0b-0000-4000-8000-00000000000b";
+const POD_C: &str = "0c0c0c0c-0000-4000-8000-00000000000c";
+const POD_D: &str = "0d0d0d0d-0000-4000-8000-00000000000d";
+const POD_E: &str = "0e0e0e0e-0000-4000-8000-00000000000e";
+const POD_F: &str = "0f0f0f0f-0000-4000-8000-00000000000f";
+const DRIVER: &str = "disk.csi.volume-health.test";
+
+/// A kubelet-like tree and everything mounted in it. Torn down in reverse:
+/// mounts, then loop devices, then fault disks, also after a failed test.
+struct Tree {
+    root: TempDir,
+    mounts: Vec<Mount>,
+    loops: Vec<LoopDevice>,
+    disks: Vec<FaultDisk>,
+}
+
+impl Drop for Tree {
+    fn drop(&mut self) {
+        while let Some(m) = self.mounts.pop() {
+            drop(m);
+        }
+        while let Some(l) = self.loops.pop() {
+            drop(l);
+        }
+        self.disks.clear();
+    }
+}
+
+fn vol_data(pv: &str, handle: &str, driver: &str) -> String {
+    json!({
+        "attachmentID": format!("csi-{handle}"),
+        "driverName": driver,
+        "nodeName": "node-1",
+        "specVolID": pv,
+        "volumeHandle": handle,
+        "volumeLifecycleMode": "Persistent",
+    })
+    .to_string()
+}
+
+impl Tree {
+    fn new() -> Result<Tree> {
+        let root = tempfile::Builder::new().prefix("kubelet-").tempdir()?;
+        Ok(Tree {
+            root,
+            mounts: Vec::new(),
+            loops: Vec::new(),
+            disks: Vec::new(),
+        })
+    }
+
+    fn root(&self) -> &Path {
+        self.root.path()
+    }
+
+    fn root_arg(&self) -> &str {
+        self.root().to_str().expect("temp paths are UTF-8")
+    }
+
+    /// A fault disk with a loop device over it; returns its index.
+    fn disk(&mut self, size: u64) -> Result<usize> {
+        let disk = FaultDisk::start(size)?;
+        let lo = disk.attach_loop(false)?;
+        self.disks.push(disk);
+        self.loops.push(lo);
+        Ok(self.loops.len() - 1)
+    }
+
+    fn lo(&self, i: usize) -> &LoopDevice {
+        &self.loops[i]
+    }
+
+    fn fault(&self, i: usize) -> &FaultDisk {
+        &self.disks[i]
+    }
+
+    /// mkfs on disk `i` and mount it at the PV's staging path.
+    fn stage(
+        &mut self,
+        i: usize,
+        fstype: &str,
+        options: &str,
+        pv: &str,
+        handle: &str,
+    ) -> Result<PathBuf> {
+        let dev = self.lo(i).path().to_path_buf();
+        match fstype {
+            "ext4" => fs::mkfs_ext4(&dev)?,
+            "xfs" => fs::mkfs_xfs(&dev)?,
+            other => bail!("no mkfs for {other}"),
+        }
+        let dir = self.root().join("plugins/kubernetes.io/csi/pv").join(pv);
+        let staging = dir.join("globalmount");
+        std::fs::create_dir_all(&staging)?;
+        std::fs::write(dir.join("vol_data.json"), vol_data(pv, handle, DRIVER))?;
+        self.mounts
+            .push(Mount::at(&dev, &staging, fstype, options)?);
+        Ok(staging)
+    }
+
+    /// The pod's volume directory with `vol_data.json` and an empty `mount`.
+    fn pod_volume_dir(&self, pod: &str, pv: &str, handle: &str, driver: &str) -> Result<PathBuf> {
+        let dir = self
+            .root()
+            .join("pods")
+            .join(pod)
+            .join("volumes/kubernetes.io~csi")
+            .join(pv);
+        std::fs::create_dir_all(dir.join("mount"))?;
+        std::fs::write(dir.join("vol_data.json"), vol_data(pv, handle, driver))?;
+        Ok(dir.join("mount"))
+    }
+
+    /// Publishes a staged PV to a pod: a bind mount, as kubelet's CSI
+    /// drivers make it.
+    fn publish(&mut self, pod: &str, pv: &str, handle: &str, staging: &Path) -> Result<PathBuf> {
+        let mount = self.pod_volume_dir(pod, pv, handle, DRIVER)?;
+        self.mounts
+            .push(Mount::at(staging, &mount, "none", "bind")?);
+        Ok(mount)
+    }
+
+    /// A filesystem volume of `driver` on a small tmpfs (for CSI tests: the
+    /// filesystem itself stays healthy).
+    fn tmpfs_volume(&mut self, pod: &str, pv: &str, handle: &str, driver: &str) -> Result<PathBuf> {
+        let mount = self.pod_volume_dir(pod, pv, handle, driver)?;
+        self.mounts
+            .push(Mount::at("tmpfs", &mount, "tmpfs", "size=8m")?);
+        Ok(mount)
+    }
+
+    /// A block-mode volume: a device node for disk `i` in the pod's dir.
+    fn block(&self, i: usize, pod: &str, pv: &str, handle: &str) -> Result<PathBuf> {
+        let node = self
+            .root()
+            .join("pods")
+            .join(pod)
+            .join("volumeDevices/kubernetes.io~csi")
+            .join(pv);
+        std::fs::create_dir_all(node.parent().context("node has a parent")?)?;
+        let lo = self.lo(i);
+        nix::sys::stat::mknod(
+            &node,
+            nix::sys::stat::SFlag::S_IFBLK,
+            nix::sys::stat::Mode::from_bits_truncate(0o600),
+            libc::makedev(lo.major(), lo.minor()),
+        )
+        .with_context(|| format!("mknod {}", node.display()))?;
+        let data = self
+            .root()
+            .join("plugins/kubernetes.io/csi/volumeDevices")
+            .join(pv)
+            .join("data");
+        std::fs::create_dir_all(&data)?;
+        std::fs::write(data.join("vol_data.json"), vol_data(pv, handle, DRIVER))?;
+        Ok(node)
+    }
+}
+
+/// Writes a file, syncs it and makes the fault disk fail reads of its first
+/// extent; reading it cold then fails with EIO. Returns the injected count.
+fn fail_cold_read(tree: &Tree, disk: usize, dir: &Path, name: &str) -> Result<u64> {
+    let file = dir.join(name);
+    std::fs::write(&file, vec![0x5a; 256 * 1024])?;
+    fs::sync_fs(dir)?;
+    let extent = fs::file_extents(&file)?[0];
+    assert!(extent.is_mapped(), "{extent:?}");
+    let before = tree.fault(disk).stats()?.injected(Op::Read, EIO);
+    fs::drop_caches()?;
+    let rule = tree
+        .fault(disk)
+        .add_rule(Rule::new(Op::Read, EIO).range(extent.physical, extent.len))?;
+    let err = std::fs::read(&file).expect_err("the read must fail");
+    assert_eq!(err.raw_os_error(), Some(EIO));
+    tree.fault(disk).remove_rule(rule)?;
+    let injected = tree.fault(disk).stats()?.injected(Op::Read, EIO) - before;
+    assert!(injected >= 1);
+    Ok(injected)
+}
+
+/// O_DIRECT writes straight to a device that fail `n` times.
+fn fail_direct_writes(tree: &Tree, disk: usize, n: u64) -> Result<u64> {
+    let rule = tree
+        .fault(disk)
+        .add_rule(Rule::new(Op::Write, EIO).range(8 * MIB, 64 * 1024))?;
+    for i in 0..n {
+        let err = fs::o_direct_write(tree.lo(disk).path(), 8 * MIB + i * 4096, &[0xab; 4096])
+            .unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(EIO), "write {i}");
+    }
+    tree.fault(disk).remove_rule(rule)?;
+    Ok(n)
+}
+
+fn stop(agent: Agent) -> Result<AgentRun> {
+    std::thread::sleep(Duration::from_millis(200));
+    let run = agent.stop()?;
+    assert!(
+        run.status.success(),
+        "agent exited with {}:\n{}",
+        run.status,
+        run.stderr
+    );
+    Ok(run)
+}
+
+/// Sum of `count` per (device, pod_uid): what each pod volume was told.
+fn per_pod_volume(events: &[Value]) -> BTreeMap<(String, String), u64> {
+    let mut out = BTreeMap::new();
+    for e in events {
+        let key = (
+            e["device"].as_str().unwrap_or("?").to_string(),
+            e["pod_uid"].as_str().unwrap_or("-").to_string(),
+        );
+        *out.entry(key).or_insert(0) += e["count"].as_u64().unwrap_or(0);
+    }
+    out
+}
+
+fn key(dev: &str, pod: &str) -> (String, String) {
+    (dev.to_string(), pod.to_string())
+}
+
+fn assert_volume_fields(e: &Value, pv: &str, handle: &str, mode: &str) {
+    assert_eq!(e["pv"], pv, "{e}");
+    assert_eq!(e["driver"], DRIVER, "{e}");
+    assert_eq!(e["volume_handle"], handle, "{e}");
+    assert_eq!(e["volume_mode"], mode, "{e}");
+}
+
+#[test]
+fn kernel_errors_reach_exactly_their_pod_volumes() -> Result<()> {
+    require_env(&["mkfs.xfs"])?;
+    let mut tree = Tree::new()?;
+    // A PV shared by pods A and B (ext4), pod C on xfs, pod D's block
+    // volume, pod E's healthy ext4 neighbour, and a disk backing no volume.
+    let shared = tree.disk(128 * MIB)?;
+    let staging = tree.stage(shared, "ext4", "errors=continue", "pv-shared", "vol-shared")?;
+    let mount_a = tree.publish(POD_A, "pv-shared", "vol-shared", &staging)?;
+    tree.publish(POD_B, "pv-shared", "vol-shared", &staging)?;
+    let xfs = tree.disk(320 * MIB)?;
+    let staging = tree.stage(xfs, "xfs", "", "pv-xfs", "vol-xfs")?;
+    let mount_c = tree.publish(POD_C, "pv-xfs", "vol-xfs", &staging)?;
+    let blk = tree.disk(64 * MIB)?;
+    tree.block(blk, POD_D, "pv-blk", "vol-blk")?;
+    let quiet = tree.disk(64 * MIB)?;
+    let staging = tree.stage(quiet, "ext4", "errors=continue", "pv-quiet", "vol-quiet")?;
+    let mount_e = tree.publish(POD_E, "pv-quiet", "vol-quiet", &staging)?;
+    let loose = tree.disk(64 * MIB)?;
+
+    let devs: Vec<String> = [shared, xfs, blk, quiet, loose]
+        .iter()
+        .map(|&i| tree.lo(i).maj_min().to_string())
+        .collect();
+    let mut args = vec!["--kubelet-root", tree.root_arg(), "--check-interval", "1"];
+    for d in &devs {
+        args.extend(["--device", d.as_str()]);
+    }
+    let mut agent = Agent::start(&args)?;
+
+    let n_shared = fail_cold_read(&tree, shared, &mount_a, "a.bin")?;
+    let n_xfs = fail_cold_read(&tree, xfs, &mount_c, "c.bin")?;
+    let n_blk = fail_direct_writes(&tree, blk, 5)?;
+    let n_loose = fail_direct_writes(&tree, loose, 2)?;
+    // The neighbour does I/O too, successfully.
+    std::fs::write(mount_e.join("fine.bin"), vec![1u8; 64 * 1024])?;
+    fs::sync_fs(&mount_e)?;
+
+    use health_tests::agent::EventFilter;
+    // Two lines per error on the shared PV: one per pod.
+    agent.wait_for_count(&EventFilter::device(&devs[0]), 2 * n_shared, WAIT);
+    agent.wait_for_count(&EventFilter::device(&devs[1]), n_xfs, WAIT);
+    agent.wait_for_count(&EventFilter::device(&devs[2]), n_blk, WAIT);
+    agent.wait_for_count(&EventFilter::device(&devs[4]), n_loose, WAIT);
+    // Kernel evidence reaches the conditions within a flush (1 s).
+    std::thread::sleep(Duration::from_millis(1500));
+    let run = stop(agent)?;
+
+    let want: BTreeMap<(String, String), u64> = [
+        (key(&devs[0], POD_A), n_shared),
+        (key(&devs[0], POD_B), n_shared),
+        (key(&devs[1], POD_C), n_xfs),
+        (key(&devs[2], POD_D), n_blk),
+        (key(&devs[4], "-"), n_loose),
+    ]
+    .into();
+    assert_eq!(per_pod_volume(&run.events), want, "{:#?}", run.events);
+
+    for e in &run.events {
+        let dev = e["device"].as_str().unwrap_or_default();
+        let obj = e.as_object().expect("events are objects");
+        for k in ["pod_uid", "pv", "driver", "volume_handle", "volume_mode"] {
+            assert!(obj.contains_key(k), "{k} missing in {e}");
+        }
+        if dev == devs[0] {
+            assert_volume_fields(e, "pv-shared", "vol-shared", "Filesystem");
+            assert_eq!(e["kind"], "block_io_error", "{e}");
+        } else if dev == devs[1] {
+            assert_volume_fields(e, "pv-xfs", "vol-xfs", "Filesystem");
+        } else if dev == devs[2] {
+            assert_volume_fields(e, "pv-blk", "vol-blk", "Block");
+            assert_eq!(e["op"], "write");
+        } else {
+            assert_eq!(dev, devs[4], "{e}");
+            for k in ["pod_uid", "pv", "driver", "volume_handle", "volume_mode"] {
+                assert!(e[k].is_null(), "{k} in {e}");
+            }
+        }
+    }
+
+    // The watch keeps conditions too (stderr in JSON mode).
+    for (pod, pv) in [
+        (POD_A, "pv-shared"),
+        (POD_B, "pv-shared"),
+        (POD_C, "pv-xfs"),
+        (POD_D, "pv-blk"),
+    ] {
+        let line = format!("volume pod {pod} pv {pv}: raised Degraded BlockIOErrors [kernel]");
+        assert!(
+            run.stderr.contains(&line),
+            "{line:?} not in:\n{}",
+            run.stderr
+        );
+    }
+    assert!(
+        !run.stderr.contains(POD_E),
+        "the healthy neighbour got a condition:\n{}",
+        run.stderr
+    );
+    Ok(())
+}
+
+#[test]
+fn a_running_watch_picks_up_new_volumes() -> Result<()> {
+    require_env(&[])?;
+    let mut tree = Tree::new()?;
+    std::fs::create_dir_all(tree.root().join("pods"))?;
+    let mut agent = Agent::start(&["--kubelet-root", tree.root_arg()])?;
+
+    // kubelet sets a volume up after the agent started: new disk, staging
+    // mount, bind mount into the pod.
+    let disk = tree.disk(128 * MIB)?;
+    let staging = tree.stage(disk, "ext4", "errors=continue", "pv-late", "vol-late")?;
+    let mount = tree.publish(POD_F, "pv-late", "vol-late", &staging)?;
+    let dev = tree.lo(disk).maj_min().to_string();
+    // The mount-table wake-up is immediate; give the loop a moment.
+    std::thread::sleep(Duration::from_millis(1000));
+
+    let injected = fail_cold_read(&tree, disk, &mount, "late.bin")?;
+    use health_tests::agent::EventFilter;
+    agent.wait_for_count(&EventFilter::device(&dev), injected, WAIT);
+    let run = stop(agent)?;
+    let mine: Vec<&Value> = run
+        .events
+        .iter()
+        .filter(|e| e["device"] == dev.as_str())
+        .collect();
+    let sum: u64 = mine.iter().map(|e| e["count"].as_u64().unwrap_or(0)).sum();
+    assert_eq!(sum, injected, "{mine:#?}");
+    for e in mine {
+        assert_eq!(e["pod_uid"], POD_F, "{e}");
+        assert_volume_fields(e, "pv-late", "vol-late", "Filesystem");
+    }
+    Ok(())
+}
+
+/// A FUSE mount whose server never answers: the test holds the /dev/fuse
+/// descriptor and never reads it, so every request waits, like a wedged
+/// daemon. Dropping it aborts the connection and unmounts.
+struct DeadFuse {
+    path: PathBuf,
+    fd: Option<OwnedFd>,
+}
+
+impl DeadFuse {
+    fn mount(path: &Path) -> Result<DeadFuse> {
+        std::fs::create_dir_all(path)?;
+        let fd: OwnedFd = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open("/dev/fuse")
+            .context("open /dev/fuse")?
+            .into();
+        let data = format!("fd={},rootmode=40000,user_id=0,group_id=0", fd.as_raw_fd());
+        nix::mount::mount(
+            Some("volume-health-test-hang"),
+            path,
+            Some("fuse"),
+            nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV,
+            Some(data.as_str()),
+        )
+        .context("mounting a FUSE filesystem")?;
+        Ok(DeadFuse {
+            path: path.to_path_buf(),
+            fd: Some(fd),
+        })
+    }
+}
+
+impl Drop for DeadFuse {
+    fn drop(&mut self) {
+        self.fd = None;
+        let _ = health_tests::sys::unmount(&self.path, true);
+    }
+}
+
+/// Runs `health-agent volumes --json` and returns its array, bounded by a
+/// generous deadline so that a hang fails the test instead of stalling it.
+fn volumes_json(root: &str, extra: &[&str]) -> Result<(Vec<Value>, Duration, String)> {
+    let started = Instant::now();
+    let mut child = Command::new(agent_bin()?)
+        .args(["volumes", "--json", "--kubelet-root", root])
+        .args(extra)
+        .env("HEALTH_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let deadline = started + Duration::from_secs(60);
+    while child.try_wait()?.is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            bail!("`health-agent volumes` did not finish within 60 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let took = started.elapsed();
+    let out = child.wait_with_output()?;
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(
+        out.status.success(),
+        "volumes failed ({}):\n{stderr}",
+        out.status
+    );
+    let v: Value = serde_json::from_slice(&out.stdout)
+        .with_context(|| format!("not JSON: {}", String::from_utf8_lossy(&out.stdout)))?;
+    let arr = v
+        .as_array()
+        .context("volumes --json prints an array")?
+        .clone();
+    Ok((arr, took, stderr))
+}
+
+fn find<'a>(vols: &'a [Value], pod: &str) -> &'a Value {
+    vols.iter()
+        .find(|v| v["pod_uid"] == pod)
+        .unwrap_or_else(|| panic!("no volume of pod {pod} in {vols:#?}"))
+}
+
+fn reasons(v: &Value) -> Vec<(String, String, String)> {
+    v["conditions"]
+        .as_array()
+        .map(|cs| {
+            cs.iter()
+                .map(|c| {
+                    (
+                        c["status"].as_str().unwrap_or("?").to_string(),
+                        c["reason"].as_str().unwrap_or("?").to_string(),
+                        c["source"].as_str().unwrap_or("?").to_string(),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn r(status: &str, reason: &str, source: &str) -> (String, String, String) {
+    (status.into(), reason.into(), source.into())
+}
+
+/// Free bytes as statvfs tells a pod.
+fn avail(path: &Path) -> Result<u64> {
+    let st = nix::sys::statvfs::statvfs(path)?;
+    Ok(st.blocks_available() * st.fragment_size())
+}
+
+fn fallocate(path: &Path, bytes: u64) -> std::io::Result<()> {
+    let f = std::fs::File::create(path)?;
+    nix::fcntl::fallocate(
+        &f,
+        nix::fcntl::FallocateFlags::empty(),
+        0,
+        bytes as libc::off_t,
+    )
+    .map_err(std::io::Error::from)
+}
+
+const MODERN: &str = "modern.csi.volume-health.test";
+const LEGACY: &str = "legacy.csi.volume-health.test";
+const HANG: &str = "hang.csi.volume-health.test";
+const UNIMPL: &str = "unimpl.csi.volume-health.test";
+
+#[test]
+fn one_shot_view_shows_each_volume_and_its_conditions() -> Result<()> {
+    require_env(&[])?;
+    let mut tree = Tree::new()?;
+
+    // The read-only trip: a real ext4 error under errors=remount-ro.
+    let trip = tree.disk(64 * MIB)?;
+    let staging = tree.stage(trip, "ext4", "errors=remount-ro", "pv-trip", "vol-trip")?;
+    let mount_trip = tree.publish(POD_A, "pv-trip", "vol-trip", &staging)?;
+    let trigger = format!("/sys/fs/ext4/{}/trigger_fs_error", tree.lo(trip).name());
+    std::fs::write(&trigger, "1").with_context(|| trigger.clone())?;
+    let err = std::fs::write(mount_trip.join("x"), "x").unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EROFS));
+
+    // Full, and nearly full.
+    let full = tree.disk(64 * MIB)?;
+    let staging = tree.stage(full, "ext4", "errors=remount-ro", "pv-full", "vol-full")?;
+    let mount_full = tree.publish(POD_B, "pv-full", "vol-full", &staging)?;
+    let mut chunk = avail(&mount_full)?;
+    let mut n = 0;
+    while chunk >= 4096 {
+        n += 1;
+        if fallocate(&mount_full.join(format!("fill{n}")), chunk).is_err() {
+            chunk /= 2;
+        }
+    }
+    assert_eq!(avail(&mount_full)?, 0);
+    let low = tree.disk(64 * MIB)?;
+    let staging = tree.stage(low, "ext4", "errors=remount-ro", "pv-low", "vol-low")?;
+    let mount_low = tree.publish(POD_C, "pv-low", "vol-low", &staging)?;
+    let total = nix::sys::statvfs::statvfs(&mount_low)?;
+    let total = total.blocks() * total.fragment_size();
+    fallocate(
+        &mount_low.join("ballast"),
+        avail(&mount_low)? - total * 3 / 100,
+    )?;
+
+    // The healthy neighbour, and a healthy block volume.
+    let healthy = tree.disk(64 * MIB)?;
+    let staging = tree.stage(
+        healthy,
+        "ext4",
+        "errors=remount-ro",
+        "pv-healthy",
+        "vol-healthy",
+    )?;
+    tree.publish(POD_D, "pv-healthy", "vol-healthy", &staging)?;
+    let blk = tree.disk(16 * MIB)?;
+    tree.block(blk, POD_E, "pv-blk", "vol-blk")?;
+
+    // A local PV whose mount hangs.
+    let hung_path = tree
+        .root()
+        .join("pods")
+        .join(POD_F)
+        .join("volumes/kubernetes.io~local-volume/local-hung");
+    let hung = DeadFuse::mount(&hung_path)?;
+
+    // CSI node plugins of each generation, each with one volume.
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let drivers: Vec<TestDriverHandle> = rt.block_on(async {
+        let mut out = Vec::new();
+        for (name, mode) in [
+            (MODERN, DriverMode::Modern),
+            (LEGACY, DriverMode::LegacyOnly),
+            (HANG, DriverMode::Hang),
+            (UNIMPL, DriverMode::Unimplemented),
+        ] {
+            let dir = tree.root().join("plugins").join(name);
+            std::fs::create_dir_all(&dir)?;
+            out.push(TestDriver::start_named(&dir, name, mode).await?);
+        }
+        Ok::<_, anyhow::Error>(out)
+    })?;
+    let sick = vec![HealthEntry::new(
+        HealthStatus::DataLoss,
+        "ChecksumMismatch",
+        "3 blocks unreadable on the array",
+    )];
+    drivers[0].set_volume_health("vol-modern", sick.clone());
+    drivers[1].set_volume_health("vol-legacy", sick);
+    let csi_pods = [
+        (
+            "11111111-0000-4000-8000-000000000001",
+            MODERN,
+            "pv-modern",
+            "vol-modern",
+        ),
+        (
+            "11111111-0000-4000-8000-000000000002",
+            LEGACY,
+            "pv-legacy",
+            "vol-legacy",
+        ),
+        (
+            "11111111-0000-4000-8000-000000000003",
+            HANG,
+            "pv-hang",
+            "vol-hang",
+        ),
+        (
+            "11111111-0000-4000-8000-000000000004",
+            UNIMPL,
+            "pv-unimpl",
+            "vol-unimpl",
+        ),
+    ];
+    for (pod, driver, pv, handle) in csi_pods {
+        tree.tmpfs_volume(pod, pv, handle, driver)?;
+    }
+
+    let timeout = 2.0;
+    let (vols, took, stderr) = volumes_json(tree.root_arg(), &["--check-timeout", "2"])?;
+    drop(hung);
+    // Checks and CSI run concurrently: the hung path and the hung driver
+    // each cost about one timeout (CSI at most three calls), not a sum.
+    assert!(
+        took < Duration::from_secs_f64(timeout * 3.0 + 2.0),
+        "took {took:?}; stderr:\n{stderr}"
+    );
+    assert_eq!(vols.len(), 10, "{vols:#?}");
+
+    let v = find(&vols, POD_A);
+    assert_eq!(
+        reasons(v),
+        [
+            r("Inaccessible", "ReadOnlyRemount", "check/read-only"),
+            r("DataLoss", "FilesystemErrors", "ext4-superblock")
+        ],
+        "{v:#}"
+    );
+    assert_eq!(v["worst"], "Inaccessible");
+    assert_eq!(v["pv"], "pv-trip");
+    assert_eq!(v["driver"], DRIVER);
+    assert_eq!(v["volume_handle"], "vol-trip");
+    assert_eq!(v["volume_mode"], "Filesystem");
+    assert_eq!(v["device"], tree.lo(trip).maj_min());
+    assert_eq!(v["disk"], tree.lo(trip).name());
+    assert_eq!(v["mount"], mount_trip.to_str().unwrap());
+    assert_eq!(v["fs_type"], "ext4");
+    for c in v["conditions"].as_array().unwrap() {
+        for k in ["status", "reason", "message", "since"] {
+            assert!(c[k].is_string(), "{k} in {c}");
+        }
+    }
+    assert!(
+        v["conditions"][0]["message"]
+            .as_str()
+            .unwrap()
+            .contains("remounted read-only after an error"),
+        "{v:#}"
+    );
+    // Its driver has no socket on this node: a failed probe, not health.
+    assert_eq!(v["csi"]["result"], "probe_failed", "{v:#}");
+
+    let v = find(&vols, POD_B);
+    assert_eq!(
+        reasons(v),
+        [r("Degraded", "CapacityExhausted", "check/capacity")],
+        "{v:#}"
+    );
+    let v = find(&vols, POD_C);
+    assert_eq!(
+        reasons(v),
+        [r("Degraded", "CapacityLow", "check/capacity")],
+        "{v:#}"
+    );
+
+    let v = find(&vols, POD_D);
+    assert_eq!(v["conditions"], json!([]), "{v:#}");
+    assert!(v["worst"].is_null());
+    let v = find(&vols, POD_E);
+    assert_eq!(v["conditions"], json!([]), "{v:#}");
+    assert_eq!(v["volume_mode"], "Block");
+    assert_eq!(v["device"], tree.lo(blk).maj_min());
+    assert!(v["mount"].is_null());
+
+    let v = find(&vols, POD_F);
+    assert_eq!(
+        reasons(v),
+        [r("Inaccessible", "PathHung", "check/reachability")],
+        "{v:#}"
+    );
+    assert_eq!(v["kind"], "LocalVolume");
+    assert!(v["csi"].is_null(), "a local PV has no driver to ask: {v:#}");
+
+    let v = find(&vols, csi_pods[0].0);
+    assert_eq!(
+        reasons(v),
+        [r("DataLoss", "ChecksumMismatch", "csi-node")],
+        "{v:#}"
+    );
+    assert_eq!(v["csi"]["rpc"], "NodeGetVolumeHealth");
+    assert_eq!(
+        v["csi"]["socket"],
+        tree.root()
+            .join("plugins")
+            .join(MODERN)
+            .join("csi.sock")
+            .to_str()
+            .unwrap()
+    );
+    let v = find(&vols, csi_pods[1].0);
+    assert_eq!(
+        reasons(v),
+        [r("Degraded", "VolumeConditionAbnormal", "csi-node")],
+        "{v:#}"
+    );
+    assert_eq!(v["csi"]["rpc"], "NodeGetVolumeStats");
+    for (pod, wanted) in [
+        (csi_pods[2].0, "timed out"),
+        (csi_pods[3].0, "unusable CSI sockets"),
+    ] {
+        let v = find(&vols, pod);
+        assert_eq!(v["conditions"], json!([]), "{v:#}");
+        assert_eq!(v["csi"]["result"], "probe_failed", "{v:#}");
+        let failures = v["probe_failures"].as_array().unwrap();
+        assert!(
+            failures.iter().any(|f| f["source"] == "csi-node" && f["error"].as_str().unwrap().contains(wanted)),
+            "{v:#}"
+        );
+    }
+    // Exactly one health call per volume, no retries.
+    assert_eq!(
+        drivers[0].calls(health_csi::testing::Rpc::NodeGetVolumeHealth),
+        1
+    );
+    assert_eq!(
+        drivers[1].calls(health_csi::testing::Rpc::NodeGetVolumeStats),
+        1
+    );
+
+    // Named by an override, the UNIMPLEMENTED driver is asked, and its
+    // answer is still a failed probe, never health.
+    let ov = format!("{UNIMPL}={}", drivers[3].socket_path().display());
+    let (vols, _, _) = volumes_json(
+        tree.root_arg(),
+        &["--check-timeout", "2", "--csi-socket", &ov],
+    )?;
+    let v = find(&vols, csi_pods[3].0);
+    assert_eq!(v["csi"]["result"], "probe_failed", "{v:#}");
+    assert!(
+        v["csi"]["error"]
+            .as_str()
+            .unwrap()
+            .contains("does not support"),
+        "{v:#}"
+    );
+
+    // The human view names every volume.
+    let out = Command::new(agent_bin()?)
+        .args([
+            "volumes",
+            "--kubelet-root",
+            tree.root_arg(),
+            "--check-timeout",
+            "1",
+        ])
+        .env("HEALTH_LOG", "error")
+        .output()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success());
+    assert!(
+        text.contains(&format!("pod {POD_D} pv pv-healthy ({DRIVER}, Filesystem)")),
+        "{text}"
+    );
+    assert!(text.contains("Inaccessible ReadOnlyRemount"), "{text}");
+
+    drop(drivers);
+    rt.shutdown_timeout(Duration::from_secs(1));
+    Ok(())
+}

@@ -1,0 +1,295 @@
+//! `cargo xtask bench`: measures the agent against real kernel errors and
+//! records the figures in BENCHMARKS.md.
+//!
+//! Four parts, each a submodule:
+//! * [`latency`]: from a failed request to the agent's line;
+//! * [`overhead`]: healthy I/O with and without the agent, A/B;
+//! * [`flood`]: exact totals, CPU and memory under an error flood;
+//! * [`micro`]: criterion benchmark of the per-event userspace path.
+//!
+//! These are measurements, not tests: nothing here asserts a target, but
+//! every part checks that what it measured is real (errors reported equal
+//! errors injected) and fails loudly when it is not.
+
+mod agent;
+pub mod dio;
+mod flood;
+pub mod interrupt;
+mod latency;
+mod micro;
+mod overhead;
+mod report;
+mod stats;
+
+pub use agent::AgentProc;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+
+use crate::build;
+use crate::util::{cargo, is_root, output, run, say, workspace_root};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Part {
+    Latency,
+    Overhead,
+    Flood,
+    Micro,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct BenchArgs {
+    /// Run only these parts (comma-separated); all by default.
+    #[arg(long, value_delimiter = ',', value_enum)]
+    only: Vec<Part>,
+    /// Failed requests in the latency measurement.
+    #[arg(long, default_value_t = 1000)]
+    latency_errors: u32,
+    /// Pause after each failed request in the latency measurement, in ms (keeps
+    /// the rate under the agent's default budget of 100 samples/s per device per CPU).
+    #[arg(long, default_value_t = 11)]
+    latency_gap_ms: u64,
+    /// A/B rounds per agent configuration in the overhead measurement.
+    #[arg(long, default_value_t = 10)]
+    rounds: u32,
+    /// Seconds one overhead run should take (the request count is calibrated once).
+    #[arg(long, default_value_t = 1.0)]
+    run_secs: f64,
+    /// Seconds of the error flood.
+    #[arg(long, default_value_t = 10.0)]
+    flood_secs: f64,
+    /// Writer threads in the error flood.
+    #[arg(long, default_value_t = 4)]
+    flood_threads: u32,
+    /// Print the results but leave BENCHMARKS.md alone.
+    #[arg(long)]
+    no_write: bool,
+}
+
+/// The binaries the measurements run.
+pub struct Tools {
+    pub agent: PathBuf,
+    pub faultdisk: PathBuf,
+    pub ebpf_object: PathBuf,
+}
+
+/// Builds the agent (with its kernel programs) and the faultdisk server.
+pub fn prepare() -> Result<Tools> {
+    if !is_root() {
+        bail!("this drives the real kernel (eBPF programs, loop devices, FUSE, mounts) and must run as root");
+    }
+    let built = build::all()?;
+    // bootstrap (inside build::all) installs the tools; check them anyway so a
+    // missing one is named with its package before anything is set up.
+    health_tests::require_env(&[])?;
+    say("building the faultdisk server (release)");
+    run(cargo().current_dir(workspace_root()).args([
+        "build",
+        "--release",
+        "--package",
+        "health-tests",
+        "--bin",
+        "faultdisk",
+    ]))?;
+    let faultdisk = build::target_dir().join("release/faultdisk");
+    if !faultdisk.is_file() {
+        bail!("the build succeeded but {} is missing", faultdisk.display());
+    }
+    Ok(Tools {
+        agent: built.agent,
+        faultdisk,
+        ebpf_object: built.ebpf_object,
+    })
+}
+
+/// Progress on stderr, so stdout stays for results.
+pub fn say_progress(msg: impl AsRef<str>) {
+    say(msg);
+}
+
+/// What the figures were measured on.
+struct Machine {
+    date: String,
+    kernel: String,
+    cpu: String,
+    cores: usize,
+    mem_gib: f64,
+    commit: String,
+}
+
+impl Machine {
+    fn read() -> Machine {
+        let date = time::OffsetDateTime::now_utc()
+            .format(time::macros::format_description!(
+                "[year]-[month]-[day] [hour]:[minute] UTC"
+            ))
+            .unwrap_or_else(|_| "unknown date".into());
+        let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+            .map_or_else(|_| "unknown".into(), |s| s.trim().to_string());
+        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+        let cpu = cpuinfo
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix("model name")
+                    .and_then(|r| r.split_once(':'))
+                    .map(|(_, v)| v.trim().to_string())
+            })
+            .unwrap_or_else(|| "unknown CPU".into());
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let mem_gib = std::fs::read_to_string("/proc/meminfo")
+            .ok()
+            .and_then(|m| {
+                m.lines()
+                    .find_map(|l| l.strip_prefix("MemTotal:"))
+                    .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+            })
+            .map_or(0.0, |kb| kb / 1024.0 / 1024.0);
+        let commit = output(
+            Command::new("git")
+                .current_dir(workspace_root())
+                .args(["describe", "--always", "--dirty"]),
+        )
+        .map_or_else(|_| "unknown".into(), |s| s.trim().to_string());
+        Machine {
+            date,
+            kernel,
+            cpu,
+            cores,
+            mem_gib,
+            commit,
+        }
+    }
+
+    fn line(&self, command: &str, took: Duration) -> String {
+        format!(
+            "_Measured {} on Linux {}, {} ({} cores), {:.0} GiB RAM; commit {}; `{command}`, {:.0} s._\n\n",
+            self.date,
+            self.kernel,
+            self.cpu,
+            self.cores,
+            self.mem_gib,
+            self.commit,
+            took.as_secs_f64()
+        )
+    }
+}
+
+/// Runs the selected parts, prints their headlines and updates BENCHMARKS.md.
+pub fn run_bench(args: &BenchArgs) -> Result<()> {
+    interrupt::install()?;
+    let started = Instant::now();
+    let tools = prepare()?;
+    let parts: Vec<Part> = if args.only.is_empty() {
+        vec![Part::Latency, Part::Overhead, Part::Flood, Part::Micro]
+    } else {
+        args.only.clone()
+    };
+    let machine = Machine::read();
+    let file = workspace_root().join("BENCHMARKS.md");
+    let mut headlines = Vec::new();
+    for part in parts {
+        interrupt::check()?;
+        let t = Instant::now();
+        let (id, command, headline, body) = match part {
+            Part::Latency => {
+                say(format!(
+                    "latency: {} failing writes, {} ms apart",
+                    args.latency_errors, args.latency_gap_ms
+                ));
+                let cfg = latency::Config {
+                    errors: args.latency_errors,
+                    gap: Duration::from_millis(args.latency_gap_ms),
+                };
+                let r = latency::run(&tools, &cfg)?;
+                (
+                    "latency",
+                    format!(
+                        "cargo xtask bench --only latency --latency-errors {} --latency-gap-ms {}",
+                        args.latency_errors, args.latency_gap_ms
+                    ),
+                    r.headline(),
+                    r.markdown(),
+                )
+            }
+            Part::Overhead => {
+                say(format!(
+                    "overhead: {} A/B rounds per configuration",
+                    args.rounds
+                ));
+                let cfg = overhead::Config {
+                    rounds: args.rounds,
+                    run_target: Duration::try_from_secs_f64(args.run_secs).context("--run-secs")?,
+                };
+                let r = overhead::run(&tools, &cfg)?;
+                (
+                    "overhead",
+                    format!(
+                        "cargo xtask bench --only overhead --rounds {} --run-secs {}",
+                        args.rounds, args.run_secs
+                    ),
+                    r.headline(),
+                    r.markdown(Path::new("/dev/shm")),
+                )
+            }
+            Part::Flood => {
+                say(format!(
+                    "flood: {} writers failing for {} s",
+                    args.flood_threads, args.flood_secs
+                ));
+                let cfg = flood::Config {
+                    threads: args.flood_threads,
+                    duration: Duration::try_from_secs_f64(args.flood_secs)
+                        .context("--flood-secs")?,
+                };
+                let r = flood::run(&tools, &cfg)?;
+                let exact = r.exact();
+                let out = (
+                    "flood",
+                    format!(
+                        "cargo xtask bench --only flood --flood-threads {} --flood-secs {}",
+                        args.flood_threads, args.flood_secs
+                    ),
+                    r.headline(),
+                    r.markdown(),
+                );
+                if !exact {
+                    // Recorded anyway (the file says NOT EXACT), then reported as a failure.
+                    headlines.push(out.2.clone());
+                }
+                out
+            }
+            Part::Micro => {
+                say("micro: criterion benchmark of the event path");
+                let r = micro::run_all(
+                    &tools.ebpf_object,
+                    Duration::from_secs(1),
+                    Duration::from_secs(3),
+                )?;
+                (
+                    "micro",
+                    "cargo xtask bench --only micro".to_string(),
+                    r.headline(),
+                    r.markdown(),
+                )
+            }
+        };
+        say(&headline);
+        headlines.push(headline);
+        if !args.no_write {
+            let body = format!("{}{body}", machine.line(&command, t.elapsed()));
+            report::update(&file, id, &body)?;
+        }
+    }
+    println!("{}", headlines.join("\n"));
+    if !args.no_write {
+        say(format!("results written to {}", file.display()));
+    }
+    say(format!("took {:.0} s", started.elapsed().as_secs_f64()));
+    if headlines.iter().any(|h| h.contains("NOT EXACT")) {
+        bail!("the agent's totals under the flood did not match what was injected (see above)");
+    }
+    Ok(())
+}

@@ -1,0 +1,234 @@
+//! An error flood: a disk failing every write as fast as writers can issue
+//! them. Are the agent's totals still exact, and what does it cost?
+//!
+//! The kernel counts every error and samples at most 100 per second per
+//! device per CPU (the default), so the agent's work should stay bounded
+//! however fast errors come; this checks the claim with real errors.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use health_tests::{FaultDisk, Op, Rule};
+use serde_json::Value;
+
+use super::agent::{AgentProc, Line};
+use super::dio::DirectIo;
+use super::{interrupt, Tools};
+
+const MIB: u64 = 1 << 20;
+const AREA: u64 = 32 * MIB;
+const BLOCK: u64 = 4096;
+
+pub struct Config {
+    pub threads: u32,
+    pub duration: Duration,
+}
+
+pub struct FloodResult {
+    pub threads: u32,
+    pub elapsed: Duration,
+    pub injected: u64,
+    /// Sum of `count` over the agent's lines for the device.
+    pub reported: u64,
+    /// The total in the agent's final summary on stderr.
+    pub final_total: Option<u64>,
+    pub lines: usize,
+    pub sampled_lines: usize,
+    pub cpu_pct: f64,
+    pub vm_hwm_kb: u64,
+    pub vm_rss_kb: u64,
+    /// The agent's "kernel side: ..." line.
+    pub kernel_side: Option<String>,
+}
+
+fn reported(lines: &[Line], dev: &str) -> u64 {
+    lines
+        .iter()
+        .filter_map(|l| serde_json::from_str::<Value>(&l.text).ok())
+        .filter(|v| v["device"] == dev)
+        .map(|v| v["count"].as_u64().unwrap_or(0))
+        .sum()
+}
+
+/// The number after `block_io_error write EIO (block_rq_error)` on the
+/// device's line of the final totals the agent prints on stderr.
+fn final_total(stderr: &str, dev: &str) -> Option<u64> {
+    let line = stderr
+        .lines()
+        .find(|l| l.trim_start().starts_with(&format!("{dev} ")))?;
+    line.split(", ")
+        .find(|item| item.contains("block_io_error write EIO"))?
+        .rsplit(' ')
+        .next()?
+        .parse()
+        .ok()
+}
+
+pub fn run(tools: &Tools, cfg: &Config) -> Result<FloodResult> {
+    let disk = interrupt::spawn_shielded(|| FaultDisk::start_with(&tools.faultdisk, 64 * MIB))?;
+    let lo = disk.attach_loop(false)?;
+    let dev = lo.maj_min().to_string();
+    let args: Vec<String> = ["--json", "--device", &dev]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let agent = AgentProc::start(&tools.agent, &args, None)?;
+    disk.add_rule(Rule::new(Op::Write, libc::EIO).range(0, AREA))?;
+
+    let stop = AtomicBool::new(false);
+    let unexpected = AtomicU64::new(0);
+    let ticks_before = agent.cpu_ticks()?;
+    let start = Instant::now();
+    // Opened up front: once writers run, nothing may return early without
+    // telling them to stop (the scope would wait for them forever).
+    let ios = (0..cfg.threads)
+        .map(|_| DirectIo::open(lo.path(), BLOCK as usize))
+        .collect::<Result<Vec<_>>>()?;
+    std::thread::scope(|s| -> Result<()> {
+        for (t, io) in (0u64..).zip(ios) {
+            let (stop, unexpected) = (&stop, &unexpected);
+            s.spawn(move || {
+                let mut i = t;
+                while !stop.load(Ordering::Relaxed) {
+                    let at = (i * BLOCK) % AREA;
+                    if io.write_at(at).map_err(|e| e.raw_os_error()) != Err(Some(libc::EIO)) {
+                        unexpected.fetch_add(1, Ordering::Relaxed);
+                    }
+                    i += u64::from(cfg.threads);
+                }
+            });
+        }
+        let r = interrupt::sleep(cfg.duration);
+        stop.store(true, Ordering::Relaxed);
+        r
+    })?;
+    let elapsed = start.elapsed();
+    let ticks = agent.cpu_ticks()?.saturating_sub(ticks_before);
+    disk.clear_rules()?;
+    let unexpected = unexpected.load(Ordering::Relaxed);
+    if unexpected > 0 {
+        bail!("{unexpected} writes in the flood did not fail with EIO");
+    }
+    let injected = disk.stats()?.injected(Op::Write, libc::EIO);
+    // Summaries for the rate-limited errors follow within two reconcile ticks.
+    agent.wait_until(Duration::from_secs(15), |lines| {
+        reported(lines, &dev) >= injected
+    })?;
+    let vm_hwm_kb = agent.status_kb("VmHWM")?;
+    let vm_rss_kb = agent.status_kb("VmRSS")?;
+    let stopped = agent.stop()?;
+    if !stopped.status.success() {
+        bail!(
+            "the agent exited with {}:\n{}",
+            stopped.status,
+            stopped.stderr
+        );
+    }
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    let hz = u64::try_from(hz)
+        .ok()
+        .filter(|&h| h > 0)
+        .context("sysconf(_SC_CLK_TCK)")?;
+    let sampled_lines = stopped
+        .lines
+        .iter()
+        .filter_map(|l| serde_json::from_str::<Value>(&l.text).ok())
+        .filter(|v| v["device"] == dev.as_str() && v["sampled"] == true)
+        .count();
+    Ok(FloodResult {
+        threads: cfg.threads,
+        elapsed,
+        injected,
+        reported: reported(&stopped.lines, &dev),
+        final_total: final_total(&stopped.stderr, &dev),
+        lines: stopped.lines.len(),
+        sampled_lines,
+        cpu_pct: ticks as f64 / hz as f64 / elapsed.as_secs_f64() * 100.0,
+        vm_hwm_kb,
+        vm_rss_kb,
+        kernel_side: stopped
+            .stderr
+            .lines()
+            .find(|l| l.starts_with("kernel side:"))
+            .map(str::to_string),
+    })
+}
+
+impl FloodResult {
+    pub fn exact(&self) -> bool {
+        self.reported == self.injected && self.final_total == Some(self.injected)
+    }
+
+    pub fn markdown(&self) -> String {
+        let verdict = if self.exact() { "exact" } else { "NOT EXACT" };
+        let mut out = format!(
+            "{} threads of O_DIRECT 4 KiB writes, every one failing with EIO, for {:.1} s.\n\n",
+            self.threads,
+            self.elapsed.as_secs_f64()
+        );
+        out.push_str("| measure | value |\n|---|---:|\n");
+        out.push_str(&format!(
+            "| errors injected | {} ({:.0} /s) |\n",
+            self.injected,
+            self.injected as f64 / self.elapsed.as_secs_f64()
+        ));
+        out.push_str(&format!(
+            "| sum of `count` over the agent's lines | {} ({verdict}) |\n",
+            self.reported
+        ));
+        out.push_str(&format!(
+            "| agent's final total (stderr) | {} |\n",
+            self.final_total
+                .map_or("not found".to_string(), |t| t.to_string())
+        ));
+        out.push_str(&format!(
+            "| lines printed (sampled / summaries) | {} ({} / {}) |\n",
+            self.lines,
+            self.sampled_lines,
+            self.lines - self.sampled_lines
+        ));
+        out.push_str(&format!(
+            "| agent CPU during the flood (utime+stime, one core = 100 %) | {:.1} % |\n",
+            self.cpu_pct
+        ));
+        out.push_str(&format!(
+            "| agent peak RSS (VmHWM) | {:.1} MB |\n",
+            self.vm_hwm_kb as f64 / 1024.0
+        ));
+        out.push_str(&format!(
+            "| agent RSS at the end (VmRSS) | {:.1} MB |\n",
+            self.vm_rss_kb as f64 / 1024.0
+        ));
+        if let Some(k) = &self.kernel_side {
+            out.push_str(&format!("\nThe agent's own account: `{k}`\n"));
+        }
+        out
+    }
+
+    pub fn headline(&self) -> String {
+        format!(
+            "flood: {} errors in {:.1} s, agent reported {} ({}), CPU {:.1} %, peak RSS {:.1} MB",
+            self.injected,
+            self.elapsed.as_secs_f64(),
+            self.reported,
+            if self.exact() { "exact" } else { "NOT EXACT" },
+            self.cpu_pct,
+            self.vm_hwm_kb as f64 / 1024.0
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn final_totals_line() {
+        let stderr = "totals:\n  7:3 loop3: block_io_error write EIO (block_rq_error) 51234\n  7:4 loop4: block_io_error read EIO (block_rq_error) 2, block_io_error write EIO (block_rq_error) 9\nkernel side: 1 samples rate-limited\n";
+        assert_eq!(final_total(stderr, "7:3"), Some(51234));
+        assert_eq!(final_total(stderr, "7:4"), Some(9));
+        assert_eq!(final_total(stderr, "7:5"), None);
+    }
+}
