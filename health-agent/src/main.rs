@@ -135,7 +135,11 @@ fn main() -> ExitCode {
                 .enable_all()
                 .build()
                 .map_err(anyhow::Error::from)?;
-            rt.block_on(watch::run(opts))
+            let result = rt.block_on(watch::run(opts));
+            // A volume probe stuck on a hung mount holds a blocking thread
+            // that may never return; dropping the runtime would wait for it.
+            rt.shutdown_timeout(Duration::from_millis(200));
+            result
         }),
         Command::Volumes(args) => volumes_command(args, host),
     };
@@ -229,9 +233,9 @@ fn check_config(args: &VolumeArgs, host: &HostPaths) -> anyhow::Result<CheckConf
 
 fn volumes_command(args: VolumesArgs, host: HostPaths) -> anyhow::Result<()> {
     let check = check_config(&args.volume, &host)?;
-    let given = args.volume.kubelet_root.as_deref();
-    let root = volumes::kubelet_root(given.or(Some(std::path::Path::new(DEFAULT_KUBELET_ROOT))))
-        .unwrap_or_else(|| PathBuf::from(DEFAULT_KUBELET_ROOT));
+    let given = args.volume.kubelet_root.clone().unwrap_or_else(|| PathBuf::from(DEFAULT_KUBELET_ROOT));
+    // mountinfo shows real paths; volume paths are compared with them.
+    let root = std::fs::canonicalize(&given).unwrap_or(given);
     if !root.is_dir() {
         tracing::warn!(root = %root.display(), "no kubelet directory: no pod volumes to show");
     }

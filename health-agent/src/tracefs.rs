@@ -240,7 +240,7 @@ print fmt: \"%d,%d\", REC->dev
             parse_format(Path::new("fmt"), "\tfield:int x;\toffset:zz;\tsize:4;\n").unwrap_err();
         assert_eq!(
             err.to_string(),
-            "fmt: malformed line 1: \"field:int x;\toffset:zz;\tsize:4;\""
+            r#"fmt: malformed line 1: "field:int x;\toffset:zz;\tsize:4;""#
         );
         assert!(parse_format(Path::new("fmt"), "\tfield:;\toffset:1;\tsize:4;\n").is_err());
     }

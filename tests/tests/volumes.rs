@@ -442,6 +442,52 @@ impl Drop for DeadFuse {
     }
 }
 
+#[test]
+fn a_hung_volume_is_a_finding_and_never_holds_up_the_watch() -> Result<()> {
+    require_env(&[])?;
+    let tree = Tree::new()?;
+    let hung_path = tree
+        .root()
+        .join("pods")
+        .join(POD_F)
+        .join("volumes/kubernetes.io~local-volume/local-hung");
+    let hung = DeadFuse::mount(&hung_path)?;
+    let agent = Agent::start(&[
+        "--kubelet-root",
+        tree.root_arg(),
+        "--check-interval",
+        "1",
+        "--check-timeout",
+        "1",
+    ])?;
+    std::thread::sleep(Duration::from_millis(3000));
+    // Stopped while the probe is still stuck in the kernel: the agent must
+    // exit anyway, promptly.
+    let started = Instant::now();
+    let run = stop(agent)?;
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "stopping took {:?}",
+        started.elapsed()
+    );
+    drop(hung);
+    let line = format!(
+        "volume pod {POD_F} pv local-hung: raised Inaccessible PathHung [check/reachability]"
+    );
+    assert!(
+        run.stderr.contains(&line),
+        "{line:?} not in:\n{}",
+        run.stderr
+    );
+    assert_eq!(
+        run.stderr.matches("PathHung").count(),
+        1,
+        "raised once, not per probe:\n{}",
+        run.stderr
+    );
+    Ok(())
+}
+
 /// Runs `health-agent volumes --json` and returns its array, bounded by a
 /// generous deadline so that a hang fails the test instead of stalling it.
 fn volumes_json(root: &str, extra: &[&str]) -> Result<(Vec<Value>, Duration, String)> {

@@ -117,7 +117,7 @@ pub fn test(args: &[String]) -> anyhow::Result<()> {
     say("running the test suite (release profile, shares the agent's build)");
     run(cargo()
         .current_dir(workspace_root())
-        .args(["test", "--release", "--workspace"])
+        .args(["test", "--release", "--workspace", "--no-fail-fast"])
         .env("HEALTH_EBPF_OBJECT", &built.ebpf_object)
         .env("HEALTH_AGENT_BIN", &built.agent)
         .arg("--")

@@ -50,7 +50,7 @@ pub fn run() -> Result<()> {
     let leftovers = footprint.leftovers();
     if leftovers.is_empty() {
         println!(
-            "\ncleaned up: no agent, mount, loop device or fault disk left behind ({:.0} s in all)",
+            "\ncleaned up: no agent, mount, loop device or fault disk left behind (the demo took {:.0} s)",
             started.elapsed().as_secs_f64()
         );
     } else {
@@ -332,10 +332,8 @@ fn agent_totals(lines: &[String], dev: &str) -> BTreeMap<String, u64> {
 
 fn compare(stats: &health_tests::Stats, lines: &[String], dev: &str) {
     let agent = agent_totals(lines, dev);
-    println!(
-        "\n   {:<34} {:>14} {:>14}",
-        "", "disk injected", "agent counted"
-    );
+    // (what, injected by the disk, counted by the agent, verdict)
+    let mut rows: Vec<(String, String, String, &str)> = Vec::new();
     let mut all_match = !agent.is_empty();
     for c in &stats.injected {
         let errno = format!("{:?}", nix::errno::Errno::from_raw(c.errno));
@@ -343,22 +341,34 @@ fn compare(stats: &health_tests::Stats, lines: &[String], dev: &str) {
         let counted = agent.get(&key).copied();
         let ok = counted == Some(c.count);
         all_match &= ok;
-        println!(
-            "   {:<34} {:>14} {:>14} {}",
+        rows.push((
             format!("failed {} requests, {errno}", c.op),
-            c.count,
+            c.count.to_string(),
             counted.map_or("-".to_string(), |n| n.to_string()),
-            if ok { "match" } else { "MISMATCH" }
-        );
+            if ok { "match" } else { "MISMATCH" },
+        ));
     }
     for (what, n) in agent
         .iter()
         .filter(|(k, _)| !k.starts_with("block_io_error"))
     {
-        println!("   {:<34} {:>14} {:>14}", what, "", n);
+        rows.push((
+            what.clone(),
+            String::new(),
+            n.to_string(),
+            "what the kernel made of them",
+        ));
+    }
+    let width = rows.iter().map(|r| r.0.len()).max().unwrap_or(0);
+    println!(
+        "\n   {:<width$}  {:>13}  {:>13}",
+        "", "disk injected", "agent counted"
+    );
+    for (what, injected, counted, verdict) in &rows {
+        println!("   {what:<width$}  {injected:>13}  {counted:>13}  {verdict}");
     }
     if all_match {
-        println!("\n   every failed request the disk injected is in the agent's totals, plus what the filesystem made of them");
+        println!("\n   every request the disk failed is in the agent's exact totals");
     } else if agent.is_empty() {
         println!("\n   (could not read the agent's totals from its output)");
     } else {

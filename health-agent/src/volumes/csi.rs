@@ -212,10 +212,17 @@ impl CsiProber {
 async fn discover_sockets(root: &Path) -> Vec<PathBuf> {
     let root = root.to_path_buf();
     // Directory reads on the kubelet's own filesystem; off the async threads
-    // all the same.
-    tokio::task::spawn_blocking(move || discover_node_sockets(&root))
-        .await
-        .unwrap_or_default()
+    // all the same. A node without plugins/ has no drivers, which is not
+    // worth the warning discovery gives for an unreadable directory.
+    tokio::task::spawn_blocking(move || {
+        if root.join("plugins").is_dir() {
+            discover_node_sockets(&root)
+        } else {
+            Vec::new()
+        }
+    })
+    .await
+    .unwrap_or_default()
 }
 
 /// What CSI calls the volume path: the pod's mount for filesystem volumes;
