@@ -233,7 +233,11 @@ fn check_config(args: &VolumeArgs, host: &HostPaths) -> anyhow::Result<CheckConf
 
 fn volumes_command(args: VolumesArgs, host: HostPaths) -> anyhow::Result<()> {
     let check = check_config(&args.volume, &host)?;
-    let given = args.volume.kubelet_root.clone().unwrap_or_else(|| PathBuf::from(DEFAULT_KUBELET_ROOT));
+    let given = args
+        .volume
+        .kubelet_root
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_KUBELET_ROOT));
     // mountinfo shows real paths; volume paths are compared with them.
     let root = std::fs::canonicalize(&given).unwrap_or(given);
     if !root.is_dir() {

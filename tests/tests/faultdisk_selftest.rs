@@ -489,63 +489,17 @@ fn one_loop_request_is_one_fuse_request() -> Result<()> {
     Ok(())
 }
 
-/// Set in the environment of the helper process of
-/// `orphaned_server_cleans_up_after_its_client_dies`.
-const ORPHAN_HELPER_ENV: &str = "FAULTDISK_SELFTEST_ORPHAN_HELPER";
-
-#[test]
-#[ignore = "helper process of orphaned_server_cleans_up_after_its_client_dies; does nothing \
-            unless that test runs it"]
-fn orphan_helper() {
-    if std::env::var_os(ORPHAN_HELPER_ENV).is_none() {
-        return;
-    }
-    let run = || -> Result<()> {
-        let disk = start(64 * MIB)?;
-        let lo = disk.attach_loop(false)?;
-        fs::mkfs_ext4(lo.path())?;
-        // Inside the work dir, which the orphaned server deletes after unmounting.
-        let target = disk.work_dir().join("fs");
-        std::fs::create_dir(&target)?;
-        let mnt = fs::Mount::at(lo.path(), &target, "ext4", "")?;
-        std::fs::write(mnt.path().join("f"), b"x")?;
-        println!(
-            "ORPHAN {} {} {} {} {} {}",
-            disk.server_pid(),
-            lo.name(),
-            lo.maj_min(),
-            disk.image_path().display(),
-            disk.mount_dir().display(),
-            disk.work_dir().display(),
-        );
-        io::stdout().flush()?;
-        // Die without running any destructor, like a killed test process.
-        std::process::abort();
-    };
-    if let Err(e) = run() {
-        println!("ORPHAN-ERROR {e:#}");
-    }
-}
-
 #[test]
 fn orphaned_server_cleans_up_after_its_client_dies() -> Result<()> {
     health_tests::require_env(&[])?;
-    let exe = std::env::current_exe()?;
-    let out = std::process::Command::new(&exe)
-        .args([
-            "orphan_helper",
-            "--exact",
-            "--ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(ORPHAN_HELPER_ENV, "1")
+    let exe = env!("CARGO_BIN_EXE_orphan-client");
+    let out = std::process::Command::new(exe)
+        .env("FAULTDISK_BIN", env!("CARGO_BIN_EXE_faultdisk"))
         .output()
-        .with_context(|| format!("running {} orphan_helper", exe.display()))?;
+        .with_context(|| format!("running {exe}"))?;
     let stdout = String::from_utf8_lossy(&out.stdout);
     let line = stdout
         .lines()
-        // The harness prints "test orphan_helper ... " before the helper's own output.
         .find_map(|l| l.split_once("ORPHAN ").map(|(_, rest)| rest))
         .with_context(|| {
             format!(

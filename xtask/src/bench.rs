@@ -55,7 +55,7 @@ pub struct BenchArgs {
     /// A/B rounds per agent configuration in the overhead measurement.
     #[arg(long, default_value_t = 10)]
     rounds: u32,
-    /// Seconds one overhead run should take (the request count is calibrated once).
+    /// Seconds of requests in each overhead run.
     #[arg(long, default_value_t = 1.0)]
     run_secs: f64,
     /// Seconds of the error flood.
@@ -76,10 +76,34 @@ pub struct Tools {
     pub ebpf_object: PathBuf,
 }
 
-/// Builds the agent (with its kernel programs) and the faultdisk server.
+/// Builds the agent (with its kernel programs) and the faultdisk server, or
+/// takes both from HEALTH_AGENT_BIN and FAULTDISK_BIN.
 pub fn prepare() -> Result<Tools> {
     if !is_root() {
         bail!("this drives the real kernel (eBPF programs, loop devices, FUSE, mounts) and must run as root");
+    }
+    // Prebuilt binaries (e.g. from CI artifacts, or to repeat a run against
+    // the very same build): both given means nothing is built.
+    if let (Some(agent), Some(faultdisk)) = (
+        std::env::var_os("HEALTH_AGENT_BIN"),
+        std::env::var_os("FAULTDISK_BIN"),
+    ) {
+        let tools = Tools {
+            agent: PathBuf::from(agent),
+            faultdisk: PathBuf::from(faultdisk),
+            ebpf_object: workspace_root().join("target/bpfel-unknown-none/release/health-ebpf"),
+        };
+        for bin in [&tools.agent, &tools.faultdisk] {
+            if !bin.is_file() {
+                bail!(
+                    "{} (from HEALTH_AGENT_BIN / FAULTDISK_BIN) does not exist",
+                    bin.display()
+                );
+            }
+        }
+        say(format!("using {} and {} as they are (HEALTH_AGENT_BIN and FAULTDISK_BIN are set; nothing built)", tools.agent.display(), tools.faultdisk.display()));
+        health_tests::require_env(&[])?;
+        return Ok(tools);
     }
     let built = build::all()?;
     // bootstrap (inside build::all) installs the tools; check them anyway so a
@@ -163,9 +187,17 @@ impl Machine {
         }
     }
 
+    /// The italic line heading each result block. Called right after the
+    /// part ran, so the load average describes the machine during it: on a
+    /// shared machine that explains more of the variance than anything else.
     fn line(&self, command: &str, took: Duration) -> String {
+        let load = std::fs::read_to_string("/proc/loadavg")
+            .ok()
+            .and_then(|l| l.split_whitespace().next().map(str::to_string))
+            .unwrap_or_else(|| "?".into());
         format!(
-            "_Measured {} on Linux {}, {} ({} cores), {:.0} GiB RAM; commit {}; `{command}`, {:.0} s._\n\n",
+            "_Measured {} on Linux {}, {} ({} cores), {:.0} GiB RAM; commit {}; `{command}`, {:.0} s; \
+             1-minute load average {load} at the end._\n\n",
             self.date,
             self.kernel,
             self.cpu,
@@ -221,7 +253,7 @@ pub fn run_bench(args: &BenchArgs) -> Result<()> {
                 ));
                 let cfg = overhead::Config {
                     rounds: args.rounds,
-                    run_target: Duration::try_from_secs_f64(args.run_secs).context("--run-secs")?,
+                    run_time: Duration::try_from_secs_f64(args.run_secs).context("--run-secs")?,
                 };
                 let r = overhead::run(&tools, &cfg)?;
                 (
@@ -278,8 +310,10 @@ pub fn run_bench(args: &BenchArgs) -> Result<()> {
         };
         say(&headline);
         headlines.push(headline);
-        if !args.no_write {
-            let body = format!("{}{body}", machine.line(&command, t.elapsed()));
+        let body = format!("{}{body}", machine.line(&command, t.elapsed()));
+        if args.no_write {
+            println!("\n{body}");
+        } else {
             report::update(&file, id, &body)?;
         }
     }

@@ -21,6 +21,7 @@ pub mod view;
 mod watch;
 
 use std::collections::HashMap;
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -90,10 +91,23 @@ impl VolumeIndex {
     /// mount table, block mode by `stat` of the device node, which does no
     /// I/O on the device) and indexes the devices that reach it.
     pub fn build(topo: &Topology, volumes: Vec<KubeletVolume>) -> VolumeIndex {
+        // The topmost mount at each point is the last in mountinfo order, as
+        // in `kubelet::resolve_device`; one map instead of a scan of the
+        // whole table per volume (thousands of mounts on a busy node, and
+        // `Path` equality walks components). Mount points from the kernel and
+        // kubelet paths under a canonical root are both canonical, so
+        // comparing their bytes is comparing the paths.
+        let mut topmost: HashMap<&OsStr, Dev> = HashMap::with_capacity(topo.mounts().len());
+        for m in topo.mounts() {
+            topmost.insert(m.mount_point.as_os_str(), m.dev);
+        }
         let resolved = volumes
             .into_iter()
             .map(|volume| {
-                let device = kubelet::resolve_device(&volume, topo.mounts());
+                let device = match volume.volume_mode {
+                    VolumeMode::Filesystem => topmost.get(volume.path.as_os_str()).copied(),
+                    VolumeMode::Block => kubelet::resolve_device(&volume, &[]),
+                };
                 (volume, device)
             })
             .collect();

@@ -36,8 +36,11 @@ pub struct FloodResult {
     pub lines: usize,
     pub sampled_lines: usize,
     pub cpu_pct: f64,
+    /// Peak RSS right after the agent attached, before any error.
+    pub hwm_ready_kb: u64,
     pub vm_hwm_kb: u64,
     pub vm_rss_kb: u64,
+    pub rss_anon_kb: u64,
     /// The agent's "kernel side: ..." line.
     pub kernel_side: Option<String>,
 }
@@ -74,6 +77,7 @@ pub fn run(tools: &Tools, cfg: &Config) -> Result<FloodResult> {
         .map(|s| s.to_string())
         .collect();
     let agent = AgentProc::start(&tools.agent, &args, None)?;
+    let hwm_ready_kb = agent.status_kb("VmHWM")?;
     disk.add_rule(Rule::new(Op::Write, libc::EIO).range(0, AREA))?;
 
     let stop = AtomicBool::new(false);
@@ -117,6 +121,7 @@ pub fn run(tools: &Tools, cfg: &Config) -> Result<FloodResult> {
     })?;
     let vm_hwm_kb = agent.status_kb("VmHWM")?;
     let vm_rss_kb = agent.status_kb("VmRSS")?;
+    let rss_anon_kb = agent.status_kb("RssAnon")?;
     let stopped = agent.stop()?;
     if !stopped.status.success() {
         bail!(
@@ -146,8 +151,10 @@ pub fn run(tools: &Tools, cfg: &Config) -> Result<FloodResult> {
         lines: stopped.lines.len(),
         sampled_lines,
         cpu_pct: ticks as f64 / hz as f64 / elapsed.as_secs_f64() * 100.0,
+        hwm_ready_kb,
         vm_hwm_kb,
         vm_rss_kb,
+        rss_anon_kb,
         kernel_side: stopped
             .stderr
             .lines()
@@ -193,13 +200,19 @@ impl FloodResult {
             "| agent CPU during the flood (utime+stime, one core = 100 %) | {:.1} % |\n",
             self.cpu_pct
         ));
+        let mb = |kb: u64| kb as f64 / 1024.0;
         out.push_str(&format!(
-            "| agent peak RSS (VmHWM) | {:.1} MB |\n",
-            self.vm_hwm_kb as f64 / 1024.0
+            "| agent peak RSS (VmHWM) once attached, before any error | {:.1} MB |\n",
+            mb(self.hwm_ready_kb)
         ));
         out.push_str(&format!(
-            "| agent RSS at the end (VmRSS) | {:.1} MB |\n",
-            self.vm_rss_kb as f64 / 1024.0
+            "| agent peak RSS (VmHWM) after the flood | {:.1} MB |\n",
+            mb(self.vm_hwm_kb)
+        ));
+        out.push_str(&format!(
+            "| agent RSS after the flood (VmRSS; of it anonymous, RssAnon) | {:.1} MB ({:.1} MB) |\n",
+            mb(self.vm_rss_kb),
+            mb(self.rss_anon_kb)
         ));
         if let Some(k) = &self.kernel_side {
             out.push_str(&format!("\nThe agent's own account: `{k}`\n"));
@@ -209,13 +222,15 @@ impl FloodResult {
 
     pub fn headline(&self) -> String {
         format!(
-            "flood: {} errors in {:.1} s, agent reported {} ({}), CPU {:.1} %, peak RSS {:.1} MB",
+            "flood: {} errors in {:.1} s, agent reported {} ({}), CPU {:.1} %, peak RSS {:.1} MB (at start {:.1} MB), RSS {:.1} MB",
             self.injected,
             self.elapsed.as_secs_f64(),
             self.reported,
             if self.exact() { "exact" } else { "NOT EXACT" },
             self.cpu_pct,
-            self.vm_hwm_kb as f64 / 1024.0
+            self.vm_hwm_kb as f64 / 1024.0,
+            self.hwm_ready_kb as f64 / 1024.0,
+            self.vm_rss_kb as f64 / 1024.0
         )
     }
 }

@@ -3,15 +3,22 @@
 //!
 //! A loop device (direct I/O) over a file in /dev/shm: no FUSE and no disk,
 //! so a request costs a few microseconds of CPU and any per-request cost the
-//! agent adds is as visible as it can be. Each run is a fixed amount of work:
-//! the same pseudo-random sequence of O_DIRECT 4 KiB writes and reads at
-//! queue depth 1. Runs with and without the agent alternate (A B, then B A,
-//! so slow drift of the machine cancels) and each round gives one ratio.
+//! agent adds is as visible as it can be. A run issues O_DIRECT 4 KiB writes
+//! and reads (alternating, pseudo-random offsets, queue depth 1) for a fixed
+//! time and times every request. Runs without (A) and with (B) the agent
+//! alternate, A B then B A, so that slow drift of the machine cancels; each
+//! round gives one ratio.
+//!
+//! The main figure compares the *median request latency* of the two runs of
+//! a round: on a shared machine, other tenants' bursts stretch some requests
+//! by milliseconds (scheduling delay of our thread or of the loop worker),
+//! which swings throughput by tens of percent between identical runs while
+//! leaving the median request alone. Throughput ratios are reported too.
 //!
 //! Apart from the timed rounds, one extra run per configuration has
 //! kernel.bpf_stats_enabled on and reads the agent's programs' run count and
 //! run time from /proc/<pid>/fdinfo: a direct measurement of the in-kernel
-//! cost that does not drown in the noise of a shared machine.
+//! cost that does not drown in the noise at all.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -21,7 +28,7 @@ use health_tests::sys::{self, FileId};
 
 use super::agent::{AgentProc, BpfStatsGuard, ProgStats};
 use super::dio::DirectIo;
-use super::stats::median;
+use super::stats::{median, percentile_sorted};
 use super::{interrupt, Tools};
 
 const MIB: u64 = 1 << 20;
@@ -30,22 +37,44 @@ const BLOCK: u64 = 4096;
 
 pub struct Config {
     pub rounds: u32,
-    /// Wall time one run should take; the op count is calibrated to it once.
-    pub run_target: Duration,
+    /// How long each run issues requests.
+    pub run_time: Duration,
 }
 
-/// One A/B round: the same work without and with the agent.
+/// What one fixed-time run did.
+#[derive(Clone, Copy, Debug)]
+pub struct Run {
+    pub requests: u64,
+    pub elapsed: Duration,
+    /// Median request latency, ns.
+    pub p50_ns: f64,
+}
+
+impl Run {
+    pub fn per_sec(&self) -> f64 {
+        self.requests as f64 / self.elapsed.as_secs_f64()
+    }
+}
+
+/// One A/B round.
 #[derive(Clone, Copy, Debug)]
 pub struct Round {
     pub agent_first: bool,
-    pub base: Duration,
-    pub agent: Duration,
+    pub base: Run,
+    pub agent: Run,
 }
 
 impl Round {
-    /// Extra time with the agent, in percent (negative: faster with it).
-    pub fn overhead_pct(&self) -> f64 {
-        (self.agent.as_secs_f64() / self.base.as_secs_f64() - 1.0) * 100.0
+    /// How much longer the median request took with the agent, in percent
+    /// (negative: shorter).
+    pub fn latency_pct(&self) -> f64 {
+        (self.agent.p50_ns / self.base.p50_ns - 1.0) * 100.0
+    }
+
+    /// How much throughput the agent cost, in percent (negative: more
+    /// requests with it).
+    pub fn throughput_pct(&self) -> f64 {
+        (1.0 - self.agent.per_sec() / self.base.per_sec()) * 100.0
     }
 }
 
@@ -56,12 +85,11 @@ pub struct ConfigResult {
     /// The agent's programs during one extra run with bpf stats on.
     pub progs: ProgStats,
     /// Block requests the device completed during that run.
-    pub requests: u64,
-    pub prog_run_wall: Duration,
+    pub device_requests: u64,
 }
 
 pub struct OverheadResult {
-    pub ops: u64,
+    pub run_time: Duration,
     pub configs: Vec<ConfigResult>,
 }
 
@@ -93,9 +121,10 @@ impl ShmLoop {
             }
         }
         let file_id = FileId::of(&image)?;
+        let image_arg = image.to_string_lossy().into_owned();
         let out = health_tests::cmd::run(
             "losetup",
-            &["-f", "--show", "--direct-io=on", &image.to_string_lossy()],
+            &["-f", "--show", "--direct-io=on", image_arg.as_str()],
         )?;
         let dev = out.stdout.trim().to_string();
         let name = dev
@@ -131,32 +160,47 @@ impl Drop for ShmLoop {
     }
 }
 
-/// `ops` requests at queue depth 1, alternating writes and reads, at offsets
-/// from a fixed pseudo-random sequence (the same in every run).
-fn workload(io: &mut DirectIo, ops: u64) -> Result<Duration> {
+/// Requests for `run_time` at queue depth 1, alternating writes and reads at
+/// offsets from a fixed pseudo-random sequence, each one timed.
+fn workload(io: &mut DirectIo, run_time: Duration, lat_ns: &mut Vec<u32>) -> Result<Run> {
     let blocks = FILE_SIZE / BLOCK;
     let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    lat_ns.clear();
     let start = Instant::now();
-    for k in 0..ops {
-        if k % 4096 == 0 {
+    let mut k = 0u64;
+    loop {
+        if k % 1024 == 0 {
             interrupt::check()?;
+            if start.elapsed() >= run_time {
+                break;
+            }
         }
         // xorshift64: cheap, and the same offsets every run.
         x ^= x << 13;
         x ^= x >> 7;
         x ^= x << 17;
         let at = (x % blocks) * BLOCK;
+        let t = Instant::now();
         let n = if k % 2 == 0 {
             io.write_at(at)
         } else {
             io.read_at(at)
         }
         .with_context(|| format!("I/O at {at} on the benchmark loop device"))?;
+        lat_ns.push(u32::try_from(t.elapsed().as_nanos()).unwrap_or(u32::MAX));
         if n as u64 != BLOCK {
             bail!("short I/O at {at}: {n} bytes");
         }
+        k += 1;
     }
-    Ok(start.elapsed())
+    let elapsed = start.elapsed();
+    lat_ns.sort_unstable();
+    let sorted: Vec<f64> = lat_ns.iter().map(|&v| f64::from(v)).collect();
+    Ok(Run {
+        requests: k,
+        elapsed,
+        p50_ns: percentile_sorted(&sorted, 50.0),
+    })
 }
 
 fn agent_args(extra: &[&str]) -> Vec<String> {
@@ -169,13 +213,9 @@ fn agent_args(extra: &[&str]) -> Vec<String> {
 pub fn run(tools: &Tools, cfg: &Config) -> Result<OverheadResult> {
     let lo = ShmLoop::create()?;
     let mut io = DirectIo::open(&lo.path, BLOCK as usize)?;
-
-    // Warm up (page tables, loop worker, caches), then size a run.
-    let probe_ops = 4000;
-    workload(&mut io, probe_ops)?;
-    let per_op = workload(&mut io, probe_ops)?.as_secs_f64() / probe_ops as f64;
-    let ops =
-        ((cfg.run_target.as_secs_f64() / per_op) as u64).clamp(10_000, 1_000_000) / 1000 * 1000;
+    let mut lat = Vec::with_capacity(1 << 20);
+    // Warm up: page tables, the loop worker, caches.
+    workload(&mut io, Duration::from_millis(500), &mut lat)?;
 
     let mut configs = Vec::new();
     for (name, extra) in [
@@ -187,11 +227,14 @@ pub fn run(tools: &Tools, cfg: &Config) -> Result<OverheadResult> {
         for r in 0..cfg.rounds {
             let agent_first = r % 2 == 1;
             let (base, agent) = if agent_first {
-                let a = timed_with_agent(tools, &args, &mut io, ops)?;
-                (workload(&mut io, ops)?, a)
+                let b = with_agent(tools, &args, &mut io, cfg.run_time, &mut lat)?;
+                (workload(&mut io, cfg.run_time, &mut lat)?, b)
             } else {
-                let b = workload(&mut io, ops)?;
-                (b, timed_with_agent(tools, &args, &mut io, ops)?)
+                let a = workload(&mut io, cfg.run_time, &mut lat)?;
+                (
+                    a,
+                    with_agent(tools, &args, &mut io, cfg.run_time, &mut lat)?,
+                )
             };
             let round = Round {
                 agent_first,
@@ -199,37 +242,44 @@ pub fn run(tools: &Tools, cfg: &Config) -> Result<OverheadResult> {
                 agent,
             };
             super::say_progress(format!(
-                "overhead {name} round {}/{}: without {:.3} s, with {:.3} s ({:+.2} %)",
+                "overhead {name} round {}/{}: median request {:.2} -> {:.2} µs ({:+.2} %), {:.0} -> {:.0} requests/s ({:+.2} %)",
                 r + 1,
                 cfg.rounds,
-                base.as_secs_f64(),
-                agent.as_secs_f64(),
-                round.overhead_pct()
+                base.p50_ns / 1000.0,
+                agent.p50_ns / 1000.0,
+                round.latency_pct(),
+                base.per_sec(),
+                agent.per_sec(),
+                round.throughput_pct(),
             ));
             rounds.push(round);
         }
-        let (progs, requests, prog_run_wall) = program_cost(tools, &args, &lo, &mut io, ops)?;
+        let (progs, device_requests) =
+            program_cost(tools, &args, &lo, &mut io, cfg.run_time, &mut lat)?;
         configs.push(ConfigResult {
             name,
             args,
             rounds,
             progs,
-            requests,
-            prog_run_wall,
+            device_requests,
         });
     }
-    Ok(OverheadResult { ops, configs })
+    Ok(OverheadResult {
+        run_time: cfg.run_time,
+        configs,
+    })
 }
 
-/// One timed run with an agent attached (started before, stopped after).
-fn timed_with_agent(
+/// One run with an agent attached (started before, stopped after).
+fn with_agent(
     tools: &Tools,
     args: &[String],
     io: &mut DirectIo,
-    ops: u64,
-) -> Result<Duration> {
+    run_time: Duration,
+    lat: &mut Vec<u32>,
+) -> Result<Run> {
     let agent = AgentProc::start(&tools.agent, args, None)?;
-    let t = workload(io, ops)?;
+    let run = workload(io, run_time, lat)?;
     let stopped = agent.stop()?;
     if !stopped.status.success() {
         bail!(
@@ -239,14 +289,14 @@ fn timed_with_agent(
         );
     }
     if !stopped.lines.is_empty() {
-        // A line means some device on this host failed during the run: the
-        // round then measured error handling, not the healthy path.
+        // Some device on this host failed during the run: the agent did
+        // more than a healthy-path agent would.
         super::say_progress(format!(
-            "note: the agent reported {} error line(s) during a healthy-path run",
+            "note: the agent reported {} error line(s) on this host during a healthy-path run",
             stopped.lines.len()
         ));
     }
-    Ok(t)
+    Ok(run)
 }
 
 /// Program runs and run time during one run with bpf stats enabled.
@@ -255,91 +305,139 @@ fn program_cost(
     args: &[String],
     lo: &ShmLoop,
     io: &mut DirectIo,
-    ops: u64,
-) -> Result<(ProgStats, u64, Duration)> {
+    run_time: Duration,
+    lat: &mut Vec<u32>,
+) -> Result<(ProgStats, u64)> {
     let _stats = BpfStatsGuard::enable()?;
     let agent = AgentProc::start(&tools.agent, args, None)?;
     let before = agent.bpf_prog_stats()?;
     let req_before = lo.requests()?;
-    let wall = workload(io, ops)?;
+    workload(io, run_time, lat)?;
     let progs = agent.bpf_prog_stats()?.since(before);
     let requests = lo.requests()?.saturating_sub(req_before);
     agent.stop()?;
-    Ok((progs, requests, wall))
+    Ok((progs, requests))
+}
+
+fn min_max(v: &[f64]) -> (f64, f64) {
+    v.iter()
+        .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), &x| {
+            (lo.min(x), hi.max(x))
+        })
 }
 
 impl ConfigResult {
-    pub fn median_pct(&self) -> f64 {
-        median(
-            &self
-                .rounds
-                .iter()
-                .map(Round::overhead_pct)
-                .collect::<Vec<_>>(),
-        )
+    fn latency_pcts(&self) -> Vec<f64> {
+        self.rounds.iter().map(Round::latency_pct).collect()
     }
 
-    fn spread(&self) -> (f64, f64) {
-        let v: Vec<f64> = self.rounds.iter().map(Round::overhead_pct).collect();
-        (
-            v.iter().copied().fold(f64::INFINITY, f64::min),
-            v.iter().copied().fold(f64::NEG_INFINITY, f64::max),
-        )
+    fn throughput_pcts(&self) -> Vec<f64> {
+        self.rounds.iter().map(Round::throughput_pct).collect()
     }
 
-    /// Share of the run's wall time spent in the agent's programs, percent.
-    pub fn program_pct(&self) -> f64 {
-        self.progs.run_time_ns as f64 / self.prog_run_wall.as_nanos().max(1) as f64 * 100.0
+    pub fn median_latency_pct(&self) -> f64 {
+        median(&self.latency_pcts())
+    }
+
+    pub fn median_throughput_pct(&self) -> f64 {
+        median(&self.throughput_pcts())
+    }
+
+    /// Program run time per block request the device completed, ns.
+    pub fn prog_ns_per_request(&self) -> f64 {
+        self.progs.run_time_ns as f64 / self.device_requests.max(1) as f64
     }
 
     pub fn ns_per_run(&self) -> Option<f64> {
         (self.progs.run_cnt > 0).then(|| self.progs.run_time_ns as f64 / self.progs.run_cnt as f64)
     }
+
+    /// Median request latency without the agent over all rounds, ns.
+    fn base_p50_ns(&self) -> f64 {
+        median(
+            &self
+                .rounds
+                .iter()
+                .map(|r| r.base.p50_ns)
+                .collect::<Vec<_>>(),
+        )
+    }
+
+    /// Program time as a share of the median request, percent: the
+    /// overhead the in-kernel part alone implies for this device.
+    pub fn implied_pct(&self) -> f64 {
+        self.prog_ns_per_request() / self.base_p50_ns() * 100.0
+    }
 }
 
 impl OverheadResult {
     pub fn markdown(&self, device: &Path) -> String {
-        let mut out = String::new();
-        out.push_str(&format!(
-            "{} requests per run (O_DIRECT 4 KiB, writes and reads alternating, queue depth 1) on a loop device with direct I/O over a 256 MiB file in {}.\n\n",
-            self.ops,
+        let mut out = format!(
+            "Each run: O_DIRECT 4 KiB writes and reads, alternating, queue depth 1, for {:.1} s, on a loop device \
+             with direct I/O over a 256 MiB file in {}. Overhead = with agent / without - 1, per A/B round.\n\n",
+            self.run_time.as_secs_f64(),
             device.display()
-        ));
-        out.push_str("| agent | rounds | median overhead | min | max | per-round overhead (%, order) |\n|---|---:|---:|---:|---:|---|\n");
+        );
+        out.push_str(
+            "| agent | rounds | median request without → with (µs) | overhead, median request: median (min … max) | \
+             overhead, throughput: median (min … max) |\n|---|---:|---:|---:|---:|\n",
+        );
         for c in &self.configs {
-            let (lo, hi) = c.spread();
+            let (llo, lhi) = min_max(&c.latency_pcts());
+            let (tlo, thi) = min_max(&c.throughput_pcts());
+            let with = median(&c.rounds.iter().map(|r| r.agent.p50_ns).collect::<Vec<_>>());
+            out.push_str(&format!(
+                "| `watch {}` | {} | {:.2} → {:.2} | {:+.2} % ({:+.2} … {:+.2}) | {:+.2} % ({:+.2} … {:+.2}) |\n",
+                c.args.join(" "),
+                c.rounds.len(),
+                c.base_p50_ns() / 1000.0,
+                with / 1000.0,
+                c.median_latency_pct(),
+                llo,
+                lhi,
+                c.median_throughput_pct(),
+                tlo,
+                thi,
+            ));
+        }
+        out.push_str("\nPer round (median-request overhead %, throughput overhead %, order):\n\n");
+        for c in &self.configs {
             let per: Vec<String> = c
                 .rounds
                 .iter()
                 .map(|r| {
                     format!(
-                        "{:+.2}{}",
-                        r.overhead_pct(),
-                        if r.agent_first { " BA" } else { " AB" }
+                        "{:+.2}/{:+.2} {}",
+                        r.latency_pct(),
+                        r.throughput_pct(),
+                        if r.agent_first { "BA" } else { "AB" }
                     )
                 })
                 .collect();
             out.push_str(&format!(
-                "| `watch {}` | {} | {:+.2} % | {:+.2} % | {:+.2} % | {} |\n",
+                "- `watch {}`: {}\n",
                 c.args.join(" "),
-                c.rounds.len(),
-                c.median_pct(),
-                lo,
-                hi,
                 per.join(", ")
             ));
         }
-        out.push_str("\nIn-kernel cost, from one extra run per configuration with `kernel.bpf_stats_enabled=1`:\n\n");
-        out.push_str("| agent | block requests | program runs | ns per run | program time / run time |\n|---|---:|---:|---:|---:|\n");
+        out.push_str(
+            "\nIn-kernel cost, from one extra run per configuration with `kernel.bpf_stats_enabled=1` \
+             (run time as the kernel accounts it, including the stats' own two clock reads per run):\n\n",
+        );
+        out.push_str(
+            "| agent | block requests | program runs | ns per run | program ns per request | \
+             share of the median request |\n|---|---:|---:|---:|---:|---:|\n",
+        );
         for c in &self.configs {
             out.push_str(&format!(
-                "| `watch {}` | {} | {} | {} | {:.3} % |\n",
+                "| `watch {}` | {} | {} | {} | {:.0} | {:.2} % |\n",
                 c.args.join(" "),
-                c.requests,
+                c.device_requests,
                 c.progs.run_cnt,
                 c.ns_per_run()
                     .map_or("-".to_string(), |n| format!("{n:.0}")),
-                c.program_pct()
+                c.prog_ns_per_request(),
+                c.implied_pct(),
             ));
         }
         out
@@ -351,12 +449,12 @@ impl OverheadResult {
             .iter()
             .map(|c| {
                 format!(
-                    "{}: median {:+.2} % (programs {:.3} % of run time{})",
+                    "{}: median request {:+.2} %, throughput {:+.2} %, programs {:.0} ns/request ({:.2} % of a request)",
                     c.name,
-                    c.median_pct(),
-                    c.program_pct(),
-                    c.ns_per_run()
-                        .map_or(String::new(), |n| format!(", {n:.0} ns/run"))
+                    c.median_latency_pct(),
+                    c.median_throughput_pct(),
+                    c.prog_ns_per_request(),
+                    c.implied_pct()
                 )
             })
             .collect();
