@@ -169,7 +169,7 @@ fn workload(io: &mut DirectIo, run_time: Duration, lat_ns: &mut Vec<u32>) -> Res
     let start = Instant::now();
     let mut k = 0u64;
     loop {
-        if k % 1024 == 0 {
+        if k.is_multiple_of(1024) {
             interrupt::check()?;
             if start.elapsed() >= run_time {
                 break;
@@ -181,7 +181,7 @@ fn workload(io: &mut DirectIo, run_time: Duration, lat_ns: &mut Vec<u32>) -> Res
         x ^= x << 17;
         let at = (x % blocks) * BLOCK;
         let t = Instant::now();
-        let n = if k % 2 == 0 {
+        let n = if k.is_multiple_of(2) {
             io.write_at(at)
         } else {
             io.read_at(at)
