@@ -131,7 +131,6 @@ pub async fn run(opts: WatchOptions) -> anyhow::Result<()> {
 
     // Detach first, then collect what the kernel counted up to that point:
     // the last lines printed make every total exact.
-    let sources = attached.sources.clone();
     drop(attached);
     collector.drain(&mut batch);
     collector.reconcile(true, &mut batch)?;
@@ -143,7 +142,6 @@ pub async fn run(opts: WatchOptions) -> anyhow::Result<()> {
     )?;
     let stats = collector.kernel_stats()?;
     view.print_final(&collector.totals()?, &topo, &stats)?;
-    tracing::debug!(sources = sources.len(), "detached");
     Ok(())
 }
 

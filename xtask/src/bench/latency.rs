@@ -53,6 +53,8 @@ pub struct LatencyResult {
     pub inject_to_line: Summary,
     pub tracepoint_to_line: Summary,
     pub inject_to_tracepoint: Summary,
+    /// How many of each interval took over 1 ms (same order as above).
+    pub over_1ms: [usize; 3],
 }
 
 pub fn run(tools: &Tools, cfg: &Config) -> Result<LatencyResult> {
@@ -144,6 +146,12 @@ pub fn run(tools: &Tools, cfg: &Config) -> Result<LatencyResult> {
     if reported != injected {
         bail!("the agent reported {reported} errors for {injected} injected");
     }
+    let over = |v: &[f64]| v.iter().filter(|&&us| us > 1000.0).count();
+    let over_1ms = [
+        over(&inject_to_line),
+        over(&tracepoint_to_line),
+        over(&inject_to_tracepoint),
+    ];
     let summary = |v: &[f64], what: &str| {
         Summary::of(v).with_context(|| format!("no sampled lines to measure {what}"))
     };
@@ -157,14 +165,15 @@ pub fn run(tools: &Tools, cfg: &Config) -> Result<LatencyResult> {
         inject_to_line: summary(&inject_to_line, "injection -> line")?,
         tracepoint_to_line: summary(&tracepoint_to_line, "tracepoint -> line")?,
         inject_to_tracepoint: summary(&inject_to_tracepoint, "injection -> tracepoint")?,
+        over_1ms,
     })
 }
 
 impl LatencyResult {
     pub fn markdown(&self) -> String {
-        let row = |name: &str, s: &Summary| {
+        let row = |name: &str, s: &Summary, over_1ms: usize| {
             format!(
-                "| {name} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} |\n",
+                "| {name} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {over_1ms} |\n",
                 s.n, s.min, s.p50, s.p90, s.p99, s.max
             )
         };
@@ -182,18 +191,21 @@ impl LatencyResult {
             self.reported,
             self.errors,
         ));
-        out.push_str("| interval (µs) | n | min | p50 | p90 | p99 | max |\n|---|---:|---:|---:|---:|---:|---:|\n");
+        out.push_str("| interval (µs) | n | min | p50 | p90 | p99 | max | over 1 ms |\n|---|---:|---:|---:|---:|---:|---:|---:|\n");
         out.push_str(&row(
             "tracepoint → line received (agent's part)",
             &self.tracepoint_to_line,
+            self.over_1ms[1],
         ));
         out.push_str(&row(
             "fault disk fails request → line received",
             &self.inject_to_line,
+            self.over_1ms[0],
         ));
         out.push_str(&row(
             "fault disk fails request → tracepoint (kernel's part)",
             &self.inject_to_tracepoint,
+            self.over_1ms[2],
         ));
         out
     }
