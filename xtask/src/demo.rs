@@ -27,6 +27,8 @@ const MIB: u64 = 1 << 20;
 const EIO: i32 = libc::EIO;
 /// How long to wait for the agent's line after each fault.
 const SHOW_WAIT: Duration = Duration::from_secs(5);
+/// Pause between steps: the demo is meant to be watched.
+const STEP_PAUSE: Duration = Duration::from_millis(1500);
 /// Prefix of the agent's own output in the narration.
 const AGENT_PREFIX: &str = "   agent | ";
 
@@ -66,8 +68,11 @@ pub fn run() -> Result<()> {
     Ok(())
 }
 
-fn step(n: u32, title: &str) {
+/// Heads a step, after a pause that lets a reader follow the previous one.
+fn step(n: u32, title: &str) -> Result<()> {
+    interrupt::sleep(STEP_PAUSE)?;
     println!("\n== {n}. {title}");
+    Ok(())
 }
 
 fn say(text: impl AsRef<str>) {
@@ -174,7 +179,7 @@ fn demo(tools: &bench::Tools, footprint: &mut Footprint) -> Result<()> {
     step(
         1,
         "a database writes db.bin with O_DIRECT into a bad region",
-    );
+    )?;
     let from = agent.line_count();
     let rule = disk.add_rule(Rule::new(Op::Write, EIO).range(db_ext.physical, 32 * 1024))?;
     let io = DirectIo::open(&db, 4096)?;
@@ -197,7 +202,7 @@ fn demo(tools: &bench::Tools, footprint: &mut Footprint) -> Result<()> {
     step(
         2,
         "someone opens photo.jpg, which is no longer in the page cache",
-    );
+    )?;
     let from = agent.line_count();
     fs::drop_caches()?;
     let before = disk.stats()?.injected(Op::Read, EIO);
@@ -215,7 +220,7 @@ fn demo(tools: &bench::Tools, footprint: &mut Footprint) -> Result<()> {
     step(
         3,
         "a service appends to app.log; the disk fails the writeback",
-    );
+    )?;
     let from = agent.line_count();
     let rule = disk.add_rule(Rule::new(Op::Write, EIO).range(log_ext.physical, 64 * 1024))?;
     let mut f = OpenOptions::new()
@@ -247,7 +252,7 @@ fn demo(tools: &bench::Tools, footprint: &mut Footprint) -> Result<()> {
     step(
         4,
         "a mail server opens inbox/mail-007; the inbox directory block cannot be read",
-    );
+    )?;
     let from = agent.line_count();
     let rule = disk.add_rule(Rule::new(Op::Read, EIO).range(inbox_ext.physical, inbox_ext.len))?;
     let opened = std::fs::read(inbox.join("mail-007"));
@@ -275,7 +280,7 @@ fn demo(tools: &bench::Tools, footprint: &mut Footprint) -> Result<()> {
     step(
         5,
         "stopping the agent (SIGTERM): it detaches and prints its exact totals",
-    );
+    )?;
     let stopped = agent.stop()?;
     if !stopped.status.success() {
         bail!(

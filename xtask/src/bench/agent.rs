@@ -120,12 +120,15 @@ impl AgentProc {
         let (ready_tx, ready_rx) = mpsc::channel();
         let stderr_reader = std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                {
+                    let mut t = lock(&err_sink);
+                    t.push_str(&line);
+                    t.push('\n');
+                }
+                // Signalled after storing, so whoever wakes up finds the line.
                 if line.contains("volume-health: ready") {
                     let _ = ready_tx.send(());
                 }
-                let mut t = lock(&err_sink);
-                t.push_str(&line);
-                t.push('\n');
             }
         });
         let mut agent = AgentProc {
@@ -226,8 +229,9 @@ impl AgentProc {
             .with_context(|| format!("{path}: {name} {value:?}"))
     }
 
-    /// Run count and run time summed over the agent's BPF programs, from
-    /// /proc/<pid>/fdinfo (non-zero only while kernel.bpf_stats_enabled=1).
+    /// Run count, run time and recursion misses summed over the agent's BPF
+    /// programs, from /proc/<pid>/fdinfo (run count and time are non-zero
+    /// only while kernel.bpf_stats_enabled=1).
     pub fn bpf_prog_stats(&self) -> Result<ProgStats> {
         let dir = format!("/proc/{}/fd", self.pid);
         let mut total = ProgStats::default();
@@ -256,6 +260,7 @@ impl AgentProc {
             total.programs += 1;
             total.run_cnt += get("run_cnt");
             total.run_time_ns += get("run_time_ns");
+            total.recursion_misses += get("recursion_misses");
         }
         Ok(total)
     }
@@ -315,6 +320,9 @@ pub struct ProgStats {
     pub programs: u32,
     pub run_cnt: u64,
     pub run_time_ns: u64,
+    /// Times the kernel skipped a program because a BPF program was already
+    /// running on that CPU (counted whether or not stats are enabled).
+    pub recursion_misses: u64,
 }
 
 impl ProgStats {
@@ -323,6 +331,9 @@ impl ProgStats {
             programs: self.programs,
             run_cnt: self.run_cnt.saturating_sub(before.run_cnt),
             run_time_ns: self.run_time_ns.saturating_sub(before.run_time_ns),
+            recursion_misses: self
+                .recursion_misses
+                .saturating_sub(before.recursion_misses),
         }
     }
 }

@@ -29,6 +29,8 @@ pub struct FloodResult {
     pub threads: u32,
     pub elapsed: Duration,
     pub injected: u64,
+    /// Writes that returned EIO to the writers.
+    pub eio_returned: u64,
     /// Sum of `count` over the agent's lines for the device.
     pub reported: u64,
     /// The total in the agent's final summary on stderr.
@@ -41,6 +43,9 @@ pub struct FloodResult {
     pub vm_hwm_kb: u64,
     pub vm_rss_kb: u64,
     pub rss_anon_kb: u64,
+    /// Program runs the kernel skipped because a BPF program was already
+    /// running on the CPU: errors the agent cannot have seen.
+    pub recursion_misses: u64,
     /// The agent's "kernel side: ..." line.
     pub kernel_side: Option<String>,
 }
@@ -82,6 +87,7 @@ pub fn run(tools: &Tools, cfg: &Config) -> Result<FloodResult> {
 
     let stop = AtomicBool::new(false);
     let unexpected = AtomicU64::new(0);
+    let eio_returned = AtomicU64::new(0);
     let ticks_before = agent.cpu_ticks()?;
     let start = Instant::now();
     // Opened up front: once writers run, nothing may return early without
@@ -91,16 +97,20 @@ pub fn run(tools: &Tools, cfg: &Config) -> Result<FloodResult> {
         .collect::<Result<Vec<_>>>()?;
     std::thread::scope(|s| -> Result<()> {
         for (t, io) in (0u64..).zip(ios) {
-            let (stop, unexpected) = (&stop, &unexpected);
+            let (stop, unexpected, eio_returned) = (&stop, &unexpected, &eio_returned);
             s.spawn(move || {
-                let mut i = t;
+                let (mut i, mut eio, mut other) = (t, 0, 0);
                 while !stop.load(Ordering::Relaxed) {
                     let at = (i * BLOCK) % AREA;
-                    if io.write_at(at).map_err(|e| e.raw_os_error()) != Err(Some(libc::EIO)) {
-                        unexpected.fetch_add(1, Ordering::Relaxed);
+                    if io.write_at(at).map_err(|e| e.raw_os_error()) == Err(Some(libc::EIO)) {
+                        eio += 1;
+                    } else {
+                        other += 1;
                     }
                     i += u64::from(cfg.threads);
                 }
+                eio_returned.fetch_add(eio, Ordering::Relaxed);
+                unexpected.fetch_add(other, Ordering::Relaxed);
             });
         }
         let r = interrupt::sleep(cfg.duration);
@@ -115,10 +125,12 @@ pub fn run(tools: &Tools, cfg: &Config) -> Result<FloodResult> {
         bail!("{unexpected} writes in the flood did not fail with EIO");
     }
     let injected = disk.stats()?.injected(Op::Write, libc::EIO);
+    let eio_returned = eio_returned.load(Ordering::Relaxed);
     // Summaries for the rate-limited errors follow within two reconcile ticks.
     agent.wait_until(Duration::from_secs(15), |lines| {
         reported(lines, &dev) >= injected
     })?;
+    let recursion_misses = agent.bpf_prog_stats()?.recursion_misses;
     let vm_hwm_kb = agent.status_kb("VmHWM")?;
     let vm_rss_kb = agent.status_kb("VmRSS")?;
     let rss_anon_kb = agent.status_kb("RssAnon")?;
@@ -146,11 +158,13 @@ pub fn run(tools: &Tools, cfg: &Config) -> Result<FloodResult> {
         threads: cfg.threads,
         elapsed,
         injected,
+        eio_returned,
         reported: reported(&stopped.lines, &dev),
         final_total: final_total(&stopped.stderr, &dev),
         lines: stopped.lines.len(),
         sampled_lines,
         cpu_pct: ticks as f64 / hz as f64 / elapsed.as_secs_f64() * 100.0,
+        recursion_misses,
         hwm_ready_kb,
         vm_hwm_kb,
         vm_rss_kb,
@@ -182,8 +196,16 @@ impl FloodResult {
             self.injected as f64 / self.elapsed.as_secs_f64()
         ));
         out.push_str(&format!(
+            "| writes that returned EIO to the writers | {} |\n",
+            self.eio_returned
+        ));
+        out.push_str(&format!(
             "| sum of `count` over the agent's lines | {} ({verdict}) |\n",
             self.reported
+        ));
+        out.push_str(&format!(
+            "| program runs the kernel skipped (fdinfo `recursion_misses`) | {} |\n",
+            self.recursion_misses
         ));
         out.push_str(&format!(
             "| agent's final total (stderr) | {} |\n",
@@ -222,11 +244,13 @@ impl FloodResult {
 
     pub fn headline(&self) -> String {
         format!(
-            "flood: {} errors in {:.1} s, agent reported {} ({}), CPU {:.1} %, peak RSS {:.1} MB (at start {:.1} MB), RSS {:.1} MB",
+            "flood: {} errors in {:.1} s ({} EIO returned), agent reported {} ({}; {} program runs skipped by the kernel), CPU {:.1} %, peak RSS {:.1} MB (at start {:.1} MB), RSS {:.1} MB",
             self.injected,
             self.elapsed.as_secs_f64(),
+            self.eio_returned,
             self.reported,
             if self.exact() { "exact" } else { "NOT EXACT" },
+            self.recursion_misses,
             self.cpu_pct,
             self.vm_hwm_kb as f64 / 1024.0,
             self.hwm_ready_kb as f64 / 1024.0,
