@@ -170,6 +170,19 @@ impl Agent {
     }
 }
 
+impl Agent {
+    /// Lets in-flight completions land, stops the agent and checks that it
+    /// exited cleanly (detached, final totals printed, status 0).
+    pub fn stop_cleanly(self) -> Result<AgentRun> {
+        std::thread::sleep(Duration::from_millis(200));
+        let run = self.stop()?;
+        if !run.status.success() {
+            bail!("agent exited with {}:\n{}", run.status, run.stderr);
+        }
+        Ok(run)
+    }
+}
+
 impl Drop for Agent {
     fn drop(&mut self) {
         if self.stdout_reader.is_some() {

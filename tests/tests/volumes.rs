@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use health_csi::testing::{DriverMode, TestDriver, TestDriverHandle};
 use health_csi::{HealthEntry, HealthStatus};
-use health_tests::agent::{agent_bin, Agent, AgentRun};
+use health_tests::agent::{agent_bin, Agent};
 use health_tests::{fs, require_env, FaultDisk, LoopDevice, Mount, Op, Rule};
 use serde_json::{json, Value};
 use tempfile::TempDir;
@@ -230,18 +230,6 @@ fn fail_direct_writes(tree: &Tree, disk: usize, n: u64) -> Result<u64> {
     Ok(n)
 }
 
-fn stop(agent: Agent) -> Result<AgentRun> {
-    std::thread::sleep(Duration::from_millis(200));
-    let run = agent.stop()?;
-    assert!(
-        run.status.success(),
-        "agent exited with {}:\n{}",
-        run.status,
-        run.stderr
-    );
-    Ok(run)
-}
-
 /// Sum of `count` per (device, pod_uid): what each pod volume was told.
 fn per_pod_volume(events: &[Value]) -> BTreeMap<(String, String), u64> {
     let mut out = BTreeMap::new();
@@ -312,7 +300,7 @@ fn kernel_errors_reach_exactly_their_pod_volumes() -> Result<()> {
     agent.wait_for_count(&EventFilter::device(&devs[4]), n_loose, WAIT);
     // Kernel evidence reaches the conditions within a flush (1 s).
     std::thread::sleep(Duration::from_millis(1500));
-    let run = stop(agent)?;
+    let run = agent.stop_cleanly()?;
 
     let want: BTreeMap<(String, String), u64> = [
         (key(&devs[0], POD_A), n_shared),
@@ -387,7 +375,7 @@ fn a_running_watch_picks_up_new_volumes() -> Result<()> {
     let injected = fail_cold_read(&tree, disk, &mount, "late.bin")?;
     use health_tests::agent::EventFilter;
     agent.wait_for_count(&EventFilter::device(&dev), injected, WAIT);
-    let run = stop(agent)?;
+    let run = agent.stop_cleanly()?;
     let mine: Vec<&Value> = run
         .events
         .iter()
@@ -464,7 +452,7 @@ fn a_hung_volume_is_a_finding_and_never_holds_up_the_watch() -> Result<()> {
     // Stopped while the probe is still stuck in the kernel: the agent must
     // exit anyway, promptly.
     let started = Instant::now();
-    let run = stop(agent)?;
+    let run = agent.stop_cleanly()?;
     assert!(
         started.elapsed() < Duration::from_secs(5),
         "stopping took {:?}",
