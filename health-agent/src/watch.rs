@@ -106,9 +106,7 @@ pub async fn run(opts: WatchOptions) -> anyhow::Result<()> {
             _ = sleep_until(deadline) => break,
         }
         attached.flush_kernel_log();
-        if batch
-            .iter()
-            .any(|e| topo.device(Dev::from_kernel(e.key.dev)).is_none())
+        if batch.iter().any(|e| is_unknown_block_device(&topo, e))
             && last_rescan.elapsed() >= MIN_RESCAN_GAP
         {
             topo = rescan_topology(&opts.host, topo, &mut rest);
@@ -143,6 +141,15 @@ pub async fn run(opts: WatchOptions) -> anyhow::Result<()> {
     let stats = collector.kernel_stats()?;
     view.print_final(&collector.totals()?, &topo, &stats)?;
     Ok(())
+}
+
+/// A block device the topology has not seen yet (attached after the last
+/// scan). Anonymous devices (btrfs, the block-device pseudo filesystem) are
+/// never in sysfs, so they must not trigger a rescan: a btrfs error flood
+/// would otherwise rescan the whole host every second.
+fn is_unknown_block_device(topo: &Topology, e: &KernelError) -> bool {
+    let dev = Dev::from_kernel(e.key.dev);
+    !dev.is_anonymous() && topo.device(dev).is_none()
 }
 
 async fn sleep_until(deadline: Option<tokio::time::Instant>) {

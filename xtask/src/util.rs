@@ -44,13 +44,7 @@ pub fn output(cmd: &mut Command) -> anyhow::Result<String> {
 }
 
 pub fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc_geteuid() == 0 }
-}
-
-extern "C" {
-    #[link_name = "geteuid"]
-    fn libc_geteuid() -> u32;
+    nix::unistd::geteuid().is_root()
 }
 
 /// The cargo that runs xtask (rustup's proxy, the stable toolchain).
