@@ -1,5 +1,6 @@
-//! The criterion micro-benchmark of the per-event userspace path
-//! (health-agent/benches/event_path.rs), run through cargo, with its
+//! The criterion micro-benchmarks of the per-event userspace path
+//! (health-agent/benches/event_path.rs) and of the volume view at 1,000 pod
+//! volumes (health-agent/benches/volumes.rs), run through cargo, with their
 //! estimates read back from criterion's JSON files.
 
 use std::path::{Path, PathBuf};
@@ -9,7 +10,7 @@ use anyhow::{Context, Result};
 use serde_json::Value;
 
 use crate::build;
-use crate::util::{cargo, run, workspace_root};
+use crate::util::{cargo, workspace_root};
 
 /// Benchmark ids in the order they are reported, with what they time.
 const BENCHES: &[(&str, &str)] = &[
@@ -30,6 +31,35 @@ const BENCHES: &[(&str, &str)] = &[
         "topology/from_parts",
         "`Topology::from_parts` (each rescan), inputs cloned outside the timing",
     ),
+    (
+        "volumes/lookup_lv",
+        "1,000 volumes: pod volumes reached by an error on an LV shared by 2 pods",
+    ),
+    (
+        "volumes/lookup_disk",
+        "1,000 volumes: pod volumes reached by an error on a whole disk",
+    ),
+    (
+        "volumes/lookup_miss",
+        "1,000 volumes: a device backing no volume",
+    ),
+    (
+        "volumes/monitor_record",
+        "1,000 volumes: `VolumeMonitor::record` of 1,000 errors, one per volume (per error: divide by 1,000)",
+    ),
+    (
+        "volumes/monitor_flush_all",
+        "1,000 volumes: errors on every volume into the condition machines (at most once a second)",
+    ),
+    (
+        "volumes/watch_line_lv",
+        "1,000 volumes: resolve + JSON lines for an error on a shared LV (2 lines)",
+    ),
+    (
+        "volumes/watch_line_disk",
+        "1,000 volumes: resolve + JSON lines for an error on a whole disk (16 lines)",
+    ),
+    ("volumes/index_build", "1,000 volumes: `VolumeIndex::build`"),
 ];
 
 pub struct Estimate {
@@ -43,6 +73,8 @@ pub struct Estimate {
 
 pub struct MicroResult {
     pub estimates: Vec<Estimate>,
+    /// The memory line benches/volumes.rs prints (index and monitor size).
+    pub volumes_memory: Option<String>,
     pub warm_up: Duration,
     pub measurement: Duration,
 }
@@ -53,16 +85,10 @@ pub fn run_all(
     measurement: Duration,
 ) -> Result<MicroResult> {
     let home = build::target_dir().join("criterion-xtask");
-    run(cargo()
-        .current_dir(workspace_root())
-        .args([
-            "bench",
-            "--package",
-            "health-agent",
-            "--bench",
-            "event_path",
-            "--",
-        ])
+    let mut cmd = cargo();
+    cmd.current_dir(workspace_root())
+        .args(["bench", "--package", "health-agent"])
+        .args(["--bench", "event_path", "--bench", "volumes", "--"])
         .arg("--warm-up-time")
         .arg(format!("{}", warm_up.as_secs_f64()))
         .arg("--measurement-time")
@@ -71,14 +97,26 @@ pub fn run_all(
         .env("CRITERION_HOME", &home)
         // The same kernel object as the release build, so cargo does not
         // rebuild health-agent's build script output for the benchmark.
-        .env("HEALTH_EBPF_OBJECT", ebpf_object))
-    .context("running the criterion benchmark")?;
+        .env("HEALTH_EBPF_OBJECT", ebpf_object)
+        // Progress stays visible; stdout is kept for the memory line.
+        .stderr(std::process::Stdio::inherit());
+    let out = cmd.output().context("running the criterion benchmarks")?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    print!("{stdout}");
+    if !out.status.success() {
+        anyhow::bail!("the criterion benchmarks failed with {}", out.status);
+    }
+    let volumes_memory = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("volumes/memory: "))
+        .map(str::to_string);
     let estimates = BENCHES
         .iter()
         .map(|&(id, what)| read_estimate(&home, id, what))
         .collect::<Result<Vec<_>>>()?;
     Ok(MicroResult {
         estimates,
+        volumes_memory,
         warm_up,
         measurement,
     })
@@ -109,7 +147,9 @@ impl MicroResult {
     pub fn markdown(&self) -> String {
         let mut out = format!(
             "criterion, {} s warm-up and {} s measurement per benchmark; synthetic topology of 320 block devices \
-             (64 disks with 4 partitions each) and 1325 mounts (4 per partition, 300 unrelated).\n\n",
+             (64 disks with 4 partitions each) and 1325 mounts (4 per partition, 300 unrelated) for `event/*` and \
+             `topology/*`; for `volumes/*` a node with 1,000 pod volumes (64 disks, 256 partitions, 1,024 LVs, \
+             ~2,400 mounts; some PVs shared by two pods).\n\n",
             self.warm_up.as_secs_f64(),
             self.measurement.as_secs_f64()
         );
@@ -124,6 +164,9 @@ impl MicroResult {
                 ns(e.upper_ns),
                 ns(e.median_ns)
             ));
+        }
+        if let Some(m) = &self.volumes_memory {
+            out.push_str(&format!("\nMemory at 1,000 volumes: {m}.\n"));
         }
         out
     }
