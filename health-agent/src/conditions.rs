@@ -110,6 +110,10 @@ pub struct Condition {
     /// When evidence last confirmed it (lastProbeTime).
     #[serde(serialize_with = "serialize_time")]
     pub last_probe: SystemTime,
+    /// How many times it happened, where the source counts (kernel errors
+    /// of this episode); reporters use it as an Event's count.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub occurrences: Option<u64>,
 }
 
 /// What `apply`/`tick` changed; a reporter writes only when this is non-empty.
@@ -198,6 +202,8 @@ pub struct KernelErrors {
     pub op: Option<String>,
     /// Positive errno (`libc::EIO`), where known.
     pub errno: Option<i32>,
+    /// The device's kernel name (`loop3`), where known: messages name it.
+    pub device_name: Option<String>,
 }
 
 /// A finding of a built-in check: what `checks.rs` saw, with the numbers the
@@ -433,6 +439,7 @@ struct Stored {
     message: String,
     since: SystemTime,
     last_probe: SystemTime,
+    occurrences: Option<u64>,
 }
 
 /// A condition a source currently asserts, before it is merged into the store.
@@ -443,6 +450,7 @@ struct Desired {
     /// Used only when the condition is new.
     since: SystemTime,
     seen: SystemTime,
+    occurrences: Option<u64>,
 }
 
 /// A run of kernel errors of one kind that has not yet been quiet for the
@@ -453,6 +461,8 @@ struct Episode {
     first: SystemTime,
     last: SystemTime,
     devices: BTreeSet<Dev>,
+    /// Kernel names of `devices`, where known.
+    names: BTreeMap<Dev, String>,
     mounts: BTreeSet<PathBuf>,
     ops: BTreeSet<String>,
     errnos: BTreeSet<i32>,
@@ -471,7 +481,14 @@ impl Episode {
             m.push_str(&format!(" ({})", detail.join(", ")));
         }
         if !self.devices.is_empty() {
-            let devs: Vec<String> = self.devices.iter().map(Dev::to_string).collect();
+            let devs: Vec<String> = self
+                .devices
+                .iter()
+                .map(|d| match self.names.get(d) {
+                    Some(name) => format!("{name} ({d})"),
+                    None => d.to_string(),
+                })
+                .collect();
             m.push_str(&format!(" on {}", devs.join(", ")));
         }
         if !self.mounts.is_empty() {
@@ -537,6 +554,7 @@ impl VolumeHealth {
                                 message: f.message(),
                                 since: now,
                                 seen: now,
+                                occurrences: None,
                             })
                             .collect();
                         self.set(source, desired)
@@ -604,6 +622,12 @@ impl VolumeHealth {
             .min()
     }
 
+    /// Whether a kernel condition of this kind is open (errors of that kind
+    /// within the quiet window).
+    pub fn kernel_active(&self, kind: KernelErrorKind) -> bool {
+        self.kernel.contains_key(&kind)
+    }
+
     /// How many probes of `source` failed without telling anything.
     pub fn probe_failures(&self, source: Source) -> u64 {
         self.probe_failures.get(&source).copied().unwrap_or(0)
@@ -629,6 +653,7 @@ impl VolumeHealth {
             first,
             last,
             devices: BTreeSet::new(),
+            names: BTreeMap::new(),
             mounts: BTreeSet::new(),
             ops: BTreeSet::new(),
             errnos: BTreeSet::new(),
@@ -636,6 +661,9 @@ impl VolumeHealth {
         ep.count = ep.count.saturating_add(e.count);
         ep.first = ep.first.min(first);
         ep.last = ep.last.max(last);
+        if let (Some(dev), Some(name)) = (e.device, e.device_name) {
+            ep.names.insert(dev, name);
+        }
         ep.devices.extend(e.device);
         ep.mounts.extend(e.mount_point);
         ep.ops.extend(e.op);
@@ -658,6 +686,7 @@ impl VolumeHealth {
                 message: ep.message(*kind),
                 since: ep.first,
                 seen: ep.last,
+                occurrences: Some(ep.count),
             })
             .collect();
         self.set(Source::Kernel, desired)
@@ -683,6 +712,7 @@ impl VolumeHealth {
             match current.get_mut(&key) {
                 Some(stored) => {
                     stored.last_probe = d.seen;
+                    stored.occurrences = d.occurrences;
                     if stored.message != d.message {
                         let previous_message = std::mem::replace(&mut stored.message, d.message);
                         changes.push(Change::Updated {
@@ -696,6 +726,7 @@ impl VolumeHealth {
                         message: d.message,
                         since: d.since,
                         last_probe: d.seen,
+                        occurrences: d.occurrences,
                     };
                     changes.push(Change::Raised(condition(source, &key, &stored)));
                     current.insert(key, stored);
@@ -718,6 +749,7 @@ fn csi_desired(entries: Vec<CsiEntry>, now: SystemTime) -> Vec<Desired> {
             message: e.message,
             since: now,
             seen: now,
+            occurrences: None,
         })
         .collect()
 }
@@ -730,6 +762,7 @@ fn condition(source: Source, key: &Key, s: &Stored) -> Condition {
         message: s.message.clone(),
         since: s.since,
         last_probe: s.last_probe,
+        occurrences: s.occurrences,
     }
 }
 
@@ -820,6 +853,7 @@ mod tests {
             mount_point: Some("/var/lib/kubelet/pods/p/volumes/kubernetes.io~csi/pv1/mount".into()),
             op: Some("write".into()),
             errno: Some(libc::EIO),
+            device_name: None,
         }])
     }
 
@@ -1067,6 +1101,7 @@ mod tests {
             mount_point: None,
             op: None,
             errno: None,
+            device_name: None,
         };
         let changes = h.apply(
             t(0),

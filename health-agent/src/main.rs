@@ -42,6 +42,63 @@ enum Command {
     Watch(WatchArgs),
     /// One-shot view of every pod volume on this node and its conditions.
     Volumes(VolumesArgs),
+    /// Cluster mode (the DaemonSet): Events on pods and PVCs, metrics.
+    Run(RunArgs),
+}
+
+#[derive(clap::Args)]
+struct RunArgs {
+    /// This node's name (the downward API's spec.nodeName).
+    #[arg(long, env = "NODE_NAME")]
+    node_name: String,
+    /// kubeconfig to use instead of the pod's service account.
+    #[arg(long, value_name = "PATH")]
+    kubeconfig: Option<PathBuf>,
+    /// Where /metrics, /healthz and /readyz are served.
+    #[arg(
+        long,
+        value_name = "ADDR:PORT",
+        default_value = "0.0.0.0:9808",
+        env = "HEALTH_METRICS_ADDR"
+    )]
+    metrics_addr: std::net::SocketAddr,
+    /// Hard cap on Event writes per pod or PVC per rolling minute.
+    #[arg(long, value_name = "N", default_value_t = 6)]
+    event_writes_per_minute: u32,
+    /// Seconds between two updates of one aggregated Event.
+    #[arg(long, value_name = "SECS", default_value_t = 10.0)]
+    event_update_interval: f64,
+    #[command(flatten)]
+    kernel: KernelArgs,
+    #[command(flatten)]
+    volume: VolumeArgs,
+    #[command(flatten)]
+    intervals: IntervalArgs,
+}
+
+/// What the kernel side catches; shared by `watch` and `run`.
+#[derive(clap::Args)]
+struct KernelArgs {
+    /// Also catch failed cache flushes (attaches block_rq_complete, which runs on every I/O).
+    #[arg(long)]
+    flush_errors: bool,
+    /// Samples per device per second per CPU (counting is never limited).
+    #[arg(long, default_value_t = 100)]
+    sample_rate: u32,
+}
+
+#[derive(clap::Args)]
+struct IntervalArgs {
+    /// Seconds between volume checks and kubelet rediscoveries.
+    #[arg(long, value_name = "SECS", default_value_t = 10.0)]
+    check_interval: f64,
+    /// Seconds between CSI node health calls for each volume.
+    #[arg(long, value_name = "SECS", default_value_t = 60.0)]
+    csi_interval: f64,
+    /// A kernel error condition clears after this many seconds without a
+    /// new error of its kind.
+    #[arg(long, value_name = "SECS", default_value_t = 300.0)]
+    kernel_quiet_window: f64,
 }
 
 /// Where pod volumes are and how they are checked; shared by `watch` and `volumes`.
@@ -90,20 +147,12 @@ struct WatchArgs {
     /// Only report this device (MAJ:MIN); repeatable.
     #[arg(long = "device", value_name = "MAJ:MIN")]
     devices: Vec<Dev>,
-    /// Also catch failed cache flushes (attaches block_rq_complete, which runs on every I/O).
-    #[arg(long)]
-    flush_errors: bool,
-    /// Samples per device per second per CPU (counting is never limited).
-    #[arg(long, default_value_t = 100)]
-    sample_rate: u32,
+    #[command(flatten)]
+    kernel: KernelArgs,
     #[command(flatten)]
     volume: VolumeArgs,
-    /// Seconds between volume checks and kubelet rediscoveries.
-    #[arg(long, value_name = "SECS", default_value_t = 10.0)]
-    check_interval: f64,
-    /// Seconds between CSI node health calls for each volume.
-    #[arg(long, value_name = "SECS", default_value_t = 60.0)]
-    csi_interval: f64,
+    #[command(flatten)]
+    intervals: IntervalArgs,
 }
 
 fn seconds(name: &str, v: f64) -> Result<Duration, String> {
@@ -142,6 +191,16 @@ fn main() -> ExitCode {
             result
         }),
         Command::Volumes(args) => volumes_command(args, host),
+        Command::Run(args) => run_options(args, host).and_then(|opts| {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .map_err(anyhow::Error::from)?;
+            let result = rt.block_on(health_agent::k8s::run(opts));
+            rt.shutdown_timeout(Duration::from_millis(200));
+            result
+        }),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -155,30 +214,104 @@ fn main() -> ExitCode {
     }
 }
 
+fn run_options(args: RunArgs, host: HostPaths) -> anyhow::Result<health_agent::k8s::RunOptions> {
+    anyhow::ensure!(
+        !args.node_name.is_empty(),
+        "--node-name (NODE_NAME) is empty"
+    );
+    anyhow::ensure!(
+        args.event_writes_per_minute > 0,
+        "--event-writes-per-minute must be at least 1"
+    );
+    let update =
+        seconds("event-update-interval", args.event_update_interval).map_err(anyhow::Error::msg)?;
+    let kubelet_root = args
+        .volume
+        .kubelet_root
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_KUBELET_ROOT));
+    anyhow::ensure!(
+        kubelet_root.is_dir(),
+        "kubelet root {} is not a directory (mount the host's kubelet root at the same path, or pass --kubelet-root)",
+        kubelet_root.display()
+    );
+    let kubelet_root = std::fs::canonicalize(&kubelet_root).unwrap_or(kubelet_root);
+    let volumes = volumes_config(kubelet_root, &args.volume, &args.intervals, &host)?;
+    let watch = WatchOptions {
+        probes: probe_options(&args.kernel, &host),
+        host,
+        json: false,
+        duration: None,
+        totals_interval: Duration::from_secs(60),
+        devices: Vec::new(),
+        volumes: Some(volumes),
+    };
+    let mut events = health_agent::k8s::events::RecorderConfig::new(&args.node_name);
+    events.writes_per_object_per_minute = args.event_writes_per_minute;
+    events.min_update_interval = update;
+    Ok(health_agent::k8s::RunOptions {
+        watch,
+        node: args.node_name,
+        kubeconfig: args.kubeconfig,
+        metrics_addr: args.metrics_addr,
+        events,
+    })
+}
+
+fn probe_options(args: &KernelArgs, host: &HostPaths) -> ProbeOptions {
+    ProbeOptions {
+        sys_root: host.sys_root.clone(),
+        proc_root: host.proc_root.clone(),
+        flush_errors: args.flush_errors,
+        samples_per_sec: args.sample_rate,
+    }
+}
+
+fn volumes_config(
+    kubelet_root: PathBuf,
+    volume: &VolumeArgs,
+    intervals: &IntervalArgs,
+    host: &HostPaths,
+) -> anyhow::Result<WatchVolumesConfig> {
+    let check_interval =
+        seconds("check-interval", intervals.check_interval).map_err(anyhow::Error::msg)?;
+    let csi_interval =
+        seconds("csi-interval", intervals.csi_interval).map_err(anyhow::Error::msg)?;
+    anyhow::ensure!(
+        !check_interval.is_zero(),
+        "--check-interval must be greater than zero"
+    );
+    anyhow::ensure!(
+        !csi_interval.is_zero(),
+        "--csi-interval must be greater than zero"
+    );
+    let kernel_quiet_window = seconds("kernel-quiet-window", intervals.kernel_quiet_window)
+        .map_err(anyhow::Error::msg)?;
+    anyhow::ensure!(
+        !kernel_quiet_window.is_zero(),
+        "--kernel-quiet-window must be greater than zero"
+    );
+    Ok(WatchVolumesConfig {
+        kubelet_root,
+        check: check_config(volume, host)?,
+        check_interval,
+        csi_interval,
+        csi_overrides: volume.csi_sockets.clone(),
+        conditions: ConditionConfig {
+            kernel_quiet_window,
+            ..ConditionConfig::default()
+        },
+    })
+}
+
 fn watch_options(args: WatchArgs, host: HostPaths) -> anyhow::Result<WatchOptions> {
     let volumes = match volumes::kubelet_root(args.volume.kubelet_root.as_deref()) {
-        Some(kubelet_root) => {
-            let check_interval =
-                seconds("check-interval", args.check_interval).map_err(anyhow::Error::msg)?;
-            let csi_interval =
-                seconds("csi-interval", args.csi_interval).map_err(anyhow::Error::msg)?;
-            anyhow::ensure!(
-                !check_interval.is_zero(),
-                "--check-interval must be greater than zero"
-            );
-            anyhow::ensure!(
-                !csi_interval.is_zero(),
-                "--csi-interval must be greater than zero"
-            );
-            Some(WatchVolumesConfig {
-                kubelet_root,
-                check: check_config(&args.volume, &host)?,
-                check_interval,
-                csi_interval,
-                csi_overrides: args.volume.csi_sockets.clone(),
-                conditions: ConditionConfig::default(),
-            })
-        }
+        Some(kubelet_root) => Some(volumes_config(
+            kubelet_root,
+            &args.volume,
+            &args.intervals,
+            &host,
+        )?),
         None => None,
     };
     let duration = args
@@ -193,12 +326,7 @@ fn watch_options(args: WatchArgs, host: HostPaths) -> anyhow::Result<WatchOption
         "--totals-interval must be greater than zero"
     );
     Ok(WatchOptions {
-        probes: ProbeOptions {
-            sys_root: host.sys_root.clone(),
-            proc_root: host.proc_root.clone(),
-            flush_errors: args.flush_errors,
-            samples_per_sec: args.sample_rate,
-        },
+        probes: probe_options(&args.kernel, &host),
         host,
         json: args.json,
         duration,

@@ -9,12 +9,12 @@ use anyhow::Context as _;
 use health_common::{CounterKey, PartRange, PartTable, MAX_PARTITIONS};
 use tokio::signal::unix::{signal, SignalKind};
 
-use crate::collector::{Collector, KernelError, KernelMapsRest};
+use crate::collector::{Collector, KernelError, KernelMapsRest, KernelStats};
 use crate::dev::Dev;
 use crate::event::{errno_name, op_name, source_name, Clock, ErrorEvent, Kind};
 use crate::probes::{self, ProbeOptions, SourceState};
 use crate::topology::{HostPaths, MountWatcher, Topology};
-use crate::volumes::{self, VolumeIndex, WatchVolumes, WatchVolumesConfig};
+use crate::volumes::{self, Handled, VolumeIndex, VolumeKey, WatchVolumes, WatchVolumesConfig};
 
 #[derive(Clone, Debug)]
 pub struct WatchOptions {
@@ -42,7 +42,57 @@ const RESCAN_EVERY: Duration = Duration::from_secs(5);
 /// topology does not know yet.
 const MIN_RESCAN_GAP: Duration = Duration::from_secs(1);
 
+/// What the agent loop tells the outside world. `watch` prints ([`View`]);
+/// cluster mode (`k8s::report`) turns the same calls into Events and
+/// metrics. Every call is made from the loop, so none may block.
+#[allow(async_fn_in_trait)]
+pub trait Reporter {
+    /// Something else the reporter waits on (API stores, a server).
+    type Wake;
+    /// The kernel programs are attached; `active` sources.
+    fn ready(&mut self, active: usize);
+    /// A batch of kernel errors, after the volumes recorded it.
+    fn errors(
+        &mut self,
+        batch: &[KernelError],
+        topo: &Topology,
+        clock: &Clock,
+        volumes: Option<&VolumeIndex>,
+    ) -> anyhow::Result<()>;
+    /// Condition changes, and volumes that left the index.
+    fn changes(&mut self, handled: &Handled, gone: &[VolumeKey], volumes: &WatchVolumes);
+    /// Once per reconcile interval: the kernel side's own counters.
+    fn kernel_stats(&mut self, _stats: &KernelStats) {}
+    /// The periodic per-device totals.
+    fn totals(
+        &mut self,
+        _totals: &BTreeMap<CounterKey, u64>,
+        _topo: &Topology,
+    ) -> anyhow::Result<()> {
+        Ok(())
+    }
+    /// Waits for the reporter's own next thing; never resolves by default.
+    async fn wake(&mut self) -> Self::Wake {
+        std::future::pending().await
+    }
+    fn handle(&mut self, _wake: Self::Wake, _volumes: Option<&VolumeIndex>) {}
+    /// After detaching: the exact totals and what the kernel side dropped.
+    fn finish(
+        &mut self,
+        totals: &BTreeMap<CounterKey, u64>,
+        topo: &Topology,
+        stats: &KernelStats,
+    ) -> anyhow::Result<()>;
+}
+
+/// Standalone mode: prints.
 pub async fn run(opts: WatchOptions) -> anyhow::Result<()> {
+    let view = View::new(&opts);
+    run_with(opts, view).await
+}
+
+/// The agent loop: kernel errors, topology, volumes, and a reporter.
+pub async fn run_with<R: Reporter>(opts: WatchOptions, mut reporter: R) -> anyhow::Result<()> {
     let (mut attached, maps) = probes::attach(&opts.probes)?;
     for s in &attached.sources {
         let level_missing = matches!(s.state, SourceState::Missing { .. });
@@ -59,19 +109,17 @@ pub async fn run(opts: WatchOptions) -> anyhow::Result<()> {
     sync_kernel_maps(&topo, &mut rest);
     let mut mounts = MountWatcher::new(&opts.host).context("watching the mount table")?;
     let clock = Clock::new();
-    let mut view = View::new(&opts);
     let mut vols = opts
         .volumes
         .clone()
-        .map(|cfg| WatchVolumes::new(cfg, &topo, opts.json));
+        .map(|cfg| WatchVolumes::new(cfg, &topo));
 
     let active = attached
         .sources
         .iter()
         .filter(|s| matches!(s.state, SourceState::Active { .. }))
         .count();
-    // Tests and scripts wait for this line before causing errors.
-    eprintln!("volume-health: ready, {active} error sources attached");
+    reporter.ready(active);
 
     let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
     let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
@@ -82,11 +130,15 @@ pub async fn run(opts: WatchOptions) -> anyhow::Result<()> {
     totals.tick().await;
     let mut last_rescan = Instant::now();
     let mut batch = Vec::new();
+    let mut handled = Handled::default();
 
     loop {
         tokio::select! {
             r = collector.next_batch(&mut batch) => r?,
-            _ = reconcile.tick() => collector.reconcile(false, &mut batch)?,
+            _ = reconcile.tick() => {
+                collector.reconcile(false, &mut batch)?;
+                reporter.kernel_stats(&collector.kernel_stats()?);
+            }
             _ = rescan.tick() => {
                 topo = rescan_topology(&opts.host, topo, &mut rest);
                 last_rescan = Instant::now();
@@ -99,8 +151,9 @@ pub async fn run(opts: WatchOptions) -> anyhow::Result<()> {
                 // A mount change usually means kubelet set a volume up or tore one down.
                 if let Some(v) = &mut vols { v.rediscover(&topo) }
             }
-            w = volumes::next_wake(&mut vols) => if let Some(v) = &mut vols { v.handle(w, &topo) },
-            _ = totals.tick(), if !opts.json => view.print_totals(&collector.totals()?, &topo)?,
+            w = volumes::next_wake(&mut vols) => if let Some(v) = &mut vols { handled = v.handle(w, &topo) },
+            w = reporter.wake() => reporter.handle(w, vols.as_ref().map(WatchVolumes::index)),
+            _ = totals.tick() => reporter.totals(&collector.totals()?, &topo)?,
             _ = sigint.recv() => break,
             _ = sigterm.recv() => break,
             _ = sleep_until(deadline) => break,
@@ -115,16 +168,14 @@ pub async fn run(opts: WatchOptions) -> anyhow::Result<()> {
                 v.topology_changed(&topo)
             }
         }
-        if let Some(v) = &mut vols {
-            v.record(&batch)
-        }
-        view.print(
-            &batch,
+        deliver(
+            &mut reporter,
+            &mut vols,
+            &mut batch,
+            &mut handled,
             &topo,
             &clock,
-            vols.as_ref().map(WatchVolumes::index),
         )?;
-        batch.clear();
     }
 
     // Detach first, then collect what the kernel counted up to that point:
@@ -132,14 +183,44 @@ pub async fn run(opts: WatchOptions) -> anyhow::Result<()> {
     drop(attached);
     collector.drain(&mut batch);
     collector.reconcile(true, &mut batch)?;
-    view.print(
-        &batch,
+    deliver(
+        &mut reporter,
+        &mut vols,
+        &mut batch,
+        &mut handled,
         &topo,
         &clock,
-        vols.as_ref().map(WatchVolumes::index),
     )?;
     let stats = collector.kernel_stats()?;
-    view.print_final(&collector.totals()?, &topo, &stats)?;
+    reporter.kernel_stats(&stats);
+    reporter.finish(&collector.totals()?, &topo, &stats)?;
+    Ok(())
+}
+
+/// Hands one loop turn's results to the reporter: the batch goes to the
+/// volumes first (a new condition is raised at once), then the errors, then
+/// what changed. Empties `batch` and `handled` for the next turn.
+fn deliver<R: Reporter>(
+    reporter: &mut R,
+    vols: &mut Option<WatchVolumes>,
+    batch: &mut Vec<KernelError>,
+    handled: &mut Handled,
+    topo: &Topology,
+    clock: &Clock,
+) -> anyhow::Result<()> {
+    if let Some(v) = vols.as_mut() {
+        handled.changes.extend(v.record(batch));
+    }
+    reporter.errors(batch, topo, clock, vols.as_ref().map(WatchVolumes::index))?;
+    batch.clear();
+    if let Some(v) = vols.as_mut() {
+        let gone = v.take_gone();
+        if !handled.changes.is_empty() || !handled.csi.is_empty() || !gone.is_empty() {
+            reporter.changes(handled, &gone, v);
+        }
+    }
+    handled.changes.clear();
+    handled.csi.clear();
     Ok(())
 }
 
@@ -237,15 +318,58 @@ pub fn sync_kernel_maps(topo: &Topology, rest: &mut KernelMapsRest) {
     }
 }
 
+impl Reporter for View {
+    type Wake = ();
+
+    fn ready(&mut self, active: usize) {
+        // Tests and scripts wait for this line before causing errors.
+        eprintln!("volume-health: ready, {active} error sources attached");
+    }
+
+    fn errors(
+        &mut self,
+        batch: &[KernelError],
+        topo: &Topology,
+        clock: &Clock,
+        volumes: Option<&VolumeIndex>,
+    ) -> anyhow::Result<()> {
+        self.print(batch, topo, clock, volumes)
+    }
+
+    fn changes(&mut self, handled: &Handled, _gone: &[VolumeKey], volumes: &WatchVolumes) {
+        volumes::print_changes(&handled.changes, volumes.index(), self.json);
+    }
+
+    fn totals(
+        &mut self,
+        totals: &BTreeMap<CounterKey, u64>,
+        topo: &Topology,
+    ) -> anyhow::Result<()> {
+        if self.json {
+            return Ok(());
+        }
+        self.print_totals(totals, topo)
+    }
+
+    fn finish(
+        &mut self,
+        totals: &BTreeMap<CounterKey, u64>,
+        topo: &Topology,
+        stats: &KernelStats,
+    ) -> anyhow::Result<()> {
+        self.print_final(totals, topo, stats)
+    }
+}
+
 /// Printing, filtering and the running per-device tallies.
-struct View {
+pub struct View {
     json: bool,
     devices: HashSet<Dev>,
     stdout: std::io::Stdout,
 }
 
 impl View {
-    fn new(opts: &WatchOptions) -> Self {
+    pub fn new(opts: &WatchOptions) -> Self {
         Self {
             json: opts.json,
             devices: opts.devices.iter().copied().collect(),

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
 use serde::{Deserialize, Serialize};
@@ -49,6 +49,18 @@ pub struct ProbeRequest {
     pub volume_id: String,
     pub publish_path: PathBuf,
     pub staging_path: Option<PathBuf>,
+}
+
+/// One answer of [`DriverSet::probe_all_timed`].
+#[derive(Debug)]
+pub struct TimedProbe {
+    pub request: ProbeRequest,
+    pub result: Result<NodeVolumeReport, CsiError>,
+    /// How long this volume's own RPC took; zero when none was made for it
+    /// (unknown driver, skipped after a timeout, or the driver did not answer
+    /// its capabilities call), so that latency histograms see only real
+    /// round trips.
+    pub elapsed: Duration,
 }
 
 #[derive(Debug)]
@@ -179,7 +191,17 @@ impl DriverSet {
         &self,
         requests: Vec<ProbeRequest>,
     ) -> Vec<(ProbeRequest, Result<NodeVolumeReport, CsiError>)> {
-        let mut results: Vec<Option<Result<NodeVolumeReport, CsiError>>> =
+        self.probe_all_timed(requests)
+            .await
+            .into_iter()
+            .map(|p| (p.request, p.result))
+            .collect()
+    }
+
+    /// [`DriverSet::probe_all`], with how long each volume's own RPC took,
+    /// for latency metrics.
+    pub async fn probe_all_timed(&self, requests: Vec<ProbeRequest>) -> Vec<TimedProbe> {
+        let mut results: Vec<Option<(Result<NodeVolumeReport, CsiError>, Duration)>> =
             (0..requests.len()).map(|_| None).collect();
         let mut by_driver: BTreeMap<&str, Vec<(usize, &ProbeRequest)>> = BTreeMap::new();
         for (index, request) in requests.iter().enumerate() {
@@ -189,9 +211,12 @@ impl DriverSet {
                     .or_default()
                     .push((index, request));
             } else if let Some(slot) = results.get_mut(index) {
-                *slot = Some(Err(CsiError::UnknownDriver {
-                    driver: request.driver.clone(),
-                }));
+                *slot = Some((
+                    Err(CsiError::UnknownDriver {
+                        driver: request.driver.clone(),
+                    }),
+                    Duration::ZERO,
+                ));
             }
         }
 
@@ -200,9 +225,9 @@ impl DriverSet {
                 .get(name)
                 .map(|driver| self.probe_driver(name, &driver.client, batch))
         });
-        for (index, result) in join_all(groups).await.into_iter().flatten() {
+        for (index, result, elapsed) in join_all(groups).await.into_iter().flatten() {
             if let Some(slot) = results.get_mut(index) {
-                *slot = Some(result);
+                *slot = Some((result, elapsed));
             }
         }
 
@@ -212,12 +237,19 @@ impl DriverSet {
             .map(|(request, result)| {
                 // Every index was filled above; the fallback only guards the
                 // bookkeeping without a panic.
-                let result = result.unwrap_or_else(|| {
-                    Err(CsiError::Skipped {
-                        driver: request.driver.clone(),
-                    })
+                let (result, elapsed) = result.unwrap_or_else(|| {
+                    (
+                        Err(CsiError::Skipped {
+                            driver: request.driver.clone(),
+                        }),
+                        Duration::ZERO,
+                    )
                 });
-                (request, result)
+                TimedProbe {
+                    request,
+                    result,
+                    elapsed,
+                }
             })
             .collect()
     }
@@ -227,7 +259,7 @@ impl DriverSet {
         name: &str,
         client: &NodeClient,
         batch: Vec<(usize, &ProbeRequest)>,
-    ) -> Vec<(usize, Result<NodeVolumeReport, CsiError>)> {
+    ) -> Vec<(usize, Result<NodeVolumeReport, CsiError>, Duration)> {
         if client.cached_capabilities().is_none() {
             match client.capabilities().await {
                 Ok(_) => {}
@@ -236,7 +268,7 @@ impl DriverSet {
                 Err(e) if e.is_transport() => {
                     return batch
                         .into_iter()
-                        .map(|(index, _)| (index, Err(clone_transport_error(&e))))
+                        .map(|(index, _)| (index, Err(clone_transport_error(&e)), Duration::ZERO))
                         .collect();
                 }
                 Err(e) => {
@@ -260,8 +292,12 @@ impl DriverSet {
                         Err(CsiError::Skipped {
                             driver: name.to_string(),
                         }),
+                        Duration::ZERO,
                     );
                 }
+                // Timed from the permit on: the driver's latency, not our
+                // own queueing in front of it.
+                let started = Instant::now();
                 let result = client
                     .volume_health(
                         &request.volume_id,
@@ -272,7 +308,7 @@ impl DriverSet {
                 if matches!(result, Err(CsiError::Timeout { .. })) {
                     timed_out.store(true, Ordering::Relaxed);
                 }
-                (index, result)
+                (index, result, started.elapsed())
             }
         }))
         .await

@@ -31,7 +31,9 @@ pub mod proto {
 
 pub use controller::ControllerClient;
 pub use discover::discover_node_sockets;
-pub use driver_set::{DriverOverride, DriverSet, ProbeRequest, DEFAULT_MAX_IN_FLIGHT_PER_DRIVER};
+pub use driver_set::{
+    DriverOverride, DriverSet, ProbeRequest, TimedProbe, DEFAULT_MAX_IN_FLIGHT_PER_DRIVER,
+};
 pub use error::{BoxError, CsiError};
 pub use node::{NodeClient, RpcSupport};
 pub use types::{

@@ -49,11 +49,25 @@ impl Agent {
     /// Starts `health-agent watch --json <args>` and waits until it says it
     /// is attached.
     pub fn start(args: &[&str]) -> Result<Agent> {
+        Self::start_mode(&["watch", "--json"], args)
+    }
+
+    /// Starts `health-agent run <args>` (cluster mode, which prints no
+    /// events on stdout) and waits until it says it is attached. Proxy
+    /// variables are removed: the fake API server is on loopback.
+    pub fn start_cluster(args: &[&str]) -> Result<Agent> {
+        Self::start_mode(&["run"], args)
+    }
+
+    fn start_mode(mode: &[&str], args: &[&str]) -> Result<Agent> {
         let bin = agent_bin()?;
         let mut child = Command::new(&bin)
-            .arg("watch")
-            .arg("--json")
+            .args(mode)
             .args(args)
+            .env_remove("HTTPS_PROXY")
+            .env_remove("https_proxy")
+            .env_remove("HTTP_PROXY")
+            .env_remove("http_proxy")
             .env("HEALTH_LOG", "info")
             .env("NO_COLOR", "1")
             .stdin(Stdio::null())

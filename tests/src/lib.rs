@@ -23,14 +23,19 @@
 //! blkdiscard (`util-linux`). Missing ones make the helpers fail with the package name.
 //! fusermount3 is not needed: the server mounts with mount(2) as root and the client
 //! unmounts with umount2(2).
+//!
+//! [`apiserver::FakeApiServer`], a fake kube-apiserver for cluster mode, needs neither
+//! root nor tools.
 
 pub mod agent;
+pub mod apiserver;
 pub mod cmd;
 pub mod faultdisk;
 pub mod fs;
 pub mod protocol;
 pub mod sys;
 
+pub use apiserver::{FakeApiServer, Mode, Recorded};
 pub use faultdisk::{FaultDisk, LoopDevice, LoopOptions, Partition};
 pub use fs::{
     drop_caches, file_extents, mkfs_btrfs, mkfs_ext4, mkfs_xfs, o_direct_read, o_direct_write,

@@ -5,7 +5,8 @@
 //! * [`latency`]: from a failed request to the agent's line;
 //! * [`overhead`]: healthy I/O with and without the agent, A/B;
 //! * [`flood`]: exact totals, CPU and memory under an error flood;
-//! * [`micro`]: criterion benchmark of the per-event userspace path.
+//! * [`micro`]: criterion benchmark of the per-event userspace path;
+//! * [`events`]: cluster mode, from a failed request to the Event request.
 //!
 //! These are measurements, not tests: nothing here asserts a target, but
 //! every part checks that what it measured is real (errors reported equal
@@ -13,6 +14,7 @@
 
 mod agent;
 pub mod dio;
+mod events;
 mod flood;
 pub mod interrupt;
 mod latency;
@@ -38,6 +40,7 @@ pub enum Part {
     Overhead,
     Flood,
     Micro,
+    Events,
 }
 
 #[derive(clap::Args, Debug)]
@@ -64,6 +67,9 @@ pub struct BenchArgs {
     /// Writer threads in the error flood.
     #[arg(long, default_value_t = 4)]
     flood_threads: u32,
+    /// Rounds (failure, Events, recovery) in the event latency measurement.
+    #[arg(long, default_value_t = 60)]
+    event_rounds: u32,
     /// Print the results but leave BENCHMARKS.md alone.
     #[arg(long)]
     no_write: bool,
@@ -215,7 +221,13 @@ pub fn run_bench(args: &BenchArgs) -> Result<()> {
     let started = Instant::now();
     let tools = prepare()?;
     let parts: Vec<Part> = if args.only.is_empty() {
-        vec![Part::Latency, Part::Overhead, Part::Flood, Part::Micro]
+        vec![
+            Part::Latency,
+            Part::Overhead,
+            Part::Flood,
+            Part::Micro,
+            Part::Events,
+        ]
     } else {
         args.only.clone()
     };
@@ -286,6 +298,27 @@ pub fn run_bench(args: &BenchArgs) -> Result<()> {
                     format!(
                         "cargo xtask bench --only flood --flood-threads {} --flood-secs {}",
                         args.flood_threads, args.flood_secs
+                    ),
+                    r.headline(),
+                    r.markdown(),
+                )
+            }
+            Part::Events => {
+                say(format!(
+                    "events: {} rounds of failure, Events, recovery",
+                    args.event_rounds
+                ));
+                let r = events::run(
+                    &tools,
+                    &events::Config {
+                        rounds: args.event_rounds,
+                    },
+                )?;
+                (
+                    "events",
+                    format!(
+                        "cargo xtask bench --only events --event-rounds {}",
+                        args.event_rounds
                     ),
                     r.headline(),
                     r.markdown(),

@@ -13,7 +13,7 @@ use std::process::Command;
 
 use anyhow::{bail, Context};
 
-use crate::util::{is_root, output, run, say};
+use crate::util::{is_root, on_path, output, run, say};
 
 pub const DEBIAN_RUSTC: &str = "/usr/bin/rustc";
 pub const DEBIAN_CARGO: &str = "/usr/bin/cargo";
@@ -102,6 +102,18 @@ impl Apt {
     }
 }
 
+/// Makes sure each (command, Debian package) is there: a command found on
+/// PATH is used as it is (it may come from elsewhere than Debian, like npm
+/// from a nodejs package), otherwise its package is installed.
+pub fn ensure_commands(commands: &[(&str, &str)]) -> anyhow::Result<()> {
+    let missing: Vec<&str> = commands
+        .iter()
+        .filter(|(command, _)| on_path(command).is_none())
+        .map(|(_, package)| *package)
+        .collect();
+    Apt::default().ensure(&missing)
+}
+
 fn installed(package: &str) -> bool {
     Command::new("dpkg-query")
         .args(["-W", "-f=${Status}", package])
@@ -110,7 +122,8 @@ fn installed(package: &str) -> bool {
         .unwrap_or(false)
 }
 
-fn cache_dir() -> PathBuf {
+/// Where built and fetched tools are kept (`~/.cache/volume-health/tools`).
+pub fn cache_dir() -> PathBuf {
     let base = std::env::var_os("XDG_CACHE_HOME")
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))

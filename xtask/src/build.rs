@@ -114,12 +114,16 @@ pub fn test(args: &[String]) -> anyhow::Result<()> {
         );
     }
     let built = all()?;
+    // health-agent/tests/deploy.rs renders the chart and the kustomization.
+    let k8s = crate::k8s_tools::ensure()?;
     say("running the test suite (release profile, shares the agent's build)");
     run(cargo()
         .current_dir(workspace_root())
         .args(["test", "--release", "--workspace", "--no-fail-fast"])
         .env("HEALTH_EBPF_OBJECT", &built.ebpf_object)
         .env("HEALTH_AGENT_BIN", &built.agent)
+        .env("HELM_BIN", &k8s.helm)
+        .env("KUBECTL_BIN", &k8s.kubectl)
         .arg("--")
         .args(args))
 }

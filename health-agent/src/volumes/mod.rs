@@ -41,7 +41,9 @@ use crate::topology::{MountEntry, Topology};
 
 pub use csi::{CsiOutcome, CsiProber, CsiResult};
 pub use ext4::{ext4_error_evidence, Ext4Errors};
-pub use watch::{next_wake, Wake, WatchVolumes, WatchVolumesConfig, DEFAULT_CSI_INTERVAL};
+pub use watch::{
+    next_wake, print_changes, Handled, Wake, WatchVolumes, WatchVolumesConfig, DEFAULT_CSI_INTERVAL,
+};
 
 /// Identity of one pod volume, stable across rediscoveries: the pod, the
 /// directory kubelet named the volume by under the pod, and the mode (a pod
@@ -84,6 +86,8 @@ pub struct VolumeIndex {
     /// indices into `volumes`, sorted and deduplicated. Boxed slices: exact
     /// size, no spare capacity across thousands of entries.
     by_dev: HashMap<Dev, Box<[u32]>>,
+    /// Kernel names of the devices in `by_dev`, for messages.
+    names: HashMap<Dev, String>,
 }
 
 impl VolumeIndex {
@@ -179,10 +183,15 @@ impl VolumeIndex {
             by_dev.insert(dev, reached.as_slice().into());
         }
         by_dev.shrink_to_fit();
+        let names = by_dev
+            .keys()
+            .filter_map(|d| topo.device(*d).map(|info| (*d, info.name.clone())))
+            .collect();
         VolumeIndex {
             volumes,
             by_key,
             by_dev,
+            names,
         }
     }
 
@@ -216,6 +225,11 @@ impl VolumeIndex {
 
     pub fn is_empty(&self) -> bool {
         self.volumes.is_empty()
+    }
+
+    /// The kernel name of a device that reaches a volume (`loop3`).
+    pub fn device_name(&self, dev: Dev) -> Option<&str> {
+        self.names.get(&dev).map(String::as_str)
     }
 
     /// How many distinct devices reach at least one volume.
@@ -272,6 +286,9 @@ pub struct VolumeMonitor {
     states: Vec<VolumeState>,
     /// Indices with pending kernel errors, each once.
     dirty: Vec<u32>,
+    /// A pending error would raise a condition not yet raised: flush now
+    /// rather than on the next tick, so the first report is immediate.
+    urgent: bool,
     config: ConditionConfig,
     clock: Clock,
 }
@@ -283,6 +300,7 @@ impl VolumeMonitor {
             index: Arc::new(index),
             states,
             dirty: Vec::new(),
+            urgent: false,
             config,
             clock: Clock::new(),
         }
@@ -358,17 +376,28 @@ impl VolumeMonitor {
                     p.first = p.first.min(when);
                     p.last = p.last.max(when);
                 }
-                None => state.pending.push(Pending {
-                    kind,
-                    op,
-                    errno: e.key.errno,
-                    device: dev,
-                    count: e.count,
-                    first: when,
-                    last: when,
-                }),
+                None => {
+                    if !state.health.kernel_active(kind) {
+                        self.urgent = true;
+                    }
+                    state.pending.push(Pending {
+                        kind,
+                        op,
+                        errno: e.key.errno,
+                        device: dev,
+                        count: e.count,
+                        first: when,
+                        last: when,
+                    })
+                }
             }
         }
+    }
+
+    /// Whether the errors recorded since the last flush would raise a new
+    /// condition (see `urgent`); resets the flag.
+    pub fn take_urgent(&mut self) -> bool {
+        std::mem::take(&mut self.urgent)
     }
 
     /// Whether kernel errors wait for [`VolumeMonitor::flush_kernel`].
@@ -380,6 +409,7 @@ impl VolumeMonitor {
     /// `Observation::Kernel` per volume.
     pub fn flush_kernel(&mut self, now: SystemTime) -> Vec<VolumeChanges> {
         let mut out = Vec::new();
+        self.urgent = false;
         let dirty = std::mem::take(&mut self.dirty);
         for &i in &dirty {
             let (Some(state), Some(vol)) = (
@@ -404,6 +434,7 @@ impl VolumeMonitor {
                     mount_point: mount_point.clone(),
                     op: p.op.map(str::to_string),
                     errno: (p.errno != 0).then_some(p.errno as i32),
+                    device_name: self.index.names.get(&p.device).cloned(),
                 })
                 .collect();
             push_changes(

@@ -244,7 +244,9 @@ fn monitor_aggregates_kernel_errors_per_volume() {
     };
     let msg = &m.health(&a).unwrap().conditions()[0].message;
     assert!(
-        msg.starts_with("5 block I/O errors (write, EIO) on 8:1 at /var/lib/kubelet/pods/a/"),
+        msg.starts_with(
+            "5 block I/O errors (write, EIO) on sda1 (8:1) at /var/lib/kubelet/pods/a/"
+        ),
         "{msg}"
     );
 
@@ -309,6 +311,7 @@ fn csi_answers_become_conditions_and_failures_never_recover() {
         driver: "d".into(),
         socket: None,
         result,
+        elapsed: Duration::ZERO,
     };
     let sick = outcome(CsiResult::Health {
         rpc: health_csi::HealthSource::NodeGetVolumeHealth,
@@ -449,6 +452,13 @@ fn csi_prober_speaks_each_generation_and_bounds_the_hung() {
             by_pod("p3").socket,
             Some(root.join("plugins/hang.csi.test/csi.sock"))
         );
+        // Latency: a real round trip for the answered, the whole timeout for
+        // the hung, nothing for a volume whose driver was never asked.
+        let p1 = by_pod("p1").elapsed;
+        assert!(p1 > Duration::ZERO && p1 < timeout, "{p1:?}");
+        let p3 = by_pod("p3").elapsed;
+        assert!(p3 >= timeout, "{p3:?}");
+        assert_eq!(by_pod("p5").elapsed, Duration::ZERO);
 
         // Named by an override, the UNIMPLEMENTED driver is asked, and its
         // UNIMPLEMENTED is a failed probe, not health.

@@ -64,9 +64,18 @@ pub struct RoundResult {
     csi: Option<Vec<CsiOutcome>>,
 }
 
+/// What one [`WatchVolumes::handle`] or [`WatchVolumes::record`] produced.
+#[derive(Debug, Default)]
+pub struct Handled {
+    pub changes: Vec<VolumeChanges>,
+    /// CSI answers of a finished round (for metrics).
+    pub csi: Vec<CsiOutcome>,
+}
+
 pub struct WatchVolumes {
     cfg: WatchVolumesConfig,
-    json: bool,
+    /// Volumes dropped from the index since the last [`WatchVolumes::take_gone`].
+    gone: Vec<VolumeKey>,
     discovered: Vec<KubeletVolume>,
     monitor: VolumeMonitor,
     checker: Checker,
@@ -79,7 +88,7 @@ pub struct WatchVolumes {
 
 impl WatchVolumes {
     /// Discovers the volumes now; the first check round starts at once.
-    pub fn new(cfg: WatchVolumesConfig, topo: &Topology, json: bool) -> Self {
+    pub fn new(cfg: WatchVolumesConfig, topo: &Topology) -> Self {
         let discovered = kubelet::discover(&cfg.kubelet_root);
         let index = VolumeIndex::build(topo, discovered.clone());
         tracing::info!(
@@ -95,7 +104,7 @@ impl WatchVolumes {
             monitor: VolumeMonitor::new(index, cfg.conditions.clone()),
             checker: Checker::new(cfg.check.clone()),
             cfg,
-            json,
+            gone: Vec::new(),
             discovered,
             csi: Arc::new(Mutex::new(None)),
             check_tick,
@@ -107,6 +116,11 @@ impl WatchVolumes {
 
     pub fn index(&self) -> &VolumeIndex {
         self.monitor.index()
+    }
+
+    /// One volume's conditions and probe history.
+    pub fn health(&self, key: &VolumeKey) -> Option<&crate::conditions::VolumeHealth> {
+        self.monitor.health(key)
     }
 
     /// Re-resolves the known volumes against a new topology.
@@ -132,20 +146,34 @@ impl WatchVolumes {
                 "pod volumes changed"
             );
         }
+        self.gone.extend(gone);
     }
 
-    /// Accounts a batch of kernel errors to their volumes (handed to the
-    /// condition machine on the next flush tick).
-    pub fn record(&mut self, batch: &[KernelError]) {
+    /// Volumes that left the index since the last call (pods deleted).
+    pub fn take_gone(&mut self) -> Vec<VolumeKey> {
+        std::mem::take(&mut self.gone)
+    }
+
+    /// Accounts a batch of kernel errors to their volumes. They reach the
+    /// condition machine on the next flush tick, or at once when they would
+    /// raise a condition not yet raised: the first report of a failure is
+    /// never held back, a flood's updates are.
+    pub fn record(&mut self, batch: &[KernelError]) -> Vec<VolumeChanges> {
         let now = SystemTime::now();
         for e in batch {
             self.monitor.record(e, now);
         }
+        if self.monitor.take_urgent() {
+            self.monitor.flush_kernel(now)
+        } else {
+            Vec::new()
+        }
     }
 
-    /// Handles what [`next_wake`] returned; prints condition changes.
-    pub fn handle(&mut self, wake: Wake, topo: &Topology) {
+    /// Handles what [`next_wake`] returned.
+    pub fn handle(&mut self, wake: Wake, topo: &Topology) -> Handled {
         let now = SystemTime::now();
+        let mut csi_out = Vec::new();
         let changes = match wake {
             Wake::FlushKernel => self.monitor.flush_kernel(now),
             Wake::CheckTick => {
@@ -164,6 +192,7 @@ impl WatchVolumes {
                         let mut changes = self.monitor.apply_checks(now, r.checks);
                         if let Some(csi) = r.csi {
                             changes.extend(self.monitor.apply_csi(now, &csi));
+                            csi_out = csi;
                         }
                         changes
                     }
@@ -174,7 +203,10 @@ impl WatchVolumes {
                 }
             }
         };
-        self.print(&changes);
+        Handled {
+            changes,
+            csi: csi_out,
+        }
     }
 
     fn start_round(&mut self, topo: &Topology) {
@@ -211,16 +243,18 @@ impl WatchVolumes {
             RoundResult { checks, csi }
         }));
     }
+}
 
-    fn print(&self, changes: &[VolumeChanges]) {
-        if changes.is_empty() {
-            return;
-        }
+/// Prints condition changes, one line each: on stdout, or in JSON mode on
+/// stderr (stdout stays a pure event stream).
+pub fn print_changes(changes: &[VolumeChanges], index: &VolumeIndex, json: bool) {
+    if changes.is_empty() {
+        return;
+    }
+    {
         let mut text = String::new();
         for vc in changes {
-            let pv = self
-                .monitor
-                .index()
+            let pv = index
                 .get(&vc.key)
                 .and_then(|v| v.volume.pv.clone())
                 .unwrap_or_else(|| vc.key.name.clone());
@@ -245,8 +279,7 @@ impl WatchVolumes {
                 text.push_str(&format!("volume pod {} pv {pv}: {line}\n", vc.key.pod_uid));
             }
         }
-        // JSON mode keeps stdout a pure event stream.
-        let written = if self.json {
+        let written = if json {
             std::io::stderr().lock().write_all(text.as_bytes())
         } else {
             let mut out = std::io::stdout().lock();

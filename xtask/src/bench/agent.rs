@@ -64,10 +64,22 @@ impl AgentProc {
     /// Starts `bin watch <args>` and waits for its ready line. With `echo`,
     /// stdout lines are also printed live, each after that prefix.
     pub fn start(bin: &Path, args: &[String], echo: Option<&'static str>) -> Result<AgentProc> {
+        Self::start_mode(bin, "watch", args, echo)
+    }
+
+    /// Like [`AgentProc::start`] with another subcommand (`run`).
+    pub fn start_mode(
+        bin: &Path,
+        mode: &str,
+        args: &[String],
+        echo: Option<&'static str>,
+    ) -> Result<AgentProc> {
         interrupt::check()?;
         let mut cmd = Command::new(bin);
-        cmd.arg("watch")
+        cmd.arg(mode)
             .args(args)
+            .env_remove("HTTPS_PROXY")
+            .env_remove("https_proxy")
             .env("HEALTH_LOG", "info")
             .env("NO_COLOR", "1")
             .stdin(Stdio::null())

@@ -1,0 +1,49 @@
+# syntax=docker/dockerfile:1
+#
+# The volume-health agent image.
+#
+#   docker build -t volume-health-agent:0.1.0 .
+#
+# The builder runs the same bootstrap as `cargo xtask build` on a developer
+# machine: it apt-installs Debian's Rust compiler and library source
+# (rustc-web, cargo-web, rust-web-src), LLVM of that compiler's major and
+# builds bpf-linker against it (xtask/src/bootstrap.rs; it needs apt and
+# root, which a Debian image has), then builds the kernel programs and the
+# release agent with them embedded. The runtime image holds that one binary.
+
+ARG RUST_VERSION=1.95
+FROM rust:${RUST_VERSION}-bookworm AS builder
+WORKDIR /src
+COPY . .
+# Caches: crates, the tools cache (bpf-linker takes minutes to build) and
+# the target dir; the binaries are copied out of the cache mount.
+RUN --mount=type=cache,target=/usr/local/cargo/registry \
+    --mount=type=cache,target=/root/.cache/volume-health \
+    --mount=type=cache,target=/src/target \
+    cargo xtask build \
+    && mkdir -p /out \
+    && cp target/release/health-agent /out/health-agent
+
+# The fault disk server for `cargo xtask kind` (not part of the agent image);
+# plain cargo, no eBPF toolchain. Built on Debian bookworm, whose glibc is no
+# newer than kind's node image's, so the binary runs on a kind node:
+#   docker build --target faultdisk --output type=local,dest=DIR .
+FROM rust:${RUST_VERSION}-bookworm AS faultdisk-builder
+WORKDIR /src
+COPY . .
+RUN --mount=type=cache,target=/usr/local/cargo/registry \
+    --mount=type=cache,target=/src/target,id=faultdisk-target \
+    cargo build --release --locked -p health-tests --bin faultdisk \
+    && mkdir -p /out \
+    && cp target/release/faultdisk /out/faultdisk
+
+FROM scratch AS faultdisk
+COPY --from=faultdisk-builder /out/faultdisk /faultdisk
+
+# Runtime: glibc and libgcc (what the binary links), no shell, no package
+# manager. The DaemonSet runs it as uid 0 with a few capabilities
+# (deploy/daemonset.yaml says which and why).
+FROM gcr.io/distroless/cc-debian12 AS runtime
+COPY --from=builder /out/health-agent /usr/local/bin/health-agent
+ENTRYPOINT ["/usr/local/bin/health-agent"]
+CMD ["run"]

@@ -1,0 +1,220 @@
+//! This node's pods and the PVs, as kube-rs reflectors, and the mapping of
+//! each kubelet volume directory to the objects its Events go on.
+//!
+//! kubelet names a pod's volume directory by PV name (or, for inline CSI
+//! volumes, by the pod's volume name); the PV's `spec.claimRef` names the
+//! PVC with its uid, and the pod's `spec.volumes` say which of its volumes
+//! uses that claim. So two reflectors suffice: pods with
+//! `spec.nodeName=<this node>` and all PVs. Both keep only the fields used
+//! here, to bound memory on large clusters.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use futures_util::StreamExt as _;
+use k8s_openapi::api::core::v1::{PersistentVolume, Pod};
+use kube::runtime::reflector::{self, ObjectRef as StoreRef, Store};
+use kube::runtime::{watcher, WatchStreamExt as _};
+use kube::{Api, Client, ResourceExt as _};
+use tokio::sync::Notify;
+
+use super::events::{ObjectKind, ObjectRef, Targets};
+use super::writer::Observer;
+use crate::kubelet::{KubeletVolume, VolumeKind};
+
+/// Read access to the two reflector stores.
+#[derive(Clone)]
+pub struct ClusterView {
+    pods: Store<Pod>,
+    pvs: Store<PersistentVolume>,
+    /// Notified on every change either store applies.
+    changed: Arc<Notify>,
+    /// Each store has completed a list.
+    pods_ready: Arc<AtomicBool>,
+    pvs_ready: Arc<AtomicBool>,
+}
+
+impl ClusterView {
+    /// Starts the reflectors as background tasks; they retry with backoff
+    /// while the API server is away, and the stores are empty (not ready)
+    /// until their first list completes.
+    pub fn start(
+        client: Client,
+        node: &str,
+        observer: Option<Arc<dyn Observer>>,
+    ) -> (ClusterView, Vec<tokio::task::JoinHandle<()>>) {
+        let changed = Arc::new(Notify::new());
+        let (pods, pod_writer) = reflector::store::<Pod>();
+        let (pvs, pv_writer) = reflector::store::<PersistentVolume>();
+        let pod_config = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
+        let pod_stream = watcher(Api::<Pod>::all(client.clone()), pod_config)
+            .default_backoff()
+            .modify(slim_pod)
+            .reflect(pod_writer);
+        let pv_stream = watcher(
+            Api::<PersistentVolume>::all(client),
+            watcher::Config::default(),
+        )
+        .default_backoff()
+        .modify(slim_pv)
+        .reflect(pv_writer);
+        let pods_ready = Arc::new(AtomicBool::new(false));
+        let pvs_ready = Arc::new(AtomicBool::new(false));
+        let tasks = vec![
+            tokio::spawn(drive(
+                pod_stream,
+                "pods",
+                Arc::clone(&changed),
+                Arc::clone(&pods_ready),
+                observer.clone(),
+            )),
+            tokio::spawn(drive(
+                pv_stream,
+                "persistentvolumes",
+                Arc::clone(&changed),
+                Arc::clone(&pvs_ready),
+                observer,
+            )),
+        ];
+        let view = ClusterView {
+            pods,
+            pvs,
+            changed,
+            pods_ready,
+            pvs_ready,
+        };
+        (view, tasks)
+    }
+
+    /// Both stores have completed their first list.
+    pub fn is_ready(&self) -> bool {
+        self.pods_ready.load(Ordering::Acquire) && self.pvs_ready.load(Ordering::Acquire)
+    }
+
+    /// Resolves when either store changed since the last call.
+    pub async fn changed(&self) {
+        self.changed.notified().await
+    }
+
+    /// Where a kubelet volume's Events go; `None` while its pod is unknown.
+    pub fn targets(&self, v: &KubeletVolume) -> Option<Targets> {
+        let pod = self
+            .pods
+            .state()
+            .into_iter()
+            .find(|p| p.metadata.uid.as_deref() == Some(v.pod_uid.as_str()))?;
+        let pv =
+            v.pv.as_deref()
+                .and_then(|name| self.pvs.get(&StoreRef::new(name)));
+        Some(resolve(&pod, pv.as_deref(), v))
+    }
+}
+
+/// Consumes a reflector stream, logging failures (the watcher retries them).
+async fn drive<S, K>(
+    stream: S,
+    what: &'static str,
+    changed: Arc<Notify>,
+    ready: Arc<AtomicBool>,
+    observer: Option<Arc<dyn Observer>>,
+) where
+    S: futures_util::Stream<Item = Result<watcher::Event<K>, watcher::Error>>,
+{
+    let mut stream = std::pin::pin!(stream);
+    while let Some(item) = stream.next().await {
+        match item {
+            Ok(event) => {
+                if matches!(event, watcher::Event::InitDone) && !ready.swap(true, Ordering::AcqRel)
+                {
+                    tracing::info!(what, "initial list from the API server complete");
+                }
+                changed.notify_one();
+            }
+            Err(e) => {
+                tracing::warn!(what, "watching the API server failed, retrying: {e}");
+                if let Some(o) = &observer {
+                    let code = match &e {
+                        watcher::Error::InitialListFailed(kube::Error::Api(s))
+                        | watcher::Error::WatchStartFailed(kube::Error::Api(s))
+                        | watcher::Error::WatchFailed(kube::Error::Api(s)) => Some(s.code),
+                        watcher::Error::WatchError(s) => Some(s.code),
+                        _ => None,
+                    };
+                    o.api_request("watch", what, code);
+                }
+            }
+        }
+    }
+}
+
+/// Keeps what [`resolve`] reads of a pod: identity and `spec.volumes`.
+fn slim_pod(pod: &mut Pod) {
+    pod.managed_fields_mut().clear();
+    pod.annotations_mut().clear();
+    pod.status = None;
+    if let Some(spec) = pod.spec.as_mut() {
+        spec.containers.clear();
+        spec.init_containers = None;
+        spec.ephemeral_containers = None;
+        spec.affinity = None;
+        spec.tolerations = None;
+    }
+}
+
+/// Keeps a PV's identity, claim reference and CSI source.
+fn slim_pv(pv: &mut PersistentVolume) {
+    pv.managed_fields_mut().clear();
+    pv.annotations_mut().clear();
+    pv.status = None;
+    if let Some(spec) = pv.spec.as_mut() {
+        spec.node_affinity = None;
+        spec.mount_options = None;
+    }
+}
+
+/// The objects a kubelet volume reports to: its pod, the pod's name for the
+/// volume, and through the PV's claim reference the PVC.
+pub fn resolve(pod: &Pod, pv: Option<&PersistentVolume>, v: &KubeletVolume) -> Targets {
+    let pod_ref = ObjectRef {
+        kind: ObjectKind::Pod,
+        namespace: pod.namespace().unwrap_or_default(),
+        name: pod.name_any(),
+        uid: pod.metadata.uid.clone().unwrap_or_default(),
+    };
+    let claim = pv
+        .and_then(|pv| pv.spec.as_ref())
+        .and_then(|s| s.claim_ref.as_ref())
+        .filter(|c| c.name.is_some());
+    let pvc = claim.map(|c| ObjectRef {
+        kind: ObjectKind::PersistentVolumeClaim,
+        namespace: c
+            .namespace
+            .clone()
+            .unwrap_or_else(|| pod_ref.namespace.clone()),
+        name: c.name.clone().unwrap_or_default(),
+        uid: c.uid.clone().unwrap_or_default(),
+    });
+    let volumes = pod.spec.as_ref().and_then(|s| s.volumes.as_ref());
+    let pod_volume = match (&pvc, v.kind) {
+        // Inline CSI volumes: kubelet names the directory by the pod's volume.
+        (_, VolumeKind::CsiEphemeral) | (None, _) => None,
+        (Some(pvc), _) => volumes.and_then(|vols| {
+            vols.iter().find_map(|vol| {
+                let by_claim = vol
+                    .persistent_volume_claim
+                    .as_ref()
+                    .is_some_and(|c| c.claim_name == pvc.name);
+                // A generic ephemeral volume's PVC is `<pod>-<volume>`.
+                let by_ephemeral =
+                    vol.ephemeral.is_some() && pvc.name == format!("{}-{}", pod_ref.name, vol.name);
+                (by_claim || by_ephemeral).then(|| vol.name.clone())
+            })
+        }),
+    };
+    Targets {
+        pod_volume: pod_volume.unwrap_or_else(|| v.pod_volume_dir_name.clone()),
+        pod: pod_ref,
+        pvc,
+        pv: v.pv.clone(),
+    }
+}

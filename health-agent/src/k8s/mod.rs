@@ -1,0 +1,128 @@
+//! Cluster mode: this node's pods and the PVs they use, and Kubernetes Events
+//! on every pod and PVC a volume condition concerns.
+//!
+//! Where an error travels in cluster mode: the collector's batch reaches
+//! [`crate::volumes::VolumeMonitor`], whose condition changes go to the
+//! event recorder ([`events`]), which aggregates them per (object, reason)
+//! and writes core/v1 Events within a per-object budget.
+
+/// One RBAC rule the agent needs: every API call the code makes is listed
+/// here, and `deploy/` grants exactly these (checked by
+/// `health-agent/tests/deploy.rs`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ApiAccess {
+    /// API group; "" is the core group.
+    pub group: &'static str,
+    pub resource: &'static str,
+    pub verbs: &'static [&'static str],
+}
+
+/// Everything the agent asks of the API server, cluster-wide:
+/// - pods: a reflector over this node's pods (`fieldSelector=spec.nodeName=NODE`);
+/// - persistentvolumes: a reflector; a PV's `spec.claimRef` names its PVC
+///   (namespace, name, uid), so no cluster-wide PVC watch is needed;
+/// - events (core/v1, which the Node authorizer also allows): created, then
+///   aggregated by patching `count`, `lastTimestamp` and `message`.
+pub const API_ACCESS: &[ApiAccess] = &[
+    ApiAccess {
+        group: "",
+        resource: "pods",
+        verbs: &["list", "watch"],
+    },
+    ApiAccess {
+        group: "",
+        resource: "persistentvolumes",
+        verbs: &["list", "watch"],
+    },
+    ApiAccess {
+        group: "",
+        resource: "events",
+        verbs: &["create", "patch"],
+    },
+];
+
+pub mod cluster;
+pub mod events;
+pub mod report;
+pub mod writer;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+
+use crate::http::{self, Health};
+use crate::metrics::Metrics;
+use crate::watch::{self, WatchOptions};
+
+#[derive(Clone, Debug)]
+pub struct RunOptions {
+    pub watch: WatchOptions,
+    pub node: String,
+    /// `None`: in-cluster configuration (or `KUBECONFIG`, for development).
+    pub kubeconfig: Option<PathBuf>,
+    pub metrics_addr: SocketAddr,
+    pub events: events::RecorderConfig,
+}
+
+/// How long the agent may go without a loop iteration before `/healthz`
+/// fails. The loop wakes at least once a second (the reconcile tick).
+const STALE_AFTER: Duration = Duration::from_secs(30);
+/// On shutdown, Events still unwritten get this long.
+const FINAL_FLUSH: Duration = Duration::from_secs(3);
+
+/// `health-agent run`: the DaemonSet agent.
+pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
+    let client = client(opts.kubeconfig.as_deref()).await?;
+    let metrics = Arc::new(Metrics::new());
+    let health = Health::new(STALE_AFTER);
+    let listener = http::bind(opts.metrics_addr).await?;
+    let server = tokio::spawn(http::serve(listener, Arc::clone(&metrics), health.clone()));
+
+    // Nothing below waits for the API server: detection starts at once,
+    // the reflectors and the writer retry in the background.
+    let observer: Arc<dyn writer::Observer> = metrics.clone();
+    let (view, watchers) =
+        cluster::ClusterView::start(client.clone(), &opts.node, Some(Arc::clone(&observer)));
+    let shared = writer::Shared::new(events::Recorder::new(opts.events.clone()));
+    let writer = tokio::spawn(writer::run(client, Arc::clone(&shared), Some(observer)));
+    let reporter = report::ClusterReporter::new(view, Arc::clone(&shared), metrics, health);
+    let result = watch::run_with(opts.watch, reporter).await;
+
+    // Give Events recorded at the end (the final reconcile) a moment.
+    let deadline = tokio::time::Instant::now() + FINAL_FLUSH;
+    shared.wake();
+    while shared.lock().has_pending() && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    if shared.lock().has_pending() {
+        tracing::warn!("stopping with Events not yet written (API server slow or away)");
+    }
+    writer.abort();
+    server.abort();
+    for w in watchers {
+        w.abort();
+    }
+    result
+}
+
+async fn client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<kube::Client> {
+    let config = match kubeconfig {
+        Some(path) => {
+            let kc = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("reading kubeconfig {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+                .await
+                .with_context(|| format!("using kubeconfig {}", path.display()))?
+        }
+        None => kube::Config::infer().await.context(
+            "no Kubernetes configuration: not in a pod with a service account, and no --kubeconfig",
+        )?,
+    };
+    kube::Client::try_from(config).context("creating the Kubernetes client")
+}
+
+#[cfg(test)]
+mod tests;

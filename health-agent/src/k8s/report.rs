@@ -1,0 +1,290 @@
+//! Cluster mode's [`Reporter`]: condition changes become Events (through
+//! the [`Recorder`] and the writer task), kernel errors and conditions
+//! become metrics. Nothing here waits on the API server: the loop records
+//! and returns.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use health_common::CounterKey;
+
+use super::cluster::ClusterView;
+use super::events::Targets;
+use super::writer::Shared;
+use crate::collector::{KernelError, KernelStats};
+use crate::conditions::Change;
+use crate::dev::Dev;
+use crate::event::Clock;
+use crate::http::Health;
+use crate::metrics::{Metrics, VolumeRef};
+use crate::topology::Topology;
+use crate::volumes::{Handled, VolumeIndex, VolumeKey, WatchVolumes};
+use crate::watch::Reporter;
+
+/// Changes kept per volume while its pod is not yet known to the agent.
+const MAX_PARKED_PER_VOLUME: usize = 64;
+
+pub struct ClusterReporter {
+    view: ClusterView,
+    shared: Arc<Shared>,
+    metrics: Arc<Metrics>,
+    health: Health,
+    /// Where each volume reports, once resolved.
+    known: HashMap<VolumeKey, Targets>,
+    /// Changes of volumes whose pod is not in the store yet (the agent
+    /// started before the API server answered, or kubelet was quicker than
+    /// the watch). Delivered in order once the pod is known.
+    parked: BTreeMap<VolumeKey, Vec<Change>>,
+    /// Programs attached; readiness also waits for the first lists.
+    attached: bool,
+}
+
+impl ClusterReporter {
+    pub fn new(
+        view: ClusterView,
+        shared: Arc<Shared>,
+        metrics: Arc<Metrics>,
+        health: Health,
+    ) -> Self {
+        ClusterReporter {
+            view,
+            shared,
+            metrics,
+            health,
+            known: HashMap::new(),
+            parked: BTreeMap::new(),
+            attached: false,
+        }
+    }
+
+    fn targets(&mut self, key: &VolumeKey, volumes: &VolumeIndex) -> Option<Targets> {
+        if !self.view.is_ready() {
+            return None;
+        }
+        let v = volumes.get(key)?;
+        let t = self.view.targets(&v.volume)?;
+        self.known.insert(key.clone(), t.clone());
+        Some(t)
+    }
+
+    /// Hands parked changes over for volumes now resolvable.
+    fn unpark(&mut self, volumes: &VolumeIndex) {
+        if self.parked.is_empty() || !self.view.is_ready() {
+            return;
+        }
+        let keys: Vec<VolumeKey> = self.parked.keys().cloned().collect();
+        let now = SystemTime::now();
+        let mut any = false;
+        for key in keys {
+            if volumes.get(&key).is_none() {
+                // The volume left before its pod was ever seen.
+                self.parked.remove(&key);
+                continue;
+            }
+            let Some(t) = self.targets(&key, volumes) else {
+                continue;
+            };
+            if let Some(changes) = self.parked.remove(&key) {
+                self.shared.lock().observe(&key, &t, &changes, now);
+                any = true;
+            }
+        }
+        if any {
+            self.shared.wake();
+        }
+    }
+
+    fn update_readiness(&mut self) {
+        if !self.attached {
+            self.health
+                .set_not_ready("kernel programs not attached yet".to_string());
+        } else if !self.view.is_ready() {
+            self.health
+                .set_not_ready("waiting for the first pod and PV lists".to_string());
+        } else {
+            self.health.set_ready(true);
+        }
+    }
+}
+
+fn park(parked: &mut BTreeMap<VolumeKey, Vec<Change>>, key: &VolumeKey, changes: &[Change]) {
+    let list = parked.entry(key.clone()).or_default();
+    list.extend(changes.iter().cloned());
+    if list.len() > MAX_PARKED_PER_VOLUME {
+        // Raised/Updated of one condition are superseded by later ones; drop
+        // the oldest update first. The recorder counts from the condition's
+        // own occurrences, so nothing numeric is lost.
+        let excess = list.len() - MAX_PARKED_PER_VOLUME;
+        let mut dropped = 0;
+        list.retain(|c| {
+            if dropped < excess && matches!(c, Change::Updated { .. }) {
+                dropped += 1;
+                false
+            } else {
+                true
+            }
+        });
+        let over = list.len().saturating_sub(MAX_PARKED_PER_VOLUME);
+        list.drain(..over);
+    }
+}
+
+fn volume_ref(t: &Targets) -> VolumeRef {
+    VolumeRef {
+        namespace: t.pod.namespace.clone(),
+        pod: t.pod.name.clone(),
+        volume: t.pod_volume.clone(),
+        pvc: t.pvc.as_ref().map(|p| p.name.clone()),
+        pv: t.pv.clone(),
+    }
+}
+
+impl Reporter for ClusterReporter {
+    type Wake = ();
+
+    fn ready(&mut self, active: usize) {
+        tracing::info!(sources = active, "kernel programs attached");
+        self.attached = true;
+        // Readiness first: whoever reads the line below may ask /readyz at
+        // once and must see the state the line announces.
+        self.update_readiness();
+        eprintln!("volume-health: ready, {active} error sources attached");
+    }
+
+    fn errors(
+        &mut self,
+        batch: &[KernelError],
+        topo: &Topology,
+        _clock: &Clock,
+        volumes: Option<&VolumeIndex>,
+    ) -> anyhow::Result<()> {
+        self.health.beat();
+        // Samples of one key differ only in their details, which metrics do
+        // not carry: resolve volumes once per key and batch, not per sample.
+        let mut per_key: BTreeMap<CounterKey, u64> = BTreeMap::new();
+        for e in batch {
+            *per_key.entry(e.key).or_default() += e.count;
+        }
+        for (key, count) in per_key {
+            let dev = Dev::from_kernel(key.dev);
+            let name = topo.device(dev).map(|d| d.name.as_str());
+            // One count per PVC (or PV, or pod volume without either): the
+            // same error reaches every pod using the volume.
+            let mut seen: Vec<VolumeRef> = Vec::new();
+            if let Some(ix) = volumes {
+                for v in ix.volumes_for(dev) {
+                    if !self.known.contains_key(&v.key) && self.targets(&v.key, ix).is_none() {
+                        continue;
+                    }
+                    let Some(t) = self.known.get(&v.key) else {
+                        continue;
+                    };
+                    let r = volume_ref(t);
+                    let dup = seen.iter().any(|s| {
+                        s.namespace == r.namespace
+                            && match (&s.pvc, &r.pvc, &s.pv, &r.pv) {
+                                (Some(a), Some(b), _, _) => a == b,
+                                (None, None, Some(a), Some(b)) => a == b,
+                                _ => false,
+                            }
+                    });
+                    if !dup {
+                        seen.push(r);
+                    }
+                }
+            }
+            let e = KernelError {
+                key,
+                count,
+                sample: None,
+            };
+            if seen.is_empty() {
+                self.metrics.record_kernel_error(&e, name, None);
+            }
+            for r in &seen {
+                self.metrics.record_kernel_error(&e, name, Some(r));
+            }
+        }
+        Ok(())
+    }
+
+    fn changes(&mut self, handled: &Handled, gone: &[VolumeKey], volumes: &WatchVolumes) {
+        let index = volumes.index();
+        let now = SystemTime::now();
+        let mut wrote = false;
+        for vc in &handled.changes {
+            match self.targets(&vc.key, index) {
+                Some(t) if !self.parked.contains_key(&vc.key) => {
+                    self.shared.lock().observe(&vc.key, &t, &vc.changes, now);
+                    wrote = true;
+                    if let Some(h) = volumes.health(&vc.key) {
+                        self.metrics
+                            .set_volume_conditions(&volume_ref(&t), &h.conditions());
+                    }
+                }
+                // Unknown pod, or earlier changes still parked: keep order.
+                _ => park(&mut self.parked, &vc.key, &vc.changes),
+            }
+        }
+        for o in &handled.csi {
+            self.metrics.csi_probe(o);
+        }
+        for key in gone {
+            self.parked.remove(key);
+            self.shared.lock().forget_volume(key);
+            if let Some(t) = self.known.remove(key) {
+                let r = volume_ref(&t);
+                self.metrics.remove_volume(&r);
+                // The claim's error counters go when no pod here uses it:
+                // series of claims long gone would otherwise fill the cap.
+                let still_used = self
+                    .known
+                    .values()
+                    .any(|o| o.pod.namespace == t.pod.namespace && o.pvc == t.pvc && o.pv == t.pv);
+                if !still_used {
+                    self.metrics.remove_kernel_errors(&r);
+                }
+            }
+            wrote = true;
+        }
+        self.metrics.set_volumes(index.len());
+        self.unpark(index);
+        if wrote {
+            self.shared.wake();
+        }
+    }
+
+    fn kernel_stats(&mut self, stats: &KernelStats) {
+        self.health.beat();
+        self.metrics.kernel_stats(stats);
+        self.update_readiness();
+    }
+
+    async fn wake(&mut self) {
+        self.view.changed().await
+    }
+
+    fn handle(&mut self, _wake: (), volumes: Option<&VolumeIndex>) {
+        self.update_readiness();
+        if let Some(ix) = volumes {
+            self.unpark(ix);
+        }
+    }
+
+    fn finish(
+        &mut self,
+        totals: &BTreeMap<CounterKey, u64>,
+        _topo: &Topology,
+        stats: &KernelStats,
+    ) -> anyhow::Result<()> {
+        let errors: u64 = totals.values().sum();
+        tracing::info!(
+            errors,
+            samples_suppressed = stats.samples_suppressed,
+            ringbuf_full = stats.ringbuf_full,
+            "stopping"
+        );
+        Ok(())
+    }
+}

@@ -1,0 +1,534 @@
+//! Cluster mode end to end: the real agent binary (`health-agent run`)
+//! against the real kernel and a fake kube-apiserver speaking the real
+//! protocol over HTTP (`health_tests::apiserver`).
+//!
+//! The fixture: one fault disk with ext4, staged where kubelet stages a CSI
+//! PV and bind-published into two pods' volume directories, as kubelet does
+//! for a PVC used by two pods on one node. The API server knows the PV
+//! (claimRef shop/data) and the two pods on node-1. Failed O_DIRECT writes
+//! to the disk are block I/O errors the kernel reports on that device.
+//!
+//! These tests need root and fail (not skip) without it.
+
+use std::io::{Read as _, Write as _};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use health_tests::agent::Agent;
+use health_tests::apiserver::{FakeApiServer, Mode};
+use health_tests::{fs, require_env, FaultDisk, LoopDevice, Mount, Op, Rule};
+use serde_json::{json, Value};
+use tempfile::TempDir;
+
+const MIB: u64 = 1 << 20;
+const EIO: i32 = libc::EIO;
+const POD_A: &str = "1a1a1a1a-0000-4000-8000-00000000001a";
+const POD_B: &str = "1b1b1b1b-0000-4000-8000-00000000001b";
+const PVC_UID: &str = "2c2c2c2c-0000-4000-8000-00000000002c";
+const PV: &str = "pv-e2e";
+const DRIVER: &str = "disk.csi.volume-health.test";
+
+/// Everything one test runs on; torn down in reverse order.
+struct Fixture {
+    agent: Option<Agent>,
+    mounts: Vec<Mount>,
+    lo: Option<LoopDevice>,
+    disk: Option<FaultDisk>,
+    api: FakeApiServer,
+    metrics: SocketAddr,
+    root: TempDir,
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        drop(self.agent.take());
+        while let Some(m) = self.mounts.pop() {
+            drop(m);
+        }
+        drop(self.lo.take());
+        drop(self.disk.take());
+    }
+}
+
+fn vol_data(pv: &str) -> String {
+    json!({
+        "attachmentID": "csi-e2e",
+        "driverName": DRIVER,
+        "nodeName": "node-1",
+        "specVolID": pv,
+        "volumeHandle": "handle-e2e",
+        "volumeLifecycleMode": "Persistent",
+    })
+    .to_string()
+}
+
+fn pod(name: &str, uid: &str) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "shop", "uid": uid},
+        "spec": {
+            "nodeName": "node-1",
+            "containers": [{"name": "app", "image": "busybox"}],
+            "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}]
+        }
+    })
+}
+
+fn free_port() -> Result<SocketAddr> {
+    let l = TcpListener::bind("127.0.0.1:0")?;
+    Ok(l.local_addr()?)
+}
+
+impl Fixture {
+    /// The disk, the two published pod volumes, the API objects and the
+    /// agent, ready (its `/readyz` says the first lists are done).
+    fn start(extra_args: &[&str]) -> Result<Fixture> {
+        Self::start_with(extra_args, Mode::Up)
+    }
+
+    /// Like [`Fixture::start`], with the API server in `mode` when the agent
+    /// starts; waits for readiness only when it is up.
+    fn start_with(extra_args: &[&str], api_mode: Mode) -> Result<Fixture> {
+        require_env(&[])?;
+        let root = tempfile::Builder::new().prefix("kubelet-").tempdir()?;
+        let api = FakeApiServer::start()?;
+        let mut fx = Fixture {
+            agent: None,
+            mounts: Vec::new(),
+            lo: None,
+            disk: None,
+            metrics: free_port()?,
+            api,
+            root,
+        };
+        let disk = FaultDisk::start(64 * MIB)?;
+        let lo = disk.attach_loop(false)?;
+        fs::mkfs_ext4(lo.path())?;
+        let dev = lo.path().to_path_buf();
+        fx.disk = Some(disk);
+        fx.lo = Some(lo);
+
+        let staging_dir = fx.root().join("plugins/kubernetes.io/csi/pv").join(PV);
+        let staging = staging_dir.join("globalmount");
+        std::fs::create_dir_all(&staging)?;
+        std::fs::write(staging_dir.join("vol_data.json"), vol_data(PV))?;
+        fx.mounts.push(Mount::at(&dev, &staging, "ext4", "")?);
+        for uid in [POD_A, POD_B] {
+            let dir = fx
+                .root()
+                .join("pods")
+                .join(uid)
+                .join("volumes/kubernetes.io~csi")
+                .join(PV);
+            std::fs::create_dir_all(dir.join("mount"))?;
+            std::fs::write(dir.join("vol_data.json"), vol_data(PV))?;
+            fx.mounts
+                .push(Mount::at(&staging, dir.join("mount"), "none", "bind")?);
+        }
+
+        fx.api.put(json!({
+            "apiVersion": "v1", "kind": "PersistentVolume",
+            "metadata": {"name": PV},
+            "spec": {
+                "capacity": {"storage": "64Mi"},
+                "accessModes": ["ReadWriteOnce"],
+                "claimRef": {"kind": "PersistentVolumeClaim", "namespace": "shop", "name": "data", "uid": PVC_UID},
+                "csi": {"driver": DRIVER, "volumeHandle": "handle-e2e"}
+            }
+        }));
+        fx.api.put(pod("web-0", POD_A));
+        fx.api.put(pod("web-1", POD_B));
+        // A pod of another node must not be asked about or reported on.
+        let mut elsewhere = pod("far-away", "3d3d3d3d-0000-4000-8000-00000000003d");
+        elsewhere["spec"]["nodeName"] = json!("node-2");
+        fx.api.put(elsewhere);
+
+        let kubeconfig = fx.api.write_kubeconfig(fx.root.path())?;
+        let metrics = fx.metrics.to_string();
+        let mut args: Vec<String> = vec![
+            "--node-name".into(),
+            "node-1".into(),
+            "--kubeconfig".into(),
+            kubeconfig.display().to_string(),
+            "--kubelet-root".into(),
+            fx.root().display().to_string(),
+            "--metrics-addr".into(),
+            metrics,
+            "--check-interval".into(),
+            "1".into(),
+        ];
+        args.extend(extra_args.iter().map(|s| s.to_string()));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        fx.api.set_mode(api_mode);
+        fx.agent = Some(Agent::start_cluster(&args)?);
+        if api_mode == Mode::Up {
+            fx.wait_ready()?;
+        }
+        Ok(fx)
+    }
+
+    fn root(&self) -> &Path {
+        self.root.path()
+    }
+
+    fn device_name(&self) -> String {
+        let lo = self.lo.as_ref().expect("a loop device");
+        lo.path()
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    }
+
+    fn wait_ready(&self) -> Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Ok((200, _)) = http_get(self.metrics, "/readyz") {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                let r = http_get(self.metrics, "/readyz");
+                bail!("the agent did not become ready: {r:?}");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// `n` failed O_DIRECT writes to the disk: exactly `n` failed block
+    /// requests (the loop device caps a request at one FUSE request).
+    fn fail_writes(&self, n: u64) -> Result<()> {
+        let disk = self.disk.as_ref().context("a disk")?;
+        let lo = self.lo.as_ref().context("a loop device")?;
+        let before = disk.stats()?.injected(Op::Write, EIO);
+        let rule = disk.add_rule(Rule::new(Op::Write, EIO).range(48 * MIB, 8 * MIB))?;
+        for i in 0..n {
+            let err = fs::o_direct_write(lo.path(), 48 * MIB + (i % 2048) * 4096, &[0xab; 4096])
+                .expect_err("the write must fail");
+            assert_eq!(err.raw_os_error(), Some(EIO), "write {i}");
+        }
+        disk.remove_rule(rule)?;
+        let injected = disk.stats()?.injected(Op::Write, EIO) - before;
+        assert_eq!(injected, n, "the fault disk failed exactly the writes made");
+        Ok(())
+    }
+
+    fn stop(&mut self) -> Result<String> {
+        let agent = self.agent.take().context("the agent runs")?;
+        let run = agent.stop_cleanly()?;
+        Ok(run.stderr)
+    }
+}
+
+/// A plain HTTP/1.1 GET on loopback: status and body.
+fn http_get(addr: SocketAddr, path: &str) -> Result<(u16, String)> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut text = String::new();
+    s.read_to_string(&mut text)?;
+    let status = text
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .with_context(|| format!("no status line in {text:?}"))?;
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    Ok((status, body))
+}
+
+/// Events on `kind/name` with `reason`.
+fn events_on(api: &FakeApiServer, kind: &str, name: &str, reason: &str) -> Vec<Value> {
+    api.events()
+        .into_iter()
+        .filter(|e| {
+            e["involvedObject"]["kind"] == kind
+                && e["involvedObject"]["name"] == name
+                && e["reason"] == reason
+        })
+        .collect()
+}
+
+const OBJECTS: [(&str, &str); 3] = [
+    ("Pod", "web-0"),
+    ("Pod", "web-1"),
+    ("PersistentVolumeClaim", "data"),
+];
+
+/// Waits until each of the three objects has exactly one `reason` event
+/// with `count`; returns them in `OBJECTS` order.
+fn wait_counts(
+    api: &FakeApiServer,
+    reason: &str,
+    count: i64,
+    timeout: Duration,
+) -> Result<Vec<Value>> {
+    api.wait_for(timeout, |api| {
+        let found: Vec<Value> = OBJECTS
+            .iter()
+            .filter_map(|(kind, name)| {
+                let evs = events_on(api, kind, name, reason);
+                (evs.len() == 1 && evs[0]["count"] == count).then(|| evs[0].clone())
+            })
+            .collect();
+        (found.len() == OBJECTS.len()).then_some(found)
+    })
+    .with_context(|| {
+        format!(
+            "waiting for {reason} x{count} on both pods and the PVC; events now: {:#}",
+            Value::Array(api.events())
+        )
+    })
+}
+
+/// Event writes (create and patch) per involved object name.
+fn writes_per_object(api: &FakeApiServer) -> Vec<(String, usize)> {
+    let mut out: std::collections::BTreeMap<String, usize> = Default::default();
+    for r in api.requests() {
+        if !r.path.contains("/events") || !(r.method == "POST" || r.method == "PATCH") {
+            continue;
+        }
+        let object = match r.method.as_str() {
+            "POST" => r
+                .body
+                .as_ref()
+                .and_then(|b| b["involvedObject"]["name"].as_str())
+                .unwrap_or("?")
+                .to_string(),
+            // Event names are `<object>.<hex>`.
+            _ => r
+                .path
+                .rsplit('/')
+                .next()
+                .and_then(|n| n.split('.').next())
+                .unwrap_or("?")
+                .to_string(),
+        };
+        *out.entry(object).or_default() += 1;
+    }
+    out.into_iter().collect()
+}
+
+#[test]
+fn errors_on_a_shared_volume_reach_both_pods_and_the_pvc_then_recover() -> Result<()> {
+    let mut fx = Fixture::start(&["--event-update-interval", "1", "--kernel-quiet-window", "3"])?;
+    let dev = fx.device_name();
+    fx.fail_writes(25)?;
+    let events = wait_counts(&fx.api, "BlockIOErrors", 25, Duration::from_secs(15))?;
+    for e in &events {
+        assert_eq!(e["type"], "Warning", "{e}");
+        assert_eq!(e["source"]["component"], "volume-health-agent", "{e}");
+        assert_eq!(e["source"]["host"], "node-1", "{e}");
+        assert_eq!(e["metadata"]["namespace"], "shop", "{e}");
+        let m = e["message"].as_str().unwrap_or_default();
+        assert!(
+            m.contains(&format!("25 block I/O errors (write, EIO) on {dev} (")),
+            "{m}"
+        );
+    }
+    let pod_msg = events[0]["message"].as_str().unwrap_or_default();
+    assert!(
+        pod_msg.starts_with("PVC shop/data (PV pv-e2e, volume \"data\"): Degraded BlockIOErrors: 25 block I/O errors"),
+        "{pod_msg}"
+    );
+    assert!(
+        pod_msg.contains(&format!(
+            "/pods/{POD_A}/volumes/kubernetes.io~csi/{PV}/mount"
+        )),
+        "{pod_msg}"
+    );
+    assert_eq!(events[0]["involvedObject"]["uid"], POD_A);
+    assert_eq!(events[1]["involvedObject"]["uid"], POD_B);
+    let pvc_msg = events[2]["message"].as_str().unwrap_or_default();
+    assert!(
+        pvc_msg.starts_with(
+            "pods shop/web-0, shop/web-1 (PV pv-e2e): Degraded BlockIOErrors: 25 block I/O errors"
+        ),
+        "{pvc_msg}"
+    );
+    assert_eq!(events[2]["involvedObject"]["uid"], PVC_UID);
+
+    // Prometheus sees the same, once per PVC (not once per pod).
+    let (code, text) = http_get(fx.metrics, "/metrics")?;
+    assert_eq!(code, 200);
+    let line = format!(
+        "volume_health_kernel_errors_total{{namespace=\"shop\",persistentvolumeclaim=\"data\",persistentvolume=\"{PV}\",device=\"{dev}\",source=\"block_rq_error\",op=\"write\",errno=\"EIO\"}} 25"
+    );
+    assert!(
+        text.lines().any(|l| l == line),
+        "missing {line:?} in\n{text}"
+    );
+    for pod in ["web-0", "web-1"] {
+        let line = format!(
+            "volume_health_volume_condition{{namespace=\"shop\",pod=\"{pod}\",persistentvolumeclaim=\"data\",persistentvolume=\"{PV}\",status=\"Degraded\",reason=\"BlockIOErrors\"}} 1"
+        );
+        assert!(
+            text.lines().any(|l| l == line),
+            "missing {line:?} in\n{text}"
+        );
+    }
+
+    // Quiet for the window: each object gets one recovery event.
+    let cleared = wait_counts(&fx.api, "BlockIOErrorsCleared", 1, Duration::from_secs(15))?;
+    for e in &cleared {
+        assert_eq!(e["type"], "Normal", "{e}");
+        let m = e["message"].as_str().unwrap_or_default();
+        assert!(
+            m.contains("Degraded BlockIOErrors cleared; it was: 25 block I/O errors"),
+            "{m}"
+        );
+    }
+
+    // Nothing about the other node's pod was written, every request was
+    // authenticated, and the pods were listed for this node only.
+    assert!(fx
+        .api
+        .events()
+        .iter()
+        .all(|e| e["involvedObject"]["name"] != "far-away"));
+    let requests = fx.api.requests();
+    assert!(requests
+        .iter()
+        .all(|r| r.authorization.as_deref() == Some("Bearer test-token")));
+    let pod_lists: Vec<_> = requests
+        .iter()
+        .filter(|r| r.method == "GET" && r.path == "/api/v1/pods")
+        .collect();
+    assert!(!pod_lists.is_empty());
+    assert!(pod_lists
+        .iter()
+        .all(|r| r.param("fieldSelector") == Some("spec.nodeName=node-1")));
+    // Only the verbs the RBAC grants.
+    for r in &requests {
+        let allowed = match r.method.as_str() {
+            "GET" => r.path == "/api/v1/pods" || r.path == "/api/v1/persistentvolumes",
+            "POST" | "PATCH" => r.path.starts_with("/api/v1/namespaces/shop/events"),
+            _ => false,
+        };
+        assert!(allowed, "unexpected request {} {}", r.method, r.path);
+    }
+    fx.stop()?;
+    Ok(())
+}
+
+#[test]
+fn a_storm_of_10000_errors_costs_a_handful_of_writes() -> Result<()> {
+    let fx = Fixture::start(&["--event-update-interval", "2"])?;
+    fx.fail_writes(10_000)?;
+    wait_counts(&fx.api, "BlockIOErrors", 10_000, Duration::from_secs(75))?;
+    let writes = writes_per_object(&fx.api);
+    eprintln!("event writes per object for 10,000 errors: {writes:?}");
+    assert_eq!(
+        writes.iter().map(|(o, _)| o.as_str()).collect::<Vec<_>>(),
+        ["data", "web-0", "web-1"],
+        "{writes:?}"
+    );
+    for (object, n) in &writes {
+        // The cap: 6 writes per object per minute (the default); the storm
+        // and its tail fit in well under two minutes.
+        assert!(*n <= 12, "{object}: {n} writes");
+        assert!(
+            *n >= 2,
+            "{object}: a create and at least one update, got {n}"
+        );
+    }
+    let total: usize = writes.iter().map(|(_, n)| n).sum();
+    assert!(total <= 36, "{total} event writes for 10,000 errors");
+    Ok(())
+}
+
+#[test]
+fn errors_during_an_outage_are_reported_with_exact_counts_after() -> Result<()> {
+    let fx = Fixture::start(&["--event-update-interval", "1"])?;
+    fx.api.set_mode(Mode::Refuse);
+    fx.fail_writes(7)?;
+    std::thread::sleep(Duration::from_secs(3));
+    // The agent tried (it does not wait for the API to detect), nothing got
+    // through, and its metrics say so.
+    assert!(fx.api.events().is_empty());
+    let (_, text) = http_get(fx.metrics, "/metrics")?;
+    let failed: u64 = text
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix(
+                "volume_health_api_requests_total{verb=\"create\",resource=\"events\",code=\"error\"} ",
+            )
+        })
+        .and_then(|n| n.parse().ok())
+        .with_context(|| format!("no failed event creates in the metrics:\n{text}"))?;
+    assert!(failed >= 1);
+    // Still detecting: more errors while the API server is away.
+    fx.fail_writes(5)?;
+    fx.api.set_mode(Mode::Up);
+    let events = wait_counts(&fx.api, "BlockIOErrors", 12, Duration::from_secs(45))?;
+    assert_eq!(events.len(), 3);
+    Ok(())
+}
+
+#[test]
+fn the_agent_starts_and_detects_while_the_api_server_is_away() -> Result<()> {
+    // The agent said it is attached (Agent::start_cluster waited for that)
+    // although no list ever succeeded.
+    let fx = Fixture::start_with(&["--event-update-interval", "1"], Mode::Refuse)?;
+    let (code, body) = http_get(fx.metrics, "/healthz")?;
+    assert_eq!((code, body.trim()), (200, "ok"));
+    let (code, body) = http_get(fx.metrics, "/readyz")?;
+    assert_eq!(code, 503, "{body}");
+    assert!(
+        body.contains("waiting for the first pod and PV lists"),
+        "{body}"
+    );
+    fx.fail_writes(9)?;
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(fx.api.events().is_empty());
+    // The kernel side counted them meanwhile, without volume labels (the
+    // pods are not known yet).
+    let (_, text) = http_get(fx.metrics, "/metrics")?;
+    let dev = fx.device_name();
+    let line = format!(
+        "volume_health_kernel_errors_total{{namespace=\"\",persistentvolumeclaim=\"\",persistentvolume=\"\",device=\"{dev}\",source=\"block_rq_error\",op=\"write\",errno=\"EIO\"}} 9"
+    );
+    assert!(
+        text.lines().any(|l| l == line),
+        "missing {line:?} in\n{text}"
+    );
+    fx.api.set_mode(Mode::Up);
+    fx.wait_ready()?;
+    // The conditions raised before the pods were known are delivered.
+    wait_counts(&fx.api, "BlockIOErrors", 9, Duration::from_secs(45))?;
+    Ok(())
+}
+
+#[test]
+fn run_fails_clearly_without_a_node_name_or_kubelet_root() -> Result<()> {
+    let bin = health_tests::agent::agent_bin()?;
+    let out = std::process::Command::new(&bin)
+        .args([
+            "run",
+            "--node-name",
+            "node-1",
+            "--kubelet-root",
+            "/nonexistent/kubelet",
+        ])
+        .env_remove("NODE_NAME")
+        .output()?;
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("kubelet root /nonexistent/kubelet is not a directory"),
+        "{err}"
+    );
+    let out = std::process::Command::new(&bin)
+        .args(["run"])
+        .env_remove("NODE_NAME")
+        .output()?;
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--node-name <NODE_NAME>"), "{err}");
+    Ok(())
+}

@@ -1,0 +1,238 @@
+//! Event latency: from a failed request to the Event request reaching the
+//! API server.
+//!
+//! The real agent in cluster mode (`health-agent run`) talks to the fake
+//! API server of `health_tests::apiserver`, which stamps every request with
+//! CLOCK_MONOTONIC when its head arrives; the fault disk stamps the failed
+//! request with the same clock. One pod uses one PVC on the failing disk.
+//!
+//! Each round fails one O_DIRECT write and waits for the Warning Events on
+//! the pod and on the PVC (a new episode, so a create each), then for the
+//! recovery Events (one aggregated Normal Event per object) once the (shortened) quiet window passes, so that the
+//! next round is again a first error. What is measured is what an operator
+//! waits for: the first report of a failure. Later errors of an episode are
+//! folded into the same Event by design, at most once per
+//! `--event-update-interval`.
+
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use health_tests::apiserver::FakeApiServer;
+use health_tests::{fs, FaultDisk, Mount, Op, Rule};
+use serde_json::json;
+
+use super::agent::AgentProc;
+use super::dio::DirectIo;
+use super::stats::Summary;
+use super::{interrupt, Tools};
+
+const MIB: u64 = 1 << 20;
+const BLOCK: u64 = 4096;
+const POD_UID: &str = "5e5e5e5e-0000-4000-8000-00000000005e";
+const PV: &str = "pv-bench";
+
+pub struct Config {
+    pub rounds: u32,
+}
+
+pub struct EventsResult {
+    pub rounds: u32,
+    /// Milliseconds, per round.
+    pub to_pod: Summary,
+    pub to_pvc: Summary,
+    pub requests: usize,
+    /// The agent's resident set at the end and its peak, kB (cluster mode:
+    /// kube client, two reflectors, the recorder, the metrics server).
+    pub rss_kb: u64,
+    pub hwm_kb: u64,
+}
+
+pub fn run(tools: &Tools, cfg: &Config) -> Result<EventsResult> {
+    let root = tempfile::Builder::new()
+        .prefix("kubelet-bench-")
+        .tempdir()?;
+    let disk = interrupt::spawn_shielded(|| FaultDisk::start_with(&tools.faultdisk, 64 * MIB))?;
+    let lo = disk.attach_loop(false)?;
+    fs::mkfs_ext4(lo.path())?;
+    let dir = root
+        .path()
+        .join("pods")
+        .join(POD_UID)
+        .join("volumes/kubernetes.io~csi")
+        .join(PV);
+    std::fs::create_dir_all(dir.join("mount"))?;
+    std::fs::write(
+        dir.join("vol_data.json"),
+        json!({"driverName": "bench.csi", "volumeHandle": "h", "specVolID": PV,
+               "nodeName": "node-1", "volumeLifecycleMode": "Persistent"})
+        .to_string(),
+    )?;
+    let _mount = Mount::at(lo.path(), dir.join("mount"), "ext4", "")?;
+
+    let api = FakeApiServer::start()?;
+    api.put(
+        json!({"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": PV},
+        "spec": {"claimRef": {"namespace": "bench", "name": "data", "uid": "pvc-uid"},
+                 "csi": {"driver": "bench.csi", "volumeHandle": "h"}}}),
+    );
+    api.put(json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "app-0", "namespace": "bench", "uid": POD_UID},
+        "spec": {"nodeName": "node-1", "containers": [{"name": "c", "image": "x"}],
+                 "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}]}}));
+    let kubeconfig = api.write_kubeconfig(root.path())?;
+    let metrics = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+    let args: Vec<String> = [
+        "--node-name",
+        "node-1",
+        "--kubeconfig",
+        &kubeconfig.display().to_string(),
+        "--kubelet-root",
+        &root.path().display().to_string(),
+        "--metrics-addr",
+        &metrics.to_string(),
+        "--kernel-quiet-window",
+        "1",
+        "--check-interval",
+        "0.2",
+        // Each round writes two Events per object; the default cap (6 a
+        // minute) would make later rounds wait for it, which is not latency.
+        "--event-writes-per-minute",
+        "1000",
+        // Repeated recoveries aggregate into one Event, patched at most this
+        // often; shorter keeps the rounds short.
+        "--event-update-interval",
+        "0.5",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let agent = AgentProc::start_mode(&tools.agent, "run", &args, None)?;
+    // The first lists must be in before a pod can be named.
+    api.wait_for(Duration::from_secs(20), |api| {
+        let lists = api
+            .requests()
+            .iter()
+            .filter(|r| r.method == "GET" && !r.is_watch() && r.status == 200)
+            .count();
+        (lists >= 2).then_some(())
+    })?;
+    std::thread::sleep(Duration::from_millis(500));
+
+    let io = DirectIo::open(lo.path(), BLOCK as usize)?;
+    let mut to_pod = Vec::new();
+    let mut to_pvc = Vec::new();
+    for round in 0..cfg.rounds {
+        interrupt::check()?;
+        let offset = 40 * MIB + u64::from(round) * BLOCK;
+        let seen = api.requests().len();
+        let since = disk.injections()?.last().map_or(0, |i| i.seq + 1);
+        let rule = disk.add_rule(Rule::new(Op::Write, libc::EIO).range(offset, BLOCK))?;
+        match io.write_at(offset) {
+            Err(e) if e.raw_os_error() == Some(libc::EIO) => {}
+            other => bail!("round {round}: expected EIO, got {other:?}"),
+        }
+        disk.remove_rule(rule)?;
+        let injected = disk.injections_since(since)?;
+        let [inj] = injected.as_slice() else {
+            bail!("round {round}: {} injections for one write", injected.len());
+        };
+        let creates = |api: &FakeApiServer, reason: &str| -> Vec<(String, u64)> {
+            api.requests()[seen..]
+                .iter()
+                .filter(|r| r.method == "POST" && r.status == 201)
+                .filter_map(|r| {
+                    let b = r.body.as_ref()?;
+                    (b["reason"] == reason).then(|| {
+                        (
+                            b["involvedObject"]["kind"]
+                                .as_str()
+                                .unwrap_or("")
+                                .to_string(),
+                            r.at_mono_ns,
+                        )
+                    })
+                })
+                .collect()
+        };
+        let warnings = api
+            .wait_for(Duration::from_secs(10), |api| {
+                let c = creates(api, "BlockIOErrors");
+                (c.len() == 2).then_some(c)
+            })
+            .with_context(|| format!("round {round}: the Warning events"))?;
+        for (kind, at) in warnings {
+            let ms = (at as f64 - inj.mono_ns as f64) / 1e6;
+            match kind.as_str() {
+                "Pod" => to_pod.push(ms),
+                _ => to_pvc.push(ms),
+            }
+        }
+        // Recoveries aggregate into one Normal Event per object: its count
+        // is the number of rounds so far.
+        let recovered = u64::from(round) + 1;
+        api.wait_for(Duration::from_secs(10), |api| {
+            let done = api
+                .events()
+                .iter()
+                .filter(|e| {
+                    e["reason"] == "BlockIOErrorsCleared" && e["count"].as_u64() == Some(recovered)
+                })
+                .count();
+            (done == 2).then_some(())
+        })
+        .with_context(|| format!("round {round}: the recovery events"))?;
+    }
+    let requests = api.requests().len();
+    let rss_kb = agent.status_kb("VmRSS")?;
+    let hwm_kb = agent.status_kb("VmHWM")?;
+    let stopped = agent.stop()?;
+    if !stopped.status.success() {
+        bail!(
+            "the agent exited with {}:\n{}",
+            stopped.status,
+            stopped.stderr
+        );
+    }
+    Ok(EventsResult {
+        rounds: cfg.rounds,
+        to_pod: Summary::of(&to_pod).context("no pod events measured")?,
+        to_pvc: Summary::of(&to_pvc).context("no PVC events measured")?,
+        requests,
+        rss_kb,
+        hwm_kb,
+    })
+}
+
+impl EventsResult {
+    pub fn markdown(&self) -> String {
+        let row = |name: &str, s: &Summary| {
+            format!(
+                "| {name} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} |\n",
+                s.n, s.min, s.p50, s.p90, s.p99, s.max
+            )
+        };
+        let mut out = format!(
+            "{} rounds: one failed O_DIRECT write on a PVC's disk, then the Warning Events on its pod and its PVC \
+             (each a create, new episode), then the recovery Events before the next round. \
+             Times from the fault disk failing the request to the Event request arriving at the API server \
+             (both CLOCK_MONOTONIC); the per-object write cap raised to 1000/min so rounds never wait on it; {} API requests in all.\n\n",
+            self.rounds, self.requests
+        );
+        out.push_str("| interval (ms) | n | min | p50 | p90 | p99 | max |\n|---|---:|---:|---:|---:|---:|---:|\n");
+        out.push_str(&row("failed request → Event on the pod", &self.to_pod));
+        out.push_str(&row("failed request → Event on the PVC", &self.to_pvc));
+        out.push_str(&format!(
+            "\nAgent memory in cluster mode at the end: RSS {:.1} MB, peak {:.1} MB.\n",
+            self.rss_kb as f64 / 1000.0,
+            self.hwm_kb as f64 / 1000.0
+        ));
+        out
+    }
+
+    pub fn headline(&self) -> String {
+        format!(
+            "events: failed request -> pod Event p50 {:.1} ms, p99 {:.1} ms; -> PVC Event p50 {:.1} ms, p99 {:.1} ms ({} rounds)",
+            self.to_pod.p50, self.to_pod.p99, self.to_pvc.p50, self.to_pvc.p99, self.rounds
+        )
+    }
+}

