@@ -113,15 +113,26 @@ pub fn test(args: &[String]) -> anyhow::Result<()> {
              nothing was skipped, nothing was run"
         );
     }
-    let built = all()?;
+    let toolchain = bootstrap::ensure()?;
+    let ebpf_object = ebpf(&toolchain)?;
     // health-agent/tests/deploy.rs renders the chart and the kustomization.
     let k8s = crate::k8s_tools::ensure()?;
-    say("running the test suite (release profile, shares the agent's build)");
+    // No separate `cargo build` of the agent first: the test build unifies
+    // dependency features across the workspace and its dev-dependencies, so
+    // it would compile tokio, hyper, kube, tonic and aya a second time
+    // (about 7 minutes on 2 cores). The agent binary comes from this very
+    // build instead: cargo builds a package's binaries for its integration
+    // tests (health-agent/tests/), and it builds everything before running
+    // anything.
+    say("building and running the test suite (release profile)");
     run(cargo()
         .current_dir(workspace_root())
         .args(["test", "--release", "--workspace", "--no-fail-fast"])
-        .env("HEALTH_EBPF_OBJECT", &built.ebpf_object)
-        .env("HEALTH_AGENT_BIN", &built.agent)
+        .env("HEALTH_EBPF_OBJECT", &ebpf_object)
+        .env(
+            "HEALTH_AGENT_BIN",
+            target_dir().join("release/health-agent"),
+        )
         .env("HELM_BIN", &k8s.helm)
         .env("KUBECTL_BIN", &k8s.kubectl)
         .arg("--")
