@@ -37,6 +37,9 @@ pub struct KernelStats {
     pub writeback_repeats: u64,
     /// Samples that arrived after a summary had already covered them.
     pub late_samples: u64,
+    /// Program runs the kernel skipped (errors nothing counted); filled in
+    /// from [`crate::probes::Attached::program_misses`], not from a map.
+    pub program_misses: u64,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -196,6 +199,7 @@ impl Collector {
             counter_map_full: read(stat::COUNTER_MAP_FULL)?,
             writeback_repeats: read(stat::WRITEBACK_REPEATS)?,
             late_samples: self.late_samples,
+            program_misses: 0,
         })
     }
 }

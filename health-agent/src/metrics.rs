@@ -165,6 +165,7 @@ pub struct Metrics {
     ringbuf_lost_samples: Counter,
     counter_map_full: Counter,
     writeback_repeats_merged: Counter,
+    kernel_program_misses: Counter,
     /// The last cumulative stats seen, for deltas.
     last_stats: Mutex<Option<KernelStats>>,
 
@@ -218,6 +219,7 @@ impl Metrics {
             ringbuf_lost_samples: Counter::default(),
             counter_map_full: Counter::default(),
             writeback_repeats_merged: Counter::default(),
+            kernel_program_misses: Counter::default(),
             last_stats: Mutex::default(),
             api_requests: Family::default(),
             events_written: Family::default(),
@@ -267,6 +269,11 @@ impl Metrics {
             "writeback_repeats_merged",
             "Repeated reports of a writeback error already recorded, merged into it",
             self.writeback_repeats_merged.clone(),
+        );
+        r.register(
+            "kernel_program_misses",
+            "Runs of the agent's kernel programs the kernel skipped because another BPF program was running on that CPU: errors not in any count",
+            self.kernel_program_misses.clone(),
         );
         r.register(
             "api_requests",
@@ -479,6 +486,11 @@ impl Metrics {
                 &self.writeback_repeats_merged,
                 prev.writeback_repeats,
                 s.writeback_repeats,
+            ),
+            (
+                &self.kernel_program_misses,
+                prev.program_misses,
+                s.program_misses,
             ),
         ] {
             let grown = if now >= before { now - before } else { now };
@@ -818,6 +830,7 @@ mod tests {
             counter_map_full: full,
             writeback_repeats: wb,
             late_samples: 99,
+            program_misses: wb + 1,
         };
         let values = |m: &Metrics| {
             [
@@ -825,6 +838,7 @@ mod tests {
                 "volume_health_ringbuf_lost_samples_total",
                 "volume_health_counter_map_full_total",
                 "volume_health_writeback_repeats_merged_total",
+                "volume_health_kernel_program_misses_total",
             ]
             .map(|n| samples(m, n))
         };
@@ -837,6 +851,7 @@ mod tests {
                 ["volume_health_ringbuf_lost_samples_total 5"],
                 ["volume_health_counter_map_full_total 0"],
                 ["volume_health_writeback_repeats_merged_total 4"],
+                ["volume_health_kernel_program_misses_total 5"],
             ]
         );
         // The maps were recreated: counting restarted, nothing is taken back.
@@ -848,6 +863,7 @@ mod tests {
                 ["volume_health_ringbuf_lost_samples_total 5"],
                 ["volume_health_counter_map_full_total 1"],
                 ["volume_health_writeback_repeats_merged_total 7"],
+                ["volume_health_kernel_program_misses_total 9"],
             ]
         );
         // Deltas continue from the restarted values.
@@ -859,6 +875,7 @@ mod tests {
                 ["volume_health_ringbuf_lost_samples_total 5"],
                 ["volume_health_counter_map_full_total 1"],
                 ["volume_health_writeback_repeats_merged_total 7"],
+                ["volume_health_kernel_program_misses_total 9"],
             ]
         );
     }

@@ -145,7 +145,7 @@ pub struct KernelMaps {
 /// Loaded and attached programs. Dropping `Attached` detaches them; the maps
 /// stay readable afterwards so the last counts can be collected.
 pub struct Attached {
-    _ebpf: Ebpf,
+    ebpf: Ebpf,
     logger: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
     pub sources: Vec<SourceStatus>,
 }
@@ -162,6 +162,39 @@ impl Attached {
         use std::os::fd::AsFd;
         self.logger.as_ref().map(|l| l.as_fd())
     }
+
+    /// Runs of our programs the kernel skipped, summed over programs.
+    ///
+    /// Tracepoint programs run under one per-CPU guard: when an interrupt
+    /// fails a request while any BPF tracing program (ours or another
+    /// tool's) runs on that CPU, the kernel skips every program on the
+    /// tracepoint and counts a `recursion_misses` for each. Every skip on an
+    /// error tracepoint is an error no counter saw, so it is reported, never
+    /// hidden. aya does not expose the field; the kernel shows it in the
+    /// program fd's fdinfo (Linux 5.12+; `None` where it is absent).
+    pub fn program_misses(&self) -> Option<u64> {
+        use std::os::fd::{AsFd, AsRawFd};
+        let mut total = None;
+        for (_, program) in self.ebpf.programs() {
+            let Ok(fd) = program.fd() else { continue };
+            let path = format!("/proc/self/fdinfo/{}", fd.as_fd().as_raw_fd());
+            let Ok(text) = std::fs::read_to_string(&path) else {
+                continue;
+            };
+            if let Some(n) = recursion_misses(&text) {
+                total = Some(total.unwrap_or(0) + n);
+            }
+        }
+        total
+    }
+}
+
+/// The `recursion_misses:` value of a BPF program's fdinfo text.
+fn recursion_misses(fdinfo: &str) -> Option<u64> {
+    fdinfo.lines().find_map(|l| {
+        l.strip_prefix("recursion_misses:")
+            .and_then(|v| v.trim().parse().ok())
+    })
 }
 
 /// One field a program reads: its `LAYOUT` slot, name, and accepted sizes.
@@ -516,7 +549,7 @@ pub fn attach(opts: &ProbeOptions) -> Result<(Attached, KernelMaps), ProbeError>
     };
     Ok((
         Attached {
-            _ebpf: ebpf,
+            ebpf,
             logger,
             sources,
         },
@@ -657,6 +690,14 @@ fn check_bpf() -> Result<(), ProbeError> {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn recursion_misses_come_from_fdinfo() {
+        let text = "pos:\t0\nflags:\t02000002\nmnt_id:\t16\nino:\t2061\nprog_type:\t5\nprog_jited:\t1\nprog_tag:\t3b185187f1855c4c\nmemlock:\t4096\nprog_id:\t1429\nrun_time_ns:\t0\nrun_cnt:\t0\nrecursion_misses:\t3\nverified_insns:\t212\n";
+        assert_eq!(super::recursion_misses(text), Some(3));
+        assert_eq!(super::recursion_misses("prog_id:\t7\nrun_cnt:\t0\n"), None);
+    }
+
     use super::*;
     use crate::tracefs::parse_format;
 

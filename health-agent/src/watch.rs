@@ -131,13 +131,16 @@ pub async fn run_with<R: Reporter>(opts: WatchOptions, mut reporter: R) -> anyho
     let mut last_rescan = Instant::now();
     let mut batch = Vec::new();
     let mut handled = Handled::default();
+    let mut misses = Misses::default();
 
     loop {
         tokio::select! {
             r = collector.next_batch(&mut batch) => r?,
             _ = reconcile.tick() => {
                 collector.reconcile(false, &mut batch)?;
-                reporter.kernel_stats(&collector.kernel_stats()?);
+                let mut stats = collector.kernel_stats()?;
+                stats.program_misses = misses.read(&attached);
+                reporter.kernel_stats(&stats);
             }
             _ = rescan.tick() => {
                 topo = rescan_topology(&opts.host, topo, &mut rest);
@@ -179,7 +182,9 @@ pub async fn run_with<R: Reporter>(opts: WatchOptions, mut reporter: R) -> anyho
     }
 
     // Detach first, then collect what the kernel counted up to that point:
-    // the last lines printed make every total exact.
+    // the last lines printed make every total exact. (Skipped runs are read
+    // before: they go with the programs.)
+    let program_misses = misses.read(&attached);
     drop(attached);
     collector.drain(&mut batch);
     collector.reconcile(true, &mut batch)?;
@@ -191,10 +196,33 @@ pub async fn run_with<R: Reporter>(opts: WatchOptions, mut reporter: R) -> anyho
         &topo,
         &clock,
     )?;
-    let stats = collector.kernel_stats()?;
+    let mut stats = collector.kernel_stats()?;
+    stats.program_misses = program_misses;
     reporter.kernel_stats(&stats);
     reporter.finish(&collector.totals()?, &topo, &stats)?;
     Ok(())
+}
+
+/// Follows the kernel's count of skipped program runs and says so, once per
+/// increase, when it grows: each one is an error the totals cannot contain.
+#[derive(Default)]
+struct Misses {
+    last: u64,
+}
+
+impl Misses {
+    fn read(&mut self, attached: &probes::Attached) -> u64 {
+        let now = attached.program_misses().unwrap_or(0);
+        if now > self.last {
+            tracing::warn!(
+                skipped = now - self.last,
+                total = now,
+                "the kernel skipped error tracepoint programs while another BPF program ran on the same CPU; those errors are not in the counts"
+            );
+            self.last = now;
+        }
+        now
+    }
 }
 
 /// Hands one loop turn's results to the reporter: the batch goes to the
@@ -498,8 +526,8 @@ impl View {
             }
         }
         text.push_str(&format!(
-            "kernel side: {} samples rate-limited, {} lost to a full ring buffer, {} errors not countable (counter map full), {} repeated writeback reports merged\n",
-            stats.samples_suppressed, stats.ringbuf_full, stats.counter_map_full, stats.writeback_repeats
+            "kernel side: {} samples rate-limited, {} lost to a full ring buffer, {} errors not countable (counter map full), {} repeated writeback reports merged, {} program runs skipped by the kernel\n",
+            stats.samples_suppressed, stats.ringbuf_full, stats.counter_map_full, stats.writeback_repeats, stats.program_misses
         ));
         // JSON mode keeps stdout a pure event stream.
         if self.json {

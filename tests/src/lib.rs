@@ -44,6 +44,35 @@ pub use fs::{
 pub use protocol::{ByteRange, Injection, Op, Rule, ServerInfo, Stats, TracedRequest};
 pub use sys::{require_root, BlockStat, MountInfo};
 
+use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+/// The kernel runs tracepoint programs under one per-CPU guard: while any
+/// BPF tracing program runs on a CPU, an interrupt there that fails a request
+/// skips every program on `block_rq_error` (the kernel counts these as the
+/// programs' recursion misses, and the agent reports them). A test that keeps
+/// programs busy on every core (a flood, or `block_rq_complete` attached for
+/// all completions) would make the exact counts of tests running beside it
+/// miss errors, so it takes [`kernel_alone`]; the others [`shared_kernel`].
+/// Test binaries run one after another, so a lock per process is enough.
+static KERNEL: RwLock<()> = RwLock::new(());
+
+/// A test's hold on the kernel's error path; released on drop.
+#[must_use = "the hold ends when this is dropped"]
+pub enum KernelUse {
+    Shared(RwLockReadGuard<'static, ()>),
+    Alone(RwLockWriteGuard<'static, ()>),
+}
+
+/// For a test that asserts exact counts: excludes the floods.
+pub fn shared_kernel() -> KernelUse {
+    KernelUse::Shared(KERNEL.read().unwrap_or_else(PoisonError::into_inner))
+}
+
+/// For a test that floods the kernel with errors: runs alone.
+pub fn kernel_alone() -> KernelUse {
+    KernelUse::Alone(KERNEL.write().unwrap_or_else(PoisonError::into_inner))
+}
+
 /// Tools the fault-disk tests need, checked up front so a missing one fails with its
 /// Debian package named instead of halfway through a test.
 pub const BASE_TOOLS: &[&str] = &["losetup", "mount", "sfdisk", "mkfs.ext4", "blkdiscard"];

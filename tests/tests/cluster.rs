@@ -18,7 +18,9 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use health_tests::agent::Agent;
 use health_tests::apiserver::{FakeApiServer, Mode};
-use health_tests::{fs, require_env, FaultDisk, LoopDevice, Mount, Op, Rule};
+use health_tests::{
+    fs, kernel_alone, require_env, shared_kernel, FaultDisk, KernelUse, LoopDevice, Mount, Op, Rule,
+};
 use serde_json::{json, Value};
 use tempfile::TempDir;
 
@@ -39,6 +41,8 @@ struct Fixture {
     api: FakeApiServer,
     metrics: SocketAddr,
     root: TempDir,
+    /// Dropped last: the storm runs alone (see `health_tests::KernelUse`).
+    _kernel: KernelUse,
 }
 
 impl Drop for Fixture {
@@ -85,12 +89,12 @@ impl Fixture {
     /// The disk, the two published pod volumes, the API objects and the
     /// agent, ready (its `/readyz` says the first lists are done).
     fn start(extra_args: &[&str]) -> Result<Fixture> {
-        Self::start_with(extra_args, Mode::Up)
+        Self::start_with(extra_args, Mode::Up, shared_kernel())
     }
 
     /// Like [`Fixture::start`], with the API server in `mode` when the agent
     /// starts; waits for readiness only when it is up.
-    fn start_with(extra_args: &[&str], api_mode: Mode) -> Result<Fixture> {
+    fn start_with(extra_args: &[&str], api_mode: Mode, kernel: KernelUse) -> Result<Fixture> {
         require_env(&[])?;
         let root = tempfile::Builder::new().prefix("kubelet-").tempdir()?;
         let api = FakeApiServer::start()?;
@@ -102,6 +106,7 @@ impl Fixture {
             metrics: free_port()?,
             api,
             root,
+            _kernel: kernel,
         };
         let disk = FaultDisk::start(64 * MIB)?;
         let lo = disk.attach_loop(false)?;
@@ -418,7 +423,7 @@ fn errors_on_a_shared_volume_reach_both_pods_and_the_pvc_then_recover() -> Resul
 
 #[test]
 fn a_storm_of_10000_errors_costs_a_handful_of_writes() -> Result<()> {
-    let fx = Fixture::start(&["--event-update-interval", "2"])?;
+    let fx = Fixture::start_with(&["--event-update-interval", "2"], Mode::Up, kernel_alone())?;
     fx.fail_writes(10_000)?;
     wait_counts(&fx.api, "BlockIOErrors", 10_000, Duration::from_secs(75))?;
     let writes = writes_per_object(&fx.api);
@@ -474,7 +479,11 @@ fn errors_during_an_outage_are_reported_with_exact_counts_after() -> Result<()> 
 fn the_agent_starts_and_detects_while_the_api_server_is_away() -> Result<()> {
     // The agent said it is attached (Agent::start_cluster waited for that)
     // although no list ever succeeded.
-    let fx = Fixture::start_with(&["--event-update-interval", "1"], Mode::Refuse)?;
+    let fx = Fixture::start_with(
+        &["--event-update-interval", "1"],
+        Mode::Refuse,
+        shared_kernel(),
+    )?;
     let (code, body) = http_get(fx.metrics, "/healthz")?;
     assert_eq!((code, body.trim()), (200, "ok"));
     let (code, body) = http_get(fx.metrics, "/readyz")?;

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use health_tests::agent::{tally, Agent, AgentRun, EventFilter};
-use health_tests::{fs, require_root, FaultDisk, Mount, Op, Rule};
+use health_tests::{fs, kernel_alone, require_root, shared_kernel, FaultDisk, Mount, Op, Rule};
 use serde_json::Value;
 
 const MIB: u64 = 1 << 20;
@@ -47,6 +47,7 @@ fn events_for<'a>(run: &'a AgentRun, dev: &str) -> Vec<&'a Value> {
 #[test]
 fn o_direct_write_errors_are_counted_exactly() -> Result<()> {
     require_root()?;
+    let _kernel = shared_kernel();
     let disk = FaultDisk::start(64 * MIB)?;
     let lo = disk.attach_loop(false)?;
     let mut agent = Agent::start(&["--device", lo.maj_min()])?;
@@ -80,6 +81,7 @@ fn o_direct_write_errors_are_counted_exactly() -> Result<()> {
 #[test]
 fn cold_cache_read_errors_name_the_mount() -> Result<()> {
     require_root()?;
+    let _kernel = shared_kernel();
     let disk = FaultDisk::start(128 * MIB)?;
     let lo = disk.attach_loop(false)?;
     fs::mkfs_ext4(lo.path())?;
@@ -113,6 +115,7 @@ fn cold_cache_read_errors_name_the_mount() -> Result<()> {
 #[test]
 fn failed_writeback_is_one_writeback_error_plus_its_block_errors() -> Result<()> {
     require_root()?;
+    let _kernel = shared_kernel();
     let disk = FaultDisk::start(128 * MIB)?;
     let lo = disk.attach_loop(false)?;
     fs::mkfs_ext4(lo.path())?;
@@ -193,6 +196,7 @@ fn ext4_inode_block_offset(dev: &Path, ino: u64) -> Result<u64> {
 #[test]
 fn ext4_inode_table_read_error_is_an_fs_error_and_remounts_read_only() -> Result<()> {
     require_root()?;
+    let _kernel = shared_kernel();
     let disk = FaultDisk::start(128 * MIB)?;
     let lo = disk.attach_loop(false)?;
     fs::mkfs_ext4(lo.path())?;
@@ -305,6 +309,7 @@ fn xfs_log_range(dev: &Path) -> Result<(u64, u64)> {
 #[test]
 fn xfs_metadata_writeback_failure_shuts_the_filesystem_down() -> Result<()> {
     require_root()?;
+    let _kernel = shared_kernel();
     // mkfs.xfs refuses filesystems below 300 MB; the image is sparse.
     let size = 320 * MIB;
     let disk = FaultDisk::start(size)?;
@@ -350,10 +355,21 @@ fn xfs_metadata_writeback_failure_shuts_the_filesystem_down() -> Result<()> {
         Some(&1),
         "{t:?}"
     );
+    let seen: Vec<String> = run
+        .events
+        .iter()
+        .filter(|e| e["kind"] == "block_io_error")
+        .map(|e| format!("{}+{} x{}", e["sector"], e["sectors"], e["count"]))
+        .collect();
+    let failed: Vec<(u64, u64)> = disk
+        .injections()?
+        .iter()
+        .map(|i| (i.offset / 512, i.len / 512))
+        .collect();
     assert_eq!(
         t.get(&key(lo.maj_min(), "block_io_error", "write", EIO)),
         Some(&injected),
-        "{t:?}"
+        "{t:?}; FUSE writes failed at (sector, sectors) {failed:?}; the agent saw {seen:?}"
     );
     let ev = run
         .events
@@ -372,6 +388,7 @@ fn xfs_metadata_writeback_failure_shuts_the_filesystem_down() -> Result<()> {
 #[test]
 fn errors_on_a_partition_belong_to_the_partition() -> Result<()> {
     require_root()?;
+    let _kernel = shared_kernel();
     let disk = FaultDisk::start(64 * MIB)?;
     let lo = disk.attach_loop(true)?;
     let parts = fs::partition(&lo, &[16 * MIB, 16 * MIB])?;
@@ -405,6 +422,7 @@ fn errors_on_a_partition_belong_to_the_partition() -> Result<()> {
 #[test]
 fn a_vanished_disk_fails_every_request_with_eio() -> Result<()> {
     require_root()?;
+    let _kernel = shared_kernel();
     let disk = FaultDisk::start(64 * MIB)?;
     let lo = disk.attach_loop(false)?;
     let mut agent = Agent::start(&["--device", lo.maj_min()])?;
@@ -431,6 +449,7 @@ fn a_vanished_disk_fails_every_request_with_eio() -> Result<()> {
 #[test]
 fn errnos_pass_through_with_their_names() -> Result<()> {
     require_root()?;
+    let _kernel = shared_kernel();
     let disk = FaultDisk::start(64 * MIB)?;
     let lo = disk.attach_loop(false)?;
     let errnos = [
@@ -469,6 +488,7 @@ fn errnos_pass_through_with_their_names() -> Result<()> {
 #[test]
 fn a_flood_of_errors_is_counted_exactly_despite_sampling() -> Result<()> {
     require_root()?;
+    let _kernel = kernel_alone();
     let disk = FaultDisk::start(64 * MIB)?;
     let lo = disk.attach_loop(false)?;
     let mut agent = Agent::start(&["--device", lo.maj_min()])?;
@@ -516,6 +536,7 @@ fn a_flood_of_errors_is_counted_exactly_despite_sampling() -> Result<()> {
 #[test]
 fn flush_errors_are_caught_with_the_option() -> Result<()> {
     require_root()?;
+    let _kernel = kernel_alone();
     let disk = FaultDisk::start(64 * MIB)?;
     let lo = disk.attach_loop(false)?;
     let mut agent = Agent::start(&["--device", lo.maj_min(), "--flush-errors"])?;
@@ -551,6 +572,7 @@ fn agent_exit(args: &[&str]) -> Result<(i32, String)> {
 #[test]
 fn refusals_have_distinct_exit_codes_and_say_why() -> Result<()> {
     require_root()?;
+    let _kernel = shared_kernel();
     let fake = tempfile::tempdir()?;
     let (code, stderr) = agent_exit(&[
         "--host-sys",

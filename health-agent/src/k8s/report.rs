@@ -283,6 +283,7 @@ impl Reporter for ClusterReporter {
             errors,
             samples_suppressed = stats.samples_suppressed,
             ringbuf_full = stats.ringbuf_full,
+            program_misses = stats.program_misses,
             "stopping"
         );
         Ok(())
