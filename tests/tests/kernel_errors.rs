@@ -369,7 +369,11 @@ fn xfs_metadata_writeback_failure_shuts_the_filesystem_down() -> Result<()> {
     assert_eq!(
         t.get(&key(lo.maj_min(), "block_io_error", "write", EIO)),
         Some(&injected),
-        "{t:?}; FUSE writes failed at (sector, sectors) {failed:?}; the agent saw {seen:?}"
+        "{t:?}; FUSE writes failed at (sector, sectors) {failed:?}; the agent saw {seen:?}; {}",
+        run.stderr
+            .lines()
+            .find(|l| l.starts_with("kernel side:"))
+            .unwrap_or("no kernel side line")
     );
     let ev = run
         .events
