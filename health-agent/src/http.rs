@@ -139,17 +139,7 @@ pub async fn bind(addr: SocketAddr) -> anyhow::Result<TcpListener> {
 /// is dropped. Returns only when accepting fails for a reason other than a
 /// client or a passing shortage (descriptors, memory).
 pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>, health: Health) -> io::Result<()> {
-    serve_with(
-        listener,
-        metrics,
-        health,
-        Limits {
-            header_read_timeout: HEADER_READ_TIMEOUT,
-            connection_lifetime: CONNECTION_LIFETIME,
-            max_connections: MAX_CONNECTIONS,
-        },
-    )
-    .await
+    serve_with(listener, metrics, health, Limits::default()).await
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -157,6 +147,16 @@ struct Limits {
     header_read_timeout: Duration,
     connection_lifetime: Duration,
     max_connections: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            header_read_timeout: HEADER_READ_TIMEOUT,
+            connection_lifetime: CONNECTION_LIFETIME,
+            max_connections: MAX_CONNECTIONS,
+        }
+    }
 }
 
 async fn serve_with(
@@ -319,15 +319,7 @@ mod tests {
     }
 
     async fn start(health: Health) -> (SocketAddr, Arc<Metrics>) {
-        start_with(
-            health,
-            Limits {
-                header_read_timeout: HEADER_READ_TIMEOUT,
-                connection_lifetime: CONNECTION_LIFETIME,
-                max_connections: MAX_CONNECTIONS,
-            },
-        )
-        .await
+        start_with(health, Limits::default()).await
     }
 
     async fn start_with(health: Health, limits: Limits) -> (SocketAddr, Arc<Metrics>) {

@@ -49,8 +49,9 @@ const MIN_RESCAN_GAP: Duration = Duration::from_secs(1);
 pub trait Reporter {
     /// Something else the reporter waits on (API stores, a server).
     type Wake;
-    /// The kernel programs are attached; `active` sources.
-    fn ready(&mut self, active: usize);
+    /// The kernel programs are attached; `active` sources. The loop prints
+    /// the ready line after this returns.
+    fn ready(&mut self, _active: usize) {}
     /// A batch of kernel errors, after the volumes recorded it.
     fn errors(
         &mut self,
@@ -120,6 +121,10 @@ pub async fn run_with<R: Reporter>(opts: WatchOptions, mut reporter: R) -> anyho
         .filter(|s| matches!(s.state, SourceState::Active { .. }))
         .count();
     reporter.ready(active);
+    // Tests and scripts wait for this line before causing errors, and may
+    // ask the reporter's state (`/readyz`) at once: it is printed after the
+    // reporter took note.
+    eprintln!("volume-health: ready, {active} error sources attached");
 
     let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
     let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
@@ -348,11 +353,6 @@ pub fn sync_kernel_maps(topo: &Topology, rest: &mut KernelMapsRest) {
 
 impl Reporter for View {
     type Wake = ();
-
-    fn ready(&mut self, active: usize) {
-        // Tests and scripts wait for this line before causing errors.
-        eprintln!("volume-health: ready, {active} error sources attached");
-    }
 
     fn errors(
         &mut self,

@@ -281,14 +281,7 @@ fn demo(tools: &bench::Tools, footprint: &mut Footprint) -> Result<()> {
         5,
         "stopping the agent (SIGTERM): it detaches and prints its exact totals",
     )?;
-    let stopped = agent.stop()?;
-    if !stopped.status.success() {
-        bail!(
-            "the agent exited with {}:\n{}",
-            stopped.status,
-            stopped.stderr
-        );
-    }
+    let stopped = agent.stop_ok()?;
     compare(
         &disk.stats()?,
         &stopped

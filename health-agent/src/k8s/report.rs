@@ -146,10 +146,7 @@ impl Reporter for ClusterReporter {
     fn ready(&mut self, active: usize) {
         tracing::info!(sources = active, "kernel programs attached");
         self.attached = true;
-        // Readiness first: whoever reads the line below may ask /readyz at
-        // once and must see the state the line announces.
         self.update_readiness();
-        eprintln!("volume-health: ready, {active} error sources attached");
     }
 
     fn errors(

@@ -283,6 +283,20 @@ impl AgentProc {
         self.stop_inner()
     }
 
+    /// [`stop`](Self::stop), and an error carrying its stderr unless it
+    /// exited successfully.
+    pub fn stop_ok(self) -> Result<Stopped> {
+        let stopped = self.stop()?;
+        if !stopped.status.success() {
+            bail!(
+                "the agent exited with {}:\n{}",
+                stopped.status,
+                stopped.stderr
+            );
+        }
+        Ok(stopped)
+    }
+
     fn stop_inner(&mut self) -> Result<Stopped> {
         self.stopped = true;
         let _ = nix::sys::signal::kill(

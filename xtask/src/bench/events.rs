@@ -185,14 +185,7 @@ pub fn run(tools: &Tools, cfg: &Config) -> Result<EventsResult> {
     let requests = api.requests().len();
     let rss_kb = agent.status_kb("VmRSS")?;
     let hwm_kb = agent.status_kb("VmHWM")?;
-    let stopped = agent.stop()?;
-    if !stopped.status.success() {
-        bail!(
-            "the agent exited with {}:\n{}",
-            stopped.status,
-            stopped.stderr
-        );
-    }
+    agent.stop_ok()?;
     Ok(EventsResult {
         rounds: cfg.rounds,
         to_pod: Summary::of(&to_pod).context("no pod events measured")?,

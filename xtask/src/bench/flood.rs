@@ -134,14 +134,7 @@ pub fn run(tools: &Tools, cfg: &Config) -> Result<FloodResult> {
     let vm_hwm_kb = agent.status_kb("VmHWM")?;
     let vm_rss_kb = agent.status_kb("VmRSS")?;
     let rss_anon_kb = agent.status_kb("RssAnon")?;
-    let stopped = agent.stop()?;
-    if !stopped.status.success() {
-        bail!(
-            "the agent exited with {}:\n{}",
-            stopped.status,
-            stopped.stderr
-        );
-    }
+    let stopped = agent.stop_ok()?;
     // SAFETY: sysconf has no preconditions.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
     let hz = u64::try_from(hz)

@@ -106,14 +106,7 @@ pub fn run(tools: &Tools, cfg: &Config) -> Result<LatencyResult> {
         reported_of(lines) >= injected
     })?;
     let injections = disk.injections()?;
-    let stopped = agent.stop()?;
-    if !stopped.status.success() {
-        bail!(
-            "the agent exited with {}:\n{}",
-            stopped.status,
-            stopped.stderr
-        );
-    }
+    let stopped = agent.stop_ok()?;
 
     let by_offset: HashMap<u64, u64> = injections.iter().map(|i| (i.offset, i.mono_ns)).collect();
     let (mut inject_to_line, mut tracepoint_to_line, mut inject_to_tracepoint) =

@@ -280,14 +280,7 @@ fn with_agent(
 ) -> Result<Run> {
     let agent = AgentProc::start(&tools.agent, args, None)?;
     let run = workload(io, run_time, lat)?;
-    let stopped = agent.stop()?;
-    if !stopped.status.success() {
-        bail!(
-            "the agent exited with {}:\n{}",
-            stopped.status,
-            stopped.stderr
-        );
-    }
+    let stopped = agent.stop_ok()?;
     if !stopped.lines.is_empty() {
         // Some device on this host failed during the run: the agent did
         // more than a healthy-path agent would.
