@@ -14,9 +14,10 @@ use std::hint::black_box;
 use std::time::SystemTime;
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use health_agent::collector::KernelError;
 use health_agent::dev::Dev;
-use health_agent::event::{Clock, ErrorEvent};
+use health_agent::kernel::clock::Clock;
+use health_agent::kernel::collector::KernelError;
+use health_agent::report::event::ErrorEvent;
 use health_agent::topology::{BlockDevice, MountEntry, Partition, Topology};
 use health_common::{op, source, CounterKey, ErrorSample};
 

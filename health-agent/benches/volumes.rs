@@ -29,12 +29,13 @@ use std::sync::atomic::{AtomicIsize, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
 use criterion::{BatchSize, Criterion, Throughput};
-use health_agent::collector::KernelError;
-use health_agent::conditions::ConditionConfig;
 use health_agent::dev::Dev;
-use health_agent::event::{Clock, ErrorEvent};
-use health_agent::kubelet::{KubeletVolume, VolumeKind, VolumeMode};
+use health_agent::kernel::clock::Clock;
+use health_agent::kernel::collector::KernelError;
+use health_agent::report::event::ErrorEvent;
 use health_agent::topology::{BlockDevice, MountEntry, Partition, Topology};
+use health_agent::volumes::conditions::ConditionConfig;
+use health_agent::volumes::kubelet::{KubeletVolume, VolumeKind, VolumeMode};
 use health_agent::volumes::{VolumeIndex, VolumeMonitor};
 use health_common::{op, source, CounterKey};
 
@@ -230,7 +231,7 @@ fn report_memory() {
     let resolved: Vec<(KubeletVolume, Option<Dev>)> = volumes
         .into_iter()
         .map(|v| {
-            let dev = health_agent::kubelet::resolve_device(&v, topo.mounts());
+            let dev = health_agent::volumes::kubelet::resolve_device(&v, topo.mounts());
             (v, dev)
         })
         .collect();

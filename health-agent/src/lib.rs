@@ -1,31 +1,30 @@
-//! The volume-health node agent.
+//! The volume-health node agent, one folder per pipeline stage.
 //!
-//! Where an error travels: a tracepoint fires in the kernel
-//! (`health-ebpf`), is counted per device and sampled into a ring buffer;
-//! [`probes`] loads and attaches those programs, [`collector`] turns counters
-//! and samples into exact records, [`topology`] names the device and its
-//! mounts, [`event`] formats them and [`watch`] runs the loop and prints them.
+//! Where an error travels: a tracepoint fires in the kernel (`health-ebpf`),
+//! is counted per device and sampled into a ring buffer;
+//! - [`kernel`]: `probes` loads and attaches the programs, `collector` turns
+//!   counters and samples into exact records;
+//! - [`topology`]: names the device, its partitions, loop backing file and
+//!   mounts;
+//! - [`volumes`]: finds the pod volumes under kubelet's root, maps the device
+//!   to them and keeps one condition state machine per volume, fed by kernel
+//!   errors, built-in checks and CSI;
+//! - [`report`]: the [`report::Reporter`] interface, the JSON schema, the
+//!   standalone `watch` view, metrics and the HTTP endpoints;
+//! - [`k8s`]: cluster mode, a reporter that resolves pods and PVCs from
+//!   reflectors and writes Events.
 //!
-//! Pod volumes: [`kubelet`] finds them, [`volumes`] maps devices to them and
-//! keeps one [`conditions`] state machine per volume, fed by kernel errors,
-//! [`checks`] and CSI. In cluster mode ([`k8s`]) the same loop hands
-//! condition changes to `k8s::report`, which resolves pod and PVC from the
-//! reflectors (`k8s::cluster`) and records them in `k8s::events`, whose
-//! writer task sends the Events; [`metrics`] and [`http`] serve Prometheus.
+//! [`agent`] is the one loop that drives the stages for `watch` and `run`.
+//! Dependencies run downstream only: kernel → topology → volumes → report →
+//! k8s; [`dev`] (device numbers) is shared by all.
 
-pub mod collector;
 pub mod dev;
-pub mod event;
-pub mod probes;
-pub mod topology;
-pub mod tracefs;
-pub mod watch;
 
-pub mod checks;
-pub mod conditions;
-pub mod k8s;
-pub mod kubelet;
+pub mod kernel;
+pub mod topology;
 pub mod volumes;
 
-pub mod http;
-pub mod metrics;
+pub mod report;
+
+pub mod agent;
+pub mod k8s;

@@ -6,14 +6,15 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use health_agent::checks::CheckConfig;
-use health_agent::conditions::ConditionConfig;
+use health_agent::agent::{self, AgentOptions};
 use health_agent::dev::Dev;
-use health_agent::kubelet::DEFAULT_KUBELET_ROOT;
-use health_agent::probes::{ProbeError, ProbeOptions};
+use health_agent::kernel::probes::{ProbeError, ProbeOptions};
+use health_agent::report::watch::View;
 use health_agent::topology::HostPaths;
-use health_agent::volumes::{self, view, WatchVolumesConfig};
-use health_agent::watch::{self, WatchOptions};
+use health_agent::volumes::checks::CheckConfig;
+use health_agent::volumes::conditions::ConditionConfig;
+use health_agent::volumes::kubelet::DEFAULT_KUBELET_ROOT;
+use health_agent::volumes::{self, view, LiveVolumesConfig};
 use health_csi::DriverOverride;
 
 #[derive(Parser)]
@@ -179,12 +180,12 @@ fn main() -> ExitCode {
         sys_root: cli.host_sys.clone(),
     };
     let result = match cli.command {
-        Command::Watch(args) => watch_options(args, host).and_then(|opts| {
+        Command::Watch(args) => watch_options(args, host).and_then(|(opts, view)| {
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
                 .map_err(anyhow::Error::from)?;
-            let result = rt.block_on(watch::run(opts));
+            let result = rt.block_on(agent::run(opts, view));
             // A volume probe stuck on a hung mount holds a blocking thread
             // that may never return; dropping the runtime would wait for it.
             rt.shutdown_timeout(Duration::from_millis(200));
@@ -237,20 +238,18 @@ fn run_options(args: RunArgs, host: HostPaths) -> anyhow::Result<health_agent::k
     );
     let kubelet_root = std::fs::canonicalize(&kubelet_root).unwrap_or(kubelet_root);
     let volumes = volumes_config(kubelet_root, &args.volume, &args.intervals, &host)?;
-    let watch = WatchOptions {
+    let agent = AgentOptions {
         probes: probe_options(&args.kernel, &host),
         host,
-        json: false,
         duration: None,
         totals_interval: Duration::from_secs(60),
-        devices: Vec::new(),
         volumes: Some(volumes),
     };
     let mut events = health_agent::k8s::events::RecorderConfig::new(&args.node_name);
     events.writes_per_object_per_minute = args.event_writes_per_minute;
     events.min_update_interval = update;
     Ok(health_agent::k8s::RunOptions {
-        watch,
+        agent,
         node: args.node_name,
         kubeconfig: args.kubeconfig,
         metrics_addr: args.metrics_addr,
@@ -272,7 +271,7 @@ fn volumes_config(
     volume: &VolumeArgs,
     intervals: &IntervalArgs,
     host: &HostPaths,
-) -> anyhow::Result<WatchVolumesConfig> {
+) -> anyhow::Result<LiveVolumesConfig> {
     let check_interval =
         seconds("check-interval", intervals.check_interval).map_err(anyhow::Error::msg)?;
     let csi_interval =
@@ -291,7 +290,7 @@ fn volumes_config(
         !kernel_quiet_window.is_zero(),
         "--kernel-quiet-window must be greater than zero"
     );
-    Ok(WatchVolumesConfig {
+    Ok(LiveVolumesConfig {
         kubelet_root,
         check: check_config(volume, host)?,
         check_interval,
@@ -304,7 +303,7 @@ fn volumes_config(
     })
 }
 
-fn watch_options(args: WatchArgs, host: HostPaths) -> anyhow::Result<WatchOptions> {
+fn watch_options(args: WatchArgs, host: HostPaths) -> anyhow::Result<(AgentOptions, View)> {
     let volumes = match volumes::kubelet_root(args.volume.kubelet_root.as_deref()) {
         Some(kubelet_root) => Some(volumes_config(
             kubelet_root,
@@ -325,15 +324,15 @@ fn watch_options(args: WatchArgs, host: HostPaths) -> anyhow::Result<WatchOption
         !totals_interval.is_zero(),
         "--totals-interval must be greater than zero"
     );
-    Ok(WatchOptions {
+    let view = View::new(args.json, &args.devices);
+    let opts = AgentOptions {
         probes: probe_options(&args.kernel, &host),
         host,
-        json: args.json,
         duration,
         totals_interval,
-        devices: args.devices,
         volumes,
-    })
+    };
+    Ok((opts, view))
 }
 
 fn check_config(args: &VolumeArgs, host: &HostPaths) -> anyhow::Result<CheckConfig> {

@@ -20,7 +20,7 @@ use tokio::sync::Notify;
 
 use super::events::{ObjectKind, ObjectRef, Targets};
 use super::writer::Observer;
-use crate::kubelet::{KubeletVolume, VolumeKind};
+use crate::volumes::kubelet::{KubeletVolume, VolumeKind};
 
 /// Read access to the two reflector stores.
 #[derive(Clone)]

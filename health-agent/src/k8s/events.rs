@@ -37,7 +37,7 @@ use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use tokio::time::Instant;
 
-use crate::conditions::{Change, Condition, Status};
+use crate::volumes::conditions::{Change, Condition, Status};
 use crate::volumes::VolumeKey;
 
 /// Kinds of objects the agent reports on.

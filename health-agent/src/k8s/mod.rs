@@ -53,13 +53,13 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 
-use crate::http::{self, Health};
-use crate::metrics::Metrics;
-use crate::watch::{self, WatchOptions};
+use crate::agent::{self, AgentOptions};
+use crate::report::http::{self, Health};
+use crate::report::metrics::Metrics;
 
 #[derive(Clone, Debug)]
 pub struct RunOptions {
-    pub watch: WatchOptions,
+    pub agent: AgentOptions,
     pub node: String,
     /// `None`: in-cluster configuration (or `KUBECONFIG`, for development).
     pub kubeconfig: Option<PathBuf>,
@@ -89,7 +89,7 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
     let shared = writer::Shared::new(events::Recorder::new(opts.events.clone()));
     let writer = tokio::spawn(writer::run(client, Arc::clone(&shared), Some(observer)));
     let reporter = report::ClusterReporter::new(view, Arc::clone(&shared), metrics, health);
-    let result = watch::run_with(opts.watch, reporter).await;
+    let result = agent::run(opts.agent, reporter).await;
 
     // Give Events recorded at the end (the final reconcile) a moment.
     let deadline = tokio::time::Instant::now() + FINAL_FLUSH;

@@ -12,15 +12,15 @@ use health_common::CounterKey;
 use super::cluster::ClusterView;
 use super::events::Targets;
 use super::writer::Shared;
-use crate::collector::{KernelError, KernelStats};
-use crate::conditions::Change;
 use crate::dev::Dev;
-use crate::event::Clock;
-use crate::http::Health;
-use crate::metrics::{Metrics, VolumeRef};
+use crate::kernel::clock::Clock;
+use crate::kernel::collector::{KernelError, KernelStats};
+use crate::report::http::Health;
+use crate::report::metrics::{Metrics, VolumeRef};
+use crate::report::Reporter;
 use crate::topology::Topology;
-use crate::volumes::{Handled, VolumeIndex, VolumeKey, WatchVolumes};
-use crate::watch::Reporter;
+use crate::volumes::conditions::Change;
+use crate::volumes::{Handled, LiveVolumes, VolumeIndex, VolumeKey};
 
 /// Changes kept per volume while its pod is not yet known to the agent.
 const MAX_PARKED_PER_VOLUME: usize = 64;
@@ -206,7 +206,7 @@ impl Reporter for ClusterReporter {
         Ok(())
     }
 
-    fn changes(&mut self, handled: &Handled, gone: &[VolumeKey], volumes: &WatchVolumes) {
+    fn changes(&mut self, handled: &Handled, gone: &[VolumeKey], volumes: &LiveVolumes) {
         let index = volumes.index();
         let now = SystemTime::now();
         let mut wrote = false;

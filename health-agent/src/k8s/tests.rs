@@ -9,8 +9,8 @@ use tokio::time::Instant;
 use super::events::{
     EventType, Next, ObjectKind, ObjectRef, Outcome, Recorder, RecorderConfig, Targets, Write,
 };
-use crate::conditions::{Change, Condition, Source, Status};
-use crate::kubelet::VolumeMode;
+use crate::volumes::conditions::{Change, Condition, Source, Status};
+use crate::volumes::kubelet::VolumeMode;
 use crate::volumes::VolumeKey;
 
 fn t(secs: u64) -> SystemTime {
@@ -478,8 +478,8 @@ mod api {
     use super::super::events::{Next, ObjectKind, Outcome, Recorder, Write};
     use super::super::writer::perform;
     use super::{block, config, key, t, targets};
-    use crate::conditions::Change;
-    use crate::kubelet::{KubeletVolume, VolumeKind, VolumeMode};
+    use crate::volumes::conditions::Change;
+    use crate::volumes::kubelet::{KubeletVolume, VolumeKind, VolumeMode};
 
     type MockHandle = Handle<Request<Body>, Response<Body>>;
 

@@ -57,15 +57,15 @@ impl Shared {
     }
 }
 
-impl Observer for crate::metrics::Metrics {
+impl Observer for crate::report::metrics::Metrics {
     fn api_request(&self, verb: &str, resource: &str, code: Option<u16>) {
-        crate::metrics::Metrics::api_request(self, verb, resource, code)
+        crate::report::metrics::Metrics::api_request(self, verb, resource, code)
     }
     fn event_written(&self, type_: &str, reason: &str) {
-        crate::metrics::Metrics::event_written(self, type_, reason)
+        crate::report::metrics::Metrics::event_written(self, type_, reason)
     }
     fn event_write_deferred(&self) {
-        crate::metrics::Metrics::event_write_deferred(self)
+        crate::report::metrics::Metrics::event_write_deferred(self)
     }
 }
 

@@ -11,8 +11,8 @@ use health_csi::{
 use serde::Serialize;
 
 use super::{IndexedVolume, VolumeKey};
-use crate::conditions::{CsiEntry, CsiReport, Status};
-use crate::kubelet::{VolumeKind, VolumeMode};
+use crate::volumes::conditions::{CsiEntry, CsiReport, Status};
+use crate::volumes::kubelet::{VolumeKind, VolumeMode};
 
 /// What the driver said about one volume, as the agent reports it.
 #[derive(Clone, Debug, PartialEq, Serialize)]

@@ -11,7 +11,7 @@ use std::io;
 use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use crate::conditions::{errno_name, rfc3339, Status};
+use crate::volumes::conditions::{errno_name, rfc3339, Status};
 
 /// What `/sys/fs/ext4/<name>/` says about past errors.
 #[derive(Clone, Debug, PartialEq, Eq)]

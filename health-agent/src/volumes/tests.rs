@@ -6,9 +6,11 @@ use health_csi::testing::{DriverMode, TestDriver};
 use health_csi::{HealthEntry, HealthStatus};
 
 use super::*;
-use crate::conditions::{Source, Status};
-use crate::kubelet::VolumeKind;
-use crate::topology::{parse_mountinfo, BlockDevice, BtrfsFilesystem, Partition};
+use crate::dev::Dev;
+use crate::kernel::collector::KernelError;
+use crate::topology::{parse_mountinfo, BlockDevice, BtrfsFilesystem, Partition, Topology};
+use crate::volumes::conditions::{Change, ConditionConfig, KernelErrorKind, Source, Status};
+use crate::volumes::kubelet::{KubeletVolume, VolumeKind, VolumeMode};
 
 const SDA: Dev = Dev::new(8, 0);
 const SDA1: Dev = Dev::new(8, 1);

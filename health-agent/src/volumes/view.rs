@@ -19,11 +19,11 @@ use health_csi::DriverOverride;
 use serde::Serialize;
 
 use super::{run_checks, CsiOutcome, CsiProber, CsiResult, Ext4Errors, VolumeIndex, VolumeMonitor};
-use crate::checks::{CheckConfig, CheckReport, Checker};
-use crate::conditions::{rfc3339, CheckResult, Condition, ConditionConfig, Status};
 use crate::dev::Dev;
-use crate::kubelet::{self, VolumeKind, VolumeMode};
 use crate::topology::{HostPaths, MountEntry, Topology, TopologyError};
+use crate::volumes::checks::{CheckConfig, CheckReport, Checker};
+use crate::volumes::conditions::{rfc3339, CheckResult, Condition, ConditionConfig, Status};
+use crate::volumes::kubelet::{self, VolumeKind, VolumeMode};
 
 #[derive(Clone, Debug)]
 pub struct ViewOptions {

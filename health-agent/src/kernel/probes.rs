@@ -15,7 +15,7 @@ use aya::programs::{FEntry, TracePoint};
 use aya::{Ebpf, EbpfLoader};
 use health_common::{complete_mode, field, CounterKey, PartTable};
 
-use crate::tracefs::{EventFormat, Tracefs, TracefsError};
+use crate::kernel::tracefs::{EventFormat, Tracefs, TracefsError};
 
 /// The kernel object, built by `cargo xtask build` and embedded here so the
 /// agent binary alone is enough to run.
@@ -699,7 +699,7 @@ mod tests {
     }
 
     use super::*;
-    use crate::tracefs::parse_format;
+    use crate::kernel::tracefs::parse_format;
 
     fn format(text: &str) -> EventFormat {
         parse_format(Path::new("t"), text).unwrap()

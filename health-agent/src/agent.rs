@@ -1,34 +1,36 @@
-//! `health-agent watch`: standalone mode. Prints every kernel storage error
-//! on this host as it happens, with exact counts.
+//! The agent's one loop, shared by `watch` and `run`: kernel errors in,
+//! topology and volumes kept current, everything handed to a [`Reporter`].
+//!
+//! Stages, in the order an error meets them: [`crate::kernel`] (attach,
+//! count, sample) → [`crate::topology`] (device, partitions, mounts) →
+//! [`crate::volumes`] (pod volumes and their conditions) → a
+//! [`Reporter`] (`report::watch::View` prints, `k8s::report` writes Events).
 
-use std::collections::{BTreeMap, HashSet};
-use std::io::Write;
-use std::time::{Duration, Instant, SystemTime};
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use health_common::{CounterKey, PartRange, PartTable, MAX_PARTITIONS};
+use health_common::{PartRange, PartTable, MAX_PARTITIONS};
 use tokio::signal::unix::{signal, SignalKind};
 
-use crate::collector::{Collector, KernelError, KernelMapsRest, KernelStats};
 use crate::dev::Dev;
-use crate::event::{errno_name, op_name, source_name, Clock, ErrorEvent, Kind};
-use crate::probes::{self, ProbeOptions, SourceState};
+use crate::kernel::clock::Clock;
+use crate::kernel::collector::{Collector, KernelError, KernelMapsRest};
+use crate::kernel::probes::{self, ProbeOptions, SourceState};
+use crate::report::Reporter;
 use crate::topology::{HostPaths, MountWatcher, Topology};
-use crate::volumes::{self, Handled, VolumeIndex, VolumeKey, WatchVolumes, WatchVolumesConfig};
+use crate::volumes::{self, Handled, LiveVolumes, LiveVolumesConfig};
 
 #[derive(Clone, Debug)]
-pub struct WatchOptions {
+pub struct AgentOptions {
     pub probes: ProbeOptions,
     pub host: HostPaths,
-    pub json: bool,
     pub duration: Option<Duration>,
     /// How often the human view prints per-device totals.
     pub totals_interval: Duration,
-    /// Only report these devices (all when empty).
-    pub devices: Vec<Dev>,
     /// Annotate events with the pod volumes they reach and keep their
     /// conditions (`volumes.rs`); `None` when there is no kubelet tree.
-    pub volumes: Option<WatchVolumesConfig>,
+    pub volumes: Option<LiveVolumesConfig>,
 }
 
 /// How often counters are reconciled with samples: errors whose samples
@@ -42,58 +44,8 @@ const RESCAN_EVERY: Duration = Duration::from_secs(5);
 /// topology does not know yet.
 const MIN_RESCAN_GAP: Duration = Duration::from_secs(1);
 
-/// What the agent loop tells the outside world. `watch` prints ([`View`]);
-/// cluster mode (`k8s::report`) turns the same calls into Events and
-/// metrics. Every call is made from the loop, so none may block.
-#[allow(async_fn_in_trait)]
-pub trait Reporter {
-    /// Something else the reporter waits on (API stores, a server).
-    type Wake;
-    /// The kernel programs are attached; `active` sources. The loop prints
-    /// the ready line after this returns.
-    fn ready(&mut self, _active: usize) {}
-    /// A batch of kernel errors, after the volumes recorded it.
-    fn errors(
-        &mut self,
-        batch: &[KernelError],
-        topo: &Topology,
-        clock: &Clock,
-        volumes: Option<&VolumeIndex>,
-    ) -> anyhow::Result<()>;
-    /// Condition changes, and volumes that left the index.
-    fn changes(&mut self, handled: &Handled, gone: &[VolumeKey], volumes: &WatchVolumes);
-    /// Once per reconcile interval: the kernel side's own counters.
-    fn kernel_stats(&mut self, _stats: &KernelStats) {}
-    /// The periodic per-device totals.
-    fn totals(
-        &mut self,
-        _totals: &BTreeMap<CounterKey, u64>,
-        _topo: &Topology,
-    ) -> anyhow::Result<()> {
-        Ok(())
-    }
-    /// Waits for the reporter's own next thing; never resolves by default.
-    async fn wake(&mut self) -> Self::Wake {
-        std::future::pending().await
-    }
-    fn handle(&mut self, _wake: Self::Wake, _volumes: Option<&VolumeIndex>) {}
-    /// After detaching: the exact totals and what the kernel side dropped.
-    fn finish(
-        &mut self,
-        totals: &BTreeMap<CounterKey, u64>,
-        topo: &Topology,
-        stats: &KernelStats,
-    ) -> anyhow::Result<()>;
-}
-
-/// Standalone mode: prints.
-pub async fn run(opts: WatchOptions) -> anyhow::Result<()> {
-    let view = View::new(&opts);
-    run_with(opts, view).await
-}
-
 /// The agent loop: kernel errors, topology, volumes, and a reporter.
-pub async fn run_with<R: Reporter>(opts: WatchOptions, mut reporter: R) -> anyhow::Result<()> {
+pub async fn run<R: Reporter>(opts: AgentOptions, mut reporter: R) -> anyhow::Result<()> {
     let (mut attached, maps) = probes::attach(&opts.probes)?;
     for s in &attached.sources {
         let level_missing = matches!(s.state, SourceState::Missing { .. });
@@ -110,10 +62,7 @@ pub async fn run_with<R: Reporter>(opts: WatchOptions, mut reporter: R) -> anyho
     sync_kernel_maps(&topo, &mut rest);
     let mut mounts = MountWatcher::new(&opts.host).context("watching the mount table")?;
     let clock = Clock::new();
-    let mut vols = opts
-        .volumes
-        .clone()
-        .map(|cfg| WatchVolumes::new(cfg, &topo));
+    let mut vols = opts.volumes.clone().map(|cfg| LiveVolumes::new(cfg, &topo));
 
     let active = attached
         .sources
@@ -160,7 +109,7 @@ pub async fn run_with<R: Reporter>(opts: WatchOptions, mut reporter: R) -> anyho
                 if let Some(v) = &mut vols { v.rediscover(&topo) }
             }
             w = volumes::next_wake(&mut vols) => if let Some(v) = &mut vols { handled = v.handle(w, &topo) },
-            w = reporter.wake() => reporter.handle(w, vols.as_ref().map(WatchVolumes::index)),
+            w = reporter.wake() => reporter.handle(w, vols.as_ref().map(LiveVolumes::index)),
             _ = totals.tick() => reporter.totals(&collector.totals()?, &topo)?,
             _ = sigint.recv() => break,
             _ = sigterm.recv() => break,
@@ -235,7 +184,7 @@ impl Misses {
 /// what changed. Empties `batch` and `handled` for the next turn.
 fn deliver<R: Reporter>(
     reporter: &mut R,
-    vols: &mut Option<WatchVolumes>,
+    vols: &mut Option<LiveVolumes>,
     batch: &mut Vec<KernelError>,
     handled: &mut Handled,
     topo: &Topology,
@@ -244,7 +193,7 @@ fn deliver<R: Reporter>(
     if let Some(v) = vols.as_mut() {
         handled.changes.extend(v.record(batch));
     }
-    reporter.errors(batch, topo, clock, vols.as_ref().map(WatchVolumes::index))?;
+    reporter.errors(batch, topo, clock, vols.as_ref().map(LiveVolumes::index))?;
     batch.clear();
     if let Some(v) = vols.as_mut() {
         let gone = v.take_gone();
@@ -348,193 +297,5 @@ pub fn sync_kernel_maps(topo: &Topology, rest: &mut KernelMapsRest) {
     }
     for k in present.difference(&wanted_devs) {
         let _ = rest.block_devs.remove(k);
-    }
-}
-
-impl Reporter for View {
-    type Wake = ();
-
-    fn errors(
-        &mut self,
-        batch: &[KernelError],
-        topo: &Topology,
-        clock: &Clock,
-        volumes: Option<&VolumeIndex>,
-    ) -> anyhow::Result<()> {
-        self.print(batch, topo, clock, volumes)
-    }
-
-    fn changes(&mut self, handled: &Handled, _gone: &[VolumeKey], volumes: &WatchVolumes) {
-        volumes::print_changes(&handled.changes, volumes.index(), self.json);
-    }
-
-    fn totals(
-        &mut self,
-        totals: &BTreeMap<CounterKey, u64>,
-        topo: &Topology,
-    ) -> anyhow::Result<()> {
-        if self.json {
-            return Ok(());
-        }
-        self.print_totals(totals, topo)
-    }
-
-    fn finish(
-        &mut self,
-        totals: &BTreeMap<CounterKey, u64>,
-        topo: &Topology,
-        stats: &KernelStats,
-    ) -> anyhow::Result<()> {
-        self.print_final(totals, topo, stats)
-    }
-}
-
-/// Printing, filtering and the running per-device tallies.
-pub struct View {
-    json: bool,
-    devices: HashSet<Dev>,
-    stdout: std::io::Stdout,
-}
-
-impl View {
-    pub fn new(opts: &WatchOptions) -> Self {
-        Self {
-            json: opts.json,
-            devices: opts.devices.iter().copied().collect(),
-            stdout: std::io::stdout(),
-        }
-    }
-
-    fn wanted(&self, dev: Dev) -> bool {
-        self.devices.is_empty() || self.devices.contains(&dev)
-    }
-
-    /// One line per event, or with `volumes`, one per pod volume the
-    /// event's device reaches (events reaching none keep null volume fields).
-    fn print(
-        &mut self,
-        batch: &[KernelError],
-        topo: &Topology,
-        clock: &Clock,
-        volumes: Option<&VolumeIndex>,
-    ) -> anyhow::Result<()> {
-        if batch.is_empty() {
-            return Ok(());
-        }
-        let now = SystemTime::now();
-        let mut out = self.stdout.lock();
-        for e in batch {
-            if !self.wanted(Dev::from_kernel(e.key.dev)) {
-                continue;
-            }
-            let mut ev = ErrorEvent::resolve(e, topo, clock, now);
-            let dev = ev.device;
-            let mut reached = volumes
-                .into_iter()
-                .flat_map(|v| v.volumes_for(dev))
-                .peekable();
-            if reached.peek().is_none() {
-                self.write(&mut out, &ev)?;
-            }
-            for v in reached {
-                ev.set_volume(Some(&v.volume));
-                self.write(&mut out, &ev)?;
-            }
-        }
-        out.flush().context("flushing events to stdout")?;
-        Ok(())
-    }
-
-    fn write(&self, out: &mut impl Write, ev: &ErrorEvent) -> anyhow::Result<()> {
-        if self.json {
-            serde_json::to_writer(&mut *out, ev).context("writing an event")?;
-            out.write_all(b"\n").context("writing an event")?;
-        } else {
-            writeln!(out, "{}", ev.human_line()).context("writing an event")?;
-        }
-        Ok(())
-    }
-
-    fn totals_lines(&self, totals: &BTreeMap<CounterKey, u64>, topo: &Topology) -> Vec<String> {
-        let mut per_dev: BTreeMap<Dev, Vec<String>> = BTreeMap::new();
-        for (key, n) in totals {
-            let dev = Dev::from_kernel(key.dev);
-            if !self.wanted(dev) {
-                continue;
-            }
-            let mut what = Kind::of_source(key.source).as_str().to_string();
-            if let Some(op) = op_name(key.op) {
-                what.push(' ');
-                what.push_str(op);
-            }
-            if key.errno != 0 {
-                what.push(' ');
-                what.push_str(&errno_name(key.errno));
-            }
-            what.push_str(&format!(" ({}) {n}", source_name(key.source)));
-            per_dev.entry(dev).or_default().push(what);
-        }
-        per_dev
-            .into_iter()
-            .map(|(dev, items)| {
-                let name = topo
-                    .device(dev)
-                    .map_or_else(|| "?".to_string(), |d| d.name.clone());
-                let mount = topo
-                    .affected_mounts(dev)
-                    .first()
-                    .map(|m| format!(" on {}", m.mount_point.display()))
-                    .unwrap_or_default();
-                format!("  {dev} {name}{mount}: {}", items.join(", "))
-            })
-            .collect()
-    }
-
-    fn print_totals(
-        &mut self,
-        totals: &BTreeMap<CounterKey, u64>,
-        topo: &Topology,
-    ) -> anyhow::Result<()> {
-        let lines = self.totals_lines(totals, topo);
-        if lines.is_empty() {
-            return Ok(());
-        }
-        let mut out = self.stdout.lock();
-        writeln!(out, "totals since start:")?;
-        for l in lines {
-            writeln!(out, "{l}")?;
-        }
-        out.flush()?;
-        Ok(())
-    }
-
-    fn print_final(
-        &mut self,
-        totals: &BTreeMap<CounterKey, u64>,
-        topo: &Topology,
-        stats: &crate::collector::KernelStats,
-    ) -> anyhow::Result<()> {
-        let lines = self.totals_lines(totals, topo);
-        let mut text = String::new();
-        if lines.is_empty() {
-            text.push_str("no storage errors seen\n");
-        } else {
-            text.push_str("totals:\n");
-            for l in lines {
-                text.push_str(&l);
-                text.push('\n');
-            }
-        }
-        text.push_str(&format!(
-            "kernel side: {} samples rate-limited, {} lost to a full ring buffer, {} errors not countable (counter map full), {} repeated writeback reports merged, {} program runs skipped by the kernel\n",
-            stats.samples_suppressed, stats.ringbuf_full, stats.counter_map_full, stats.writeback_repeats, stats.program_misses
-        ));
-        // JSON mode keeps stdout a pure event stream.
-        if self.json {
-            eprint!("{text}");
-        } else {
-            print!("{text}");
-        }
-        Ok(())
     }
 }

@@ -17,7 +17,7 @@ use aya::maps::{MapData, PerCpuArray, PerCpuHashMap, RingBuf};
 use health_common::{stat, CounterKey, ErrorSample};
 use tokio::io::unix::AsyncFd;
 
-use crate::probes::KernelMaps;
+use crate::kernel::probes::KernelMaps;
 
 /// Errors of one key: either a sample, standing for `count` errors (itself
 /// and the suppressed ones before it), or a summary without a sample.
@@ -38,7 +38,7 @@ pub struct KernelStats {
     /// Samples that arrived after a summary had already covered them.
     pub late_samples: u64,
     /// Program runs the kernel skipped (errors nothing counted); filled in
-    /// from [`crate::probes::Attached::program_misses`], not from a map.
+    /// from [`crate::kernel::probes::Attached::program_misses`], not from a map.
     pub program_misses: u64,
 }
 

@@ -26,7 +26,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
-use crate::metrics::Metrics;
+use crate::report::metrics::Metrics;
 
 /// What `/metrics` answers with: the OpenMetrics text format, which is what
 /// [`Metrics::encode`] writes (`# EOF`, `_total` counters, units).

@@ -6,86 +6,17 @@
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
-use health_common::{op, source, ErrorSample};
+use health_common::{source, ErrorSample};
 use serde::Serialize;
 
-use crate::collector::KernelError;
 use crate::dev::Dev;
-use crate::kubelet::{KubeletVolume, VolumeMode};
+use crate::kernel::clock::{rfc3339, Clock};
+use crate::kernel::collector::KernelError;
+use crate::kernel::names::{errno_name, op_name, source_name, Kind};
 use crate::topology::Topology;
-
-/// What kind of failure an event is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Kind {
-    /// A block request failed (`block_rq_error`, or `block_rq_complete`).
-    BlockIoError,
-    /// The filesystem reported an error or marked metadata corrupt.
-    FsError,
-    /// The filesystem shut down: every further access fails.
-    FsShutdown,
-    /// Writeback of cached data failed; the writer may never learn of it.
-    WritebackError,
-}
-
-impl Kind {
-    pub fn of_source(src: u8) -> Kind {
-        match src {
-            source::BLOCK_RQ_ERROR | source::BLOCK_RQ_COMPLETE => Kind::BlockIoError,
-            source::EXT4_SHUTDOWN | source::XFS_SHUTDOWN => Kind::FsShutdown,
-            source::WRITEBACK_ERROR => Kind::WritebackError,
-            _ => Kind::FsError,
-        }
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Kind::BlockIoError => "block_io_error",
-            Kind::FsError => "fs_error",
-            Kind::FsShutdown => "fs_shutdown",
-            Kind::WritebackError => "writeback_error",
-        }
-    }
-}
-
-/// Name of the tracepoint behind a source number.
-pub fn source_name(src: u8) -> &'static str {
-    match src {
-        source::BLOCK_RQ_ERROR => "block_rq_error",
-        source::BLOCK_RQ_COMPLETE => "block_rq_complete",
-        source::EXT4_ERROR => "ext4_error",
-        source::EXT4_SHUTDOWN => "ext4_shutdown",
-        source::XFS_SHUTDOWN => "xfs_force_shutdown",
-        source::XFS_CORRUPTION => "xfs_mark_corrupt",
-        source::WRITEBACK_ERROR => "filemap_set_wb_err",
-        _ => "unknown",
-    }
-}
-
-pub fn op_name(o: u8) -> Option<&'static str> {
-    Some(match o {
-        op::READ => "read",
-        op::WRITE => "write",
-        op::FLUSH => "flush",
-        op::DISCARD => "discard",
-        op::SECURE_ERASE => "secure_erase",
-        op::WRITE_ZEROES => "write_zeroes",
-        op::OTHER => "other",
-        _ => return None,
-    })
-}
-
-/// `EIO` for 5; `errno 4000` for numbers no libc names.
-pub fn errno_name(errno: u32) -> String {
-    let e = nix::errno::Errno::from_raw(errno as i32);
-    if e == nix::errno::Errno::UnknownErrno {
-        format!("errno {errno}")
-    } else {
-        format!("{e:?}")
-    }
-}
+use crate::volumes::kubelet::{KubeletVolume, VolumeMode};
 
 /// One line of `watch --json`.
 #[derive(Clone, Debug, Serialize, PartialEq)]
@@ -140,48 +71,6 @@ pub struct ErrorEvent {
     pub volume_handle: Option<String>,
     /// `Filesystem` or `Block`.
     pub volume_mode: Option<VolumeMode>,
-}
-
-/// Converts kernel monotonic timestamps to wall-clock time.
-#[derive(Clone, Copy, Debug)]
-pub struct Clock {
-    /// Wall clock minus monotonic clock, at construction.
-    offset_ns: i128,
-}
-
-impl Clock {
-    pub fn new() -> Self {
-        let mono = monotonic_ns() as i128;
-        let wall = SystemTime::now()
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as i128);
-        Self {
-            offset_ns: wall - mono,
-        }
-    }
-
-    pub fn wall_time(&self, mono_ns: u64) -> SystemTime {
-        let wall = (mono_ns as i128 + self.offset_ns).max(0) as u64;
-        SystemTime::UNIX_EPOCH + Duration::from_nanos(wall)
-    }
-}
-
-impl Default for Clock {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-pub fn monotonic_ns() -> u64 {
-    nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
-        .map(|t| t.tv_sec() as u64 * 1_000_000_000 + t.tv_nsec() as u64)
-        .unwrap_or(0)
-}
-
-pub fn rfc3339(t: SystemTime) -> String {
-    let t: time::OffsetDateTime = t.into();
-    t.format(&time::format_description::well_known::Rfc3339)
-        .unwrap_or_else(|_| "1970-01-01T00:00:00Z".into())
 }
 
 fn text(bytes: &[u8]) -> Option<String> {
@@ -345,7 +234,7 @@ impl ErrorEvent {
 mod tests {
     use super::*;
     use crate::topology::{BlockDevice, MountEntry, Partition};
-    use health_common::CounterKey;
+    use health_common::{op, CounterKey};
 
     fn topo() -> Topology {
         let disk = BlockDevice {
@@ -464,14 +353,14 @@ mod tests {
         );
 
         // The same error as it reaches a pod volume on that partition.
-        let vol = crate::kubelet::KubeletVolume {
+        let vol = crate::volumes::kubelet::KubeletVolume {
             pod_uid: "11111111-aaaa-4aaa-8aaa-000000000001".into(),
             pv: Some("pvc-0a0a".into()),
             pod_volume_dir_name: "pvc-0a0a".into(),
             driver: Some("disk.csi.example.com".into()),
             volume_handle: Some("vol-a".into()),
             volume_mode: VolumeMode::Filesystem,
-            kind: crate::kubelet::VolumeKind::Csi,
+            kind: crate::volumes::kubelet::VolumeKind::Csi,
             path: "/mnt/data".into(),
             staging_path: None,
             node_name: None,

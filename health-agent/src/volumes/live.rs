@@ -3,14 +3,13 @@
 //! CSI, printed when they change.
 //!
 //! `watch.rs` calls in at four points: after each topology rescan
-//! ([`WatchVolumes::topology_changed`]), after a mount-table change
-//! ([`WatchVolumes::rediscover`]), with each batch of kernel errors
-//! ([`WatchVolumes::record`]), and in its select loop ([`next_wake`] then
-//! [`WatchVolumes::handle`]). Checks and CSI probes run in a spawned task so
+//! ([`LiveVolumes::topology_changed`]), after a mount-table change
+//! ([`LiveVolumes::rediscover`]), with each batch of kernel errors
+//! ([`LiveVolumes::record`]), and in its select loop ([`next_wake`] then
+//! [`LiveVolumes::handle`]). Checks and CSI probes run in a spawned task so
 //! that a hung volume never holds up the event stream; at most one round is
 //! in flight.
 
-use std::io::Write as _;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -24,14 +23,14 @@ use super::{
     run_checks, CsiOutcome, CsiProber, IndexedVolume, VolumeChanges, VolumeIndex, VolumeKey,
     VolumeMonitor,
 };
-use crate::checks::{CheckConfig, CheckReport, Checker};
-use crate::collector::KernelError;
-use crate::conditions::{Change, ConditionConfig};
-use crate::kubelet::{self, KubeletVolume};
+use crate::kernel::collector::KernelError;
 use crate::topology::{MountEntry, Topology};
+use crate::volumes::checks::{CheckConfig, CheckReport, Checker};
+use crate::volumes::conditions::ConditionConfig;
+use crate::volumes::kubelet::{self, KubeletVolume};
 
 #[derive(Clone, Debug)]
-pub struct WatchVolumesConfig {
+pub struct LiveVolumesConfig {
     pub kubelet_root: PathBuf,
     pub check: CheckConfig,
     /// Checks and kubelet rediscovery.
@@ -64,7 +63,7 @@ pub struct RoundResult {
     csi: Option<Vec<CsiOutcome>>,
 }
 
-/// What one [`WatchVolumes::handle`] or [`WatchVolumes::record`] produced.
+/// What one [`LiveVolumes::handle`] or [`LiveVolumes::record`] produced.
 #[derive(Debug, Default)]
 pub struct Handled {
     pub changes: Vec<VolumeChanges>,
@@ -72,9 +71,9 @@ pub struct Handled {
     pub csi: Vec<CsiOutcome>,
 }
 
-pub struct WatchVolumes {
-    cfg: WatchVolumesConfig,
-    /// Volumes dropped from the index since the last [`WatchVolumes::take_gone`].
+pub struct LiveVolumes {
+    cfg: LiveVolumesConfig,
+    /// Volumes dropped from the index since the last [`LiveVolumes::take_gone`].
     gone: Vec<VolumeKey>,
     discovered: Vec<KubeletVolume>,
     monitor: VolumeMonitor,
@@ -86,9 +85,9 @@ pub struct WatchVolumes {
     round: Option<JoinHandle<RoundResult>>,
 }
 
-impl WatchVolumes {
+impl LiveVolumes {
     /// Discovers the volumes now; the first check round starts at once.
-    pub fn new(cfg: WatchVolumesConfig, topo: &Topology) -> Self {
+    pub fn new(cfg: LiveVolumesConfig, topo: &Topology) -> Self {
         let discovered = kubelet::discover(&cfg.kubelet_root);
         let index = VolumeIndex::build(topo, discovered.clone());
         tracing::info!(
@@ -119,7 +118,7 @@ impl WatchVolumes {
     }
 
     /// One volume's conditions and probe history.
-    pub fn health(&self, key: &VolumeKey) -> Option<&crate::conditions::VolumeHealth> {
+    pub fn health(&self, key: &VolumeKey) -> Option<&crate::volumes::conditions::VolumeHealth> {
         self.monitor.health(key)
     }
 
@@ -245,55 +244,9 @@ impl WatchVolumes {
     }
 }
 
-/// Prints condition changes, one line each: on stdout, or in JSON mode on
-/// stderr (stdout stays a pure event stream).
-pub fn print_changes(changes: &[VolumeChanges], index: &VolumeIndex, json: bool) {
-    if changes.is_empty() {
-        return;
-    }
-    {
-        let mut text = String::new();
-        for vc in changes {
-            let pv = index
-                .get(&vc.key)
-                .and_then(|v| v.volume.pv.clone())
-                .unwrap_or_else(|| vc.key.name.clone());
-            for c in &vc.changes {
-                let line = match c {
-                    Change::Raised(c) => {
-                        format!(
-                            "raised {} {} [{}]: {}",
-                            c.status, c.reason, c.source, c.message
-                        )
-                    }
-                    Change::Updated { condition: c, .. } => {
-                        format!(
-                            "updated {} {} [{}]: {}",
-                            c.status, c.reason, c.source, c.message
-                        )
-                    }
-                    Change::Cleared(c) => {
-                        format!("cleared {} {} [{}]", c.status, c.reason, c.source)
-                    }
-                };
-                text.push_str(&format!("volume pod {} pv {pv}: {line}\n", vc.key.pod_uid));
-            }
-        }
-        let written = if json {
-            std::io::stderr().lock().write_all(text.as_bytes())
-        } else {
-            let mut out = std::io::stdout().lock();
-            out.write_all(text.as_bytes()).and_then(|()| out.flush())
-        };
-        if let Err(e) = written {
-            tracing::warn!("printing volume condition changes: {e}");
-        }
-    }
-}
-
 /// Waits for the next thing the volume side must do; never resolves when
 /// volumes are not watched. Cancel-safe (ticks and the join handle are).
-pub async fn next_wake(volumes: &mut Option<WatchVolumes>) -> Wake {
+pub async fn next_wake(volumes: &mut Option<LiveVolumes>) -> Wake {
     let Some(v) = volumes else {
         return std::future::pending().await;
     };

@@ -21,10 +21,10 @@ use std::time::{Duration, SystemTime};
 
 use nix::errno::Errno;
 
-use crate::conditions::{errno_name, CheckFinding, CheckKind, CheckResult, Observation};
 use crate::dev::Dev;
-use crate::kubelet::{KubeletVolume, VolumeMode};
 use crate::topology::MountEntry;
+use crate::volumes::conditions::{errno_name, CheckFinding, CheckKind, CheckResult, Observation};
+use crate::volumes::kubelet::{KubeletVolume, VolumeMode};
 
 #[derive(Clone, Debug)]
 pub struct CheckConfig {
@@ -494,8 +494,8 @@ fn probe_block(path: &Path, sys_root: &Path) -> Result<BlockState, ProbeError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::conditions::{Status, VolumeHealth};
-    use crate::kubelet::VolumeKind;
+    use crate::volumes::conditions::{Status, VolumeHealth};
+    use crate::volumes::kubelet::VolumeKind;
 
     fn cfg() -> CheckConfig {
         CheckConfig::default()
@@ -824,7 +824,7 @@ mod tests {
                 format!(
                     "0 of {} bytes free ({}): no space left",
                     u.total_bytes,
-                    crate::conditions::human_bytes(u.total_bytes)
+                    crate::volumes::conditions::human_bytes(u.total_bytes)
                 )
             );
 

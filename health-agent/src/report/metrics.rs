@@ -25,10 +25,10 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::{Registry, Unit};
 
-use crate::collector::{KernelError, KernelStats};
-use crate::conditions::Condition;
 use crate::dev::Dev;
-use crate::event::{errno_name, op_name, source_name};
+use crate::kernel::collector::{KernelError, KernelStats};
+use crate::kernel::names::{errno_name, op_name, source_name};
+use crate::volumes::conditions::Condition;
 use crate::volumes::{CsiOutcome, CsiResult};
 
 /// Default cap on label sets per capped family (kernel errors, volume
@@ -458,7 +458,7 @@ impl Metrics {
         self.set_volume_conditions(volume, &[]);
     }
 
-    /// Feeds the kernel's cumulative counters ([`crate::collector::Collector::kernel_stats`]);
+    /// Feeds the kernel's cumulative counters ([`crate::kernel::collector::Collector::kernel_stats`]);
     /// call it as often as convenient, each call adds what grew since the
     /// last. A value below the last one means the kernel maps were
     /// recreated (counting restarted at zero): the new value is all new, and
@@ -625,8 +625,8 @@ mod tests {
     use health_csi::HealthStatus;
 
     use super::*;
-    use crate::conditions::{Source, Status};
-    use crate::kubelet::VolumeMode;
+    use crate::volumes::conditions::{Source, Status};
+    use crate::volumes::kubelet::VolumeMode;
     use crate::volumes::VolumeKey;
 
     fn lines(m: &Metrics) -> Vec<String> {

@@ -1,0 +1,11 @@
+//! The kernel stage: the eBPF programs of `health-ebpf` loaded and attached
+//! ([`probes`], with tracepoint field layouts from [`tracefs`]), and their
+//! counters and samples turned into exact records ([`collector`]).
+//! [`names`] and [`clock`] give the records' numbers and times their
+//! meaning. Uses only `crate::dev`; every later stage reads its records.
+
+pub mod clock;
+pub mod collector;
+pub mod names;
+pub mod probes;
+pub mod tracefs;

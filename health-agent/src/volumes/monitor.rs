@@ -1,0 +1,353 @@
+//! [`VolumeMonitor`]: one condition state machine per pod volume, fed with
+//! kernel errors (aggregated per flush), the built-in checks and CSI node
+//! health; it returns what changed. [`run_checks`] runs one round of checks.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use health_common::source;
+
+use super::index::{IndexedVolume, VolumeIndex, VolumeKey};
+use super::CsiOutcome;
+use crate::dev::Dev;
+use crate::kernel::clock::Clock;
+use crate::kernel::collector::KernelError;
+use crate::kernel::names::op_name;
+use crate::topology::MountEntry;
+use crate::volumes::checks::{CheckReport, Checker};
+use crate::volumes::conditions::{
+    Change, ConditionConfig, CsiReport, KernelErrorKind, KernelErrors, Observation, VolumeHealth,
+};
+use crate::volumes::kubelet::VolumeMode;
+
+/// The kind of kernel evidence behind a tracepoint.
+pub fn kernel_error_kind(src: u8) -> KernelErrorKind {
+    match src {
+        source::BLOCK_RQ_ERROR | source::BLOCK_RQ_COMPLETE => KernelErrorKind::BlockIo,
+        source::WRITEBACK_ERROR => KernelErrorKind::Writeback,
+        source::XFS_CORRUPTION => KernelErrorKind::XfsCorruption,
+        source::EXT4_SHUTDOWN | source::XFS_SHUTDOWN => KernelErrorKind::Shutdown,
+        // EXT4_ERROR, and any source newer than this agent: a filesystem
+        // reported something, which is the least it can mean.
+        _ => KernelErrorKind::FilesystemError,
+    }
+}
+
+/// Kernel errors of one (kind, op, errno, device) for one volume since the
+/// last flush.
+#[derive(Clone, Debug)]
+struct Pending {
+    kind: KernelErrorKind,
+    op: Option<&'static str>,
+    errno: u32,
+    device: Dev,
+    count: u64,
+    first: SystemTime,
+    last: SystemTime,
+}
+
+#[derive(Clone, Debug)]
+struct VolumeState {
+    health: VolumeHealth,
+    /// Kept between flushes so that steady-state recording does not allocate.
+    pending: Vec<Pending>,
+}
+
+/// What changed for one volume.
+#[derive(Clone, Debug, PartialEq)]
+pub struct VolumeChanges {
+    pub key: VolumeKey,
+    pub changes: Vec<Change>,
+}
+
+/// Per-volume health from kernel errors, checks and CSI.
+#[derive(Debug)]
+pub struct VolumeMonitor {
+    index: Arc<VolumeIndex>,
+    /// Parallel to `index.volumes()`.
+    states: Vec<VolumeState>,
+    /// Indices with pending kernel errors, each once.
+    dirty: Vec<u32>,
+    /// A pending error would raise a condition not yet raised: flush now
+    /// rather than on the next tick, so the first report is immediate.
+    urgent: bool,
+    config: ConditionConfig,
+    clock: Clock,
+}
+
+impl VolumeMonitor {
+    pub fn new(index: VolumeIndex, config: ConditionConfig) -> Self {
+        let states = (0..index.len()).map(|_| new_state(&config)).collect();
+        Self {
+            index: Arc::new(index),
+            states,
+            dirty: Vec::new(),
+            urgent: false,
+            config,
+            clock: Clock::new(),
+        }
+    }
+
+    /// The current index; cheap to clone and hand to another task.
+    pub fn index(&self) -> &Arc<VolumeIndex> {
+        &self.index
+    }
+
+    /// Switches to a rebuilt index. Volumes still present keep their health
+    /// and pending errors; volumes gone are dropped and returned (a reporter
+    /// may want to say so), new ones start healthy.
+    pub fn replace_index(&mut self, index: VolumeIndex) -> Vec<VolumeKey> {
+        // Errors recorded against the old index belong to volumes by key;
+        // carry them over rather than flushing at an arbitrary time.
+        let mut old: HashMap<VolumeKey, VolumeState> = self
+            .index
+            .volumes()
+            .iter()
+            .map(|v| v.key.clone())
+            .zip(std::mem::take(&mut self.states))
+            .collect();
+        let mut states = Vec::with_capacity(index.len());
+        let mut dirty = Vec::new();
+        for (i, v) in index.volumes().iter().enumerate() {
+            let state = old
+                .remove(&v.key)
+                .unwrap_or_else(|| new_state(&self.config));
+            if !state.pending.is_empty() {
+                dirty.push(i as u32);
+            }
+            states.push(state);
+        }
+        let mut gone: Vec<VolumeKey> = old.into_keys().collect();
+        gone.sort();
+        self.index = Arc::new(index);
+        self.states = states;
+        self.dirty = dirty;
+        gone
+    }
+
+    /// Accounts one kernel error (a sample or a summary) to every volume its
+    /// device reaches. Hash lookup plus a short linear scan per volume; it
+    /// allocates only when a volume sees a new (kind, op, errno, device)
+    /// between two flushes.
+    pub fn record(&mut self, e: &KernelError, now: SystemTime) {
+        let dev = Dev::from_kernel(e.key.dev);
+        let indices = self.index.indices_for(dev);
+        if indices.is_empty() || e.count == 0 {
+            return;
+        }
+        let kind = kernel_error_kind(e.key.source);
+        let op = op_name(e.key.op);
+        let when = e
+            .sample
+            .as_ref()
+            .map_or(now, |s| self.clock.wall_time(s.mono_ns));
+        for &i in indices {
+            let Some(state) = self.states.get_mut(i as usize) else {
+                continue;
+            };
+            if state.pending.is_empty() {
+                self.dirty.push(i);
+            }
+            match state
+                .pending
+                .iter_mut()
+                .find(|p| p.kind == kind && p.op == op && p.errno == e.key.errno && p.device == dev)
+            {
+                Some(p) => {
+                    p.count = p.count.saturating_add(e.count);
+                    p.first = p.first.min(when);
+                    p.last = p.last.max(when);
+                }
+                None => {
+                    if !state.health.kernel_active(kind) {
+                        self.urgent = true;
+                    }
+                    state.pending.push(Pending {
+                        kind,
+                        op,
+                        errno: e.key.errno,
+                        device: dev,
+                        count: e.count,
+                        first: when,
+                        last: when,
+                    })
+                }
+            }
+        }
+    }
+
+    /// Whether the errors recorded since the last flush would raise a new
+    /// condition (see `urgent`); resets the flag.
+    pub fn take_urgent(&mut self) -> bool {
+        std::mem::take(&mut self.urgent)
+    }
+
+    /// Whether kernel errors wait for [`VolumeMonitor::flush_kernel`].
+    pub fn has_pending(&self) -> bool {
+        !self.dirty.is_empty()
+    }
+
+    /// Feeds the kernel errors recorded since the last flush, one
+    /// `Observation::Kernel` per volume.
+    pub fn flush_kernel(&mut self, now: SystemTime) -> Vec<VolumeChanges> {
+        let mut out = Vec::new();
+        self.urgent = false;
+        let dirty = std::mem::take(&mut self.dirty);
+        for &i in &dirty {
+            let (Some(state), Some(vol)) = (
+                self.states.get_mut(i as usize),
+                self.index.volumes().get(i as usize),
+            ) else {
+                continue;
+            };
+            let mount_point = match vol.volume.volume_mode {
+                VolumeMode::Filesystem => Some(vol.volume.path.clone()),
+                VolumeMode::Block => None,
+            };
+            let errors: Vec<KernelErrors> = state
+                .pending
+                .drain(..)
+                .map(|p| KernelErrors {
+                    kind: p.kind,
+                    count: p.count,
+                    first: p.first,
+                    last: p.last,
+                    device: Some(p.device),
+                    mount_point: mount_point.clone(),
+                    op: p.op.map(str::to_string),
+                    errno: (p.errno != 0).then_some(p.errno as i32),
+                    device_name: self.index.device_name(p.device).map(str::to_string),
+                })
+                .collect();
+            push_changes(
+                &mut out,
+                &vol.key,
+                state.health.apply(now, Observation::Kernel(errors)),
+            );
+        }
+        // Reuse the allocation.
+        self.dirty = dirty;
+        self.dirty.clear();
+        out
+    }
+
+    /// Feeds a round of check reports (from [`run_checks`]).
+    pub fn apply_checks(
+        &mut self,
+        now: SystemTime,
+        reports: Vec<(VolumeKey, CheckReport)>,
+    ) -> Vec<VolumeChanges> {
+        let mut out = Vec::new();
+        for (key, report) in reports {
+            let Some(state) = self.state_mut(&key) else {
+                continue;
+            };
+            let changes: Vec<Change> = report
+                .into_observations()
+                .into_iter()
+                .flat_map(|o| state.health.apply(now, o))
+                .collect();
+            push_changes(&mut out, &key, changes);
+        }
+        out
+    }
+
+    /// Feeds a round of CSI node answers (from [`CsiProber::probe`]).
+    pub fn apply_csi(&mut self, now: SystemTime, outcomes: &[CsiOutcome]) -> Vec<VolumeChanges> {
+        let mut out = Vec::new();
+        for o in outcomes {
+            let Some(state) = self.state_mut(&o.key) else {
+                continue;
+            };
+            let report: CsiReport = o.result.to_report();
+            push_changes(
+                &mut out,
+                &o.key,
+                state.health.apply(now, Observation::CsiNode(report)),
+            );
+        }
+        out
+    }
+
+    /// Periodic evaluation (kernel quiet windows).
+    pub fn tick(&mut self, now: SystemTime) -> Vec<VolumeChanges> {
+        let mut out = Vec::new();
+        for (v, state) in self.index.volumes().iter().zip(&mut self.states) {
+            push_changes(&mut out, &v.key, state.health.tick(now));
+        }
+        out
+    }
+
+    pub fn health(&self, key: &VolumeKey) -> Option<&VolumeHealth> {
+        let i = self.index.position(key)?;
+        self.states.get(i).map(|s| &s.health)
+    }
+
+    fn state_mut(&mut self, key: &VolumeKey) -> Option<&mut VolumeState> {
+        let i = self.index.position(key)?;
+        self.states.get_mut(i)
+    }
+}
+
+fn new_state(config: &ConditionConfig) -> VolumeState {
+    VolumeState {
+        health: VolumeHealth::new(config.clone()),
+        pending: Vec::new(),
+    }
+}
+
+fn push_changes(out: &mut Vec<VolumeChanges>, key: &VolumeKey, changes: Vec<Change>) {
+    if !changes.is_empty() {
+        out.push(VolumeChanges {
+            key: key.clone(),
+            changes,
+        });
+    }
+}
+
+/// How many volume checks run at once. A hung path holds its slot for one
+/// timeout (the checker answers at once for paths still stuck from before),
+/// so this bounds both threads and the time a round can take.
+pub const CHECK_CONCURRENCY: usize = 32;
+
+/// Runs the built-in checks for every volume concurrently (at most
+/// [`CHECK_CONCURRENCY`] at once), each bounded by the checker's timeout.
+pub async fn run_checks(
+    checker: &Checker,
+    volumes: &[IndexedVolume],
+    mounts: Arc<[MountEntry]>,
+) -> Vec<(VolumeKey, CheckReport)> {
+    let permits = Arc::new(tokio::sync::Semaphore::new(CHECK_CONCURRENCY));
+    let mut tasks = tokio::task::JoinSet::new();
+    for (i, v) in volumes.iter().enumerate() {
+        let checker = checker.clone();
+        let volume = v.volume.clone();
+        let mounts = Arc::clone(&mounts);
+        let permits = Arc::clone(&permits);
+        tasks.spawn(async move {
+            // The semaphore is never closed; without a permit the check
+            // would merely run unthrottled.
+            let _permit = permits.acquire_owned().await.ok();
+            (i, checker.check_volume(&volume, &mounts).await)
+        });
+    }
+    let mut reports: Vec<Option<CheckReport>> = (0..volumes.len()).map(|_| None).collect();
+    while let Some(joined) = tasks.join_next().await {
+        match joined {
+            Ok((i, report)) => {
+                if let Some(slot) = reports.get_mut(i) {
+                    *slot = Some(report);
+                }
+            }
+            // A check task that panicked yields no evidence: its volume
+            // keeps what it had.
+            Err(e) => tracing::warn!("a volume check task failed: {e}"),
+        }
+    }
+    volumes
+        .iter()
+        .zip(reports)
+        .filter_map(|(v, r)| r.map(|r| (v.key.clone(), r)))
+        .collect()
+}
