@@ -29,7 +29,7 @@ pub struct AgentOptions {
     /// How often the human view prints per-device totals.
     pub totals_interval: Duration,
     /// Annotate events with the pod volumes they reach and keep their
-    /// conditions (`volumes.rs`); `None` when there is no kubelet tree.
+    /// conditions (`crate::volumes`); `None` when there is no kubelet tree.
     pub volumes: Option<LiveVolumesConfig>,
 }
 

@@ -597,7 +597,7 @@ fn the_container_is_not_privileged_and_has_exactly_the_documented_capabilities()
     assert_eq!(caps.drop, Some(vec!["ALL".to_string()]));
     let added: Vec<String> = caps.add.unwrap_or_default();
     assert_eq!(added, CAPABILITIES.map(String::from).to_vec());
-    // The agent's preflight (probes.rs) accepts BPF + PERFMON instead of SYS_ADMIN.
+    // The agent's preflight (kernel/probes) accepts BPF + PERFMON instead of SYS_ADMIN.
     assert!(!added.iter().any(|c| c == "SYS_ADMIN" || c == "ALL"));
     let seccomp = sc.seccomp_profile.expect("seccompProfile");
     assert_eq!(seccomp.type_, "RuntimeDefault");

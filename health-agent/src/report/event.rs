@@ -59,7 +59,7 @@ pub struct ErrorEvent {
     /// CLOCK_MONOTONIC nanoseconds at the tracepoint, for correlation.
     pub mono_ns: Option<u64>,
     /// The pod volume this line is about, when `device` backs one (see
-    /// `volumes.rs`); all five are null otherwise. A device that backs
+    /// `crate::volumes`); all five are null otherwise. A device that backs
     /// several pod volumes (a PV shared by two pods, volumes stacked on one
     /// disk) yields one line per pod volume, each with the full `count`: sum
     /// counts per (`pod_uid`, `pv`), never across pod volumes.

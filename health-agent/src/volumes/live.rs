@@ -2,7 +2,7 @@
 //! current, and the conditions of each volume from kernel errors, checks and
 //! CSI, printed when they change.
 //!
-//! `watch.rs` calls in at four points: after each topology rescan
+//! The agent loop (`crate::agent`) calls in at four points: after each topology rescan
 //! ([`LiveVolumes::topology_changed`]), after a mount-table change
 //! ([`LiveVolumes::rediscover`]), with each batch of kernel errors
 //! ([`LiveVolumes::record`]), and in its select loop ([`next_wake`] then
