@@ -1,5 +1,6 @@
 //! Discovery of the volumes kubelet has set up on this node, from its
-//! directory tree (default `/var/lib/kubelet`).
+//! directory tree (default `/var/lib/kubelet`). Uses `crate::dev` and the
+//! mount entries of `crate::topology`; the rest of `volumes` reads its output.
 //!
 //! Layouts read (all relative to the kubelet root):
 //! - CSI filesystem volumes: `pods/<uid>/volumes/kubernetes.io~csi/<name>/mount`
@@ -23,26 +24,32 @@
 //!
 //! Anything odd (malformed `vol_data.json`, unreadable directory, a file where
 //! a directory belongs) skips that one volume with a warning naming the path.
+//!
+//! Here: the walk and what it finds. `csi` reads one CSI volume's directory
+//! and finds its staging mount, `vol_data` reads kubelet's `vol_data.json`,
+//! `dir` lists directories by their entries alone.
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::fs::{self, FileType};
-use std::io::{self, Read};
+mod csi;
+mod dir;
+mod vol_data;
+
+use std::collections::BTreeMap;
+use std::io;
 use std::path::{Path, PathBuf};
 
-use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
+use serde::Serialize;
 use tracing::{debug, warn};
 
 use crate::dev::Dev;
 use crate::topology::MountEntry;
 
+use csi::{csi_block_volume, csi_filesystem_volume};
+use dir::{is_device_like, list_dir, list_dir_quiet};
+
 pub const DEFAULT_KUBELET_ROOT: &str = "/var/lib/kubelet";
 
 const CSI_PLUGIN_DIR: &str = "kubernetes.io~csi";
 const LOCAL_PLUGIN_DIR: &str = "kubernetes.io~local-volume";
-const VOL_DATA: &str = "vol_data.json";
-/// kubelet writes a handful of short strings; anything bigger is not ours.
-const VOL_DATA_MAX_BYTES: u64 = 64 * 1024;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 pub enum VolumeMode {
@@ -99,21 +106,6 @@ fn unexpected(path: &Path, what: impl Into<String>) -> Skip {
         path: path.to_path_buf(),
         what: what.into(),
     }
-}
-
-/// The keys kubelet writes into `vol_data.json`.
-#[derive(Debug, Deserialize)]
-struct VolData {
-    #[serde(rename = "driverName")]
-    driver_name: Option<String>,
-    #[serde(rename = "volumeHandle")]
-    volume_handle: Option<String>,
-    #[serde(rename = "specVolID")]
-    spec_vol_id: Option<String>,
-    #[serde(rename = "nodeName")]
-    node_name: Option<String>,
-    #[serde(rename = "volumeLifecycleMode")]
-    lifecycle_mode: Option<String>,
 }
 
 /// Walks the kubelet tree under `kubelet_root`. Never fails: problems are
@@ -199,120 +191,6 @@ fn keep(found: &mut Found, v: KubeletVolume) {
         .or_insert(v);
 }
 
-/// `pods/<uid>/volumes/kubernetes.io~csi/<name>`. `Ok(None)`: no `mount` dir,
-/// kubelet is setting the volume up or tearing it down.
-fn csi_filesystem_volume(
-    csi_plugins: &Path,
-    uid: &str,
-    name: &str,
-    dir: &Path,
-    ty: FileType,
-) -> Result<Option<KubeletVolume>, Skip> {
-    if !ty.is_dir() {
-        return Err(unexpected(dir, "not a directory"));
-    }
-    let entries = read_entries(dir)?;
-    let Some(mount_ty) = entries.get("mount") else {
-        debug!(path = %dir.display(), "no mount directory yet/any more");
-        return Ok(None);
-    };
-    if !mount_ty.is_dir() {
-        return Err(unexpected(&dir.join("mount"), "not a directory"));
-    }
-    if !entries.get(VOL_DATA).is_some_and(FileType::is_file) {
-        return Err(unexpected(
-            &dir.join(VOL_DATA),
-            "missing or not a regular file",
-        ));
-    }
-    let data = read_vol_data(&dir.join(VOL_DATA))?;
-    let (driver, handle) = required(&data, &dir.join(VOL_DATA))?;
-    let ephemeral = match data.lifecycle_mode.as_deref() {
-        // Kubelets before ephemeral volumes wrote no mode.
-        None | Some("Persistent") => false,
-        Some("Ephemeral") => true,
-        Some(other) => {
-            return Err(unexpected(
-                &dir.join(VOL_DATA),
-                format!("unknown volumeLifecycleMode {other:?}"),
-            ))
-        }
-    };
-    let (kind, pv, staging_path) = if ephemeral {
-        // Ephemeral volumes are never staged and have no PV.
-        (VolumeKind::CsiEphemeral, None, None)
-    } else {
-        let pv = data.spec_vol_id.clone().unwrap_or_else(|| name.to_string());
-        let staging = staging_path(csi_plugins, &driver, &handle, &pv);
-        (VolumeKind::Csi, Some(pv), staging)
-    };
-    Ok(Some(KubeletVolume {
-        pod_uid: uid.to_string(),
-        pv,
-        pod_volume_dir_name: name.to_string(),
-        driver: Some(driver),
-        volume_handle: Some(handle),
-        volume_mode: VolumeMode::Filesystem,
-        kind,
-        path: dir.join("mount"),
-        staging_path,
-        node_name: data.node_name,
-    }))
-}
-
-/// The staging mount of a persistent CSI volume, if kubelet made one.
-fn staging_path(csi_plugins: &Path, driver: &str, handle: &str, pv: &str) -> Option<PathBuf> {
-    // Newer kubelets: <driver>/<sha256(volumeHandle)>/globalmount.
-    if is_single_component(driver) {
-        let sha = hex(&Sha256::digest(handle.as_bytes()));
-        let dir = csi_plugins.join(driver).join(sha);
-        if has_entry(&dir, "globalmount") {
-            return Some(dir.join("globalmount"));
-        }
-    }
-    // Older kubelets: pv/<pv>/globalmount.
-    if is_single_component(pv) {
-        let dir = csi_plugins.join("pv").join(pv);
-        if has_entry(&dir, "globalmount") {
-            return Some(dir.join("globalmount"));
-        }
-    }
-    None
-}
-
-/// `pods/<uid>/volumeDevices/kubernetes.io~csi/<pv>` or the global map file.
-fn csi_block_volume(
-    block_dir: &Path,
-    uid: &str,
-    pv_dir_name: &str,
-    path: PathBuf,
-    ty: FileType,
-) -> Result<KubeletVolume, Skip> {
-    if !is_device_like(ty) {
-        return Err(unexpected(&path, "not a device node or symlink"));
-    }
-    if !is_single_component(pv_dir_name) {
-        return Err(unexpected(&path, "unusable volume name"));
-    }
-    let vol_data = block_dir.join(pv_dir_name).join("data").join(VOL_DATA);
-    let data = read_vol_data(&vol_data)?;
-    let (driver, handle) = required(&data, &vol_data)?;
-    let staging = has_entry(&block_dir.join("staging"), pv_dir_name)
-        .then(|| block_dir.join("staging").join(pv_dir_name));
-    Ok(KubeletVolume {
-        pod_uid: uid.to_string(),
-        pv: Some(data.spec_vol_id.unwrap_or_else(|| pv_dir_name.to_string())),
-        pod_volume_dir_name: pv_dir_name.to_string(),
-        driver: Some(driver),
-        volume_handle: Some(handle),
-        volume_mode: VolumeMode::Block,
-        kind: VolumeKind::Csi,
-        path,
-        staging_path: staging,
-        node_name: data.node_name,
-    })
-}
-
 fn local_volume(uid: &str, name: &str, path: PathBuf, mode: VolumeMode) -> KubeletVolume {
     KubeletVolume {
         pod_uid: uid.to_string(),
@@ -353,112 +231,13 @@ pub fn resolve_device(vol: &KubeletVolume, mounts: &[MountEntry]) -> Option<Dev>
     }
 }
 
-fn required(data: &VolData, path: &Path) -> Result<(String, String), Skip> {
-    match (&data.driver_name, &data.volume_handle) {
-        (Some(d), Some(h)) if !d.is_empty() && !h.is_empty() => Ok((d.clone(), h.clone())),
-        _ => Err(unexpected(path, "driverName or volumeHandle missing")),
-    }
-}
-
-fn read_vol_data(path: &Path) -> Result<VolData, Skip> {
-    let io_err = |source| Skip::Io {
-        path: path.to_path_buf(),
-        source,
-    };
-    // Not following a symlink here keeps the walk inside the kubelet tree.
-    let meta = fs::symlink_metadata(path).map_err(io_err)?;
-    if !meta.file_type().is_file() {
-        return Err(unexpected(path, "not a regular file"));
-    }
-    let mut text = String::new();
-    fs::File::open(path)
-        .and_then(|f| f.take(VOL_DATA_MAX_BYTES).read_to_string(&mut text))
-        .map_err(io_err)?;
-    serde_json::from_str(&text).map_err(|source| Skip::Json {
-        path: path.to_path_buf(),
-        source,
-    })
-}
-
-/// Names and types (from the directory entry, without stat-ing the entry) of
-/// a directory. Missing directory: empty, silently; other errors: warn.
-fn list_dir(dir: &Path) -> Vec<(String, PathBuf, FileType)> {
-    match read_entries(dir) {
-        Ok(entries) => entries
-            .into_iter()
-            .map(|(name, ty)| {
-                let path = dir.join(&name);
-                (name, path, ty)
-            })
-            .collect(),
-        Err(Skip::Io { source, .. }) if source.kind() == io::ErrorKind::NotFound => Vec::new(),
-        Err(e) => {
-            warn!(path = %dir.display(), "skipping directory: {e}");
-            Vec::new()
-        }
-    }
-}
-
-/// Like [`list_dir`] but without warnings: for optional places.
-fn list_dir_quiet(dir: &Path) -> Vec<(String, PathBuf, FileType)> {
-    read_entries(dir)
-        .map(|e| {
-            e.into_iter()
-                .map(|(n, t)| (n.clone(), dir.join(n), t))
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-fn read_entries(dir: &Path) -> Result<BTreeMap<String, FileType>, Skip> {
-    let io_err = |source| Skip::Io {
-        path: dir.to_path_buf(),
-        source,
-    };
-    let mut out = BTreeMap::new();
-    let mut odd = BTreeSet::new();
-    for entry in fs::read_dir(dir).map_err(io_err)? {
-        let entry = entry.map_err(io_err)?;
-        // DirEntry::file_type comes from d_type, which does not cross into a
-        // mount at that entry.
-        let ty = entry.file_type().map_err(io_err)?;
-        match entry.file_name().into_string() {
-            Ok(name) => {
-                out.insert(name, ty);
-            }
-            // Pod UIDs, PV and driver names are ASCII.
-            Err(name) => {
-                odd.insert(name);
-            }
-        }
-    }
-    if !odd.is_empty() {
-        warn!(path = %dir.display(), count = odd.len(), "ignoring entries with non-UTF-8 names");
-    }
-    Ok(out)
-}
-
-fn has_entry(dir: &Path, name: &str) -> bool {
-    read_entries(dir).is_ok_and(|e| e.contains_key(name))
-}
-
-fn is_device_like(ty: FileType) -> bool {
-    use std::os::unix::fs::FileTypeExt;
-    ty.is_symlink() || ty.is_block_device()
-}
-
-/// Guards the names taken from `vol_data.json` before they become paths.
-fn is_single_component(name: &str) -> bool {
-    !name.is_empty() && name != "." && name != ".." && !name.contains('/') && !name.contains('\0')
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
 #[cfg(test)]
 mod tests {
+    use super::csi::hex;
+    use super::vol_data::VOL_DATA;
     use super::*;
+    use sha2::{Digest, Sha256};
+    use std::fs;
     use std::os::unix::fs::symlink;
 
     const POD_A: &str = "11111111-aaaa-4aaa-8aaa-000000000001";
@@ -776,18 +555,5 @@ mod tests {
         assert!(discover(&tmp.path().join("absent")).is_empty());
         write(&tmp.path().join("pods"), "a file where pods/ should be");
         assert!(discover(tmp.path()).is_empty());
-    }
-
-    #[test]
-    fn names_from_vol_data_cannot_escape_the_tree() {
-        assert!(is_single_component("disk.csi.example.com"));
-        for bad in ["", ".", "..", "../../etc", "a/b"] {
-            assert!(!is_single_component(bad), "{bad:?}");
-        }
-        // A known answer, so the staging lookup hashes like kubelet.
-        assert_eq!(
-            hex(&Sha256::digest(b"abc")),
-            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
-        );
     }
 }

@@ -1,0 +1,207 @@
+//! Attaching every source this kernel has: plan each program against the
+//! tracepoint formats, load the object once with the layouts found, attach,
+//! and say for each source what became of it.
+
+use aya::programs::{FEntry, TracePoint};
+use aya::{Ebpf, EbpfLoader};
+use health_common::{complete_mode, field};
+
+use super::errors::{classify_load_error, error_chain};
+use super::layout::{plan, BLOCK_RQ_COMPLETE, BLOCK_RQ_ERROR, FS_PROGRAMS};
+use super::preflight::{check_bpf, check_privileges};
+use super::{Attached, KernelMaps, ProbeError, ProbeOptions, SourceState, SourceStatus};
+use crate::kernel::tracefs::Tracefs;
+
+/// The kernel object, built by `cargo xtask build` and embedded here so the
+/// agent binary alone is enough to run.
+static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/health-ebpf.o"));
+
+/// A program whose tracepoint exists and whose fields check out.
+struct Planned {
+    program: &'static str,
+    group: &'static str,
+    name: &'static str,
+    note: Option<String>,
+}
+
+/// Checks privileges, BPF, BTF and tracefs, loads the programs and attaches
+/// every source this kernel has.
+pub fn attach(opts: &ProbeOptions) -> Result<(Attached, KernelMaps), ProbeError> {
+    if EBPF_OBJECT.is_empty() {
+        return Err(ProbeError::NoObject);
+    }
+    check_privileges(&opts.proc_root)?;
+    check_bpf()?;
+    let btf = opts.sys_root.join("kernel/btf/vmlinux");
+    if !btf.exists() {
+        return Err(ProbeError::BtfMissing(btf));
+    }
+    let tracefs = Tracefs::locate(&opts.sys_root)?;
+
+    let mut layout = [0u32; field::COUNT];
+    let mut planned = Vec::new();
+    let mut sources = Vec::new();
+
+    let rq_error = plan(&tracefs, &BLOCK_RQ_ERROR, &mut layout);
+    let rq_complete = plan(&tracefs, &BLOCK_RQ_COMPLETE, &mut layout);
+    let mode = match (&rq_error, opts.flush_errors) {
+        (Ok(_), true) => complete_mode::FLUSH_ONLY,
+        (Ok(_), false) => complete_mode::OFF,
+        (Err(_), _) => complete_mode::ALL_ERRORS,
+    };
+    match rq_error {
+        Ok((group, name)) => planned.push(Planned {
+            program: BLOCK_RQ_ERROR.program,
+            group,
+            name,
+            note: None,
+        }),
+        Err(reason) => sources.push(SourceStatus {
+            program: BLOCK_RQ_ERROR.program,
+            state: SourceState::Missing {
+                reason: reason + "; using block_rq_complete",
+            },
+        }),
+    }
+    match (rq_complete, mode) {
+        (Ok((group, name)), complete_mode::FLUSH_ONLY) => planned.push(Planned {
+            program: BLOCK_RQ_COMPLETE.program,
+            group,
+            name,
+            note: Some("flush errors only".into()),
+        }),
+        (Ok((group, name)), complete_mode::ALL_ERRORS) => planned.push(Planned {
+            program: BLOCK_RQ_COMPLETE.program,
+            group,
+            name,
+            note: Some("all failed requests: fallback".into()),
+        }),
+        (Ok(_), _) => sources.push(SourceStatus {
+            program: BLOCK_RQ_COMPLETE.program,
+            state: SourceState::Disabled {
+                reason: "flush errors not requested (--flush-errors)".into(),
+            },
+        }),
+        (Err(reason), _) => sources.push(SourceStatus {
+            program: BLOCK_RQ_COMPLETE.program,
+            state: SourceState::Missing { reason },
+        }),
+    }
+    for spec in FS_PROGRAMS {
+        match plan(&tracefs, spec, &mut layout) {
+            Ok((group, name)) => planned.push(Planned {
+                program: spec.program,
+                group,
+                name,
+                note: None,
+            }),
+            Err(reason) => sources.push(SourceStatus {
+                program: spec.program,
+                state: SourceState::Missing { reason },
+            }),
+        }
+    }
+
+    let mut ebpf = EbpfLoader::new()
+        .override_global("LAYOUT", &layout, true)
+        .override_global("COMPLETE_MODE", &mode, true)
+        .override_global("SAMPLES_PER_SEC", &opts.samples_per_sec, true)
+        .load(EBPF_OBJECT)
+        .map_err(|e| classify_load_error(e, &opts.proc_root))?;
+    let logger = match aya_log::EbpfLogger::init(&mut ebpf) {
+        Ok(l) => Some(l),
+        // Release builds of the kernel side may compile every log call out.
+        Err(e) => {
+            tracing::debug!("kernel debug log unavailable: {e}");
+            None
+        }
+    };
+
+    for p in planned {
+        let program: &mut TracePoint = ebpf
+            .program_mut(p.program)
+            .ok_or_else(|| ProbeError::Program {
+                program: p.program,
+                detail: "not in the object".into(),
+            })?
+            .try_into()
+            .map_err(|e: aya::programs::ProgramError| ProbeError::Program {
+                program: p.program,
+                detail: e.to_string(),
+            })?;
+        let tracepoint = format!("{}:{}", p.group, p.name);
+        let outcome = program
+            .load()
+            .and_then(|()| program.attach(p.group, p.name).map(|_| ()));
+        let mut note = p.note;
+        if outcome.is_ok() && p.program == "filemap_set_wb_err" {
+            if let Err(why) = attach_writeback_errno(&mut ebpf) {
+                note = Some(format!("errno only when the file already had one: {why}"));
+            }
+        }
+        sources.push(SourceStatus {
+            program: p.program,
+            state: match outcome {
+                Ok(()) => SourceState::Active { tracepoint, note },
+                Err(e) => SourceState::Missing {
+                    reason: format!("attaching {tracepoint}: {}", error_chain(&e)),
+                },
+            },
+        });
+    }
+    sources.sort_by_key(|s| s.program);
+    if !sources
+        .iter()
+        .any(|s| matches!(s.state, SourceState::Active { .. }))
+    {
+        let lines: Vec<String> = sources.iter().map(|s| format!("  {s}")).collect();
+        return Err(ProbeError::NothingAttached(lines.join("\n")));
+    }
+
+    let maps = KernelMaps {
+        samples: take_map(&mut ebpf, "SAMPLES")?,
+        counts: take_map(&mut ebpf, "COUNTS")?,
+        stats: take_map(&mut ebpf, "STATS")?,
+        partitions: take_map(&mut ebpf, "PARTITIONS")?,
+        block_devs: take_map(&mut ebpf, "BLOCK_DEVS")?,
+    };
+    Ok((
+        Attached {
+            ebpf,
+            logger,
+            sources,
+        },
+        maps,
+    ))
+}
+
+/// The writeback tracepoint shows errseq from before the update, so the
+/// errno of a file's first error comes from an fentry program on the
+/// function that records it (needs kernel BTF and fentry support).
+fn attach_writeback_errno(ebpf: &mut Ebpf) -> Result<(), String> {
+    const FUNCTION: &str = "__filemap_set_wb_err";
+    let btf = aya::Btf::from_sys_fs().map_err(|e| format!("reading kernel BTF: {e}"))?;
+    let program: &mut FEntry = ebpf
+        .program_mut("filemap_set_wb_err_entry")
+        .ok_or("the fentry program is not in the object")?
+        .try_into()
+        .map_err(|e: aya::programs::ProgramError| e.to_string())?;
+    program
+        .load(FUNCTION, &btf)
+        .map_err(|e| format!("fentry on {FUNCTION}: {}", error_chain(&e)))?;
+    program
+        .attach()
+        .map_err(|e| format!("fentry on {FUNCTION}: {}", error_chain(&e)))?;
+    Ok(())
+}
+
+fn take_map<T>(ebpf: &mut Ebpf, name: &'static str) -> Result<T, ProbeError>
+where
+    T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>,
+{
+    let map = ebpf.take_map(name).ok_or(ProbeError::MissingMap(name))?;
+    T::try_from(map).map_err(|e| ProbeError::Map {
+        name,
+        source: Box::new(e),
+    })
+}

@@ -1,0 +1,165 @@
+//! Loading and attaching the kernel programs. Uses `kernel::tracefs` for the
+//! tracepoints' formats; the agent loop attaches, and `kernel::collector`
+//! reads the maps attaching leaves behind.
+//!
+//! Order of work: check privileges, BPF, BTF and tracefs (each failure has
+//! its own error and exit code); read every tracepoint's format and check
+//! the fields each program reads; load the object with those offsets; attach
+//! what this kernel has and say what is missing and why.
+//!
+//! Here: what is asked for and what attaching leaves ([`Attached`],
+//! [`KernelMaps`], one [`SourceStatus`] per program). `preflight` checks
+//! privileges and BPF, `layout` the fields each program reads, `attach`
+//! does the work, `errors` names what failed and its exit code.
+
+mod attach;
+mod errors;
+mod layout;
+mod preflight;
+
+use std::fmt;
+use std::path::PathBuf;
+
+use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, PerCpuHashMap, RingBuf};
+use aya::Ebpf;
+use health_common::{CounterKey, PartTable};
+
+pub use attach::attach;
+pub use errors::ProbeError;
+
+/// What the agent was asked to attach.
+#[derive(Clone, Debug)]
+pub struct ProbeOptions {
+    pub sys_root: PathBuf,
+    pub proc_root: PathBuf,
+    /// Also count failed flushes, which only `block_rq_complete` shows. It
+    /// runs on every block completion, so it is off by default; see
+    /// BENCHMARKS.md for its cost on the healthy path.
+    pub flush_errors: bool,
+    /// Samples per device per second per CPU; counting is never limited.
+    pub samples_per_sec: u32,
+}
+
+impl Default for ProbeOptions {
+    fn default() -> Self {
+        Self {
+            sys_root: PathBuf::from("/sys"),
+            proc_root: PathBuf::from("/proc"),
+            flush_errors: false,
+            samples_per_sec: 100,
+        }
+    }
+}
+
+/// Whether one error source is attached.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SourceStatus {
+    pub program: &'static str,
+    pub state: SourceState,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SourceState {
+    Active {
+        tracepoint: String,
+        note: Option<String>,
+    },
+    Missing {
+        reason: String,
+    },
+    Disabled {
+        reason: String,
+    },
+}
+
+impl fmt::Display for SourceStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.state {
+            SourceState::Active {
+                tracepoint,
+                note: None,
+            } => write!(f, "active   {tracepoint}"),
+            SourceState::Active {
+                tracepoint,
+                note: Some(n),
+            } => write!(f, "active   {tracepoint} ({n})"),
+            SourceState::Missing { reason } => write!(f, "missing  {}: {reason}", self.program),
+            SourceState::Disabled { reason } => write!(f, "off      {}: {reason}", self.program),
+        }
+    }
+}
+
+/// The kernel maps userspace reads and keeps current.
+pub struct KernelMaps {
+    pub samples: RingBuf<MapData>,
+    pub counts: PerCpuHashMap<MapData, CounterKey, u64>,
+    pub stats: PerCpuArray<MapData, u64>,
+    pub partitions: BpfHashMap<MapData, u32, PartTable>,
+    pub block_devs: BpfHashMap<MapData, u32, u8>,
+}
+
+/// Loaded and attached programs. Dropping `Attached` detaches them; the maps
+/// stay readable afterwards so the last counts can be collected.
+pub struct Attached {
+    ebpf: Ebpf,
+    logger: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
+    pub sources: Vec<SourceStatus>,
+}
+
+impl Attached {
+    /// Forwards kernel debug log records (aya-log) to the tracing output.
+    pub fn flush_kernel_log(&mut self) {
+        if let Some(logger) = &mut self.logger {
+            logger.flush();
+        }
+    }
+
+    pub fn kernel_log_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        use std::os::fd::AsFd;
+        self.logger.as_ref().map(|l| l.as_fd())
+    }
+
+    /// Runs of our programs the kernel skipped, summed over programs.
+    ///
+    /// Tracepoint programs run under one per-CPU guard: when an interrupt
+    /// fails a request while any BPF tracing program (ours or another
+    /// tool's) runs on that CPU, the kernel skips every program on the
+    /// tracepoint and counts a `recursion_misses` for each. Every skip on an
+    /// error tracepoint is an error no counter saw, so it is reported, never
+    /// hidden. aya does not expose the field; the kernel shows it in the
+    /// program fd's fdinfo (Linux 5.12+; `None` where it is absent).
+    pub fn program_misses(&self) -> Option<u64> {
+        use std::os::fd::{AsFd, AsRawFd};
+        let mut total = None;
+        for (_, program) in self.ebpf.programs() {
+            let Ok(fd) = program.fd() else { continue };
+            let path = format!("/proc/self/fdinfo/{}", fd.as_fd().as_raw_fd());
+            let Ok(text) = std::fs::read_to_string(&path) else {
+                continue;
+            };
+            if let Some(n) = recursion_misses(&text) {
+                total = Some(total.unwrap_or(0) + n);
+            }
+        }
+        total
+    }
+}
+
+/// The `recursion_misses:` value of a BPF program's fdinfo text.
+fn recursion_misses(fdinfo: &str) -> Option<u64> {
+    fdinfo.lines().find_map(|l| {
+        l.strip_prefix("recursion_misses:")
+            .and_then(|v| v.trim().parse().ok())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+
+    #[test]
+    fn recursion_misses_come_from_fdinfo() {
+        let text = "pos:\t0\nflags:\t02000002\nmnt_id:\t16\nino:\t2061\nprog_type:\t5\nprog_jited:\t1\nprog_tag:\t3b185187f1855c4c\nmemlock:\t4096\nprog_id:\t1429\nrun_time_ns:\t0\nrun_cnt:\t0\nrecursion_misses:\t3\nverified_insns:\t212\n";
+        assert_eq!(super::recursion_misses(text), Some(3));
+        assert_eq!(super::recursion_misses("prog_id:\t7\nrun_cnt:\t0\n"), None);
+    }
+}
