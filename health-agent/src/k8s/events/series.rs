@@ -1,0 +1,343 @@
+//! Series: one per (involved object, reason, episode). Condition changes
+//! become contributors to open Warning series; the last one to clear closes
+//! it and records the recovery in a Normal series.
+
+use std::collections::BTreeMap;
+use std::time::SystemTime;
+
+use tokio::time::Instant;
+
+use super::message::{clip, pods_phrase, strip_subject, subject};
+use super::{EventType, ObjectKind, ObjectRef, Recorder, SeriesId, Targets};
+use crate::volumes::conditions::{Change, Condition, Status};
+use crate::volumes::VolumeKey;
+
+/// What the server holds of a series. Event times have whole seconds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) struct Snapshot {
+    count: u64,
+    message: String,
+    last_secs: u64,
+}
+
+#[derive(Clone, Debug)]
+struct Contributor {
+    count: u64,
+    /// Raised/updated changes seen, the count of conditions that carry none.
+    changes: u64,
+    message: String,
+    last: SystemTime,
+    targets: Targets,
+}
+
+#[derive(Clone, Debug)]
+pub(super) struct Series {
+    pub(super) object: ObjectRef,
+    pub(super) type_: EventType,
+    pub(super) reason: String,
+    /// The condition a Warning series reports (Normal: the one cleared).
+    condition: (Status, String),
+    /// Open Warning series: pod volumes currently asserting the condition.
+    contributors: BTreeMap<VolumeKey, Contributor>,
+    pub(super) count: u64,
+    pub(super) message: String,
+    pub(super) first: SystemTime,
+    pub(super) last: SystemTime,
+    /// The Event's name, fixed when the series starts.
+    pub(super) name: String,
+    /// What the server has, once a create succeeded.
+    pub(super) written: Option<Snapshot>,
+    /// What the write in flight carries.
+    pub(super) sending: Option<Snapshot>,
+    pub(super) last_write: Option<Instant>,
+    /// No further updates: removed once the server has its last state.
+    pub(super) closed: bool,
+    pub(super) in_flight: bool,
+}
+
+impl Series {
+    pub(super) fn current(&self) -> Snapshot {
+        Snapshot {
+            count: self.count,
+            message: self.message.clone(),
+            last_secs: unix_secs(self.last),
+        }
+    }
+
+    pub(super) fn dirty(&self) -> bool {
+        self.written.as_ref() != Some(&self.current())
+    }
+}
+
+impl Recorder {
+    /// Takes one pod volume's condition changes: its pod gets them, and so
+    /// does its PVC (aggregated over the pods using it).
+    pub fn observe(
+        &mut self,
+        key: &VolumeKey,
+        targets: &Targets,
+        changes: &[Change],
+        now: SystemTime,
+    ) {
+        for change in changes {
+            match change {
+                Change::Raised(c) | Change::Updated { condition: c, .. } => {
+                    self.assert(key, targets, c)
+                }
+                Change::Cleared(c) => self.clear(key, targets, c, now),
+            }
+        }
+    }
+
+    /// A pod volume is gone (its pod was deleted): it stops contributing,
+    /// and no recovery is claimed for it.
+    pub fn forget_volume(&mut self, key: &VolumeKey) {
+        let ids: Vec<SeriesId> = self
+            .series
+            .iter()
+            .filter(|(_, s)| s.contributors.contains_key(key))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in ids {
+            if let Some(s) = self.series.get_mut(&id) {
+                // The other pods' view stands as written: a pod leaving is
+                // not news worth a write.
+                s.contributors.remove(key);
+                if s.contributors.is_empty() {
+                    // What the server has is final. Errors never written
+                    // (the pod left before the first create) still go out.
+                    if s.written.is_some() {
+                        s.written = Some(s.current());
+                    }
+                    self.close(id);
+                }
+            }
+        }
+        self.gc();
+    }
+
+    fn assert(&mut self, key: &VolumeKey, targets: &Targets, c: &Condition) {
+        let objects = std::iter::once(&targets.pod).chain(targets.pvc.as_ref());
+        for object in objects {
+            let open_key = (object.clone(), c.status, c.reason.clone());
+            let id = match self.open.get(&open_key) {
+                Some(id) => *id,
+                None => {
+                    let Some(id) = self.start(
+                        object,
+                        EventType::Warning,
+                        &c.reason,
+                        (c.status, c.reason.clone()),
+                        c.since,
+                    ) else {
+                        continue;
+                    };
+                    self.open.insert(open_key, id);
+                    id
+                }
+            };
+            let Some(s) = self.series.get_mut(&id) else {
+                continue;
+            };
+            let entry = s
+                .contributors
+                .entry(key.clone())
+                .or_insert_with(|| Contributor {
+                    count: 0,
+                    changes: 0,
+                    message: String::new(),
+                    last: c.last_probe,
+                    targets: targets.clone(),
+                });
+            entry.changes += 1;
+            entry.count = c.occurrences.unwrap_or(entry.changes);
+            entry.message = c.message.clone();
+            entry.last = c.last_probe;
+            entry.targets = targets.clone();
+            refresh(s);
+        }
+    }
+
+    fn clear(&mut self, key: &VolumeKey, targets: &Targets, c: &Condition, now: SystemTime) {
+        let objects = std::iter::once(&targets.pod).chain(targets.pvc.as_ref());
+        for object in objects {
+            let open_key = (object.clone(), c.status, c.reason.clone());
+            let Some(&id) = self.open.get(&open_key) else {
+                continue;
+            };
+            let Some(s) = self.series.get_mut(&id) else {
+                continue;
+            };
+            if s.contributors.remove(key).is_none() {
+                continue;
+            }
+            if !s.contributors.is_empty() {
+                // Another pod still sees it: the PVC has not recovered.
+                refresh(s);
+                continue;
+            }
+            let was = s.message.clone();
+            self.close(id);
+            self.recovered(object, targets, c, &was, now);
+        }
+        self.gc();
+    }
+
+    /// Records a recovery on `object` in its Normal series.
+    fn recovered(
+        &mut self,
+        object: &ObjectRef,
+        targets: &Targets,
+        c: &Condition,
+        was: &str,
+        now: SystemTime,
+    ) {
+        let reason = format!("{}Cleared", c.reason);
+        let id = match self.normal.get(&(object.clone(), reason.clone())) {
+            Some(id) => *id,
+            None => {
+                let Some(id) = self.start(
+                    object,
+                    EventType::Normal,
+                    &reason,
+                    (c.status, c.reason.clone()),
+                    now,
+                ) else {
+                    return;
+                };
+                self.normal.insert((object.clone(), reason.clone()), id);
+                id
+            }
+        };
+        let Some(s) = self.series.get_mut(&id) else {
+            return;
+        };
+        s.count += 1;
+        s.last = s.last.max(now);
+        s.message = clip(format!(
+            "{}: {} {} cleared; it was: {}",
+            subject(object, targets),
+            c.status,
+            c.reason,
+            strip_subject(was)
+        ));
+    }
+
+    /// Starts a series; `None` when `max_series` is reached.
+    fn start(
+        &mut self,
+        object: &ObjectRef,
+        type_: EventType,
+        reason: &str,
+        condition: (Status, String),
+        first: SystemTime,
+    ) -> Option<SeriesId> {
+        if self.series.len() >= self.config.max_series {
+            self.stats.dropped_series += 1;
+            tracing::warn!(
+                object = %object.name,
+                reason,
+                "event series limit reached; this event is not recorded"
+            );
+            return None;
+        }
+        let id = self.next_id;
+        self.next_id += 1;
+        let name = self.event_name(object, first);
+        self.series.insert(
+            id,
+            Series {
+                object: object.clone(),
+                type_,
+                reason: reason.to_string(),
+                condition,
+                contributors: BTreeMap::new(),
+                count: 0,
+                message: String::new(),
+                first,
+                last: first,
+                name,
+                written: None,
+                sending: None,
+                last_write: None,
+                closed: false,
+                in_flight: false,
+            },
+        );
+        Some(id)
+    }
+
+    /// `<object>.<hex nanoseconds>` like client-go, unique per recorder.
+    pub(super) fn event_name(&mut self, object: &ObjectRef, at: SystemTime) -> String {
+        self.name_seq += 1;
+        let nanos = at
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        format!("{}.{:x}", object.name, nanos.wrapping_add(self.name_seq))
+    }
+
+    fn close(&mut self, id: SeriesId) {
+        let Some(s) = self.series.get_mut(&id) else {
+            return;
+        };
+        s.closed = true;
+        let key = (s.object.clone(), s.condition.0, s.condition.1.clone());
+        if self.open.get(&key) == Some(&id) {
+            self.open.remove(&key);
+        }
+    }
+
+    /// Drops closed series the server has in full, and series that never
+    /// got anything to say.
+    pub(super) fn gc(&mut self) {
+        let done: Vec<SeriesId> = self
+            .series
+            .iter()
+            .filter(|(_, s)| s.closed && !s.in_flight && (!s.dirty() || s.count == 0))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in done {
+            self.series.remove(&id);
+        }
+        let live: std::collections::HashSet<&ObjectRef> =
+            self.series.values().map(|s| &s.object).collect();
+        self.writes.retain(|o, _| live.contains(o));
+        self.held.retain(|o, _| live.contains(o));
+    }
+}
+
+/// Recomputes an open Warning series from its contributors: the largest
+/// count, and the message of the contributor that has it.
+fn refresh(s: &mut Series) {
+    let Some(top) = s
+        .contributors
+        .values()
+        .max_by(|a, b| (a.count, a.last).cmp(&(b.count, b.last)))
+    else {
+        return;
+    };
+    s.count = top.count;
+    s.last = s
+        .contributors
+        .values()
+        .map(|c| c.last)
+        .max()
+        .unwrap_or(s.last)
+        .max(s.first);
+    let targets: Vec<&Targets> = s.contributors.values().map(|c| &c.targets).collect();
+    s.message = clip(format!(
+        "{}: {} {}: {}",
+        match s.object.kind {
+            ObjectKind::Pod => top.targets.volume_phrase(),
+            ObjectKind::PersistentVolumeClaim => pods_phrase(&targets),
+        },
+        s.condition.0,
+        s.condition.1,
+        top.message
+    ));
+}
+
+fn unix_secs(t: SystemTime) -> u64 {
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
