@@ -23,8 +23,14 @@ pub mod source {
     /// `filemap:filemap_set_wb_err`: writeback failed; applications learn
     /// of it only if they fsync.
     pub const WRITEBACK_ERROR: u8 = 7;
+    /// `block:block_bio_complete` with error != 0 on a bio-based stacking
+    /// device (device-mapper, md): errors the layer raised itself (dm-flakey,
+    /// dm-error, a full thin pool, a failed array), which never become a
+    /// failed request. Errors passed up from a failed request below are not
+    /// counted again (see `stat::BIO_PROPAGATED`).
+    pub const BLOCK_BIO_ERROR: u8 = 8;
     /// One past the highest source number.
-    pub const COUNT: usize = 8;
+    pub const COUNT: usize = 9;
 }
 
 /// Block operation, decoded from the tracepoint's `rwbs` string.
@@ -148,7 +154,10 @@ pub mod stat {
     pub const COUNTER_MAP_FULL: u32 = 2;
     /// Repeated `filemap_set_wb_err` hits for an error already recorded.
     pub const WRITEBACK_REPEATS: u32 = 3;
-    pub const LEN: u32 = 4;
+    /// Failed bios of a stacking device that carried an error up from a
+    /// device below it, already counted there.
+    pub const BIO_PROPAGATED: u32 = 4;
+    pub const LEN: u32 = 5;
 }
 
 /// Partitions of one disk, so that the kernel can attribute a block error
@@ -248,7 +257,13 @@ pub mod field {
     pub const WB_ERR_INO: usize = 26;
     pub const WB_ERR_DEV: usize = 27;
     pub const WB_ERR_ERRSEQ: usize = 28;
-    pub const COUNT: usize = 29;
+    // block:block_bio_complete
+    pub const BIO_COMPLETE_DEV: usize = 29;
+    pub const BIO_COMPLETE_SECTOR: usize = 30;
+    pub const BIO_COMPLETE_NR_SECTOR: usize = 31;
+    pub const BIO_COMPLETE_ERROR: usize = 32;
+    pub const BIO_COMPLETE_RWBS: usize = 33;
+    pub const COUNT: usize = 34;
 }
 
 /// How `block_rq_complete` is used (kernel global `COMPLETE_MODE`).
@@ -259,6 +274,16 @@ pub mod complete_mode {
     pub const FLUSH_ONLY: u32 = 1;
     /// Every failed request: the fallback for kernels without `block_rq_error`.
     pub const ALL_ERRORS: u32 = 2;
+}
+
+/// Key of the kernel's `STACKED` set: `lower` is somewhere below `upper` in
+/// the device stack (a dm target's device, an md member, or a partition or
+/// disk beneath those), so a failed bio of `lower` can fail one of `upper`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct StackPair {
+    pub upper: u32,
+    pub lower: u32,
 }
 
 /// Kernel dev_t helpers (`MAJOR`/`MINOR`/`MKDEV` of include/linux/kdev_t.h).
@@ -284,6 +309,7 @@ mod pod {
     unsafe impl aya::Pod for super::CounterKey {}
     unsafe impl aya::Pod for super::PartTable {}
     unsafe impl aya::Pod for super::PartRange {}
+    unsafe impl aya::Pod for super::StackPair {}
 }
 
 #[cfg(test)]

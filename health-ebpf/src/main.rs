@@ -28,7 +28,7 @@ use aya_ebpf::{
 use aya_log_ebpf::debug;
 use health_common::{
     complete_mode, field, kdev, op, op_from_rwbs, source, stat, CounterKey, ErrorSample, PartTable,
-    DETAIL_LEN, RWBS_LEN,
+    StackPair, DETAIL_LEN, RWBS_LEN,
 };
 
 /// Byte offset of each tracepoint field, indexed by [`field`] slots.
@@ -71,6 +71,36 @@ static PARTITIONS: HashMap<u32, PartTable> = HashMap::with_max_entries(1024, 0);
 /// number.
 #[map]
 static BLOCK_DEVS: HashMap<u32, u8> = HashMap::with_max_entries(16384, 0);
+
+/// Bio-based stacking devices (device-mapper, md) and their partitions,
+/// kept current by userspace: only their failed bios are counted from
+/// `block_bio_complete`; every other device's failures are failed requests.
+#[map]
+static BIO_DEVS: HashMap<u32, u8> = HashMap::with_max_entries(4096, 0);
+
+/// (upper, lower) pairs of the device stack, kept current by userspace, so
+/// that a failed bio passed up from below is recognised as such.
+#[map]
+static STACKED: HashMap<StackPair, u8> = HashMap::with_max_entries(16384, 0);
+
+/// The last failed bio completion seen on this CPU.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct LastBioError {
+    mono_ns: u64,
+    pid_tgid: u64,
+    dev: u32,
+    _pad: u32,
+}
+
+#[map]
+static LAST_BIO_ERROR: PerCpuArray<LastBioError> = PerCpuArray::with_max_entries(1, 0);
+
+/// A stacking device completes the bio a failed lower bio belonged to in
+/// the same call chain (same CPU, same task context, microseconds later);
+/// this bounds how long after a lower failure an upper one counts as its
+/// echo, generously enough for an emulated CPU.
+const PROPAGATION_WINDOW_NS: u64 = 5_000_000;
 
 /// Per-device, per-CPU sample budget for the current one-second window.
 #[repr(C)]
@@ -360,6 +390,80 @@ pub fn block_rq_complete(ctx: TracePointContext) -> u32 {
     let flush_only = mode == complete_mode::FLUSH_ONLY;
     let _ = block_error(&ctx, source::BLOCK_RQ_COMPLETE, slots, flush_only);
     0
+}
+
+/// Runs on every bio completion of every layer, so it leaves as soon as it
+/// has read the error field: that is the whole cost on the healthy path.
+#[tracepoint]
+pub fn block_bio_complete(ctx: TracePointContext) -> u32 {
+    let _ = try_block_bio_complete(&ctx);
+    0
+}
+
+fn try_block_bio_complete(ctx: &TracePointContext) -> Option<()> {
+    let error: i32 = read(ctx, field::BIO_COMPLETE_ERROR)?;
+    if error == 0 {
+        return Some(());
+    }
+    let disk: u32 = read(ctx, field::BIO_COMPLETE_DEV)?;
+    let now = unsafe { bpf_ktime_get_ns() };
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let last = LAST_BIO_ERROR.get_ptr_mut(0)?;
+    // SAFETY: this CPU's slot.
+    let last = unsafe { &mut *last };
+    let echo = now.wrapping_sub(last.mono_ns) < PROPAGATION_WINDOW_NS
+        && last.pid_tgid == pid_tgid
+        && unsafe {
+            STACKED.get(&StackPair {
+                upper: disk,
+                lower: last.dev,
+            })
+        }
+        .is_some();
+    *last = LastBioError {
+        mono_ns: now,
+        pid_tgid,
+        dev: disk,
+        _pad: 0,
+    };
+    if unsafe { BIO_DEVS.get(disk) }.is_none() {
+        // A request-based device: its failure was a failed request.
+        return Some(());
+    }
+    if echo {
+        bump(stat::BIO_PROPAGATED);
+        return Some(());
+    }
+    let rwbs: [u8; RWBS_LEN] = read(ctx, field::BIO_COMPLETE_RWBS)?;
+    let nr_sectors: u32 = read(ctx, field::BIO_COMPLETE_NR_SECTOR)?;
+    let sector: u64 = read(ctx, field::BIO_COMPLETE_SECTOR)?;
+    let opcode = op_from_rwbs(&rwbs);
+    // Kernels before 5.12 report a partition's bio against its whole disk
+    // with an absolute sector; later ones name the partition already.
+    let dev = match unsafe { PARTITIONS.get(disk) } {
+        Some(table) => table.resolve(disk, sector),
+        None => disk,
+    };
+    let key = CounterKey::new(dev, source::BLOCK_BIO_ERROR, opcode, error.unsigned_abs());
+    if opcode == op::WRITE {
+        let last = LastWriteError {
+            mono_ns: now,
+            errno: key.errno,
+            _pad: 0,
+        };
+        let _ = LAST_WRITE_ERROR.insert(dev, &last, 0);
+    }
+    let details = Details {
+        raw_dev: disk,
+        sector,
+        nr_sectors,
+        ino: 0,
+        flags: 0,
+    };
+    let mut entry = record(ctx, key, details)?;
+    detail_mut(&mut entry)[..RWBS_LEN].copy_from_slice(&rwbs);
+    entry.submit(0);
+    Some(())
 }
 
 const NO_SECTOR: u64 = u64::MAX;

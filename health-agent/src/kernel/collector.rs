@@ -35,6 +35,9 @@ pub struct KernelStats {
     pub ringbuf_full: u64,
     pub counter_map_full: u64,
     pub writeback_repeats: u64,
+    /// Failed bios of a stacking device (dm, md) that carried up an error
+    /// already counted on a device below: the same failure, not counted twice.
+    pub bio_propagated: u64,
     /// Samples that arrived after a summary had already covered them.
     pub late_samples: u64,
     /// Program runs the kernel skipped (errors nothing counted); filled in
@@ -76,6 +79,8 @@ impl Collector {
             stats,
             partitions,
             block_devs,
+            bio_devs,
+            stacked,
         } = maps
             .take()
             .ok_or_else(|| io::Error::other("kernel maps already taken"))?;
@@ -97,6 +102,8 @@ impl Collector {
             KernelMapsRest {
                 partitions,
                 block_devs,
+                bio_devs,
+                stacked,
             },
         ))
     }
@@ -198,6 +205,7 @@ impl Collector {
             ringbuf_full: read(stat::RINGBUF_FULL)?,
             counter_map_full: read(stat::COUNTER_MAP_FULL)?,
             writeback_repeats: read(stat::WRITEBACK_REPEATS)?,
+            bio_propagated: read(stat::BIO_PROPAGATED)?,
             late_samples: self.late_samples,
             program_misses: 0,
         })
@@ -208,6 +216,10 @@ impl Collector {
 pub struct KernelMapsRest {
     pub partitions: aya::maps::HashMap<MapData, u32, health_common::PartTable>,
     pub block_devs: aya::maps::HashMap<MapData, u32, u8>,
+    /// Bio-based stacking devices whose failed bios are counted.
+    pub bio_devs: aya::maps::HashMap<MapData, u32, u8>,
+    /// Which devices sit below which, to recognise a failure passed up.
+    pub stacked: aya::maps::HashMap<MapData, health_common::StackPair, u8>,
 }
 
 fn decode(bytes: &[u8]) -> Option<ErrorSample> {

@@ -9,7 +9,8 @@ use serde::Serialize;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Kind {
-    /// A block request failed (`block_rq_error`, or `block_rq_complete`).
+    /// A block request failed (`block_rq_error`, or `block_rq_complete`), or
+    /// a stacking device failed a bio itself (`block_bio_complete`).
     BlockIoError,
     /// The filesystem reported an error or marked metadata corrupt.
     FsError,
@@ -22,7 +23,9 @@ pub enum Kind {
 impl Kind {
     pub fn of_source(src: u8) -> Kind {
         match src {
-            source::BLOCK_RQ_ERROR | source::BLOCK_RQ_COMPLETE => Kind::BlockIoError,
+            source::BLOCK_RQ_ERROR | source::BLOCK_RQ_COMPLETE | source::BLOCK_BIO_ERROR => {
+                Kind::BlockIoError
+            }
             source::EXT4_SHUTDOWN | source::XFS_SHUTDOWN => Kind::FsShutdown,
             source::WRITEBACK_ERROR => Kind::WritebackError,
             _ => Kind::FsError,
@@ -44,6 +47,7 @@ pub fn source_name(src: u8) -> &'static str {
     match src {
         source::BLOCK_RQ_ERROR => "block_rq_error",
         source::BLOCK_RQ_COMPLETE => "block_rq_complete",
+        source::BLOCK_BIO_ERROR => "block_bio_complete",
         source::EXT4_ERROR => "ext4_error",
         source::EXT4_SHUTDOWN => "ext4_shutdown",
         source::XFS_SHUTDOWN => "xfs_force_shutdown",

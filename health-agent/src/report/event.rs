@@ -83,7 +83,9 @@ fn text(bytes: &[u8]) -> Option<String> {
 fn detail(s: &ErrorSample) -> Option<String> {
     let t = text(&s.detail);
     match s.key.source {
-        source::BLOCK_RQ_ERROR | source::BLOCK_RQ_COMPLETE => t.map(|rwbs| format!("rwbs {rwbs}")),
+        source::BLOCK_RQ_ERROR | source::BLOCK_RQ_COMPLETE | source::BLOCK_BIO_ERROR => {
+            t.map(|rwbs| format!("rwbs {rwbs}"))
+        }
         source::EXT4_ERROR => t.map(|f| format!("{f}:{}", s.flags)),
         source::EXT4_SHUTDOWN => Some(format!("shutdown flags {:#x}", s.flags)),
         source::XFS_SHUTDOWN => Some(format!(

@@ -36,7 +36,7 @@ use std::path::PathBuf;
 
 pub use btrfs::BtrfsFilesystem;
 pub use mountinfo::{parse_mountinfo, read_mounts, MountEntry};
-pub use sysfs::{BlockDevice, Partition};
+pub use sysfs::{is_bio_based_stack, BlockDevice, Partition};
 pub use watcher::MountWatcher;
 
 use crate::dev::Dev;

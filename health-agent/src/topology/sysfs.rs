@@ -189,6 +189,16 @@ fn read_device(name: &str, dir: &Path) -> Result<BlockDevice, DeviceError> {
     })
 }
 
+/// Whether a whole disk is a bio-based stacking device: device-mapper or
+/// md without a request queue of its own (`mq/`). Such a layer can fail a
+/// bio by itself (dm-flakey, dm-error, a full thin pool, a failed array)
+/// without any request failing, so the kernel side watches its bios.
+/// Request-based dm (multipath) fails requests, which are seen already.
+pub fn is_bio_based_stack(sys_root: &Path, disk_name: &str) -> bool {
+    let dir = sys_root.join("class/block").join(disk_name);
+    (dir.join("dm").is_dir() || dir.join("md").is_dir()) && !dir.join("mq").exists()
+}
+
 /// `Some((number, start))` when the device is a partition.
 fn read_partition(dir: &Path) -> Result<Option<(u32, u64)>, DeviceError> {
     let number = match read_trimmed(&dir.join("partition")) {

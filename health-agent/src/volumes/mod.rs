@@ -25,6 +25,7 @@ mod index;
 pub mod kubelet;
 mod live;
 mod monitor;
+pub mod taxonomy;
 pub mod view;
 
 use std::path::{Path, PathBuf};
@@ -34,7 +35,8 @@ pub use csi::{CsiOutcome, CsiProber, CsiResult};
 pub use ext4::{ext4_error_evidence, Ext4Errors};
 pub use index::{IndexedVolume, VolumeIndex, VolumeKey};
 pub use live::{next_wake, Handled, LiveVolumes, LiveVolumesConfig, Wake, DEFAULT_CSI_INTERVAL};
-pub use monitor::{kernel_error_kind, run_checks, VolumeChanges, VolumeMonitor, CHECK_CONCURRENCY};
+pub use monitor::{run_checks, VolumeChanges, VolumeMonitor, CHECK_CONCURRENCY};
+pub use taxonomy::kernel_error_kind;
 
 /// The kubelet root to use for `watch`: the given one, else the default if
 /// this node has one. Canonicalized, because mountinfo shows real paths and

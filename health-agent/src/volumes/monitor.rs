@@ -6,9 +6,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use health_common::source;
-
 use super::index::{IndexedVolume, VolumeIndex, VolumeKey};
+use super::taxonomy::kernel_error_kind;
 use super::CsiOutcome;
 use crate::dev::Dev;
 use crate::kernel::clock::Clock;
@@ -20,19 +19,6 @@ use crate::volumes::conditions::{
     Change, ConditionConfig, CsiReport, KernelErrorKind, KernelErrors, Observation, VolumeHealth,
 };
 use crate::volumes::kubelet::VolumeMode;
-
-/// The kind of kernel evidence behind a tracepoint.
-pub fn kernel_error_kind(src: u8) -> KernelErrorKind {
-    match src {
-        source::BLOCK_RQ_ERROR | source::BLOCK_RQ_COMPLETE => KernelErrorKind::BlockIo,
-        source::WRITEBACK_ERROR => KernelErrorKind::Writeback,
-        source::XFS_CORRUPTION => KernelErrorKind::XfsCorruption,
-        source::EXT4_SHUTDOWN | source::XFS_SHUTDOWN => KernelErrorKind::Shutdown,
-        // EXT4_ERROR, and any source newer than this agent: a filesystem
-        // reported something, which is the least it can mean.
-        _ => KernelErrorKind::FilesystemError,
-    }
-}
 
 /// Kernel errors of one (kind, op, errno, device) for one volume since the
 /// last flush.
@@ -136,7 +122,11 @@ impl VolumeMonitor {
         if indices.is_empty() || e.count == 0 {
             return;
         }
-        let kind = kernel_error_kind(e.key.source);
+        // Counted and shown, but not evidence of ill health (EOPNOTSUPP of
+        // a discard, EAGAIN of nowait I/O): no condition.
+        let Some(kind) = kernel_error_kind(e.key.source, e.key.errno) else {
+            return;
+        };
         let op = op_name(e.key.op);
         let when = e
             .sample

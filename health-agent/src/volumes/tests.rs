@@ -490,23 +490,23 @@ fn csi_prober_speaks_each_generation_and_bounds_the_hung() {
 #[test]
 fn kernel_error_kinds() {
     assert_eq!(
-        kernel_error_kind(source::BLOCK_RQ_COMPLETE),
-        KernelErrorKind::BlockIo
+        kernel_error_kind(source::BLOCK_RQ_COMPLETE, 5),
+        Some(KernelErrorKind::BlockIo)
     );
     assert_eq!(
-        kernel_error_kind(source::EXT4_ERROR),
-        KernelErrorKind::FilesystemError
+        kernel_error_kind(source::EXT4_ERROR, 5),
+        Some(KernelErrorKind::FilesystemError)
     );
     assert_eq!(
-        kernel_error_kind(source::XFS_SHUTDOWN),
-        KernelErrorKind::Shutdown
+        kernel_error_kind(source::XFS_SHUTDOWN, 5),
+        Some(KernelErrorKind::Shutdown)
     );
     assert_eq!(
-        kernel_error_kind(source::XFS_CORRUPTION),
-        KernelErrorKind::XfsCorruption
+        kernel_error_kind(source::XFS_CORRUPTION, 5),
+        Some(KernelErrorKind::XfsCorruption)
     );
     assert_eq!(
-        kernel_error_kind(source::WRITEBACK_ERROR),
-        KernelErrorKind::Writeback
+        kernel_error_kind(source::WRITEBACK_ERROR, 5),
+        Some(KernelErrorKind::Writeback)
     );
 }

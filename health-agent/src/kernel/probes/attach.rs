@@ -7,7 +7,7 @@ use aya::{Ebpf, EbpfLoader};
 use health_common::{complete_mode, field};
 
 use super::errors::{classify_load_error, error_chain};
-use super::layout::{plan, BLOCK_RQ_COMPLETE, BLOCK_RQ_ERROR, FS_PROGRAMS};
+use super::layout::{plan, BLOCK_BIO_COMPLETE, BLOCK_RQ_COMPLETE, BLOCK_RQ_ERROR, FS_PROGRAMS};
 use super::preflight::{check_bpf, check_privileges};
 use super::{Attached, KernelMaps, ProbeError, ProbeOptions, SourceState, SourceStatus};
 use crate::kernel::tracefs::Tracefs;
@@ -87,7 +87,8 @@ pub fn attach(opts: &ProbeOptions) -> Result<(Attached, KernelMaps), ProbeError>
             state: SourceState::Missing { reason },
         }),
     }
-    for spec in FS_PROGRAMS {
+    // Sources that stand alone: attached when the kernel has them.
+    for spec in std::iter::once(&BLOCK_BIO_COMPLETE).chain(FS_PROGRAMS) {
         match plan(&tracefs, spec, &mut layout) {
             Ok((group, name)) => planned.push(Planned {
                 program: spec.program,
@@ -164,6 +165,8 @@ pub fn attach(opts: &ProbeOptions) -> Result<(Attached, KernelMaps), ProbeError>
         stats: take_map(&mut ebpf, "STATS")?,
         partitions: take_map(&mut ebpf, "PARTITIONS")?,
         block_devs: take_map(&mut ebpf, "BLOCK_DEVS")?,
+        bio_devs: take_map(&mut ebpf, "BIO_DEVS")?,
+        stacked: take_map(&mut ebpf, "STACKED")?,
     };
     Ok((
         Attached {

@@ -66,6 +66,25 @@ pub(super) const BLOCK_RQ_COMPLETE: ProgramSpec = ProgramSpec {
     ],
 };
 
+/// Every bio completion of every layer; the program counts failed bios of
+/// bio-based dm/md devices only (see `health_common::source::BLOCK_BIO_ERROR`).
+pub(super) const BLOCK_BIO_COMPLETE: ProgramSpec = ProgramSpec {
+    program: "block_bio_complete",
+    tracepoints: &[("block", "block_bio_complete")],
+    fields: &[
+        exact(field::BIO_COMPLETE_DEV, "dev", &[4]),
+        exact(field::BIO_COMPLETE_SECTOR, "sector", &[8]),
+        exact(field::BIO_COMPLETE_NR_SECTOR, "nr_sector", &[4]),
+        exact(field::BIO_COMPLETE_ERROR, "error", &[4]),
+        FieldSpec {
+            slot: field::BIO_COMPLETE_RWBS,
+            name: "rwbs",
+            sizes: &[],
+            min_size: Some(8),
+        },
+    ],
+};
+
 pub(super) const FS_PROGRAMS: &[ProgramSpec] = &[
     ProgramSpec {
         program: "ext4_error",

@@ -22,7 +22,7 @@ use std::path::PathBuf;
 
 use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, PerCpuHashMap, RingBuf};
 use aya::Ebpf;
-use health_common::{CounterKey, PartTable};
+use health_common::{CounterKey, PartTable, StackPair};
 
 pub use attach::attach;
 pub use errors::ProbeError;
@@ -96,6 +96,8 @@ pub struct KernelMaps {
     pub stats: PerCpuArray<MapData, u64>,
     pub partitions: BpfHashMap<MapData, u32, PartTable>,
     pub block_devs: BpfHashMap<MapData, u32, u8>,
+    pub bio_devs: BpfHashMap<MapData, u32, u8>,
+    pub stacked: BpfHashMap<MapData, StackPair, u8>,
 }
 
 /// Loaded and attached programs. Dropping `Attached` detaches them; the maps

@@ -164,6 +164,11 @@ impl Metrics {
                 prev.program_misses,
                 s.program_misses,
             ),
+            (
+                &self.bio_errors_passed_up,
+                prev.bio_propagated,
+                s.bio_propagated,
+            ),
         ] {
             let grown = if now >= before { now - before } else { now };
             if grown > 0 {
@@ -263,6 +268,7 @@ mod tests {
             ringbuf_full: ring,
             counter_map_full: full,
             writeback_repeats: wb,
+            bio_propagated: 0,
             late_samples: 99,
             program_misses: wb + 1,
         };

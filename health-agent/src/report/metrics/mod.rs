@@ -74,6 +74,7 @@ pub struct Metrics {
     counter_map_full: Counter,
     writeback_repeats_merged: Counter,
     kernel_program_misses: Counter,
+    bio_errors_passed_up: Counter,
     /// The last cumulative stats seen, for deltas.
     last_stats: Mutex<Option<KernelStats>>,
 
@@ -125,6 +126,7 @@ impl Metrics {
             counter_map_full: Counter::default(),
             writeback_repeats_merged: Counter::default(),
             kernel_program_misses: Counter::default(),
+            bio_errors_passed_up: Counter::default(),
             last_stats: Mutex::default(),
             api_requests: Family::default(),
             events_written: Family::default(),
@@ -179,6 +181,11 @@ impl Metrics {
             "kernel_program_misses",
             "Runs of the agent's kernel programs the kernel skipped because another BPF program was running on that CPU: errors not in any count",
             self.kernel_program_misses.clone(),
+        );
+        r.register(
+            "bio_errors_passed_up",
+            "Failed bios of a dm/md device that carried up the failure of a request below, counted there and not again",
+            self.bio_errors_passed_up.clone(),
         );
         r.register(
             "api_requests",

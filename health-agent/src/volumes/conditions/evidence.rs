@@ -14,8 +14,23 @@ use crate::dev::Dev;
 /// Kinds of kernel evidence the eBPF collector counts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 pub enum KernelErrorKind {
-    /// Failed block requests (`block_rq_error`).
+    /// Failed block requests or bios (`block_rq_error`, `block_bio_complete`)
+    /// without a more specific errno: `EIO`, a target error.
     BlockIo,
+    /// `ENODATA`: the medium failed (unreadable or unwritable sectors).
+    MediumError,
+    /// `EILSEQ`: protection information did not match (DIF/DIX, dm-integrity).
+    IntegrityError,
+    /// `ETIMEDOUT`: commands timed out.
+    Timeout,
+    /// `ENOLINK`: the transport (link, path) failed.
+    TransportError,
+    /// `ENODEV`, `ENXIO`: the device went offline.
+    DeviceOffline,
+    /// `EBADE`: another initiator holds a reservation.
+    ReservationConflict,
+    /// `ENOSPC`: the backing store is out of space (a full thin pool).
+    OutOfSpace,
     /// Writeback errors recorded on a mapping (`filemap_set_wb_err`): data an
     /// application believed written is lost.
     Writeback,
@@ -30,17 +45,30 @@ pub enum KernelErrorKind {
 impl KernelErrorKind {
     pub fn status(self) -> Status {
         match self {
-            KernelErrorKind::BlockIo => Status::Degraded,
+            KernelErrorKind::BlockIo | KernelErrorKind::OutOfSpace => Status::Degraded,
             KernelErrorKind::Writeback
             | KernelErrorKind::FilesystemError
-            | KernelErrorKind::XfsCorruption => Status::DataLoss,
-            KernelErrorKind::Shutdown => Status::Inaccessible,
+            | KernelErrorKind::XfsCorruption
+            | KernelErrorKind::MediumError
+            | KernelErrorKind::IntegrityError => Status::DataLoss,
+            KernelErrorKind::Shutdown
+            | KernelErrorKind::Timeout
+            | KernelErrorKind::TransportError
+            | KernelErrorKind::DeviceOffline
+            | KernelErrorKind::ReservationConflict => Status::Inaccessible,
         }
     }
 
     pub fn reason(self) -> &'static str {
         match self {
             KernelErrorKind::BlockIo => "BlockIOErrors",
+            KernelErrorKind::MediumError => "MediumErrors",
+            KernelErrorKind::IntegrityError => "IntegrityErrors",
+            KernelErrorKind::Timeout => "IOTimeouts",
+            KernelErrorKind::TransportError => "TransportErrors",
+            KernelErrorKind::DeviceOffline => "DeviceOffline",
+            KernelErrorKind::ReservationConflict => "ReservationConflict",
+            KernelErrorKind::OutOfSpace => "OutOfSpace",
             KernelErrorKind::Writeback => "WritebackErrors",
             KernelErrorKind::FilesystemError => "FilesystemErrors",
             KernelErrorKind::XfsCorruption => "FilesystemCorruption",
@@ -53,6 +81,20 @@ impl KernelErrorKind {
         match self {
             KernelErrorKind::BlockIo if one => "block I/O error",
             KernelErrorKind::BlockIo => "block I/O errors",
+            KernelErrorKind::MediumError if one => "medium error",
+            KernelErrorKind::MediumError => "medium errors",
+            KernelErrorKind::IntegrityError if one => "integrity error",
+            KernelErrorKind::IntegrityError => "integrity errors",
+            KernelErrorKind::Timeout if one => "I/O timeout",
+            KernelErrorKind::Timeout => "I/O timeouts",
+            KernelErrorKind::TransportError if one => "transport error",
+            KernelErrorKind::TransportError => "transport errors",
+            KernelErrorKind::DeviceOffline if one => "I/O error of an offline device",
+            KernelErrorKind::DeviceOffline => "I/O errors of an offline device",
+            KernelErrorKind::ReservationConflict if one => "reservation conflict",
+            KernelErrorKind::ReservationConflict => "reservation conflicts",
+            KernelErrorKind::OutOfSpace if one => "out-of-space error",
+            KernelErrorKind::OutOfSpace => "out-of-space errors",
             KernelErrorKind::Writeback if one => "writeback error",
             KernelErrorKind::Writeback => "writeback errors",
             KernelErrorKind::FilesystemError if one => "filesystem error",

@@ -6,11 +6,9 @@
 //! [`crate::volumes`] (pod volumes and their conditions) → a
 //! [`Reporter`] (`report::watch::View` prints, `k8s::report` writes Events).
 
-use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use health_common::{PartRange, PartTable, MAX_PARTITIONS};
 use tokio::signal::unix::{signal, SignalKind};
 
 use crate::dev::Dev;
@@ -18,6 +16,8 @@ use crate::kernel::clock::Clock;
 use crate::kernel::collector::{Collector, KernelError, KernelMapsRest};
 use crate::kernel::probes::{self, ProbeOptions, SourceState};
 use crate::report::Reporter;
+
+mod kernel_maps;
 use crate::topology::{HostPaths, MountWatcher, Topology};
 use crate::volumes::{self, Handled, LiveVolumes, LiveVolumesConfig};
 
@@ -59,7 +59,7 @@ pub async fn run<R: Reporter>(opts: AgentOptions, mut reporter: R) -> anyhow::Re
     let (mut collector, mut rest) =
         Collector::new(&mut maps).context("setting up the sample reader")?;
     let mut topo = Topology::scan(&opts.host).context("reading the device topology")?;
-    sync_kernel_maps(&topo, &mut rest);
+    kernel_maps::sync(&topo, &opts.host, &mut rest);
     let mut mounts = MountWatcher::new(&opts.host).context("watching the mount table")?;
     let clock = Clock::new();
     let mut vols = opts.volumes.clone().map(|cfg| LiveVolumes::new(cfg, &topo));
@@ -225,7 +225,7 @@ async fn sleep_until(deadline: Option<tokio::time::Instant>) {
 fn rescan_topology(host: &HostPaths, old: Topology, rest: &mut KernelMapsRest) -> Topology {
     match Topology::scan(host) {
         Ok(t) => {
-            sync_kernel_maps(&t, rest);
+            kernel_maps::sync(&t, host, rest);
             t
         }
         Err(e) => {
@@ -233,69 +233,5 @@ fn rescan_topology(host: &HostPaths, old: Topology, rest: &mut KernelMapsRest) -
             tracing::warn!("rescanning the device topology failed, keeping the previous view: {e}");
             old
         }
-    }
-}
-
-/// Writes partition tables and the set of block devices into the kernel
-/// maps, so that the kernel attributes errors to partitions and recognises
-/// block-device inodes. Stale entries are removed.
-pub fn sync_kernel_maps(topo: &Topology, rest: &mut KernelMapsRest) {
-    let mut wanted_disks = HashSet::new();
-    for disk in topo.disks() {
-        let parts = topo.partitions(disk.dev);
-        if parts.is_empty() {
-            continue;
-        }
-        if parts.len() > MAX_PARTITIONS {
-            tracing::warn!(
-                disk = %disk.name,
-                partitions = parts.len(),
-                "more partitions than the kernel table holds; errors beyond the first {MAX_PARTITIONS} count against the whole disk"
-            );
-        }
-        let mut table = PartTable::EMPTY;
-        for (slot, p) in parts
-            .iter()
-            .filter_map(|p| p.partition.as_ref().map(|x| (p.dev, x)))
-            .take(MAX_PARTITIONS)
-            .enumerate()
-        {
-            let (dev, part) = p;
-            table.parts[slot] = PartRange {
-                start: part.start,
-                end: part.start.saturating_add(part.sectors),
-                dev: dev.to_kernel(),
-                _pad: 0,
-            };
-            table.count = slot as u32 + 1;
-        }
-        let key = disk.dev.to_kernel();
-        wanted_disks.insert(key);
-        if rest.partitions.get(&key, 0).ok() != Some(table) {
-            if let Err(e) = rest.partitions.insert(key, table, 0) {
-                tracing::warn!(disk = %disk.name, "updating the kernel partition table failed: {e}");
-            }
-        }
-    }
-    let stale: Vec<u32> = rest
-        .partitions
-        .keys()
-        .filter_map(Result::ok)
-        .filter(|k| !wanted_disks.contains(k))
-        .collect();
-    for k in stale {
-        let _ = rest.partitions.remove(&k);
-    }
-
-    let wanted_devs: HashSet<u32> = topo.devices().iter().map(|d| d.dev.to_kernel()).collect();
-    let present: HashSet<u32> = rest.block_devs.keys().filter_map(Result::ok).collect();
-    for k in wanted_devs.difference(&present) {
-        if let Err(e) = rest.block_devs.insert(*k, 1, 0) {
-            tracing::warn!(dev = %Dev::from_kernel(*k), "updating the kernel device set failed: {e}");
-            break;
-        }
-    }
-    for k in present.difference(&wanted_devs) {
-        let _ = rest.block_devs.remove(k);
     }
 }
