@@ -8,7 +8,7 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 use health_agent::agent::{self, AgentOptions};
 use health_agent::dev::Dev;
-use health_agent::kernel::probes::{ProbeError, ProbeOptions};
+use health_agent::kernel::probes::{BioErrors, ProbeError, ProbeOptions};
 use health_agent::report::watch::View;
 use health_agent::topology::HostPaths;
 use health_agent::volumes::checks::CheckConfig;
@@ -86,6 +86,10 @@ struct KernelArgs {
     /// Samples per device per second per CPU (counting is never limited).
     #[arg(long, default_value_t = 100)]
     sample_rate: u32,
+    /// Errors raised inside device-mapper and md (block_bio_complete, which runs on every bio):
+    /// attached once such a device exists (auto), at start (always), or not at all (never).
+    #[arg(long, value_enum, default_value_t = BioErrors::Auto)]
+    bio_errors: BioErrors,
 }
 
 #[derive(clap::Args)]
@@ -263,6 +267,7 @@ fn probe_options(args: &KernelArgs, host: &HostPaths) -> ProbeOptions {
         proc_root: host.proc_root.clone(),
         flush_errors: args.flush_errors,
         samples_per_sec: args.sample_rate,
+        bio_errors: args.bio_errors,
     }
 }
 

@@ -16,7 +16,7 @@ use crate::topology::{is_bio_based_stack, HostPaths, Topology};
 /// recognise block-device inodes), the bio-based stacking devices and which
 /// device sits below which (to count a layer's own failed bios once).
 /// Stale entries are removed.
-pub fn sync(topo: &Topology, host: &HostPaths, rest: &mut KernelMapsRest) {
+pub fn sync(topo: &Topology, host: &HostPaths, rest: &mut KernelMapsRest) -> Synced {
     let mut wanted_disks = HashSet::new();
     for disk in topo.disks() {
         let parts = topo.partitions(disk.dev);
@@ -66,12 +66,20 @@ pub fn sync(topo: &Topology, host: &HostPaths, rest: &mut KernelMapsRest) {
 
     let wanted_devs: HashSet<u32> = topo.devices().iter().map(|d| d.dev.to_kernel()).collect();
     replace_set(&mut rest.block_devs, &wanted_devs, "device set");
-    sync_stacks(topo, host, rest);
+    Synced {
+        bio_based: sync_stacks(topo, host, rest),
+    }
+}
+
+/// What the topology held that the kernel side must know of.
+pub struct Synced {
+    /// Bio-based dm/md devices (with their partitions).
+    pub bio_based: usize,
 }
 
 /// `BIO_DEVS`: every bio-based dm/md device and its partitions. `STACKED`:
 /// (upper, lower) for every device and each device built on it.
-fn sync_stacks(topo: &Topology, host: &HostPaths, rest: &mut KernelMapsRest) {
+fn sync_stacks(topo: &Topology, host: &HostPaths, rest: &mut KernelMapsRest) -> usize {
     let bio_based: HashSet<u32> = topo
         .devices()
         .iter()
@@ -93,6 +101,7 @@ fn sync_stacks(topo: &Topology, host: &HostPaths, rest: &mut KernelMapsRest) {
         }
     }
     replace_set(&mut rest.stacked, &pairs, "device stack");
+    bio_based.len()
 }
 
 /// Only these names can be dm or md; the sysfs check is for those alone.

@@ -59,7 +59,9 @@ pub async fn run<R: Reporter>(opts: AgentOptions, mut reporter: R) -> anyhow::Re
     let (mut collector, mut rest) =
         Collector::new(&mut maps).context("setting up the sample reader")?;
     let mut topo = Topology::scan(&opts.host).context("reading the device topology")?;
-    kernel_maps::sync(&topo, &opts.host, &mut rest);
+    if kernel_maps::sync(&topo, &opts.host, &mut rest).bio_based > 0 {
+        attached.attach_bio_errors();
+    }
     let mut mounts = MountWatcher::new(&opts.host).context("watching the mount table")?;
     let clock = Clock::new();
     let mut vols = opts.volumes.clone().map(|cfg| LiveVolumes::new(cfg, &topo));
@@ -97,13 +99,13 @@ pub async fn run<R: Reporter>(opts: AgentOptions, mut reporter: R) -> anyhow::Re
                 reporter.kernel_stats(&stats);
             }
             _ = rescan.tick() => {
-                topo = rescan_topology(&opts.host, topo, &mut rest);
+                topo = rescan_topology(&opts.host, topo, &mut rest, &mut attached);
                 last_rescan = Instant::now();
                 if let Some(v) = &mut vols { v.topology_changed(&topo) }
             }
             r = mounts.changed() => {
                 r.context("watching the mount table")?;
-                topo = rescan_topology(&opts.host, topo, &mut rest);
+                topo = rescan_topology(&opts.host, topo, &mut rest, &mut attached);
                 last_rescan = Instant::now();
                 // A mount change usually means kubelet set a volume up or tore one down.
                 if let Some(v) = &mut vols { v.rediscover(&topo) }
@@ -119,7 +121,7 @@ pub async fn run<R: Reporter>(opts: AgentOptions, mut reporter: R) -> anyhow::Re
         if batch.iter().any(|e| is_unknown_block_device(&topo, e))
             && last_rescan.elapsed() >= MIN_RESCAN_GAP
         {
-            topo = rescan_topology(&opts.host, topo, &mut rest);
+            topo = rescan_topology(&opts.host, topo, &mut rest, &mut attached);
             last_rescan = Instant::now();
             if let Some(v) = &mut vols {
                 v.topology_changed(&topo)
@@ -222,10 +224,17 @@ async fn sleep_until(deadline: Option<tokio::time::Instant>) {
     }
 }
 
-fn rescan_topology(host: &HostPaths, old: Topology, rest: &mut KernelMapsRest) -> Topology {
+fn rescan_topology(
+    host: &HostPaths,
+    old: Topology,
+    rest: &mut KernelMapsRest,
+    attached: &mut probes::Attached,
+) -> Topology {
     match Topology::scan(host) {
         Ok(t) => {
-            kernel_maps::sync(&t, host, rest);
+            if kernel_maps::sync(&t, host, rest).bio_based > 0 {
+                attached.attach_bio_errors();
+            }
             t
         }
         Err(e) => {

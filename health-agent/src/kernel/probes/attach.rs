@@ -9,7 +9,9 @@ use health_common::{complete_mode, field};
 use super::errors::{classify_load_error, error_chain};
 use super::layout::{plan, BLOCK_BIO_COMPLETE, BLOCK_RQ_COMPLETE, BLOCK_RQ_ERROR, FS_PROGRAMS};
 use super::preflight::{check_bpf, check_privileges};
-use super::{Attached, KernelMaps, ProbeError, ProbeOptions, SourceState, SourceStatus};
+use super::{
+    Attached, BioErrors, KernelMaps, ProbeError, ProbeOptions, SourceState, SourceStatus,
+};
 use crate::kernel::tracefs::Tracefs;
 
 /// The kernel object, built by `cargo xtask build` and embedded here so the
@@ -87,8 +89,37 @@ pub fn attach(opts: &ProbeOptions) -> Result<(Attached, KernelMaps), ProbeError>
             state: SourceState::Missing { reason },
         }),
     }
+    let bio = plan(&tracefs, &BLOCK_BIO_COMPLETE, &mut layout);
+    let mut bio_deferred = None;
+    match (bio, opts.bio_errors) {
+        (Ok((group, name)), BioErrors::Always) => planned.push(Planned {
+            program: BLOCK_BIO_COMPLETE.program,
+            group,
+            name,
+            note: None,
+        }),
+        (Ok(found), BioErrors::Auto) => {
+            bio_deferred = Some(found);
+            sources.push(SourceStatus {
+                program: BLOCK_BIO_COMPLETE.program,
+                state: SourceState::Disabled {
+                    reason: "no bio-based dm/md device yet; attached when one appears".into(),
+                },
+            });
+        }
+        (Ok(_), BioErrors::Never) => sources.push(SourceStatus {
+            program: BLOCK_BIO_COMPLETE.program,
+            state: SourceState::Disabled {
+                reason: "--bio-errors never".into(),
+            },
+        }),
+        (Err(reason), _) => sources.push(SourceStatus {
+            program: BLOCK_BIO_COMPLETE.program,
+            state: SourceState::Missing { reason },
+        }),
+    }
     // Sources that stand alone: attached when the kernel has them.
-    for spec in std::iter::once(&BLOCK_BIO_COMPLETE).chain(FS_PROGRAMS) {
+    for spec in FS_PROGRAMS {
         match plan(&tracefs, spec, &mut layout) {
             Ok((group, name)) => planned.push(Planned {
                 program: spec.program,
@@ -119,21 +150,7 @@ pub fn attach(opts: &ProbeOptions) -> Result<(Attached, KernelMaps), ProbeError>
     };
 
     for p in planned {
-        let program: &mut TracePoint = ebpf
-            .program_mut(p.program)
-            .ok_or_else(|| ProbeError::Program {
-                program: p.program,
-                detail: "not in the object".into(),
-            })?
-            .try_into()
-            .map_err(|e: aya::programs::ProgramError| ProbeError::Program {
-                program: p.program,
-                detail: e.to_string(),
-            })?;
-        let tracepoint = format!("{}:{}", p.group, p.name);
-        let outcome = program
-            .load()
-            .and_then(|()| program.attach(p.group, p.name).map(|_| ()));
+        let outcome = attach_loaded(&mut ebpf, p.program, p.group, p.name);
         let mut note = p.note;
         if outcome.is_ok() && p.program == "filemap_set_wb_err" {
             if let Err(why) = attach_writeback_errno(&mut ebpf) {
@@ -143,10 +160,8 @@ pub fn attach(opts: &ProbeOptions) -> Result<(Attached, KernelMaps), ProbeError>
         sources.push(SourceStatus {
             program: p.program,
             state: match outcome {
-                Ok(()) => SourceState::Active { tracepoint, note },
-                Err(e) => SourceState::Missing {
-                    reason: format!("attaching {tracepoint}: {}", error_chain(&e)),
-                },
+                Ok(tracepoint) => SourceState::Active { tracepoint, note },
+                Err(reason) => SourceState::Missing { reason },
             },
         });
     }
@@ -173,9 +188,30 @@ pub fn attach(opts: &ProbeOptions) -> Result<(Attached, KernelMaps), ProbeError>
             ebpf,
             logger,
             sources,
+            bio_deferred,
         },
         maps,
     ))
+}
+
+/// Loads one tracepoint program of the object and attaches it to
+/// `group:name`; returns the tracepoint's name, or why it failed.
+pub(super) fn attach_loaded(
+    ebpf: &mut Ebpf,
+    program: &'static str,
+    group: &str,
+    name: &str,
+) -> Result<String, String> {
+    let tracepoint = format!("{group}:{name}");
+    let prog: &mut TracePoint = ebpf
+        .program_mut(program)
+        .ok_or_else(|| format!("{program} is not in the kernel object"))?
+        .try_into()
+        .map_err(|e: aya::programs::ProgramError| format!("{program}: {e}"))?;
+    prog.load()
+        .and_then(|()| prog.attach(group, name).map(|_| ()))
+        .map_err(|e| format!("attaching {tracepoint}: {}", error_chain(&e)))?;
+    Ok(tracepoint)
 }
 
 /// The writeback tracepoint shows errseq from before the update, so the

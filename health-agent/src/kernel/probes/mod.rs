@@ -38,6 +38,22 @@ pub struct ProbeOptions {
     pub flush_errors: bool,
     /// Samples per device per second per CPU; counting is never limited.
     pub samples_per_sec: u32,
+    /// When to watch bios of device-mapper and md devices.
+    pub bio_errors: BioErrors,
+}
+
+/// `block_bio_complete` fires for every bio of every layer, so it costs on
+/// the healthy path (as `--flush-errors` does; see BENCHMARKS.md). It is only
+/// needed where bio-based dm/md devices exist.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum BioErrors {
+    /// Attached once the first bio-based dm or md device appears.
+    #[default]
+    Auto,
+    /// Attached at start.
+    Always,
+    /// Never attached: errors raised inside dm/md go unseen.
+    Never,
 }
 
 impl Default for ProbeOptions {
@@ -47,6 +63,7 @@ impl Default for ProbeOptions {
             proc_root: PathBuf::from("/proc"),
             flush_errors: false,
             samples_per_sec: 100,
+            bio_errors: BioErrors::Auto,
         }
     }
 }
@@ -100,15 +117,45 @@ pub struct KernelMaps {
     pub stacked: BpfHashMap<MapData, StackPair, u8>,
 }
 
+const BIO_PROGRAM: &str = "block_bio_complete";
+
 /// Loaded and attached programs. Dropping `Attached` detaches them; the maps
 /// stay readable afterwards so the last counts can be collected.
 pub struct Attached {
     ebpf: Ebpf,
     logger: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
     pub sources: Vec<SourceStatus>,
+    /// `block_bio_complete`, loaded and waiting for its first dm/md device.
+    bio_deferred: Option<(&'static str, &'static str)>,
 }
 
 impl Attached {
+    /// Attaches the deferred `block_bio_complete` program (see
+    /// [`BioErrors::Auto`]); the first call does the work, later ones
+    /// nothing. The program stays attached from then on: devices come and
+    /// go, and attaching costs a tracepoint enable each time.
+    pub fn attach_bio_errors(&mut self) {
+        let Some((group, name)) = self.bio_deferred.take() else {
+            return;
+        };
+        let state = match attach::attach_loaded(&mut self.ebpf, BIO_PROGRAM, group, name) {
+            Ok(tracepoint) => {
+                tracing::info!("active   {tracepoint} (a bio-based dm/md device appeared)");
+                SourceState::Active {
+                    tracepoint,
+                    note: None,
+                }
+            }
+            Err(reason) => {
+                tracing::warn!("missing  {BIO_PROGRAM}: {reason}");
+                SourceState::Missing { reason }
+            }
+        };
+        if let Some(s) = self.sources.iter_mut().find(|s| s.program == BIO_PROGRAM) {
+            s.state = state;
+        }
+    }
+
     /// Forwards kernel debug log records (aya-log) to the tracing output.
     pub fn flush_kernel_log(&mut self) {
         if let Some(logger) = &mut self.logger {
