@@ -1,7 +1,7 @@
 //! Real-kernel test harness for volume-health.
 //!
 //! Real storage errors without device-mapper or fault injection: the `faultdisk` binary
-//! (src/bin/faultdisk.rs) serves a disk image over FUSE and fails chosen requests with
+//! (src/bin/faultdisk/) serves a disk image over FUSE and fails chosen requests with
 //! chosen errnos; a loop device with direct I/O over that image turns them into genuine
 //! block-layer errors, with every tracepoint firing as on hardware.
 //!
