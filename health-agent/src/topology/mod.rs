@@ -30,7 +30,7 @@ mod watcher;
 #[cfg(test)]
 mod real_tests;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::io;
 use std::path::PathBuf;
 
@@ -134,6 +134,9 @@ pub struct Topology {
     fs_members: HashMap<Dev, Vec<Dev>>,
     /// Block device -> btrfs filesystems (their fs devs) living on it.
     fs_on_device: HashMap<Dev, Vec<Dev>>,
+    /// md arrays with redundancy (raid1/4/5/6/10): a member's failure is
+    /// masked by the array, which keeps serving.
+    redundant_arrays: HashSet<Dev>,
 }
 
 impl Topology {
@@ -145,7 +148,10 @@ impl Topology {
         let devices = sysfs::scan_block_devices(&paths.sys_root)?;
         let table = mountinfo::read_mount_table(paths)?;
         let btrfs = btrfs::discover(&table.entries, &table.root, &paths.sys_root);
-        Ok(Self::from_parts(devices, table.entries).with_btrfs(btrfs))
+        let redundant = sysfs::redundant_arrays(&paths.sys_root, &devices);
+        Ok(Self::from_parts(devices, table.entries)
+            .with_btrfs(btrfs)
+            .with_redundant_arrays(redundant))
     }
 
     /// Builds a snapshot from given parts (unit tests, benchmarks). No
@@ -208,6 +214,23 @@ impl Topology {
 
     /// Adds btrfs filesystems (as [`Topology::scan`] discovers them) so that
     /// subvolume devs and member devices find their mounts.
+    /// Marks md arrays that survive a member's failure (see
+    /// [`Topology::is_redundant_array`]).
+    pub fn with_redundant_arrays(mut self, arrays: Vec<Dev>) -> Topology {
+        self.redundant_arrays = arrays.into_iter().collect();
+        self
+    }
+
+    /// Whether `dev` is an md array with redundancy: errors of its members
+    /// are evidence of lost redundancy, not of lost data.
+    pub fn is_redundant_array(&self, dev: Dev) -> bool {
+        self.redundant_arrays.contains(&dev)
+    }
+
+    pub fn has_redundant_arrays(&self) -> bool {
+        !self.redundant_arrays.is_empty()
+    }
+
     pub fn with_btrfs(mut self, filesystems: Vec<BtrfsFilesystem>) -> Topology {
         for fs in &filesystems {
             for &sub in &fs.subvolume_devs {

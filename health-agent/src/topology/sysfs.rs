@@ -199,6 +199,24 @@ pub fn is_bio_based_stack(sys_root: &Path, disk_name: &str) -> bool {
     (dir.join("dm").is_dir() || dir.join("md").is_dir()) && !dir.join("mq").exists()
 }
 
+/// The md arrays among `devices` whose level keeps data available when a
+/// member fails (`md/level` is raid1, raid4, raid5, raid6 or raid10).
+pub(crate) fn redundant_arrays(sys_root: &Path, devices: &[BlockDevice]) -> Vec<Dev> {
+    devices
+        .iter()
+        .filter(|d| d.whole_disk.is_none() && d.name.starts_with("md"))
+        .filter(|d| {
+            let level = sys_root.join("class/block").join(&d.name).join("md/level");
+            let level = read_trimmed(&level).unwrap_or_default();
+            matches!(
+                level.as_str(),
+                "raid1" | "raid4" | "raid5" | "raid6" | "raid10"
+            )
+        })
+        .map(|d| d.dev)
+        .collect()
+}
+
 /// `Some((number, start))` when the device is a partition.
 fn read_partition(dir: &Path) -> Result<Option<(u32, u64)>, DeviceError> {
     let number = match read_trimmed(&dir.join("partition")) {

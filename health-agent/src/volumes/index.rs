@@ -2,7 +2,7 @@
 //! number to every pod volume stacked on it. Rebuilt from a fresh topology
 //! and kubelet discovery whenever either changes; read on every error.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ffi::OsStr;
 
 use serde::Serialize;
@@ -54,6 +54,9 @@ pub struct VolumeIndex {
     by_dev: HashMap<Dev, Box<[u32]>>,
     /// Kernel names of the devices in `by_dev`, for messages.
     names: HashMap<Dev, String>,
+    /// (error device, volume index) where the error reaches the volume
+    /// through a redundant md array above the device: the array masks it.
+    via_redundancy: HashSet<(Dev, u32)>,
 }
 
 impl VolumeIndex {
@@ -149,6 +152,7 @@ impl VolumeIndex {
             by_dev.insert(dev, reached.as_slice().into());
         }
         by_dev.shrink_to_fit();
+        let via_redundancy = masked_by_arrays(topo, &by_dev);
         let names = by_dev
             .keys()
             .filter_map(|d| topo.device(*d).map(|info| (*d, info.name.clone())))
@@ -158,7 +162,14 @@ impl VolumeIndex {
             by_key,
             by_dev,
             names,
+            via_redundancy,
         }
+    }
+
+    /// Whether an error on `dev` reaches volume `index` only through a
+    /// redundant md array (a member failed, the array still serves).
+    pub fn via_redundant_array(&self, dev: Dev, index: u32) -> bool {
+        !self.via_redundancy.is_empty() && self.via_redundancy.contains(&(dev, index))
     }
 
     /// Indices (into [`VolumeIndex::volumes`]) of the volumes an error on
@@ -208,4 +219,24 @@ impl VolumeIndex {
     pub fn device_count(&self) -> usize {
         self.by_dev.len()
     }
+}
+
+/// For every device below a redundant md array, the volumes on or above that
+/// array. Empty (and free) on hosts without such arrays.
+fn masked_by_arrays(topo: &Topology, by_dev: &HashMap<Dev, Box<[u32]>>) -> HashSet<(Dev, u32)> {
+    let mut masked = HashSet::new();
+    if !topo.has_redundant_arrays() {
+        return masked;
+    }
+    for &dev in by_dev.keys() {
+        for array in topo.stacked_above(dev).into_iter().skip(1) {
+            if !topo.is_redundant_array(array) {
+                continue;
+            }
+            for &i in by_dev.get(&array).map_or(&[][..], |v| v) {
+                masked.insert((dev, i));
+            }
+        }
+    }
+    masked
 }

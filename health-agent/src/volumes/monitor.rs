@@ -136,6 +136,11 @@ impl VolumeMonitor {
             let Some(state) = self.states.get_mut(i as usize) else {
                 continue;
             };
+            let kind = if self.index.via_redundant_array(dev, i) {
+                KernelErrorKind::ArrayMemberErrors
+            } else {
+                kind
+            };
             if state.pending.is_empty() {
                 self.dirty.push(i);
             }

@@ -510,3 +510,83 @@ fn kernel_error_kinds() {
         Some(KernelErrorKind::Writeback)
     );
 }
+
+#[test]
+fn member_errors_of_a_redundant_array_degrade_the_volume_above_it() {
+    const SDB1: Dev = Dev::new(8, 17);
+    const MD0: Dev = Dev::new(9, 0);
+    const MD1: Dev = Dev::new(9, 1);
+    let member = |dev, name, array| BlockDevice {
+        holders: vec![array],
+        ..disk(dev, name)
+    };
+    let array = |dev, name, slaves| BlockDevice {
+        slaves,
+        ..disk(dev, name)
+    };
+    // md0: raid1 over sda1 + sdb1; md1: raid0 over sda2 (no redundancy).
+    let topo = Topology::from_parts(
+        vec![
+            member(SDA1, "sda1", MD0),
+            member(SDB1, "sdb1", MD0),
+            member(SDA2, "sda2", MD1),
+            array(MD0, "md0", vec![SDA1, SDB1]),
+            array(MD1, "md1", vec![SDA2]),
+        ],
+        vec![],
+    )
+    .with_redundant_arrays(vec![MD0]);
+    let resolved = vec![
+        (volume("mirrored", "pv-md0", VolumeMode::Block), Some(MD0)),
+        (volume("striped", "pv-md1", VolumeMode::Block), Some(MD1)),
+    ];
+    let idx = VolumeIndex::from_resolved(&topo, resolved);
+    let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+    let medium = |dev: Dev, src| KernelError {
+        key: CounterKey::new(dev.to_kernel(), src, op::READ, libc::ENODATA as u32),
+        count: 3,
+        sample: None,
+    };
+
+    let mut m = VolumeMonitor::new(idx.clone(), ConditionConfig::default());
+    m.record(&medium(SDB1, source::BLOCK_RQ_ERROR), t0);
+    m.record(&medium(SDA2, source::BLOCK_RQ_ERROR), t0);
+    assert_eq!(
+        raised(&m.flush_kernel(t0)),
+        [
+            (
+                "mirrored".into(),
+                Status::Degraded,
+                "ArrayMemberErrors".into()
+            ),
+            ("striped".into(), Status::DataLoss, "MediumErrors".into()),
+        ]
+    );
+
+    // The array itself failing a bio is the array's own error.
+    let mut m = VolumeMonitor::new(idx, ConditionConfig::default());
+    m.record(&medium(MD0, source::BLOCK_BIO_ERROR), t0);
+    assert_eq!(
+        raised(&m.flush_kernel(t0)),
+        [("mirrored".into(), Status::DataLoss, "MediumErrors".into())]
+    );
+}
+
+#[test]
+fn unsupported_operations_raise_nothing() {
+    let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+    let mut m = VolumeMonitor::new(index(), ConditionConfig::default());
+    let discard = KernelError {
+        key: CounterKey::new(
+            SDA1.to_kernel(),
+            source::BLOCK_RQ_ERROR,
+            op::DISCARD,
+            libc::EOPNOTSUPP as u32,
+        ),
+        count: 36,
+        sample: None,
+    };
+    m.record(&discard, t0);
+    assert!(!m.has_pending());
+    assert!(m.flush_kernel(t0).is_empty());
+}

@@ -9,9 +9,7 @@ use health_common::{complete_mode, field};
 use super::errors::{classify_load_error, error_chain};
 use super::layout::{plan, BLOCK_BIO_COMPLETE, BLOCK_RQ_COMPLETE, BLOCK_RQ_ERROR, FS_PROGRAMS};
 use super::preflight::{check_bpf, check_privileges};
-use super::{
-    Attached, BioErrors, KernelMaps, ProbeError, ProbeOptions, SourceState, SourceStatus,
-};
+use super::{Attached, BioErrors, KernelMaps, ProbeError, ProbeOptions, SourceState, SourceStatus};
 use crate::kernel::tracefs::Tracefs;
 
 /// The kernel object, built by `cargo xtask build` and embedded here so the

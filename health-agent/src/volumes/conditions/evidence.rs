@@ -31,6 +31,9 @@ pub enum KernelErrorKind {
     ReservationConflict,
     /// `ENOSPC`: the backing store is out of space (a full thin pool).
     OutOfSpace,
+    /// Any failure of a member of a redundant md array below the volume:
+    /// the array keeps serving, with less redundancy.
+    ArrayMemberErrors,
     /// Writeback errors recorded on a mapping (`filemap_set_wb_err`): data an
     /// application believed written is lost.
     Writeback,
@@ -45,7 +48,9 @@ pub enum KernelErrorKind {
 impl KernelErrorKind {
     pub fn status(self) -> Status {
         match self {
-            KernelErrorKind::BlockIo | KernelErrorKind::OutOfSpace => Status::Degraded,
+            KernelErrorKind::BlockIo
+            | KernelErrorKind::OutOfSpace
+            | KernelErrorKind::ArrayMemberErrors => Status::Degraded,
             KernelErrorKind::Writeback
             | KernelErrorKind::FilesystemError
             | KernelErrorKind::XfsCorruption
@@ -69,6 +74,7 @@ impl KernelErrorKind {
             KernelErrorKind::DeviceOffline => "DeviceOffline",
             KernelErrorKind::ReservationConflict => "ReservationConflict",
             KernelErrorKind::OutOfSpace => "OutOfSpace",
+            KernelErrorKind::ArrayMemberErrors => "ArrayMemberErrors",
             KernelErrorKind::Writeback => "WritebackErrors",
             KernelErrorKind::FilesystemError => "FilesystemErrors",
             KernelErrorKind::XfsCorruption => "FilesystemCorruption",
@@ -95,6 +101,8 @@ impl KernelErrorKind {
             KernelErrorKind::ReservationConflict => "reservation conflicts",
             KernelErrorKind::OutOfSpace if one => "out-of-space error",
             KernelErrorKind::OutOfSpace => "out-of-space errors",
+            KernelErrorKind::ArrayMemberErrors if one => "error of a redundant array's member",
+            KernelErrorKind::ArrayMemberErrors => "errors of a redundant array's members",
             KernelErrorKind::Writeback if one => "writeback error",
             KernelErrorKind::Writeback => "writeback errors",
             KernelErrorKind::FilesystemError if one => "filesystem error",
