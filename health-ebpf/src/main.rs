@@ -333,12 +333,39 @@ fn block_error(
     }
     let disk: u32 = read(ctx, dev_slot)?;
     let sector: u64 = read(ctx, sector_slot)?;
-    let dev = match unsafe { PARTITIONS.get(disk) } {
-        Some(table) => table.resolve(disk, sector),
-        None => disk,
+    let failed = FailedBlock {
+        disk,
+        sector,
+        nr_sectors,
+        opcode,
+        errno: error.unsigned_abs(),
+        rwbs,
     };
-    let key = CounterKey::new(dev, src, opcode, error.unsigned_abs());
-    if opcode == op::WRITE {
+    count_block_error(ctx, src, failed)
+}
+
+/// One failed request or bio, as its tracepoint showed it.
+struct FailedBlock {
+    disk: u32,
+    sector: u64,
+    nr_sectors: u32,
+    opcode: u8,
+    errno: u32,
+    rwbs: [u8; RWBS_LEN],
+}
+
+/// Resolves the partition, remembers a failed write's errno for writeback
+/// errors, counts the error and samples it.
+#[inline(always)]
+fn count_block_error(ctx: &TracePointContext, src: u8, f: FailedBlock) -> Option<()> {
+    // The tracepoints name the whole disk with an absolute sector (bios of
+    // kernels since 5.12 name the partition already, which resolves to itself).
+    let dev = match unsafe { PARTITIONS.get(f.disk) } {
+        Some(table) => table.resolve(f.disk, f.sector),
+        None => f.disk,
+    };
+    let key = CounterKey::new(dev, src, f.opcode, f.errno);
+    if f.opcode == op::WRITE {
         let last = LastWriteError {
             mono_ns: unsafe { bpf_ktime_get_ns() },
             errno: key.errno,
@@ -347,14 +374,14 @@ fn block_error(
         let _ = LAST_WRITE_ERROR.insert(dev, &last, 0);
     }
     let details = Details {
-        raw_dev: disk,
-        sector,
-        nr_sectors,
+        raw_dev: f.disk,
+        sector: f.sector,
+        nr_sectors: f.nr_sectors,
         ino: 0,
         flags: 0,
     };
     let mut entry = record(ctx, key, details)?;
-    detail_mut(&mut entry)[..RWBS_LEN].copy_from_slice(&rwbs);
+    detail_mut(&mut entry)[..RWBS_LEN].copy_from_slice(&f.rwbs);
     entry.submit(0);
     Some(())
 }
@@ -437,33 +464,15 @@ fn try_block_bio_complete(ctx: &TracePointContext) -> Option<()> {
     let rwbs: [u8; RWBS_LEN] = read(ctx, field::BIO_COMPLETE_RWBS)?;
     let nr_sectors: u32 = read(ctx, field::BIO_COMPLETE_NR_SECTOR)?;
     let sector: u64 = read(ctx, field::BIO_COMPLETE_SECTOR)?;
-    let opcode = op_from_rwbs(&rwbs);
-    // Kernels before 5.12 report a partition's bio against its whole disk
-    // with an absolute sector; later ones name the partition already.
-    let dev = match unsafe { PARTITIONS.get(disk) } {
-        Some(table) => table.resolve(disk, sector),
-        None => disk,
-    };
-    let key = CounterKey::new(dev, source::BLOCK_BIO_ERROR, opcode, error.unsigned_abs());
-    if opcode == op::WRITE {
-        let last = LastWriteError {
-            mono_ns: now,
-            errno: key.errno,
-            _pad: 0,
-        };
-        let _ = LAST_WRITE_ERROR.insert(dev, &last, 0);
-    }
-    let details = Details {
-        raw_dev: disk,
+    let failed = FailedBlock {
+        disk,
         sector,
         nr_sectors,
-        ino: 0,
-        flags: 0,
+        opcode: op_from_rwbs(&rwbs),
+        errno: error.unsigned_abs(),
+        rwbs,
     };
-    let mut entry = record(ctx, key, details)?;
-    detail_mut(&mut entry)[..RWBS_LEN].copy_from_slice(&rwbs);
-    entry.submit(0);
-    Some(())
+    count_block_error(ctx, source::BLOCK_BIO_ERROR, failed)
 }
 
 const NO_SECTOR: u64 = u64::MAX;

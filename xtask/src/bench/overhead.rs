@@ -221,6 +221,9 @@ pub fn run(tools: &Tools, cfg: &Config) -> Result<OverheadResult> {
     for (name, extra) in [
         ("default", &[][..]),
         ("--flush-errors", &["--flush-errors"][..]),
+        // What a host with dm/md devices pays: block_bio_complete attached
+        // (it is otherwise attached only once such a device appears).
+        ("--bio-errors always", &["--bio-errors", "always"][..]),
     ] {
         let args = agent_args(extra);
         let mut rounds = Vec::new();

@@ -32,38 +32,59 @@ pub(super) struct ProgramSpec {
     fields: &'static [FieldSpec],
 }
 
-pub(super) const BLOCK_RQ_ERROR: ProgramSpec = ProgramSpec {
-    program: "block_rq_error",
-    tracepoints: &[("block", "block_rq_error")],
-    fields: &[
-        exact(field::RQ_ERROR_DEV, "dev", &[4]),
-        exact(field::RQ_ERROR_SECTOR, "sector", &[8]),
-        exact(field::RQ_ERROR_NR_SECTOR, "nr_sector", &[4]),
-        exact(field::RQ_ERROR_ERROR, "error", &[4]),
+/// The fields every block tracepoint program reads, the same names in
+/// `block_rq_error`, `block_rq_complete` and `block_bio_complete`, each in
+/// its own slots. `slots`: dev, sector, nr_sector, error, rwbs.
+const fn block_fields(slots: [usize; 5]) -> [FieldSpec; 5] {
+    let [dev, sector, nr_sector, error, rwbs] = slots;
+    [
+        exact(dev, "dev", &[4]),
+        exact(sector, "sector", &[8]),
+        exact(nr_sector, "nr_sector", &[4]),
+        exact(error, "error", &[4]),
         FieldSpec {
-            slot: field::RQ_ERROR_RWBS,
+            slot: rwbs,
             name: "rwbs",
             sizes: &[],
             min_size: Some(8),
         },
-    ],
+    ]
+}
+
+const RQ_ERROR_FIELDS: [FieldSpec; 5] = block_fields([
+    field::RQ_ERROR_DEV,
+    field::RQ_ERROR_SECTOR,
+    field::RQ_ERROR_NR_SECTOR,
+    field::RQ_ERROR_ERROR,
+    field::RQ_ERROR_RWBS,
+]);
+
+const RQ_COMPLETE_FIELDS: [FieldSpec; 5] = block_fields([
+    field::RQ_COMPLETE_DEV,
+    field::RQ_COMPLETE_SECTOR,
+    field::RQ_COMPLETE_NR_SECTOR,
+    field::RQ_COMPLETE_ERROR,
+    field::RQ_COMPLETE_RWBS,
+]);
+
+const BIO_COMPLETE_FIELDS: [FieldSpec; 5] = block_fields([
+    field::BIO_COMPLETE_DEV,
+    field::BIO_COMPLETE_SECTOR,
+    field::BIO_COMPLETE_NR_SECTOR,
+    field::BIO_COMPLETE_ERROR,
+    field::BIO_COMPLETE_RWBS,
+]);
+
+pub(super) const BLOCK_RQ_ERROR: ProgramSpec = ProgramSpec {
+    program: "block_rq_error",
+    tracepoints: &[("block", "block_rq_error")],
+    fields: &RQ_ERROR_FIELDS,
 };
 
 pub(super) const BLOCK_RQ_COMPLETE: ProgramSpec = ProgramSpec {
     program: "block_rq_complete",
     tracepoints: &[("block", "block_rq_complete")],
-    fields: &[
-        exact(field::RQ_COMPLETE_DEV, "dev", &[4]),
-        exact(field::RQ_COMPLETE_SECTOR, "sector", &[8]),
-        exact(field::RQ_COMPLETE_NR_SECTOR, "nr_sector", &[4]),
-        exact(field::RQ_COMPLETE_ERROR, "error", &[4]),
-        FieldSpec {
-            slot: field::RQ_COMPLETE_RWBS,
-            name: "rwbs",
-            sizes: &[],
-            min_size: Some(8),
-        },
-    ],
+    fields: &RQ_COMPLETE_FIELDS,
 };
 
 /// Every bio completion of every layer; the program counts failed bios of
@@ -71,18 +92,7 @@ pub(super) const BLOCK_RQ_COMPLETE: ProgramSpec = ProgramSpec {
 pub(super) const BLOCK_BIO_COMPLETE: ProgramSpec = ProgramSpec {
     program: "block_bio_complete",
     tracepoints: &[("block", "block_bio_complete")],
-    fields: &[
-        exact(field::BIO_COMPLETE_DEV, "dev", &[4]),
-        exact(field::BIO_COMPLETE_SECTOR, "sector", &[8]),
-        exact(field::BIO_COMPLETE_NR_SECTOR, "nr_sector", &[4]),
-        exact(field::BIO_COMPLETE_ERROR, "error", &[4]),
-        FieldSpec {
-            slot: field::BIO_COMPLETE_RWBS,
-            name: "rwbs",
-            sizes: &[],
-            min_size: Some(8),
-        },
-    ],
+    fields: &BIO_COMPLETE_FIELDS,
 };
 
 pub(super) const FS_PROGRAMS: &[ProgramSpec] = &[
