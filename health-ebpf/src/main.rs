@@ -315,6 +315,11 @@ fn block_error(
     if error == 0 {
         return Some(());
     }
+    let disk: u32 = read(ctx, dev_slot)?;
+    // A failed request's bios complete without block_bio_complete (the
+    // request was traced), so the request itself is what a stacking device
+    // above may echo.
+    note_failure(disk);
     let rwbs: [u8; RWBS_LEN] = read(ctx, rwbs_slot)?;
     let nr_sectors: u32 = read(ctx, nr_slot)?;
     let mut opcode = op_from_rwbs(&rwbs);
@@ -331,7 +336,6 @@ fn block_error(
     if flush_only && opcode != op::FLUSH {
         return Some(());
     }
-    let disk: u32 = read(ctx, dev_slot)?;
     let sector: u64 = read(ctx, sector_slot)?;
     let failed = FailedBlock {
         disk,
@@ -419,6 +423,50 @@ pub fn block_rq_complete(ctx: TracePointContext) -> u32 {
     0
 }
 
+/// Records a failed request or bio of `dev` as this CPU's last failure and
+/// says whether it echoes the previous one: a failure of a device below
+/// `dev`, completed in the same call chain (same CPU, same task, moments
+/// before), which a stacking layer is now passing up.
+#[inline(always)]
+fn note_failure(dev: u32) -> bool {
+    let now = unsafe { bpf_ktime_get_ns() };
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let Some(last) = LAST_BIO_ERROR.get_ptr_mut(0) else {
+        return false;
+    };
+    // SAFETY: this CPU's slot.
+    let last = unsafe { &mut *last };
+    let echo = now.wrapping_sub(last.mono_ns) < PROPAGATION_WINDOW_NS
+        && last.pid_tgid == pid_tgid
+        && unsafe {
+            STACKED.get(&StackPair {
+                upper: dev,
+                lower: last.dev,
+            })
+        }
+        .is_some();
+    *last = LastBioError {
+        mono_ns: now,
+        pid_tgid,
+        dev,
+        _pad: 0,
+    };
+    echo
+}
+
+/// `A` among rwbs's flag letters: a readahead request.
+#[inline(always)]
+fn is_readahead(rwbs: &[u8; RWBS_LEN]) -> bool {
+    let mut i = 1;
+    while i < RWBS_LEN {
+        if rwbs[i] == b'A' {
+            return true;
+        }
+        i += 1;
+    }
+    false
+}
+
 /// Runs on every bio completion of every layer, so it leaves as soon as it
 /// has read the error field: that is the whole cost on the healthy path.
 #[tracepoint]
@@ -433,26 +481,7 @@ fn try_block_bio_complete(ctx: &TracePointContext) -> Option<()> {
         return Some(());
     }
     let disk: u32 = read(ctx, field::BIO_COMPLETE_DEV)?;
-    let now = unsafe { bpf_ktime_get_ns() };
-    let pid_tgid = bpf_get_current_pid_tgid();
-    let last = LAST_BIO_ERROR.get_ptr_mut(0)?;
-    // SAFETY: this CPU's slot.
-    let last = unsafe { &mut *last };
-    let echo = now.wrapping_sub(last.mono_ns) < PROPAGATION_WINDOW_NS
-        && last.pid_tgid == pid_tgid
-        && unsafe {
-            STACKED.get(&StackPair {
-                upper: disk,
-                lower: last.dev,
-            })
-        }
-        .is_some();
-    *last = LastBioError {
-        mono_ns: now,
-        pid_tgid,
-        dev: disk,
-        _pad: 0,
-    };
+    let echo = note_failure(disk);
     if unsafe { BIO_DEVS.get(disk) }.is_none() {
         // A request-based device: its failure was a failed request.
         return Some(());
@@ -462,6 +491,11 @@ fn try_block_bio_complete(ctx: &TracePointContext) -> Option<()> {
         return Some(());
     }
     let rwbs: [u8; RWBS_LEN] = read(ctx, field::BIO_COMPLETE_RWBS)?;
+    if is_readahead(&rwbs) {
+        // Readahead is best effort: a layer may fail it by design (dm-zero)
+        // and the kernel retries the pages as ordinary reads, which count.
+        return Some(());
+    }
     let nr_sectors: u32 = read(ctx, field::BIO_COMPLETE_NR_SECTOR)?;
     let sector: u64 = read(ctx, field::BIO_COMPLETE_SECTOR)?;
     let failed = FailedBlock {

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -35,6 +35,8 @@ pub struct Agent {
     seen: Vec<Value>,
     stdout_reader: Option<JoinHandle<Result<()>>>,
     stderr_reader: Option<JoinHandle<String>>,
+    /// Everything printed on stderr so far, for waiting on a log line.
+    stderr_live: Arc<Mutex<String>>,
 }
 
 /// What a stopped agent reported.
@@ -91,6 +93,8 @@ impl Agent {
             Ok(())
         });
         let (ready_tx, ready_rx) = mpsc::channel();
+        let stderr_live = Arc::new(Mutex::new(String::new()));
+        let live = Arc::clone(&stderr_live);
         let stderr_reader = std::thread::spawn(move || {
             let mut text = String::new();
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
@@ -99,6 +103,10 @@ impl Agent {
                 }
                 text.push_str(&line);
                 text.push('\n');
+                if let Ok(mut l) = live.lock() {
+                    l.push_str(&line);
+                    l.push('\n');
+                }
             }
             text
         });
@@ -108,6 +116,7 @@ impl Agent {
             seen: Vec::new(),
             stdout_reader: Some(stdout_reader),
             stderr_reader: Some(stderr_reader),
+            stderr_live,
         };
         if ready_rx.recv_timeout(READY_TIMEOUT).is_err() {
             let run = agent.stop()?;
@@ -139,6 +148,26 @@ impl Agent {
                 return sum;
             }
             self.pump(Duration::from_millis(50));
+        }
+    }
+
+    /// Waits until the agent's stderr contains `needle` (e.g. a source it
+    /// attaches later), or `timeout` passes; returns whether it did.
+    pub fn wait_for_log(&self, needle: &str, timeout: Duration) -> bool {
+        let start = Instant::now();
+        loop {
+            if self
+                .stderr_live
+                .lock()
+                .map(|s| s.contains(needle))
+                .unwrap_or(false)
+            {
+                return true;
+            }
+            if start.elapsed() >= timeout {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(50));
         }
     }
 

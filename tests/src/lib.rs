@@ -30,6 +30,7 @@
 pub mod agent;
 pub mod apiserver;
 pub mod cmd;
+pub mod devices;
 pub mod faultdisk;
 pub mod fs;
 pub mod protocol;

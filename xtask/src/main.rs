@@ -12,6 +12,7 @@ mod demo;
 mod k8s_tools;
 mod kind;
 mod util;
+mod vm;
 
 use std::process::ExitCode;
 
@@ -48,6 +49,8 @@ enum Command {
     Tools,
     /// End to end in a kind cluster: image, deploy/, a failing disk, Events (needs docker, kind, kubectl).
     Kind(kind::KindArgs),
+    /// Run a command (default: the kernel test binaries) on Debian's 5.10, 6.1 or 6.12 under QEMU, or on `host`.
+    Vm(vm::VmArgs),
 }
 
 fn main() -> ExitCode {
@@ -63,6 +66,7 @@ fn main() -> ExitCode {
             println!("KUBECTL_BIN={}", t.kubectl.display());
         }),
         Command::Kind(args) => kind::run(&args),
+        Command::Vm(args) => vm::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

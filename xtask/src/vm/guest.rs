@@ -1,0 +1,388 @@
+//! Booting a kernel under QEMU (TCG) with virtme-ng and running a script in
+//! it, with the script's output and exit code brought back to the host.
+//!
+//! virtme-ng boots the kernel with the host's root filesystem shared
+//! read-only (writable overlays on /etc, /tmp, /var, ...), so the host's
+//! binaries, test executables and tools run inside unchanged. Its console
+//! and exit code are not a reliable channel for the guest command's output
+//! (its serial channels did not show up here and `vng` exits 255 whatever
+//! the command did), so the script writes stdout, stderr, a start marker
+//! and its exit status into a `--rwdir` directory, which the host follows
+//! while the guest runs.
+
+use std::fs::{self, File};
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+
+use super::kernels::Kernel;
+use super::tools::Tools;
+use crate::util::{run, say};
+
+/// A Debian kernel reaches the script in 20-60 s under TCG on this machine
+/// kind (measured; more on a busy host); far beyond that it is stuck, and
+/// the console tail says where.
+const BOOT_LIMIT: Duration = Duration::from_secs(300);
+/// How long the guest may take to power off once the script is done.
+const POWEROFF_LIMIT: Duration = Duration::from_secs(60);
+/// Loaded before the command, as on a host that has used them: the agent
+/// attaches ext4 and xfs tracepoints only if their modules are loaded when
+/// it starts, and the tests' loop devices and FUSE servers expect
+/// /dev/loop-control and /dev/fuse. (udev runs in the guest, but only loads
+/// drivers for devices it finds.) btrfs autoloads at its first mount.
+const PRELOAD_MODULES: &[&str] = &["loop", "fuse", "ext4", "xfs"];
+/// A sparse ext4 disk for TMPDIR (see `scratch_disk`).
+const SCRATCH_SIZE: &str = "8G";
+/// Where the guest mounts it: a tmpfs there already, so nothing of the
+/// host's is hidden (the host's /tmp stays visible in the guest).
+const SCRATCH_MOUNT: &str = "/var/tmp";
+
+/// Environment variables for the command, in order.
+pub type Env = Vec<(String, String)>;
+
+/// One command of the guest script, run in `cwd`.
+pub struct Step {
+    pub label: String,
+    pub cwd: PathBuf,
+    pub argv: Vec<String>,
+}
+
+pub struct Machine {
+    pub memory: String,
+    pub cpus: u32,
+    pub timeout: Duration,
+}
+
+/// The shell script the guest runs: load modules, run each step with its
+/// output in files, write the exit status last.
+fn script(dir: &Path, steps: &[Step], env: &Env) -> String {
+    let d = quote(&dir.to_string_lossy());
+    let mut s = String::from("#!/bin/sh\n# written by `cargo xtask vm`\n");
+    s.push_str(&format!("exec > {d}/stdout 2> {d}/stderr\n"));
+    // virtme-ng-init starts the host's systemd-udevd, which the host itself
+    // does not run: it probes every block device a writer closes, so a test
+    // that fails a disk saw reads it never made (a_vanished_disk: 6 failed
+    // reads instead of 2). Stopped, the guest is like the host the suite
+    // is written for; devtmpfs still creates the device nodes.
+    s.push_str("udevadm control --exit 2>/dev/null\n");
+    // The only virtio disk is the scratch disk.
+    s.push_str(&format!(
+        "if modprobe -q virtio_blk && mount -t ext4 /dev/vda {m}; then chmod 1777 {m}; export TMPDIR={m}; \
+         else echo 'xtask vm: no scratch disk; temporary files stay in memory' >&2; fi\n",
+        m = SCRATCH_MOUNT
+    ));
+    s.push_str(&format!(
+        "for m in {}; do modprobe -q \"$m\" || echo \"xtask vm: modprobe $m failed\" >&2; done\n",
+        PRELOAD_MODULES.join(" ")
+    ));
+    // The guest counts as up once it is ready for the command.
+    s.push_str(&format!(": > {d}/started\n"));
+    for (key, value) in env {
+        s.push_str(&format!("export {key}={}\n", quote(value)));
+    }
+    s.push_str("status=0\n");
+    let announce = steps.len() > 1;
+    for step in steps {
+        let argv: Vec<String> = step.argv.iter().map(|a| quote(a)).collect();
+        let label = quote(&step.label);
+        if announce {
+            s.push_str(&format!("echo \"xtask vm: running \"{label} >&2\n"));
+        }
+        s.push_str("t0=$(date +%s.%N)\n");
+        s.push_str(&format!(
+            "(cd {} && exec {})\nrc=$?\n",
+            quote(&step.cwd.to_string_lossy()),
+            argv.join(" ")
+        ));
+        s.push_str("[ $rc -eq 0 ] || status=$rc\n");
+        if announce {
+            s.push_str(&format!(
+                "echo \"xtask vm: \"{label}\" exited with $rc after $(echo \"$t0 $(date +%s.%N)\" | awk '{{printf \"%.1f\", $2 - $1}}') s\" >&2\n"
+            ));
+        }
+    }
+    // Renamed into place, so the host never reads a half-written status.
+    s.push_str(&format!(
+        "echo $status > {d}/status.tmp && mv {d}/status.tmp {d}/status\n"
+    ));
+    s
+}
+
+/// Single-quotes `s` for sh.
+fn quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+/// What happened in the guest.
+pub struct Outcome {
+    pub exit_code: i32,
+    pub boot: Duration,
+    pub command: Duration,
+}
+
+/// Boots `kernel`, runs `steps` in it and relays their output live.
+pub fn run_in_guest(
+    tools: &Tools,
+    kernel: &Kernel,
+    machine: &Machine,
+    steps: &[Step],
+    env: &Env,
+) -> anyhow::Result<Outcome> {
+    let dir = tempfile::Builder::new()
+        .prefix("xtask-vm-")
+        .tempdir()
+        .context("creating the guest's shared directory")?;
+    let scratch = scratch_disk(dir.path())?;
+    let script_path = dir.path().join("run.sh");
+    fs::write(&script_path, script(dir.path(), steps, env))
+        .with_context(|| format!("writing {}", script_path.display()))?;
+    let console = dir.path().join("console.log");
+    let console_file =
+        File::create(&console).with_context(|| format!("creating {}", console.display()))?;
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let mut paths = vec![tools.venv_bin.clone()];
+    paths.extend(std::env::split_paths(&path));
+    let mut cmd = Command::new(&tools.vng);
+    cmd.arg("--run")
+        .arg(&kernel.vmlinuz)
+        // KVM guests hang on this machine kind (no working nested
+        // virtualization); TCG is slower but boots.
+        .arg("--disable-kvm")
+        .args(["--memory", &machine.memory])
+        .args(["--cpus", &machine.cpus.to_string()])
+        .arg("--rwdir")
+        .arg(dir.path())
+        // The kernel log goes to the console: what we show when the guest
+        // does not come up.
+        .arg("--verbose")
+        // One word with `=`: argparse would take a separate "-drive..."
+        // for an option of its own.
+        .arg(format!(
+            "--qemu-opts=-drive file={},if=virtio,format=raw,cache=unsafe",
+            scratch.display()
+        ))
+        .arg("--exec")
+        .arg(format!("sh {}", quote(&script_path.to_string_lossy())))
+        // vng starts virtme-run from PATH.
+        .env(
+            "PATH",
+            std::env::join_paths(paths).context("building PATH for vng")?,
+        )
+        .stdin(Stdio::null())
+        .stdout(
+            console_file
+                .try_clone()
+                .context("duplicating the console log")?,
+        )
+        .stderr(console_file);
+    say(format!(
+        "booting {} ({} {}) under QEMU TCG, {} vCPUs, {} memory, no network",
+        kernel.release, kernel.package, kernel.version, machine.cpus, machine.memory
+    ));
+    let start = Instant::now();
+    let mut child = cmd
+        .spawn()
+        .with_context(|| format!("starting {}", tools.vng.display()))?;
+    match follow(&mut child, dir.path(), machine.timeout, start) {
+        Ok(outcome) => Ok(outcome),
+        Err(e) => {
+            kill_tree(child.id());
+            let _ = child.wait();
+            // Keep the evidence: the script, the console and the output files.
+            let _ = fs::remove_file(&scratch);
+            let kept = dir.keep();
+            bail!(
+                "{e:#}\nthe guest's files are kept in {}; the last 40 lines of its console:\n{}",
+                kept.display(),
+                tail(&kept.join("console.log"), 40)
+            )
+        }
+    }
+}
+
+/// A sparse ext4 image for the guest's temporary files. virtme-ng's /tmp is
+/// an overlay whose upper layer is a tmpfs: it holds everything in guest
+/// memory, and a loop device over a file there fails write-zeroes requests
+/// (no FALLOC_FL_ZERO_RANGE), which the kernel tests would see as I/O errors
+/// the host never makes. ext4 behaves as the host's root does.
+fn scratch_disk(dir: &Path) -> anyhow::Result<PathBuf> {
+    let image = dir.join("scratch.img");
+    run(Command::new("truncate")
+        .args(["-s", SCRATCH_SIZE])
+        .arg(&image))
+    .context("creating the scratch disk image")?;
+    run(Command::new("mkfs.ext4")
+        .args(["-q", "-F", "-E", "nodiscard"])
+        .arg(&image))
+    .context("formatting the scratch disk (package e2fsprogs)")?;
+    Ok(image)
+}
+
+/// Relays the guest's output files until its status appears, watching the
+/// boot limit, the overall timeout and an early exit of QEMU.
+fn follow(
+    child: &mut Child,
+    dir: &Path,
+    timeout: Duration,
+    start: Instant,
+) -> anyhow::Result<Outcome> {
+    let mut out = Relay::new(dir.join("stdout"));
+    let mut err = Relay::new(dir.join("stderr"));
+    let mut booted: Option<Duration> = None;
+    loop {
+        std::thread::sleep(Duration::from_millis(200));
+        out.pump(&mut std::io::stdout())?;
+        err.pump(&mut std::io::stderr())?;
+        let elapsed = start.elapsed();
+        if booted.is_none() && dir.join("started").exists() {
+            booted = Some(elapsed);
+            say(format!("guest up after {:.1} s", elapsed.as_secs_f64()));
+        }
+        if let Ok(text) = fs::read_to_string(dir.join("status")) {
+            let exit_code: i32 = text
+                .trim()
+                .parse()
+                .with_context(|| format!("bad status file from the guest: {text:?}"))?;
+            let boot = booted.unwrap_or(elapsed);
+            let command = elapsed.saturating_sub(boot);
+            wait_poweroff(child);
+            out.pump(&mut std::io::stdout())?;
+            err.pump(&mut std::io::stderr())?;
+            return Ok(Outcome {
+                exit_code,
+                boot,
+                command,
+            });
+        }
+        if let Some(status) = child.try_wait().context("waiting for QEMU")? {
+            if dir.join("status").exists() {
+                continue; // written just before power-off: the next turn reads it
+            }
+            out.pump(&mut std::io::stdout())?;
+            err.pump(&mut std::io::stderr())?;
+            match booted {
+                None => bail!("QEMU exited ({status}) before the guest came up"),
+                Some(_) => bail!(
+                    "QEMU exited ({status}) before the command finished: the guest crashed, \
+                     panicked or ran out of memory"
+                ),
+            }
+        }
+        if booted.is_none() && elapsed > BOOT_LIMIT.min(timeout) {
+            bail!(
+                "the guest did not come up within {} s",
+                BOOT_LIMIT.min(timeout).as_secs()
+            );
+        }
+        if elapsed > timeout {
+            bail!(
+                "timed out after {} s (--timeout); the command was still running",
+                timeout.as_secs()
+            );
+        }
+    }
+}
+
+fn wait_poweroff(child: &mut Child) {
+    let deadline = Instant::now() + POWEROFF_LIMIT;
+    while Instant::now() < deadline {
+        if let Ok(Some(_)) = child.try_wait() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    say("the guest did not power off; stopping QEMU");
+    kill_tree(child.id());
+    let _ = child.wait();
+}
+
+/// SIGKILLs `pid` and everything it started (vng runs QEMU through a
+/// shell and virtme-run, so killing vng alone would leave QEMU running).
+pub fn kill_tree(pid: u32) {
+    let mut pids = vec![pid];
+    let mut i = 0;
+    while i < pids.len() {
+        let p = pids[i];
+        if let Ok(tasks) = fs::read_dir(format!("/proc/{p}/task")) {
+            for task in tasks.flatten() {
+                let children = fs::read_to_string(task.path().join("children")).unwrap_or_default();
+                pids.extend(
+                    children
+                        .split_whitespace()
+                        .filter_map(|c| c.parse::<u32>().ok()),
+                );
+            }
+        }
+        i += 1;
+    }
+    for p in pids {
+        // SAFETY: kill(2) with a pid we started or one of its descendants.
+        unsafe {
+            libc::kill(p as libc::pid_t, libc::SIGKILL);
+        }
+    }
+}
+
+/// Copies what a file gained since the last call to `to`.
+struct Relay {
+    path: PathBuf,
+    offset: u64,
+}
+
+impl Relay {
+    fn new(path: PathBuf) -> Relay {
+        Relay { path, offset: 0 }
+    }
+
+    fn pump(&mut self, to: &mut impl Write) -> anyhow::Result<()> {
+        let Ok(mut file) = File::open(&self.path) else {
+            return Ok(());
+        };
+        file.seek(SeekFrom::Start(self.offset))
+            .with_context(|| format!("reading {}", self.path.display()))?;
+        let mut buf = Vec::new();
+        file.read_to_end(&mut buf)
+            .with_context(|| format!("reading {}", self.path.display()))?;
+        self.offset += buf.len() as u64;
+        // A closed pipe on our side must not fail the run.
+        let _ = to.write_all(&buf);
+        let _ = to.flush();
+        Ok(())
+    }
+}
+
+fn tail(path: &Path, lines: usize) -> String {
+    let text = fs::read_to_string(path).unwrap_or_default();
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quoting_survives_single_quotes() {
+        assert_eq!(quote("it's"), r"'it'\''s'");
+    }
+
+    #[test]
+    fn script_writes_status_last() {
+        let steps = [Step {
+            label: "x".into(),
+            cwd: "/".into(),
+            argv: vec!["echo".into(), "a b".into()],
+        }];
+        let s = script(Path::new("/tmp/d"), &steps, &vec![("K".into(), "v".into())]);
+        assert!(s.contains("(cd '/' && exec 'echo' 'a b')"), "{s}");
+        assert!(
+            s.trim_end()
+                .ends_with("mv '/tmp/d'/status.tmp '/tmp/d'/status"),
+            "{s}"
+        );
+        assert!(s.contains("export K='v'"));
+    }
+}

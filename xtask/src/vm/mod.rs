@@ -1,0 +1,392 @@
+//! `cargo xtask vm`: run a command, or the real-kernel tests, on another
+//! kernel.
+//!
+//! The agent depends on what each kernel offers (tracepoints that come and
+//! go, field layouts, fentry support), and the host runs one kernel only.
+//! This boots Debian's 5.10, 6.1 or 6.12 under QEMU with the host's root
+//! filesystem shared, so the very binaries built here run inside:
+//!
+//! ```text
+//! cargo xtask vm --kernel 6.1                      # the kernel test binaries
+//! cargo xtask vm --kernel 5.10 --tests volumes     # another selection
+//! cargo xtask vm --kernel 6.12 -- target/release/health-agent watch --duration 5
+//! cargo xtask vm --kernel host -- ...              # the same, on this kernel, no VM
+//! ```
+//!
+//! Everything fetched (kernel packages, their images, the virtme-ng venv)
+//! is cached beside the eBPF toolchain, so only the first run downloads.
+
+mod apt;
+mod guest;
+mod kernels;
+mod tools;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use serde_json::Value;
+
+use crate::util::{cargo, is_root, say, workspace_root};
+use guest::{Env, Machine, Outcome, Step};
+use kernels::Series;
+
+/// Integration test binaries that drive the real kernel through the agent
+/// and count exactly: `kernel_errors` covers every kernel source (block,
+/// ext4, xfs, writeback, partitions, errnos, floods, flush). The other
+/// binaries under tests/tests/ can be chosen with `--tests`.
+const DEFAULT_TESTS: &str = "kernel_errors";
+
+#[derive(clap::Args)]
+pub struct VmArgs {
+    /// Kernel to run on: a Debian series booted under QEMU (5.10, 6.1, 6.12), or `host` (no VM).
+    #[arg(long, value_parser = parse_kernel)]
+    kernel: Target,
+    /// Test binaries to run when no COMMAND is given (comma-separated names of
+    /// integration tests, e.g. kernel_errors,volumes,faultdisk_selftest).
+    #[arg(long, value_delimiter = ',', default_value = DEFAULT_TESTS)]
+    tests: Vec<String>,
+    /// Only tests whose name contains this (passed to each test binary).
+    #[arg(long)]
+    filter: Option<String>,
+    /// Bound on the run, boot and command (not the host-side build), e.g. 90s, 20m, 1h.
+    #[arg(long, value_parser = parse_duration, default_value = "20m")]
+    timeout: Duration,
+    /// Guest memory (QEMU -m syntax).
+    #[arg(long, default_value = "2G")]
+    memory: String,
+    /// Guest vCPUs.
+    #[arg(long, default_value_t = 2)]
+    cpus: u32,
+    /// Look up the newest Debian package of the series again instead of the cached choice.
+    #[arg(long)]
+    refresh: bool,
+    /// The command to run as root in the guest (default: the test binaries).
+    #[arg(last = true)]
+    command: Vec<String>,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Target {
+    Host,
+    Debian(Series),
+}
+
+fn parse_kernel(s: &str) -> Result<Target, String> {
+    use clap::ValueEnum;
+    if s == "host" {
+        return Ok(Target::Host);
+    }
+    Series::from_str(s, false)
+        .map(Target::Debian)
+        .map_err(|_| format!("unknown kernel {s:?}: expected 5.10, 6.1, 6.12 or host"))
+}
+
+/// `90s`, `20m`, `1h`, or plain seconds.
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let (number, unit) = match s.strip_suffix(['s', 'm', 'h']) {
+        Some(n) => (n, &s[n.len()..]),
+        None => (s, "s"),
+    };
+    let n: u64 = number
+        .parse()
+        .map_err(|_| format!("bad duration {s:?}: expected e.g. 90s, 20m, 1h"))?;
+    let secs = match unit {
+        "m" => n * 60,
+        "h" => n * 3600,
+        _ => n,
+    };
+    Ok(Duration::from_secs(secs))
+}
+
+pub fn run(args: &VmArgs) -> anyhow::Result<()> {
+    // Checked before any build: the kernel tests and the module install
+    // below need root; only a plain command on the host does not.
+    let plain_host_command = matches!(args.kernel, Target::Host) && !args.command.is_empty();
+    if !is_root() && !plain_host_command {
+        bail!(
+            "cargo xtask vm must run as root: it installs kernel modules under /lib/modules \
+             and runs the guest command as root; the kernel tests need root on the host too"
+        );
+    }
+    // The kernel and tools first: a failed download should not wait for a build.
+    let guest = match args.kernel {
+        Target::Host => None,
+        Target::Debian(series) => {
+            let cache = crate::bootstrap::cache_dir().join("vm");
+            let tools = tools::ensure(&cache)?;
+            let kernel = kernels::ensure(&cache, series, args.refresh)
+                .with_context(|| format!("preparing Debian's {} kernel", series.name()))?;
+            Some((tools, kernel))
+        }
+    };
+    let (steps, mut env) = if args.command.is_empty() {
+        default_tests(args)?
+    } else {
+        let cwd = std::env::current_dir().context("reading the current directory")?;
+        let step = Step {
+            label: args.command.join(" "),
+            cwd,
+            argv: args.command.clone(),
+        };
+        (vec![step], Vec::new())
+    };
+    env.extend(passed_env());
+    let outcome = match guest {
+        None => {
+            say("--kernel host: running on this machine's kernel, no VM");
+            run_on_host(&steps, &env, args.timeout)?
+        }
+        Some((tools, kernel)) => {
+            let machine = Machine {
+                memory: args.memory.clone(),
+                cpus: args.cpus,
+                timeout: args.timeout,
+            };
+            guest::run_in_guest(&tools, &kernel, &machine, &steps, &env)?
+        }
+    };
+    say(format!(
+        "boot {:.1} s, command {:.1} s, exit code {}",
+        outcome.boot.as_secs_f64(),
+        outcome.command.as_secs_f64(),
+        outcome.exit_code
+    ));
+    if outcome.exit_code != 0 {
+        // The command's own exit code, as if it had run here.
+        std::process::exit(outcome.exit_code.clamp(1, 255));
+    }
+    Ok(())
+}
+
+/// Runs the same steps directly on this machine (`--kernel host`), under
+/// the same timeout.
+fn run_on_host(steps: &[Step], env: &Env, timeout: Duration) -> anyhow::Result<Outcome> {
+    let start = Instant::now();
+    let mut exit_code = 0;
+    for step in steps {
+        if steps.len() > 1 {
+            say(format!("running {}", step.label));
+        }
+        let t0 = Instant::now();
+        let mut child = Command::new(&step.argv[0])
+            .args(&step.argv[1..])
+            .current_dir(&step.cwd)
+            .envs(env.iter().map(|(k, v)| (k, v)))
+            .spawn()
+            .with_context(|| format!("starting {}", step.argv[0]))?;
+        let status = loop {
+            if let Some(status) = child.try_wait().context("waiting for the command")? {
+                break status;
+            }
+            if start.elapsed() > timeout {
+                guest::kill_tree(child.id());
+                let _ = child.wait();
+                bail!("timed out after {} s (--timeout)", timeout.as_secs());
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        // A signal is reported as a shell would: 128 + its number.
+        let rc = status.code().unwrap_or_else(|| {
+            use std::os::unix::process::ExitStatusExt;
+            128 + status.signal().unwrap_or(0)
+        });
+        if steps.len() > 1 {
+            say(format!(
+                "{} exited with {rc} after {:.1} s",
+                step.label,
+                t0.elapsed().as_secs_f64()
+            ));
+        }
+        if rc != 0 {
+            exit_code = rc;
+        }
+    }
+    Ok(Outcome {
+        exit_code,
+        boot: Duration::ZERO,
+        command: start.elapsed(),
+    })
+}
+
+/// What the guest inherits from here: PATH (with the sbin directories the
+/// tests' tools live in) and Rust's diagnostics settings.
+fn passed_env() -> Env {
+    let mut path = std::env::var("PATH").unwrap_or_default();
+    for dir in ["/usr/local/sbin", "/usr/sbin", "/sbin"] {
+        if !path.split(':').any(|p| p == dir) {
+            path.push(':');
+            path.push_str(dir);
+        }
+    }
+    let mut env = vec![("PATH".to_string(), path)];
+    for key in ["RUST_BACKTRACE", "RUST_LOG", "RUST_TEST_THREADS"] {
+        if let Ok(value) = std::env::var(key) {
+            env.push((key.to_string(), value));
+        }
+    }
+    env
+}
+
+/// Builds the agent with its kernel object and the test binaries, as
+/// `cargo xtask test` does, and returns the selected binaries as steps.
+fn default_tests(args: &VmArgs) -> anyhow::Result<(Vec<Step>, Env)> {
+    let built = crate::build::all()?;
+    let env = vec![
+        (
+            "HEALTH_EBPF_OBJECT".to_string(),
+            built.ebpf_object.display().to_string(),
+        ),
+        // The test build below relinks the agent at this same path.
+        (
+            "HEALTH_AGENT_BIN".to_string(),
+            built.agent.display().to_string(),
+        ),
+    ];
+    let mut binaries = test_binaries(&env)?;
+    // Targets with `test = false` (device_faults: drivers the host lacks)
+    // are left out of `cargo test`; build the requested ones by name.
+    let extra: Vec<&String> = args
+        .tests
+        .iter()
+        .filter(|name| !binaries.iter().any(|t| &t.name == *name))
+        .collect();
+    if !extra.is_empty() {
+        binaries.extend(named_test_binaries(&env, &extra)?);
+    }
+    let mut steps = Vec::new();
+    for name in &args.tests {
+        let Some(test) = binaries.iter().find(|t| &t.name == name) else {
+            let known: Vec<&str> = binaries.iter().map(|t| t.name.as_str()).collect();
+            bail!(
+                "no test binary named {name:?}; the workspace has: {}",
+                known.join(", ")
+            );
+        };
+        let mut argv = vec![test.exe.display().to_string()];
+        argv.extend(args.filter.clone());
+        steps.push(Step {
+            label: name.clone(),
+            // cargo runs an integration test in its package's directory.
+            cwd: test.dir.clone(),
+            argv,
+        });
+    }
+    Ok((steps, env))
+}
+
+/// An integration test binary and its package's directory.
+#[derive(Debug, PartialEq)]
+struct TestBinary {
+    name: String,
+    exe: PathBuf,
+    dir: PathBuf,
+}
+
+/// Every integration test binary, from `cargo test --no-run` with the
+/// environment of `cargo xtask test`, so the two share one build.
+fn test_binaries(env: &Env) -> anyhow::Result<Vec<TestBinary>> {
+    say("building the test binaries (release profile)");
+    let binaries = cargo_test_no_run(env, &[])?;
+    if binaries.is_empty() {
+        bail!("cargo test --no-run reported no integration test binaries");
+    }
+    Ok(binaries)
+}
+
+/// The integration test binaries `names`, built explicitly (`cargo test
+/// --test NAME --no-run`), which also builds targets marked `test = false`.
+fn named_test_binaries(env: &Env, names: &[&String]) -> anyhow::Result<Vec<TestBinary>> {
+    let names: Vec<&str> = names.iter().map(|n| n.as_str()).collect();
+    say(format!(
+        "building the test binaries {} (release profile)",
+        names.join(", ")
+    ));
+    let args: Vec<&str> = names.iter().flat_map(|n| ["--test", n]).collect();
+    cargo_test_no_run(env, &args)
+}
+
+fn cargo_test_no_run(env: &Env, args: &[&str]) -> anyhow::Result<Vec<TestBinary>> {
+    let out = cargo()
+        .current_dir(workspace_root())
+        .args(["test", "--release", "--workspace", "--no-run"])
+        .args(args)
+        // Diagnostics rendered on stderr as usual; artifacts as JSON on stdout.
+        .arg("--message-format=json-render-diagnostics")
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .stderr(Stdio::inherit())
+        .output()
+        .context("starting cargo test --no-run")?;
+    if !out.status.success() {
+        bail!(
+            "building the test binaries failed ({}): cargo test --no-run {}",
+            out.status,
+            args.join(" ")
+        );
+    }
+    Ok(parse_test_artifacts(&String::from_utf8_lossy(&out.stdout)))
+}
+
+fn parse_test_artifacts(json_lines: &str) -> Vec<TestBinary> {
+    json_lines
+        .lines()
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .filter(|v| v["reason"] == "compiler-artifact")
+        .filter(|v| {
+            v["target"]["kind"]
+                .as_array()
+                .is_some_and(|k| k.iter().any(|k| k == "test"))
+        })
+        .filter_map(|v| {
+            Some(TestBinary {
+                name: v["target"]["name"].as_str()?.to_string(),
+                exe: PathBuf::from(v["executable"].as_str()?),
+                dir: Path::new(v["manifest_path"].as_str()?)
+                    .parent()?
+                    .to_path_buf(),
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("90s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("20m"), Ok(Duration::from_secs(1200)));
+        assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
+        assert_eq!(parse_duration("45"), Ok(Duration::from_secs(45)));
+        assert!(parse_duration("soon").is_err());
+    }
+
+    #[test]
+    fn kernels() {
+        assert!(matches!(parse_kernel("host"), Ok(Target::Host)));
+        assert!(matches!(
+            parse_kernel("6.1"),
+            Ok(Target::Debian(Series::V6_1))
+        ));
+        assert!(parse_kernel("4.19").is_err());
+    }
+
+    #[test]
+    fn integration_tests_from_cargo_json() {
+        let json = r#"{"reason":"compiler-artifact","manifest_path":"/w/tests/Cargo.toml","target":{"kind":["test"],"name":"kernel_errors"},"executable":"/w/target/release/deps/kernel_errors-1"}
+{"reason":"compiler-artifact","manifest_path":"/w/tests/Cargo.toml","target":{"kind":["lib"],"name":"health_tests"},"executable":"/w/target/release/deps/health_tests-2"}
+{"reason":"compiler-artifact","manifest_path":"/w/tests/Cargo.toml","target":{"kind":["bin"],"name":"faultdisk"},"executable":"/w/target/release/faultdisk"}
+{"reason":"build-finished","success":true}"#;
+        let found = parse_test_artifacts(json);
+        assert_eq!(
+            found,
+            vec![TestBinary {
+                name: "kernel_errors".to_string(),
+                exe: PathBuf::from("/w/target/release/deps/kernel_errors-1"),
+                dir: PathBuf::from("/w/tests"),
+            }]
+        );
+    }
+}
