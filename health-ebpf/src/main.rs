@@ -323,12 +323,14 @@ fn block_error(
     let rwbs: [u8; RWBS_LEN] = read(ctx, rwbs_slot)?;
     let nr_sectors: u32 = read(ctx, nr_slot)?;
     let mut opcode = op_from_rwbs(&rwbs);
-    if src == source::BLOCK_RQ_ERROR && opcode == op::WRITE && nr_sectors == 0 {
+    if opcode == op::WRITE && nr_sectors == 0 {
         // A write without data is the carrier of a preflush (fsync on a
         // block device, a journal commit): its failure is a failed flush.
-        // With flush errors on, the flush request itself is counted from
-        // block_rq_complete instead, so each failure is counted once.
-        if global(&COMPLETE_MODE) == complete_mode::FLUSH_ONLY {
+        // block_rq_complete sees the flush request itself, so where it
+        // counts (flush errors on, or the fallback of kernels without
+        // block_rq_error) the carrier is left out: each failure once.
+        if src == source::BLOCK_RQ_COMPLETE || global(&COMPLETE_MODE) == complete_mode::FLUSH_ONLY
+        {
             return Some(());
         }
         opcode = op::FLUSH;

@@ -27,6 +27,10 @@ const PACKAGES: &[(&str, &str)] = &[
     ("btrfs", "btrfs-progs"),
     ("btrfs-map-logical", "btrfs-progs"),
     ("fusermount3", "fuse3"),
+    ("dmsetup", "dmsetup"),
+    ("mdadm", "mdadm"),
+    ("udevadm", "udev"),
+    ("partx", "util-linux"),
 ];
 
 /// Debian package that ships `tool`, if the harness knows it.

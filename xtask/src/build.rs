@@ -44,7 +44,7 @@ pub fn target_dir() -> PathBuf {
 }
 
 /// Builds `health-ebpf` for bpfel-unknown-none with Debian's compiler.
-fn ebpf(toolchain: &bootstrap::Toolchain) -> anyhow::Result<PathBuf> {
+pub fn ebpf(toolchain: &bootstrap::Toolchain) -> anyhow::Result<PathBuf> {
     let root = workspace_root();
     let target_dir = root.join("target");
     say(format!(

@@ -1,5 +1,7 @@
 //! Cluster mode: this node's pods and the PVs they use, and Kubernetes Events
-//! on every pod and PVC a volume condition concerns.
+//! on every pod and PVC a volume condition concerns. The last stage: uses
+//! `volumes` and `report` (metrics, HTTP), and runs the agent loop with its
+//! own reporter; nothing uses it but `main`.
 //!
 //! Where an error travels in cluster mode: the collector's batch reaches
 //! [`crate::volumes::VolumeMonitor`], whose condition changes go to the

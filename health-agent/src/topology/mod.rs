@@ -2,8 +2,8 @@
 //! their filesystems are mounted. Uses only `crate::dev`; the later stages
 //! (volumes, report, k8s) and the agent loop read it.
 //!
-//! Events name devices in different ways (see
-//! /work/shared/notes/real-io-errors.md, "Which device number each event
+//! Events name devices in different ways (measured on real kernels; the
+//! team's notes on real I/O errors, "Which device number each event
 //! carries"): block-layer tracepoints carry the whole disk plus an absolute
 //! sector ([`Topology::partition_at`] finds the partition), filesystem
 //! tracepoints carry the filesystem's device (the partition, or an

@@ -232,17 +232,18 @@ fn passed_env() -> Env {
 /// Builds the agent with its kernel object and the test binaries, as
 /// `cargo xtask test` does, and returns the selected binaries as steps.
 fn default_tests(args: &VmArgs) -> anyhow::Result<(Vec<Step>, Env)> {
-    let built = crate::build::all()?;
+    // No separate `cargo build` of the agent: the test build below links
+    // it (for health-agent's own tests) with the feature set `cargo xtask
+    // test` uses, so after that command nothing is compiled again.
+    let toolchain = crate::bootstrap::ensure()?;
+    let ebpf_object = crate::build::ebpf(&toolchain)?;
+    let agent = crate::build::target_dir().join("release/health-agent");
     let env = vec![
         (
             "HEALTH_EBPF_OBJECT".to_string(),
-            built.ebpf_object.display().to_string(),
+            ebpf_object.display().to_string(),
         ),
-        // The test build below relinks the agent at this same path.
-        (
-            "HEALTH_AGENT_BIN".to_string(),
-            built.agent.display().to_string(),
-        ),
+        ("HEALTH_AGENT_BIN".to_string(), agent.display().to_string()),
     ];
     let mut binaries = test_binaries(&env)?;
     // Targets with `test = false` (device_faults: drivers the host lacks)

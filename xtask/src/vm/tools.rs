@@ -29,6 +29,11 @@ pub fn ensure(cache: &Path) -> anyhow::Result<Tools> {
         ("dpkg-deb", "dpkg"),
         ("mkfs.ext4", "e2fsprogs"),
         ("python3", "python3-venv"),
+        // The device-fault scenarios (tests/tests/device_faults.rs) run
+        // these inside the guest, from the shared root.
+        ("dmsetup", "dmsetup"),
+        ("mdadm", "mdadm"),
+        ("udevadm", "udev"),
     ])
     .context("installing the VM tools (Debian packages)")?;
     let venv = cache.join(format!("venv-{}", VIRTME_NG.replace("==", "-")));

@@ -8,7 +8,7 @@ use health_common::{complete_mode, field};
 
 use super::errors::{classify_load_error, error_chain};
 use super::layout::{plan, BLOCK_BIO_COMPLETE, BLOCK_RQ_COMPLETE, BLOCK_RQ_ERROR, FS_PROGRAMS};
-use super::preflight::{check_bpf, check_privileges};
+use super::preflight::{check_bpf, check_privileges, raise_memlock_limit};
 use super::{Attached, BioErrors, KernelMaps, ProbeError, ProbeOptions, SourceState, SourceStatus};
 use crate::kernel::tracefs::Tracefs;
 
@@ -31,6 +31,7 @@ pub fn attach(opts: &ProbeOptions) -> Result<(Attached, KernelMaps), ProbeError>
         return Err(ProbeError::NoObject);
     }
     check_privileges(&opts.proc_root)?;
+    raise_memlock_limit();
     check_bpf()?;
     let btf = opts.sys_root.join("kernel/btf/vmlinux");
     if !btf.exists() {

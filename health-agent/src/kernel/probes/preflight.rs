@@ -38,6 +38,26 @@ pub(super) fn check_privileges(proc_root: &Path) -> Result<(), ProbeError> {
     )))
 }
 
+/// Kernels before 5.11 charge BPF maps and programs to RLIMIT_MEMLOCK,
+/// whose default (64 KiB on many distributions) is far below what the
+/// agent's maps take, and bpf() then fails with EPERM as if forbidden. Raise
+/// it for this process; later kernels account BPF memory to the cgroup and
+/// ignore the limit. Without CAP_SYS_RESOURCE the raise fails, and the load
+/// error that may follow says so.
+pub(super) fn raise_memlock_limit() {
+    let unlimited = libc::rlimit {
+        rlim_cur: libc::RLIM_INFINITY,
+        rlim_max: libc::RLIM_INFINITY,
+    };
+    // SAFETY: setrlimit reads the struct, which lives across the call.
+    if unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &unlimited) } != 0 {
+        tracing::debug!(
+            "raising RLIMIT_MEMLOCK failed ({}); kernels before 5.11 may refuse the maps",
+            io::Error::last_os_error()
+        );
+    }
+}
+
 /// Creates and closes a one-entry array map: the cheapest question that
 /// tells "no BPF in this kernel" (ENOSYS) from "BPF forbidden" (EPERM).
 /// Written here because no crate offers this probe on its own.
