@@ -329,8 +329,7 @@ fn block_error(
         // block_rq_complete sees the flush request itself, so where it
         // counts (flush errors on, or the fallback of kernels without
         // block_rq_error) the carrier is left out: each failure once.
-        if src == source::BLOCK_RQ_COMPLETE || global(&COMPLETE_MODE) == complete_mode::FLUSH_ONLY
-        {
+        if src == source::BLOCK_RQ_COMPLETE || global(&COMPLETE_MODE) == complete_mode::FLUSH_ONLY {
             return Some(());
         }
         opcode = op::FLUSH;
