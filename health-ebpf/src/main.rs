@@ -83,7 +83,7 @@ static BIO_DEVS: HashMap<u32, u8> = HashMap::with_max_entries(4096, 0);
 #[map]
 static STACKED: HashMap<StackPair, u8> = HashMap::with_max_entries(16384, 0);
 
-/// The last failed bio completion seen on this CPU.
+/// The last failed request or bio seen on this CPU (see `note_failure`).
 #[repr(C)]
 #[derive(Clone, Copy)]
 struct LastBioError {
