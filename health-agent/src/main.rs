@@ -8,7 +8,7 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 use health_agent::agent::{self, AgentOptions};
 use health_agent::dev::Dev;
-use health_agent::kernel::probes::{BioErrors, ProbeError, ProbeOptions};
+use health_agent::kernel::probes::{BioErrors, BlockAttach, ProbeError, ProbeOptions};
 use health_agent::report::watch::View;
 use health_agent::topology::HostPaths;
 use health_agent::volumes::checks::CheckConfig;
@@ -90,6 +90,10 @@ struct KernelArgs {
     /// attached once such a device exists (auto), at start (always), or not at all (never).
     #[arg(long, value_enum, default_value_t = BioErrors::Auto)]
     bio_errors: BioErrors,
+    /// How the block request programs attach: BTF raw tracepoints where the kernel has them
+    /// (auto; never skipped while other BPF programs run), or always tracefs tracepoints.
+    #[arg(long, value_enum, default_value_t = BlockAttach::Auto)]
+    block_attach: BlockAttach,
 }
 
 #[derive(clap::Args)]
@@ -268,6 +272,7 @@ fn probe_options(args: &KernelArgs, host: &HostPaths) -> ProbeOptions {
         flush_errors: args.flush_errors,
         samples_per_sec: args.sample_rate,
         bio_errors: args.bio_errors,
+        block_attach: args.block_attach,
     }
 }
 

@@ -2,14 +2,18 @@
 //! tracepoint formats, load the object once with the layouts found, attach,
 //! and say for each source what became of it.
 
-use aya::programs::{FEntry, TracePoint};
-use aya::{Ebpf, EbpfLoader};
-use health_common::{complete_mode, field};
+use aya::programs::{BtfTracePoint, FEntry, TracePoint};
+use aya::{Btf, Ebpf, EbpfLoader};
+use health_common::{complete_mode, field, rq};
 
 use super::errors::{classify_load_error, error_chain};
 use super::layout::{plan, BLOCK_BIO_COMPLETE, BLOCK_RQ_COMPLETE, BLOCK_RQ_ERROR, FS_PROGRAMS};
 use super::preflight::{check_bpf, check_privileges, raise_memlock_limit};
-use super::{Attached, BioErrors, KernelMaps, ProbeError, ProbeOptions, SourceState, SourceStatus};
+use super::requests::{self, BtfRequests};
+use super::{
+    Attached, BioErrors, BlockAttach, KernelMaps, ProbeError, ProbeOptions, SourceState,
+    SourceStatus,
+};
 use crate::kernel::tracefs::Tracefs;
 
 /// The kernel object, built by `cargo xtask build` and embedded here so the
@@ -38,6 +42,21 @@ pub fn attach(opts: &ProbeOptions) -> Result<(Attached, KernelMaps), ProbeError>
         return Err(ProbeError::BtfMissing(btf));
     }
     let tracefs = Tracefs::locate(&opts.sys_root)?;
+    keep_large_allocations_mapped();
+    let (btf_requests, load_image) = requests::plan(&btf, &opts.proc_root);
+    release_freed_heap();
+    let btf_requests = match opts.block_attach {
+        BlockAttach::Auto => btf_requests,
+        BlockAttach::Tracefs => Err("--block-attach tracefs".to_string()),
+    };
+    if let Ok(r) = &btf_requests {
+        if r.statuses_partial {
+            tracing::warn!(
+                "block status codes above 13 are not known for this kernel release; \
+                 the tp_btf programs count them as EIO"
+            );
+        }
+    }
 
     let mut layout = [0u32; field::COUNT];
     let mut planned = Vec::new();
@@ -133,12 +152,25 @@ pub fn attach(opts: &ProbeOptions) -> Result<(Attached, KernelMaps), ProbeError>
         }
     }
 
+    let (rq_layout, statuses) = match &btf_requests {
+        Ok(r) => (r.layout, r.statuses),
+        Err(_) => ([rq::ABSENT; rq::COUNT], [0; rq::STATUS_COUNT]),
+    };
     let mut ebpf = EbpfLoader::new()
+        // The object has no CO-RE relocations: the kernel BTF the loader
+        // parsed by itself is not needed past this point.
+        .btf(None)
         .override_global("LAYOUT", &layout, true)
+        .override_global("RQ_LAYOUT", &rq_layout, true)
+        .override_global("STATUS_ERRNO", &statuses, true)
         .override_global("COMPLETE_MODE", &mode, true)
         .override_global("SAMPLES_PER_SEC", &opts.samples_per_sec, true)
         .load(EBPF_OBJECT)
         .map_err(|e| classify_load_error(e, &opts.proc_root))?;
+    // Parsed only now: the loader's own full parse of the kernel BTF is
+    // freed by this point, so the two never add up.
+    let load_btf = load_image.as_deref().and_then(requests::load_btf);
+    drop(load_image);
     let logger = match aya_log::EbpfLogger::init(&mut ebpf) {
         Ok(l) => Some(l),
         // Release builds of the kernel side may compile every log call out.
@@ -149,10 +181,18 @@ pub fn attach(opts: &ProbeOptions) -> Result<(Attached, KernelMaps), ProbeError>
     };
 
     for p in planned {
-        let outcome = attach_loaded(&mut ebpf, p.program, p.group, p.name);
-        let mut note = p.note;
+        let (outcome, mut note) =
+            match attach_request_btf(&mut ebpf, &p, &btf_requests, load_btf.as_ref()) {
+                Some(Ok(tracepoint)) => (Ok(tracepoint), join_notes(p.note, "tp_btf")),
+                Some(Err(why)) => {
+                    let note =
+                        join_notes(p.note.clone(), &format!("tracefs; tp_btf refused: {why}"));
+                    (attach_loaded(&mut ebpf, p.program, p.group, p.name), note)
+                }
+                None => (attach_loaded(&mut ebpf, p.program, p.group, p.name), p.note),
+            };
         if outcome.is_ok() && p.program == "filemap_set_wb_err" {
-            if let Err(why) = attach_writeback_errno(&mut ebpf) {
+            if let Err(why) = attach_writeback_errno(&mut ebpf, load_btf.as_ref()) {
                 note = Some(format!("errno only when the file already had one: {why}"));
             }
         }
@@ -164,6 +204,8 @@ pub fn attach(opts: &ProbeOptions) -> Result<(Attached, KernelMaps), ProbeError>
             },
         });
     }
+    drop(load_btf);
+    release_freed_heap();
     sources.sort_by_key(|s| s.program);
     if !sources
         .iter()
@@ -213,19 +255,86 @@ pub(super) fn attach_loaded(
     Ok(tracepoint)
 }
 
+/// glibc raises its mmap threshold each time a large mapped block is freed,
+/// so after the first BTF buffer is freed the next ones (aya's parse) come
+/// from the heap and stay resident; a fixed threshold returns each of them
+/// to the kernel when freed, and the start-up peak is one parse, not two.
+fn keep_large_allocations_mapped() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: mallopt has no preconditions.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 256 * 1024);
+    }
+}
+
+/// Loading parses the kernel's BTF (aya always does, ~19 MB); once freed,
+/// hand the memory back so the resident size reflects the agent's steady
+/// state rather than its start-up.
+fn release_freed_heap() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: malloc_trim has no preconditions.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
+fn join_notes(note: Option<String>, more: &str) -> Option<String> {
+    Some(match note {
+        Some(n) => format!("{n}; {more}"),
+        None => more.to_string(),
+    })
+}
+
+/// Attaches the `tp_btf` twin of a block request program where this kernel
+/// allows it: `None` when it does not apply (another program, or no BTF
+/// facts: the reason is then the tracefs program's note), otherwise the
+/// attached tracepoint or why the kernel refused it.
+fn attach_request_btf(
+    ebpf: &mut Ebpf,
+    p: &Planned,
+    facts: &Result<BtfRequests, String>,
+    btf: Option<&Btf>,
+) -> Option<Result<String, String>> {
+    let (program, tracepoint, has) = match (p.program, facts) {
+        (_, Err(_)) => return None,
+        ("block_rq_error", Ok(f)) => ("block_rq_error_btf", "block_rq_error", f.has_error),
+        ("block_rq_complete", Ok(f)) => {
+            ("block_rq_complete_btf", "block_rq_complete", f.has_complete)
+        }
+        _ => return None,
+    };
+    if !has {
+        return Some(Err(format!("no BTF raw tracepoint {tracepoint}")));
+    }
+    let Some(btf) = btf else {
+        return Some(Err("no BTF for the load".into()));
+    };
+    let prog: &mut BtfTracePoint = match ebpf.program_mut(program).map(TryInto::try_into) {
+        Some(Ok(p)) => p,
+        Some(Err(e)) => return Some(Err(format!("{program}: {e}"))),
+        None => return Some(Err(format!("{program} is not in the kernel object"))),
+    };
+    Some(
+        prog.load(tracepoint, btf)
+            .and_then(|()| prog.attach().map(|_| ()))
+            .map(|()| format!("block:{tracepoint}"))
+            .map_err(|e| error_chain(&e)),
+    )
+}
+
 /// The writeback tracepoint shows errseq from before the update, so the
 /// errno of a file's first error comes from an fentry program on the
 /// function that records it (needs kernel BTF and fentry support).
-fn attach_writeback_errno(ebpf: &mut Ebpf) -> Result<(), String> {
+fn attach_writeback_errno(ebpf: &mut Ebpf, btf: Option<&Btf>) -> Result<(), String> {
     const FUNCTION: &str = "__filemap_set_wb_err";
-    let btf = aya::Btf::from_sys_fs().map_err(|e| format!("reading kernel BTF: {e}"))?;
+    let btf = btf.ok_or("no kernel BTF")?;
     let program: &mut FEntry = ebpf
         .program_mut("filemap_set_wb_err_entry")
         .ok_or("the fentry program is not in the object")?
         .try_into()
         .map_err(|e: aya::programs::ProgramError| e.to_string())?;
     program
-        .load(FUNCTION, &btf)
+        .load(FUNCTION, btf)
         .map_err(|e| format!("fentry on {FUNCTION}: {}", error_chain(&e)))?;
     program
         .attach()

@@ -13,9 +13,12 @@
 //! does the work, `errors` names what failed and its exit code.
 
 mod attach;
+mod blk_status;
+mod btf;
 mod errors;
 mod layout;
 mod preflight;
+mod requests;
 
 use std::fmt;
 use std::path::PathBuf;
@@ -40,6 +43,21 @@ pub struct ProbeOptions {
     pub samples_per_sec: u32,
     /// When to watch bios of device-mapper and md devices.
     pub bio_errors: BioErrors,
+    /// How the block request programs attach.
+    pub block_attach: BlockAttach,
+}
+
+/// BTF raw tracepoints (`tp_btf`) run whatever else runs on the CPU, even a
+/// map syscall of this agent; tracefs tracepoints are skipped, uncounted,
+/// whenever any kprobe or tracepoint BPF program (ours or another tool's)
+/// or a map syscall is already running on the CPU. See BENCHMARKS.md.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum BlockAttach {
+    /// `tp_btf` where the kernel has it, tracefs tracepoints elsewhere.
+    #[default]
+    Auto,
+    /// Always the tracefs tracepoints (to compare, or to rule tp_btf out).
+    Tracefs,
 }
 
 /// `block_bio_complete` fires for every bio of every layer, so it costs on
@@ -64,6 +82,7 @@ impl Default for ProbeOptions {
             flush_errors: false,
             samples_per_sec: 100,
             bio_errors: BioErrors::Auto,
+            block_attach: BlockAttach::Auto,
         }
     }
 }
