@@ -337,13 +337,14 @@ fn block_error(
     if error == 0 {
         return Some(());
     }
+    let rwbs: [u8; RWBS_LEN] = read(ctx, rwbs_slot)?;
     let failed = FailedBlock {
         disk: read(ctx, dev_slot)?,
         sector: read(ctx, sector_slot)?,
         nr_sectors: read(ctx, nr_slot)?,
-        opcode: 0,
+        opcode: op_from_rwbs(&rwbs),
         errno: error.unsigned_abs(),
-        rwbs: read(ctx, rwbs_slot)?,
+        rwbs,
     };
     failed_request(ctx, src, failed, flush_only)
 }
@@ -361,7 +362,7 @@ fn failed_request<C: EbpfContext>(
     // request was traced), so the request itself is what a stacking device
     // above may echo.
     note_failure(f.disk);
-    let mut opcode = op_from_rwbs(&f.rwbs);
+    let mut opcode = f.opcode;
     let nr_sectors = f.nr_sectors;
     if opcode == op::WRITE && nr_sectors == 0 {
         // A write without data is the carrier of a preflush (fsync on a
@@ -534,56 +535,58 @@ fn request_dev(req: u64) -> u32 {
     kdev::make(major as u32, minor as u32)
 }
 
+/// `letter` if the request flag in `slot` is set, else 0, without a branch.
 #[inline(always)]
-fn flag(opf: u32, slot: usize) -> bool {
-    let bit = rq_slot(slot);
-    bit < 32 && opf & (1 << bit) != 0
+fn flag_letter(opf: u32, slot: usize, letter: u8) -> u64 {
+    // Userspace only writes bit numbers below 32 into these slots.
+    ((opf >> (rq_slot(slot) & 31)) & 1) as u64 * letter as u64
 }
 
-/// The tracepoints' `rwbs` text for a request's operation and flags. Built
-/// in a register (at most 7 letters of the 8 bytes): the verifier refuses a
-/// stack write at a variable index.
+/// The tracepoints' `rwbs` text for a request's operation and flags (at
+/// most 7 letters of the 8 bytes). Built in a register and without a branch
+/// per flag: older verifiers (6.1) give up on the paths a branch per letter
+/// makes once the counting code follows.
 #[inline(always)]
 fn rwbs_from_opf(opf: u32) -> [u8; RWBS_LEN] {
-    let mut text: u64 = 0;
-    let mut n: u32 = 0;
-    let mut push = |c: u8| {
-        if n < RWBS_LEN as u32 - 1 {
-            text |= (c as u64) << (8 * n);
-            n += 1;
-        }
+    let op: u64 = match opf & rq::OP_MASK {
+        rq::OP_WRITE => b'W' as u64,
+        rq::OP_DISCARD => b'D' as u64,
+        rq::OP_SECURE_ERASE => u64::from_le_bytes(*b"DE\0\0\0\0\0\0"),
+        rq::OP_WRITE_ZEROES => u64::from_le_bytes(*b"WZ\0\0\0\0\0\0"),
+        rq::OP_FLUSH => b'F' as u64,
+        rq::OP_READ => b'R' as u64,
+        _ => b'N' as u64,
     };
-    if flag(opf, rq::BIT_PREFLUSH) {
-        push(b'F');
-    }
-    match opf & rq::OP_MASK {
-        rq::OP_WRITE => push(b'W'),
-        rq::OP_DISCARD => push(b'D'),
-        rq::OP_SECURE_ERASE => {
-            push(b'D');
-            push(b'E');
-        }
-        rq::OP_WRITE_ZEROES => {
-            push(b'W');
-            push(b'Z');
-        }
-        rq::OP_FLUSH => push(b'F'),
-        rq::OP_READ => push(b'R'),
-        _ => push(b'N'),
-    }
-    if flag(opf, rq::BIT_FUA) {
-        push(b'F');
-    }
-    if flag(opf, rq::BIT_RAHEAD) {
-        push(b'A');
-    }
-    if flag(opf, rq::BIT_SYNC) {
-        push(b'S');
-    }
-    if flag(opf, rq::BIT_META) {
-        push(b'M');
+    let letters = [
+        flag_letter(opf, rq::BIT_PREFLUSH, b'F'),
+        op,
+        flag_letter(opf, rq::BIT_FUA, b'F'),
+        flag_letter(opf, rq::BIT_RAHEAD, b'A'),
+        flag_letter(opf, rq::BIT_SYNC, b'S'),
+        flag_letter(opf, rq::BIT_META, b'M'),
+    ];
+    let mut text: u64 = 0;
+    let mut shift: u64 = 0;
+    for l in letters {
+        text |= l << shift;
+        // 8 bits per letter present (two for "DE"/"WZ"): the byte length.
+        shift += 8 * ((l > 0) as u64 + (l > 0xff) as u64);
     }
     text.to_le_bytes()
+}
+
+/// Our operation code for a request's `REQ_OP_*`.
+#[inline(always)]
+fn op_from_opf(opf: u32) -> u8 {
+    match opf & rq::OP_MASK {
+        rq::OP_READ => op::READ,
+        rq::OP_WRITE => op::WRITE,
+        rq::OP_FLUSH => op::FLUSH,
+        rq::OP_DISCARD => op::DISCARD,
+        rq::OP_SECURE_ERASE => op::SECURE_ERASE,
+        rq::OP_WRITE_ZEROES => op::WRITE_ZEROES,
+        _ => op::OTHER,
+    }
 }
 
 /// Shared body of the two `tp_btf` programs: arguments are
@@ -612,7 +615,7 @@ fn request_error(ctx: &BtfTracePointContext, src: u8, flush_only: bool) -> Optio
         disk: request_dev(req),
         sector,
         nr_sectors: nr_bytes >> 9,
-        opcode: 0,
+        opcode: op_from_opf(opf),
         errno,
         rwbs: rwbs_from_opf(opf),
     };

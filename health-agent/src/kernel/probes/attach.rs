@@ -306,6 +306,14 @@ fn attach_request_btf(
     if !has {
         return Some(Err(format!("no BTF raw tracepoint {tracepoint}")));
     }
+    if let Ok(f) = facts {
+        if !f.has_error {
+            // Kernels without block_rq_error (before 5.16) are also the ones
+            // whose verifier refuses these programs (measured on 5.10, after
+            // a minute of retries under emulation): not worth trying there.
+            return Some(Err("kernels without block_rq_error keep tracefs".into()));
+        }
+    }
     let Some(btf) = btf else {
         return Some(Err("no BTF for the load".into()));
     };
