@@ -107,12 +107,14 @@ pub fn run(tools: &Tools, cfg: &Config) -> Result<EventsResult> {
     .map(|s| s.to_string())
     .collect();
     let agent = AgentProc::start_mode(&tools.agent, "run", &args, None)?;
-    // The first lists must be in before a pod can be named.
+    // The first pod and PV lists must be in before a pod can be named (the
+    // agent also lists its earlier Events at start: not one of those).
     api.wait_for(Duration::from_secs(20), |api| {
         let lists = api
             .requests()
             .iter()
             .filter(|r| r.method == "GET" && !r.is_watch() && r.status == 200)
+            .filter(|r| r.path == "/api/v1/pods" || r.path == "/api/v1/persistentvolumes")
             .count();
         (lists >= 2).then_some(())
     })?;
