@@ -42,8 +42,11 @@ pub(super) fn list_events(
     Reply::Json(StatusCode::OK, list_json("EventList", metadata, items))
 }
 
-/// A field selector on Events as (JSON path, negated, value) terms.
-fn event_terms(selector: &str) -> Result<Vec<(&'static [&'static str], bool, String)>, String> {
+/// One `fieldSelector` term on Events: the field's JSON path, negated, value.
+type EventTerm = (&'static [&'static str], bool, String);
+
+/// A field selector on Events as terms.
+fn event_terms(selector: &str) -> Result<Vec<EventTerm>, String> {
     let mut terms = Vec::new();
     for term in selector.split(',').map(str::trim).filter(|t| !t.is_empty()) {
         let (label, negate, value) = if let Some((f, v)) = term.split_once("!=") {
