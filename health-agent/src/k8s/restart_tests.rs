@@ -265,6 +265,31 @@ fn an_episode_nobody_claims_after_the_restart_is_cleared_at_the_end_of_its_windo
 }
 
 #[test]
+fn an_episode_on_a_pod_gone_meanwhile_ends_without_a_recovery() {
+    let mut r = Recorder::new(config());
+    let now = Instant::now();
+    r.adopt(&typed(&open_episode()), t(60), now);
+    assert!(r.has_unclaimed());
+    // web-0 was deleted while no agent ran; its PVC is still used here.
+    let dropped = r.drop_unclaimed(|o| o.name != "web-0");
+    assert_eq!(dropped, 1);
+    assert!(r.has_unclaimed());
+    let writes = drain(&mut r, now + Duration::from_secs(280), Outcome::Done);
+    let objects: Vec<(EventType, String)> = writes
+        .iter()
+        .map(|w| match w {
+            Write::Create { event, .. } => (
+                w.kind().0,
+                event.involved_object.name.clone().unwrap_or_default(),
+            ),
+            other => panic!("expected a create, got {other:?}"),
+        })
+        .collect();
+    assert_eq!(objects, [(EventType::Normal, "data".to_string())]);
+    assert!(!r.has_unclaimed());
+}
+
+#[test]
 fn an_episode_already_past_its_window_is_cleared_at_once() {
     let mut r = Recorder::new(config());
     let now = Instant::now();

@@ -800,6 +800,25 @@ mod api {
             ..v
         };
         assert_eq!(view.targets(&other), None);
+        // What Events continued from before a restart may stay about.
+        let object = |kind, name: &str, uid: &str| super::super::events::ObjectRef {
+            kind,
+            namespace: "shop".into(),
+            name: name.into(),
+            uid: uid.into(),
+        };
+        assert!(view.reports_on(&object(ObjectKind::Pod, "web-0", "uid-web-0")));
+        assert!(!view.reports_on(&object(ObjectKind::Pod, "web-0", "uid-of-a-deleted-web-0")));
+        assert!(view.reports_on(&object(
+            ObjectKind::PersistentVolumeClaim,
+            "data",
+            "uid-pvc"
+        )));
+        assert!(!view.reports_on(&object(
+            ObjectKind::PersistentVolumeClaim,
+            "logs",
+            "uid-logs"
+        )));
         drop(held);
         for task in tasks {
             task.abort();

@@ -189,6 +189,34 @@ impl Recorder {
         true
     }
 
+    /// Lets go, without a recovery, of continued Events on objects `keep`
+    /// rejects (a pod deleted while no agent ran is not a recovery, as
+    /// [`Recorder::forget_volume`] has it); returns how many.
+    pub fn drop_unclaimed(&mut self, keep: impl Fn(&ObjectRef) -> bool) -> usize {
+        let gone: Vec<SeriesId> = self
+            .series
+            .iter()
+            .filter(|(_, s)| {
+                !s.closed && s.unclaimed() && s.unclaimed_until.is_some() && !keep(&s.object)
+            })
+            .map(|(id, _)| *id)
+            .collect();
+        for id in &gone {
+            self.close(*id);
+        }
+        if !gone.is_empty() {
+            self.gc();
+        }
+        gone.len()
+    }
+
+    /// Some continued Event is still unclaimed.
+    pub fn has_unclaimed(&self) -> bool {
+        self.series
+            .values()
+            .any(|s| !s.closed && s.unclaimed() && s.unclaimed_until.is_some())
+    }
+
     /// Clears continued Events that no pod volume claimed by their time;
     /// returns when the next one is due.
     pub(super) fn expire_unclaimed(&mut self, now: Instant) -> Option<Instant> {
