@@ -263,6 +263,12 @@ fn run_options(args: RunArgs, host: HostPaths) -> anyhow::Result<health_agent::k
     let mut events = health_agent::k8s::events::RecorderConfig::new(&args.node_name);
     events.writes_per_object_per_minute = args.event_writes_per_minute;
     events.min_update_interval = update;
+    events.unclaimed_clear_after = agent
+        .volumes
+        .as_ref()
+        .map_or(events.unclaimed_clear_after, |v| {
+            v.conditions.kernel_quiet_window
+        });
     Ok(health_agent::k8s::RunOptions {
         agent,
         node: args.node_name,

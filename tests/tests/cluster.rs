@@ -40,6 +40,8 @@ struct Fixture {
     disk: Option<FaultDisk>,
     api: FakeApiServer,
     metrics: SocketAddr,
+    /// The agent's command line after `run`, for a restart.
+    args: Vec<String>,
     root: TempDir,
     /// Dropped last: the storm runs alone (see `health_tests::KernelUse`).
     _kernel: KernelUse,
@@ -104,6 +106,7 @@ impl Fixture {
             lo: None,
             disk: None,
             metrics: free_port()?,
+            args: Vec::new(),
             api,
             root,
             _kernel: kernel,
@@ -165,13 +168,28 @@ impl Fixture {
             "1".into(),
         ];
         args.extend(extra_args.iter().map(|s| s.to_string()));
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        fx.args = args;
         fx.api.set_mode(api_mode);
-        fx.agent = Some(Agent::start_cluster(&args)?);
+        fx.start_agent()?;
         if api_mode == Mode::Up {
             fx.wait_ready()?;
         }
         Ok(fx)
+    }
+
+    fn start_agent(&mut self) -> Result<()> {
+        let args: Vec<&str> = self.args.iter().map(String::as_str).collect();
+        self.agent = Some(Agent::start_cluster(&args)?);
+        Ok(())
+    }
+
+    /// SIGKILL (as an OOM kill or a node's runtime does: no final flush, no
+    /// clean detach), then the same command line again, ready.
+    fn kill_and_restart(&mut self) -> Result<()> {
+        // Dropping a running `Agent` kills it with SIGKILL and reaps it.
+        drop(self.agent.take().context("the agent runs")?);
+        self.start_agent()?;
+        self.wait_ready()
     }
 
     fn root(&self) -> &Path {
@@ -411,12 +429,102 @@ fn errors_on_a_shared_volume_reach_both_pods_and_the_pvc_then_recover() -> Resul
     // Only the verbs the RBAC grants.
     for r in &requests {
         let allowed = match r.method.as_str() {
-            "GET" => r.path == "/api/v1/pods" || r.path == "/api/v1/persistentvolumes",
+            "GET" => {
+                r.path == "/api/v1/pods"
+                    || r.path == "/api/v1/persistentvolumes"
+                    || r.path == "/api/v1/events"
+            }
             "POST" | "PATCH" => r.path.starts_with("/api/v1/namespaces/shop/events"),
             _ => false,
         };
         assert!(allowed, "unexpected request {} {}", r.method, r.path);
     }
+    fx.stop()?;
+    Ok(())
+}
+
+#[test]
+fn a_restart_mid_episode_continues_the_same_events() -> Result<()> {
+    // The quiet window outlasts the restart: the episode is still open when
+    // the new process starts.
+    let mut fx = Fixture::start(&[
+        "--event-update-interval",
+        "1",
+        "--kernel-quiet-window",
+        "12",
+    ])?;
+    fx.fail_writes(5)?;
+    let before = wait_counts(&fx.api, "BlockIOErrors", 5, Duration::from_secs(15))?;
+    let names: Vec<String> = before
+        .iter()
+        .map(|e| {
+            e["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string()
+        })
+        .collect();
+    let mark = fx.api.requests().len();
+    fx.kill_and_restart()?;
+    fx.fail_writes(3)?;
+    // One Event per object still (wait_counts insists), the same objects,
+    // the count going on from 5.
+    let after = wait_counts(&fx.api, "BlockIOErrors", 8, Duration::from_secs(20))?;
+    for (e, name) in after.iter().zip(&names) {
+        assert_eq!(e["metadata"]["name"], name.as_str(), "{e}");
+        let m = e["message"].as_str().unwrap_or_default();
+        assert!(
+            m.contains(": Degraded BlockIOErrors: 3 block I/O errors (write, EIO) on ")
+                && m.ends_with(" (and 5 before the agent restarted)"),
+            "{m}"
+        );
+    }
+
+    // What the new process asked: one list of this component's Events,
+    // before any write, then patches of the three Events and no create.
+    let requests = fx.api.requests();
+    let since: Vec<_> = requests[mark..]
+        .iter()
+        .filter(|r| r.path.contains("events"))
+        .collect();
+    let lists: Vec<_> = since.iter().filter(|r| r.method == "GET").collect();
+    assert_eq!(lists.len(), 1, "{since:#?}");
+    assert_eq!(lists[0].path, "/api/v1/events");
+    assert_eq!(
+        lists[0].param("fieldSelector"),
+        Some("reportingComponent=volume-health-agent")
+    );
+    assert_eq!(lists[0].status, 200);
+    assert_eq!(since[0].method, "GET", "the list comes first: {since:#?}");
+    let creates: Vec<_> = since.iter().filter(|r| r.method == "POST").collect();
+    assert!(
+        creates.is_empty(),
+        "a new Event after the restart: {creates:#?}"
+    );
+    for name in &names {
+        let path = format!("/api/v1/namespaces/shop/events/{name}");
+        let patches: Vec<_> = since
+            .iter()
+            .filter(|r| r.method == "PATCH" && r.path == path)
+            .collect();
+        assert!(!patches.is_empty(), "{name} was not patched: {since:#?}");
+        assert!(patches.iter().all(|r| r.status == 200), "{patches:#?}");
+        let last = patches.last().and_then(|r| r.body.as_ref());
+        assert_eq!(last.map(|b| b["count"].clone()), Some(json!(8)), "{name}");
+    }
+
+    // The episode continued in the new process ends there: one recovery
+    // each, and the Warnings stay at 8.
+    let cleared = wait_counts(&fx.api, "BlockIOErrorsCleared", 1, Duration::from_secs(30))?;
+    for e in &cleared {
+        let m = e["message"].as_str().unwrap_or_default();
+        assert!(
+            m.contains("Degraded BlockIOErrors cleared; it was: 3 block I/O errors")
+                && m.ends_with(" (and 5 before the agent restarted)"),
+            "{m}"
+        );
+    }
+    wait_counts(&fx.api, "BlockIOErrors", 8, Duration::from_secs(1))?;
     fx.stop()?;
     Ok(())
 }

@@ -96,6 +96,35 @@ impl ClusterView {
         self.changed.notified().await
     }
 
+    /// Whether `object` is one the agent reports on now: a pod of this node,
+    /// or a PVC one of them uses.
+    pub fn reports_on(&self, object: &ObjectRef) -> bool {
+        let pods = self.pods.state();
+        match object.kind {
+            ObjectKind::Pod => pods.iter().any(|p| {
+                p.metadata.uid.as_deref() == Some(object.uid.as_str())
+                    || (object.uid.is_empty()
+                        && p.namespace().as_deref() == Some(object.namespace.as_str())
+                        && p.name_any() == object.name)
+            }),
+            ObjectKind::PersistentVolumeClaim => pods
+                .iter()
+                .filter(|p| p.namespace().as_deref() == Some(object.namespace.as_str()))
+                .any(|p| {
+                    let vols = p.spec.as_ref().and_then(|s| s.volumes.as_ref());
+                    vols.is_some_and(|vols| {
+                        vols.iter().any(|v| {
+                            v.persistent_volume_claim
+                                .as_ref()
+                                .is_some_and(|c| c.claim_name == object.name)
+                                || (v.ephemeral.is_some()
+                                    && object.name == format!("{}-{}", p.name_any(), v.name))
+                        })
+                    })
+                }),
+        }
+    }
+
     /// Where a kubelet volume's Events go; `None` while its pod is unknown.
     pub fn targets(&self, v: &KubeletVolume) -> Option<Targets> {
         let pod = self

@@ -24,7 +24,9 @@ pub struct ApiAccess {
 /// - persistentvolumes: a reflector; a PV's `spec.claimRef` names its PVC
 ///   (namespace, name, uid), so no cluster-wide PVC watch is needed;
 /// - events (core/v1, which the Node authorizer also allows): created, then
-///   aggregated by patching `count`, `lastTimestamp` and `message`.
+///   aggregated by patching `count`, `lastTimestamp` and `message`; listed
+///   once at start (`fieldSelector=reportingComponent=volume-health-agent`)
+///   to continue the episodes open across a restart.
 pub const API_ACCESS: &[ApiAccess] = &[
     ApiAccess {
         group: "",
@@ -39,7 +41,7 @@ pub const API_ACCESS: &[ApiAccess] = &[
     ApiAccess {
         group: "",
         resource: "events",
-        verbs: &["create", "patch"],
+        verbs: &["list", "create", "patch"],
     },
 ];
 
@@ -126,5 +128,7 @@ async fn client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<kube::Cl
     kube::Client::try_from(config).context("creating the Kubernetes client")
 }
 
+#[cfg(test)]
+mod restart_tests;
 #[cfg(test)]
 mod tests;

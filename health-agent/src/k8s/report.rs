@@ -95,6 +95,25 @@ impl ClusterReporter {
         }
     }
 
+    /// Events continued from before a restart on pods no longer here (or
+    /// PVCs none of them uses) end without a recovery. Checked on the
+    /// reconcile tick (every second) while any is unclaimed.
+    fn drop_unclaimed(&self) {
+        if !self.view.is_ready() || !self.shared.lock().has_unclaimed() {
+            return;
+        }
+        let dropped = self
+            .shared
+            .lock()
+            .drop_unclaimed(|o| self.view.reports_on(o));
+        if dropped > 0 {
+            tracing::info!(
+                dropped,
+                "Events from before the restart are about objects no longer on this node; left as they are"
+            );
+        }
+    }
+
     fn update_readiness(&mut self) {
         if !self.attached {
             self.health
@@ -256,6 +275,7 @@ impl Reporter for ClusterReporter {
         self.health.beat();
         self.metrics.kernel_stats(stats);
         self.update_readiness();
+        self.drop_unclaimed();
     }
 
     async fn wake(&mut self) {

@@ -13,11 +13,11 @@ use crate::volumes::conditions::{Change, Condition, Source, Status};
 use crate::volumes::kubelet::VolumeMode;
 use crate::volumes::VolumeKey;
 
-fn t(secs: u64) -> SystemTime {
+pub(super) fn t(secs: u64) -> SystemTime {
     UNIX_EPOCH + Duration::from_secs(1_800_000_000 + secs)
 }
 
-fn key(pod_uid: &str) -> VolumeKey {
+pub(super) fn key(pod_uid: &str) -> VolumeKey {
     VolumeKey {
         pod_uid: pod_uid.into(),
         name: "pv-1".into(),
@@ -25,7 +25,7 @@ fn key(pod_uid: &str) -> VolumeKey {
     }
 }
 
-fn pvc() -> ObjectRef {
+pub(super) fn pvc() -> ObjectRef {
     ObjectRef {
         kind: ObjectKind::PersistentVolumeClaim,
         namespace: "shop".into(),
@@ -34,7 +34,7 @@ fn pvc() -> ObjectRef {
     }
 }
 
-fn targets(pod: &str) -> Targets {
+pub(super) fn targets(pod: &str) -> Targets {
     Targets {
         pod: ObjectRef {
             kind: ObjectKind::Pod,
@@ -48,7 +48,7 @@ fn targets(pod: &str) -> Targets {
     }
 }
 
-fn block(count: u64, last: u64) -> Condition {
+pub(super) fn block(count: u64, last: u64) -> Condition {
     Condition {
         source: Source::Kernel,
         status: Status::Degraded,
@@ -60,12 +60,12 @@ fn block(count: u64, last: u64) -> Condition {
     }
 }
 
-fn config() -> RecorderConfig {
+pub(super) fn config() -> RecorderConfig {
     RecorderConfig::new("node-1")
 }
 
 /// Takes every write due at `now`, answering each with `outcome`.
-fn drain(r: &mut Recorder, now: Instant, outcome: Outcome) -> Vec<Write> {
+pub(super) fn drain(r: &mut Recorder, now: Instant, outcome: Outcome) -> Vec<Write> {
     let mut out = Vec::new();
     while let Next::Write(w) = r.next_write(now) {
         r.finish(&w, outcome.clone(), now);
@@ -697,6 +697,14 @@ mod api {
             std::sync::Arc::clone(&shared),
             Some(observer),
         ));
+        // First the read-back of earlier Events (none here).
+        let (method, _, _, _, send) = next(&mut handle).await;
+        assert_eq!(method, Method::GET);
+        respond(
+            send,
+            200,
+            &json!({"apiVersion": "v1", "kind": "EventList", "metadata": {}, "items": []}),
+        );
         let (method, _, _, body, send) = next(&mut handle).await;
         assert_eq!(method, Method::POST);
         respond(send, 201, &body);
@@ -792,6 +800,25 @@ mod api {
             ..v
         };
         assert_eq!(view.targets(&other), None);
+        // What Events continued from before a restart may stay about.
+        let object = |kind, name: &str, uid: &str| super::super::events::ObjectRef {
+            kind,
+            namespace: "shop".into(),
+            name: name.into(),
+            uid: uid.into(),
+        };
+        assert!(view.reports_on(&object(ObjectKind::Pod, "web-0", "uid-web-0")));
+        assert!(!view.reports_on(&object(ObjectKind::Pod, "web-0", "uid-of-a-deleted-web-0")));
+        assert!(view.reports_on(&object(
+            ObjectKind::PersistentVolumeClaim,
+            "data",
+            "uid-pvc"
+        )));
+        assert!(!view.reports_on(&object(
+            ObjectKind::PersistentVolumeClaim,
+            "logs",
+            "uid-logs"
+        )));
         drop(held);
         for task in tasks {
             task.abort();

@@ -1,6 +1,8 @@
-//! Writes what the [`Recorder`] decides, one request at a time, against the
-//! API server: `POST` for a new Event, a JSON merge `PATCH` of `count`,
-//! `lastTimestamp` and `message` to aggregate. Failures the server may get
+//! Writes what the [`Recorder`] decides against the API server, a few
+//! requests at a time: `POST` for a new Event, a JSON merge `PATCH` of
+//! `count`, `lastTimestamp` and `message` to aggregate. Before the first
+//! write it lists the Events of an earlier agent process on this node
+//! ([`recover`]). Failures the server may get
 //! over (unreachable, 5xx, 429, timeouts) back off exponentially while the
 //! recorder keeps aggregating, so an outage costs one request per backoff
 //! step and nothing detected meanwhile is lost.
@@ -8,8 +10,10 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use futures_util::stream::FuturesUnordered;
+use futures_util::StreamExt as _;
 use k8s_openapi::api::core::v1::Event;
-use kube::api::{Patch, PatchParams, PostParams};
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -73,51 +77,155 @@ impl Observer for crate::report::metrics::Metrics {
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 const BACKOFF_MIN: Duration = Duration::from_millis(500);
 const BACKOFF_MAX: Duration = Duration::from_secs(30);
+/// Writes in flight at once. The pod's and the PVC's Event of one failure
+/// go out together instead of the second waiting for the first's answer
+/// (a round trip, and on a busy API server most of the PVC's latency); a
+/// handful bounds what an outage's end can fire at the server at once.
+const MAX_IN_FLIGHT: usize = 4;
+/// Events listed per page when recovering after a restart.
+const LIST_PAGE: u32 = 500;
 
-/// Runs until the task is dropped.
+/// Runs until the task is dropped. First takes over the open Events of an
+/// earlier agent process on this node ([`recover`]), then writes what the
+/// recorder decides.
 pub async fn run(client: Client, shared: Arc<Shared>, metrics: Option<Arc<dyn Observer>>) {
+    recover(&client, &shared, metrics.as_deref()).await;
     let mut backoff = BACKOFF_MIN;
+    // After a failure no new write starts before this.
+    let mut paused_until: Option<Instant> = None;
+    let mut in_flight = FuturesUnordered::new();
     // The recorder counts deferrals when it looks for the next write; the
     // metric follows that count.
     let mut deferred_reported = 0;
     loop {
-        let (next, deferred) = {
-            let mut r = shared.lock();
-            let next = r.next_write(Instant::now());
-            (next, r.stats().deferred)
-        };
-        if let Some(m) = &metrics {
-            for _ in deferred_reported..deferred {
-                m.event_write_deferred();
-            }
-        }
-        deferred_reported = deferred;
-        let write = match next {
-            Next::Write(w) => w,
-            Next::Idle(wake) => {
-                match wake {
-                    Some(at) => {
-                        tokio::select! {
-                            _ = shared.notify.notified() => {}
-                            _ = tokio::time::sleep_until(at) => {}
-                        }
+        let mut wake = paused_until.filter(|at| *at > Instant::now());
+        if wake.is_none() {
+            paused_until = None;
+            while in_flight.len() < MAX_IN_FLIGHT {
+                let (next, deferred) = {
+                    let mut r = shared.lock();
+                    let next = r.next_write(Instant::now());
+                    (next, r.stats().deferred)
+                };
+                if let Some(m) = &metrics {
+                    for _ in deferred_reported..deferred {
+                        m.event_write_deferred();
                     }
-                    None => shared.notify.notified().await,
                 }
-                continue;
+                deferred_reported = deferred;
+                match next {
+                    Next::Write(write) => {
+                        let client = client.clone();
+                        let metrics = metrics.clone();
+                        in_flight.push(async move {
+                            let outcome = perform(&client, &write, metrics.as_deref()).await;
+                            (write, outcome)
+                        });
+                    }
+                    Next::Idle(at) => {
+                        wake = at;
+                        break;
+                    }
+                }
             }
-        };
-        let outcome = perform(&client, &write, metrics.as_deref()).await;
-        shared
-            .lock()
-            .finish(&write, outcome.clone(), Instant::now());
-        if outcome == Outcome::Retry {
-            tracing::debug!(?backoff, "event write failed; backing off");
-            tokio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(BACKOFF_MAX);
-        } else {
-            backoff = BACKOFF_MIN;
         }
+        tokio::select! {
+            Some((write, outcome)) = in_flight.next(), if !in_flight.is_empty() => {
+                let retry = outcome == Outcome::Retry;
+                shared.lock().finish(&write, outcome, Instant::now());
+                if retry {
+                    tracing::debug!(?backoff, "event write failed; backing off");
+                    paused_until = Some(Instant::now() + backoff);
+                    backoff = (backoff * 2).min(BACKOFF_MAX);
+                } else {
+                    backoff = BACKOFF_MIN;
+                }
+            }
+            _ = shared.notify.notified() => {}
+            _ = sleep_until(wake) => {}
+        }
+    }
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Why the Events of an earlier agent process could not be listed.
+#[derive(Debug, thiserror::Error)]
+pub enum ListError {
+    #[error("listing events: {0}")]
+    Api(#[from] kube::Error),
+    #[error("listing events timed out after {REQUEST_TIMEOUT:?}")]
+    Timeout,
+}
+
+impl ListError {
+    fn code(&self) -> Option<u16> {
+        match self {
+            ListError::Api(kube::Error::Api(s)) => Some(s.code),
+            _ => None,
+        }
+    }
+}
+
+/// Every Event written by `component`, in all namespaces: one list the
+/// server selects (`fieldSelector=reportingComponent=...`; there is no
+/// selector on the reporting instance), in pages. Events expire after the
+/// server's TTL (an hour by default), which bounds it.
+pub async fn list_own_events(client: &Client, component: &str) -> Result<Vec<Event>, ListError> {
+    let api: Api<Event> = Api::all(client.clone());
+    let mut params = ListParams::default()
+        .fields(&format!("reportingComponent={component}"))
+        .limit(LIST_PAGE);
+    let mut events = Vec::new();
+    loop {
+        let page = tokio::time::timeout(REQUEST_TIMEOUT, api.list(&params))
+            .await
+            .map_err(|_| ListError::Timeout)??;
+        events.extend(page.items);
+        match page.metadata.continue_ {
+            Some(token) if !token.is_empty() => params = params.continue_token(&token),
+            _ => return Ok(events),
+        }
+    }
+}
+
+/// Seeds the recorder with the Events an earlier agent process on this
+/// node wrote, so that an episode open across a restart goes on in the
+/// same Event. A failed list is logged as an error and counted, and the
+/// agent goes on as a first start would: open episodes get new Events.
+pub async fn recover(client: &Client, shared: &Shared, metrics: Option<&dyn Observer>) {
+    let component = shared.lock().config().component.clone();
+    let listed = list_own_events(client, &component).await;
+    if let Some(m) = metrics {
+        let code = match &listed {
+            Ok(_) => Some(200),
+            Err(e) => e.code(),
+        };
+        m.api_request("list", "events", code);
+    }
+    match listed {
+        Ok(events) => {
+            let adopted =
+                shared
+                    .lock()
+                    .adopt(&events, std::time::SystemTime::now(), Instant::now());
+            tracing::info!(
+                listed = events.len(),
+                own = adopted.own,
+                open = adopted.warnings,
+                recoveries = adopted.normals,
+                "took over this node's Events from before the agent started"
+            );
+            shared.wake();
+        }
+        Err(e) => tracing::error!(
+            "could not read back this node's Events ({e}); episodes open before the agent started will be reported as new Events"
+        ),
     }
 }
 

@@ -7,22 +7,85 @@ use http::StatusCode;
 use serde_json::{json, Map, Value};
 
 use super::json::{list_json, meta_mut, meta_remove, meta_str, name_of, namespace_of, now_rfc3339};
-use super::query::dry_run;
+use super::query::{dry_run, param};
 use super::reply::{bad_body, error, invalid, not_found, Reply};
 use super::store::Shared;
 use super::Recorded;
 
-pub(super) fn list_events(shared: &Arc<Shared>, namespace: Option<&str>) -> Reply {
+/// `GET .../events`, with the `fieldSelector` terms the real server accepts for
+/// core/v1 Events (`a=b`, `a==b`, `a!=b`, all of them must hold); any other field
+/// is a 400, as there. No pagination: the whole selection in one page, which a
+/// client following `continue` takes as the last.
+pub(super) fn list_events(
+    shared: &Arc<Shared>,
+    namespace: Option<&str>,
+    query: &[(String, String)],
+) -> Reply {
+    let terms = match event_terms(param(query, "fieldSelector").unwrap_or("")) {
+        Ok(terms) => terms,
+        Err(message) => return error(StatusCode::BAD_REQUEST, "BadRequest", message, None),
+    };
     let st = shared.lock();
     let items = st
         .events
         .iter()
         .filter(|((ns, _), _)| namespace.is_none_or(|want| ns == want))
+        .filter(|(_, e)| {
+            terms
+                .iter()
+                .all(|(path, negate, value)| (json_str(e, path) == value) != *negate)
+        })
         .map(|(_, e)| e.clone())
         .collect();
     let mut metadata = Map::new();
     metadata.insert("resourceVersion".into(), st.rv.to_string().into());
     Reply::Json(StatusCode::OK, list_json("EventList", metadata, items))
+}
+
+/// One `fieldSelector` term on Events: the field's JSON path, negated, value.
+type EventTerm = (&'static [&'static str], bool, String);
+
+/// A field selector on Events as terms.
+fn event_terms(selector: &str) -> Result<Vec<EventTerm>, String> {
+    let mut terms = Vec::new();
+    for term in selector.split(',').map(str::trim).filter(|t| !t.is_empty()) {
+        let (label, negate, value) = if let Some((f, v)) = term.split_once("!=") {
+            (f, true, v)
+        } else if let Some((f, v)) = term.split_once("==") {
+            (f, false, v)
+        } else if let Some((f, v)) = term.split_once('=') {
+            (f, false, v)
+        } else {
+            return Err(format!("invalid selector: '{term}'"));
+        };
+        // The labels of the real server's selectable fields for core/v1 Events.
+        let path: &'static [&'static str] = match label.trim() {
+            "metadata.name" => &["metadata", "name"],
+            "metadata.namespace" => &["metadata", "namespace"],
+            "involvedObject.kind" => &["involvedObject", "kind"],
+            "involvedObject.namespace" => &["involvedObject", "namespace"],
+            "involvedObject.name" => &["involvedObject", "name"],
+            "involvedObject.uid" => &["involvedObject", "uid"],
+            "involvedObject.apiVersion" => &["involvedObject", "apiVersion"],
+            "involvedObject.resourceVersion" => &["involvedObject", "resourceVersion"],
+            "involvedObject.fieldPath" => &["involvedObject", "fieldPath"],
+            "reason" => &["reason"],
+            "reportingComponent" => &["reportingComponent"],
+            "source" => &["source", "component"],
+            "type" => &["type"],
+            other => return Err(format!("field label not supported: {other}")),
+        };
+        terms.push((path, negate, value.trim().to_string()));
+    }
+    Ok(terms)
+}
+
+/// The string at `path`, "" when absent (as the server's selectable fields are).
+fn json_str<'a>(v: &'a Value, path: &[&str]) -> &'a str {
+    path.iter()
+        .try_fold(v, |v, key| v.get(key))
+        .and_then(Value::as_str)
+        .unwrap_or("")
 }
 
 pub(super) fn get_event(shared: &Arc<Shared>, namespace: &str, name: &str) -> Reply {
@@ -283,6 +346,20 @@ mod tests {
         assert_eq!(
             target,
             json!({"a": "z", "c": {"d": "e"}, "l": [3], "n": {"x": 1}})
+        );
+    }
+
+    #[test]
+    fn event_field_selectors() {
+        let terms = event_terms("reportingComponent=agent,involvedObject.kind!=Node").unwrap();
+        let ev = json!({"reportingComponent": "agent", "involvedObject": {"kind": "Pod"}});
+        assert!(terms
+            .iter()
+            .all(|(p, neg, val)| (json_str(&ev, p) == val) != *neg));
+        assert_eq!(json_str(&ev, &["source", "component"]), "");
+        assert_eq!(
+            event_terms("source.host=node-1").unwrap_err(),
+            "field label not supported: source.host"
         );
     }
 

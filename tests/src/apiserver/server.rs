@@ -209,8 +209,10 @@ fn route(
         ["api", "v1", "persistentvolumes", name] if get => {
             get_object(shared, Kind::PersistentVolume, "", name)
         }
-        ["api", "v1", "events"] if get => list_events(shared, None),
-        ["api", "v1", "namespaces", ns, "events"] if get => list_events(shared, Some(ns)),
+        ["api", "v1", "events"] if get => list_events(shared, None, &req.query),
+        ["api", "v1", "namespaces", ns, "events"] if get => {
+            list_events(shared, Some(ns), &req.query)
+        }
         ["api", "v1", "namespaces", ns, "events"] if method == Method::POST => {
             create_event(shared, ns, &req.query, raw, body)
         }

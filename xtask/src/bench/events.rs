@@ -45,6 +45,11 @@ pub struct EventsResult {
     /// kube client, two reflectors, the recorder, the metrics server).
     pub rss_kb: u64,
     pub hwm_kb: u64,
+    /// The kernel consoles and the console log level: the kernel prints a
+    /// failed request's `I/O error` line to them (rate-limited) before the
+    /// `block_rq_error` tracepoint runs, which a slow (serial) console
+    /// puts into these figures.
+    pub console: String,
 }
 
 pub fn run(tools: &Tools, cfg: &Config) -> Result<EventsResult> {
@@ -107,12 +112,14 @@ pub fn run(tools: &Tools, cfg: &Config) -> Result<EventsResult> {
     .map(|s| s.to_string())
     .collect();
     let agent = AgentProc::start_mode(&tools.agent, "run", &args, None)?;
-    // The first lists must be in before a pod can be named.
+    // The first pod and PV lists must be in before a pod can be named (the
+    // agent also lists its earlier Events at start: not one of those).
     api.wait_for(Duration::from_secs(20), |api| {
         let lists = api
             .requests()
             .iter()
             .filter(|r| r.method == "GET" && !r.is_watch() && r.status == 200)
+            .filter(|r| r.path == "/api/v1/pods" || r.path == "/api/v1/persistentvolumes")
             .count();
         (lists >= 2).then_some(())
     })?;
@@ -193,7 +200,27 @@ pub fn run(tools: &Tools, cfg: &Config) -> Result<EventsResult> {
         requests,
         rss_kb,
         hwm_kb,
+        console: console(),
     })
+}
+
+/// `ttyS0 at console_loglevel 4`, from /proc (what it could read).
+fn console() -> String {
+    let names: Vec<String> = std::fs::read_to_string("/proc/consoles")
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.split_whitespace().next().map(str::to_string))
+        .collect();
+    let level = std::fs::read_to_string("/proc/sys/kernel/printk")
+        .ok()
+        .and_then(|l| l.split_whitespace().next().map(str::to_string))
+        .unwrap_or_else(|| "?".to_string());
+    let names = if names.is_empty() {
+        "none".to_string()
+    } else {
+        names.join(", ")
+    };
+    format!("{names} at console_loglevel {level}")
 }
 
 impl EventsResult {
@@ -215,9 +242,11 @@ impl EventsResult {
         out.push_str(&row("failed request → Event on the pod", &self.to_pod));
         out.push_str(&row("failed request → Event on the PVC", &self.to_pvc));
         out.push_str(&format!(
-            "\nAgent memory in cluster mode at the end: RSS {:.1} MB, peak {:.1} MB.\n",
+            "\nAgent memory in cluster mode at the end: RSS {:.1} MB, peak {:.1} MB. \
+             Kernel console: {} (errors, level 3, are printed there when the level is above 3).\n",
             self.rss_kb as f64 / 1000.0,
-            self.hwm_kb as f64 / 1000.0
+            self.hwm_kb as f64 / 1000.0,
+            self.console
         ));
         out
     }

@@ -39,11 +39,13 @@ use tokio::time::Instant;
 
 use crate::volumes::conditions::Status;
 
+mod adopt;
 mod budget;
 mod message;
 mod series;
 mod writes;
 
+pub use adopt::Adopted;
 use series::Series;
 pub use writes::{Next, Outcome, Write};
 
@@ -112,6 +114,10 @@ pub struct RecorderConfig {
     /// Series kept at most (bounded memory whatever happens); beyond it new
     /// series are dropped and counted.
     pub max_series: usize,
+    /// An open Event continued after a restart that no pod volume asserts
+    /// again is cleared this long after its last report: the kernel quiet
+    /// window (`--kernel-quiet-window`).
+    pub unclaimed_clear_after: Duration,
 }
 
 impl RecorderConfig {
@@ -122,6 +128,7 @@ impl RecorderConfig {
             component: COMPONENT.to_string(),
             host: host.to_string(),
             max_series: 10_000,
+            unclaimed_clear_after: Duration::from_secs(300),
         }
     }
 }

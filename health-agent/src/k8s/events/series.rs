@@ -15,14 +15,17 @@ use crate::volumes::VolumeKey;
 /// What the server holds of a series. Event times have whole seconds.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(super) struct Snapshot {
-    count: u64,
-    message: String,
-    last_secs: u64,
+    pub(super) count: u64,
+    pub(super) message: String,
+    pub(super) last_secs: u64,
 }
 
 #[derive(Clone, Debug)]
 struct Contributor {
     count: u64,
+    /// When the condition was raised (its episode began, as this process
+    /// knows it).
+    since: SystemTime,
     /// Raised/updated changes seen, the count of conditions that carry none.
     changes: u64,
     message: String,
@@ -36,7 +39,7 @@ pub(super) struct Series {
     pub(super) type_: EventType,
     pub(super) reason: String,
     /// The condition a Warning series reports (Normal: the one cleared).
-    condition: (Status, String),
+    pub(super) condition: (Status, String),
     /// Open Warning series: pod volumes currently asserting the condition.
     contributors: BTreeMap<VolumeKey, Contributor>,
     pub(super) count: u64,
@@ -53,6 +56,21 @@ pub(super) struct Series {
     /// No further updates: removed once the server has its last state.
     pub(super) closed: bool,
     pub(super) in_flight: bool,
+    /// The count an earlier agent process wrote to this Event before a
+    /// restart (see `adopt`).
+    pub(super) carried: Option<Carried>,
+    /// An Event continued from before a restart that no pod volume has
+    /// claimed yet: cleared at this instant (and this wall time) unless one
+    /// does.
+    pub(super) unclaimed_until: Option<(Instant, SystemTime)>,
+}
+
+/// What an earlier agent process wrote to a continued Event.
+#[derive(Clone, Debug)]
+pub(super) struct Carried {
+    pub(super) count: u64,
+    /// Its `lastTimestamp` (whole seconds).
+    pub(super) last: SystemTime,
 }
 
 impl Series {
@@ -62,6 +80,12 @@ impl Series {
             message: self.message.clone(),
             last_secs: unix_secs(self.last),
         }
+    }
+
+    /// No pod volume asserts it (yet): a series continued from before a
+    /// restart until the condition comes back.
+    pub(super) fn unclaimed(&self) -> bool {
+        self.contributors.is_empty()
     }
 
     pub(super) fn dirty(&self) -> bool {
@@ -139,11 +163,14 @@ impl Recorder {
             let Some(s) = self.series.get_mut(&id) else {
                 continue;
             };
+            // A continued Event is this episode's from now on.
+            s.unclaimed_until = None;
             let entry = s
                 .contributors
                 .entry(key.clone())
                 .or_insert_with(|| Contributor {
                     count: 0,
+                    since: c.since,
                     changes: 0,
                     message: String::new(),
                     last: c.last_probe,
@@ -178,21 +205,23 @@ impl Recorder {
             }
             let was = s.message.clone();
             self.close(id);
-            self.recovered(object, targets, c, &was, now);
+            let subject = subject(object, targets);
+            self.recovered(object, &subject, (c.status, &c.reason), &was, now);
         }
         self.gc();
     }
 
-    /// Records a recovery on `object` in its Normal series.
-    fn recovered(
+    /// Records a recovery of `condition` on `object` in its Normal series.
+    pub(super) fn recovered(
         &mut self,
         object: &ObjectRef,
-        targets: &Targets,
-        c: &Condition,
+        subject: &str,
+        condition: (Status, &str),
         was: &str,
         now: SystemTime,
     ) {
-        let reason = format!("{}Cleared", c.reason);
+        let (status, cleared) = condition;
+        let reason = format!("{cleared}Cleared");
         let id = match self.normal.get(&(object.clone(), reason.clone())) {
             Some(id) => *id,
             None => {
@@ -200,7 +229,7 @@ impl Recorder {
                     object,
                     EventType::Normal,
                     &reason,
-                    (c.status, c.reason.clone()),
+                    (status, cleared.to_string()),
                     now,
                 ) else {
                     return;
@@ -215,16 +244,13 @@ impl Recorder {
         s.count += 1;
         s.last = s.last.max(now);
         s.message = clip(format!(
-            "{}: {} {} cleared; it was: {}",
-            subject(object, targets),
-            c.status,
-            c.reason,
+            "{subject}: {status} {cleared} cleared; it was: {}",
             strip_subject(was)
         ));
     }
 
     /// Starts a series; `None` when `max_series` is reached.
-    fn start(
+    pub(super) fn start(
         &mut self,
         object: &ObjectRef,
         type_: EventType,
@@ -262,6 +288,8 @@ impl Recorder {
                 last_write: None,
                 closed: false,
                 in_flight: false,
+                carried: None,
+                unclaimed_until: None,
             },
         );
         Some(id)
@@ -276,7 +304,7 @@ impl Recorder {
         format!("{}.{:x}", object.name, nanos.wrapping_add(self.name_seq))
     }
 
-    fn close(&mut self, id: SeriesId) {
+    pub(super) fn close(&mut self, id: SeriesId) {
         let Some(s) = self.series.get_mut(&id) else {
             return;
         };
@@ -308,7 +336,7 @@ impl Recorder {
 
 /// Recomputes an open Warning series from its contributors: the largest
 /// count, and the message of the contributor that has it.
-fn refresh(s: &mut Series) {
+pub(super) fn refresh(s: &mut Series) {
     let Some(top) = s
         .contributors
         .values()
@@ -316,11 +344,21 @@ fn refresh(s: &mut Series) {
     else {
         return;
     };
-    s.count = top.count;
+    // After a restart the episode's count goes on from what the earlier
+    // process wrote. A condition raised before that Event's last write
+    // (kernel counts adopted from pinned maps) already includes those
+    // errors; one raised since counts only the new ones.
+    let (count, before_restart) = match &s.carried {
+        Some(c) if top.since < c.last => (top.count.max(c.count), None),
+        Some(c) => (c.count + top.count, Some(c.count)),
+        None => (top.count, None),
+    };
+    s.count = count;
     s.last = s
         .contributors
         .values()
         .map(|c| c.last)
+        .chain(s.carried.as_ref().map(|c| c.last))
         .max()
         .unwrap_or(s.last)
         .max(s.first);
@@ -335,9 +373,15 @@ fn refresh(s: &mut Series) {
         s.condition.1,
         top.message
     ));
+    if let Some(n) = before_restart {
+        s.message = clip(format!(
+            "{} (and {n} before the agent restarted)",
+            s.message
+        ));
+    }
 }
 
-fn unix_secs(t: SystemTime) -> u64 {
+pub(super) fn unix_secs(t: SystemTime) -> u64 {
     t.duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
 }

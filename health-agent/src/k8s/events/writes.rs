@@ -82,12 +82,26 @@ impl Recorder {
     /// out before the recovery that follows it), or when to ask again.
     pub fn next_write(&mut self, now: Instant) -> Next {
         self.expire_normal(now);
-        let mut wake: Option<Instant> = None;
+        let mut wake: Option<Instant> = self.expire_unclaimed(now);
         let mut blocked: Vec<ObjectRef> = Vec::new();
         let mut found: Option<SeriesId> = None;
         let cap = self.config.writes_per_object_per_minute.max(1) as usize;
+        // One write per object at a time: its writes keep their order (a
+        // Warning's last patch before the recovery), and the cap counts
+        // each before the next starts. Writes to different objects overlap.
+        let busy: Vec<&ObjectRef> = self
+            .series
+            .values()
+            .filter(|s| s.in_flight)
+            .map(|s| &s.object)
+            .collect();
         for (id, s) in &self.series {
-            if s.in_flight || !s.dirty() || s.count == 0 || blocked.contains(&s.object) {
+            if s.in_flight
+                || !s.dirty()
+                || s.count == 0
+                || blocked.contains(&s.object)
+                || busy.contains(&&s.object)
+            {
                 continue;
             }
             // Open series are patched at most once per interval.
