@@ -144,6 +144,17 @@ pub struct ErrorSample {
 
 pub const DETAIL_LEN: usize = 32;
 
+/// When one CPU first and last counted an error of a key (kernel map
+/// `TIMES`): `bpf_ktime_get_ns()`, CLOCK_MONOTONIC. Userspace takes the
+/// earliest `first_ns` and the latest `last_ns` over CPUs; 0 means this CPU
+/// never counted the key.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ErrorTimes {
+    pub first_ns: u64,
+    pub last_ns: u64,
+}
+
 /// Slots of the per-CPU `STATS` array: what the kernel side dropped or merged.
 pub mod stat {
     /// Samples not sent because the device's rate limit was exhausted.
@@ -310,6 +321,7 @@ mod pod {
     unsafe impl aya::Pod for super::PartTable {}
     unsafe impl aya::Pod for super::PartRange {}
     unsafe impl aya::Pod for super::StackPair {}
+    unsafe impl aya::Pod for super::ErrorTimes {}
 }
 
 #[cfg(test)]

@@ -57,7 +57,10 @@ pub async fn run<R: Reporter>(opts: AgentOptions, mut reporter: R) -> anyhow::Re
     }
     let mut maps = Some(maps);
     let (mut collector, mut rest) =
-        Collector::new(&mut maps).context("setting up the sample reader")?;
+        Collector::new(&mut maps, attached.pinned()).context("setting up the sample reader")?;
+    if attached.adopted() {
+        tracing::info!("adopted programs that kept counting since the previous agent stopped");
+    }
     let mut topo = Topology::scan(&opts.host).context("reading the device topology")?;
     if kernel_maps::sync(&topo, &opts.host, &mut rest).bio_based > 0 {
         attached.attach_bio_errors();
@@ -85,6 +88,7 @@ pub async fn run<R: Reporter>(opts: AgentOptions, mut reporter: R) -> anyhow::Re
     let mut totals = tokio::time::interval(opts.totals_interval);
     totals.tick().await;
     let mut last_rescan = Instant::now();
+    let mut pruned_at = last_rescan;
     let mut batch = Vec::new();
     let mut handled = Handled::default();
     let mut misses = Misses::default();
@@ -118,6 +122,16 @@ pub async fn run<R: Reporter>(opts: AgentOptions, mut reporter: R) -> anyhow::Re
             _ = sleep_until(deadline) => break,
         }
         attached.flush_kernel_log();
+        if last_rescan != pruned_at {
+            pruned_at = last_rescan;
+            let pruned = collector.prune(&live_devices(&topo), &mut batch)?;
+            if pruned > 0 {
+                tracing::info!(
+                    keys = pruned,
+                    "pruned the counters of devices that are gone"
+                );
+            }
+        }
         if batch.iter().any(|e| is_unknown_block_device(&topo, e))
             && last_rescan.elapsed() >= MIN_RESCAN_GAP
         {
@@ -135,13 +149,19 @@ pub async fn run<R: Reporter>(opts: AgentOptions, mut reporter: R) -> anyhow::Re
             &topo,
             &clock,
         )?;
+        collector.persist()?;
     }
 
-    // Detach first, then collect what the kernel counted up to that point:
-    // the last lines printed make every total exact. (Skipped runs are read
-    // before: they go with the programs.)
+    // Unpinned: detach first, then collect what the kernel counted up to
+    // that point: the last lines printed make every total exact. (Skipped
+    // runs are read before: they go with the programs.) Pinned: the
+    // programs keep counting for the next process; what is reported now is
+    // recorded as reported, and a sample of it still in the ring buffer is
+    // a late one for the next process, not a second report.
     let program_misses = misses.read(&attached);
-    drop(attached);
+    if !attached.pinned() {
+        drop(attached);
+    }
     collector.drain(&mut batch);
     collector.reconcile(true, &mut batch)?;
     deliver(
@@ -152,6 +172,7 @@ pub async fn run<R: Reporter>(opts: AgentOptions, mut reporter: R) -> anyhow::Re
         &topo,
         &clock,
     )?;
+    collector.persist()?;
     let mut stats = collector.kernel_stats()?;
     stats.program_misses = program_misses;
     reporter.kernel_stats(&stats);
@@ -215,6 +236,17 @@ fn deliver<R: Reporter>(
 fn is_unknown_block_device(topo: &Topology, e: &KernelError) -> bool {
     let dev = Dev::from_kernel(e.key.dev);
     !dev.is_anonymous() && topo.device(dev).is_none()
+}
+
+/// Every device number an error key can carry that the topology still
+/// knows: block devices and the devices of mounted filesystems (btrfs and
+/// other anonymous ones).
+fn live_devices(topo: &Topology) -> std::collections::HashSet<u32> {
+    topo.devices()
+        .iter()
+        .map(|d| d.dev.to_kernel())
+        .chain(topo.mounts().iter().map(|m| m.dev.to_kernel()))
+        .collect()
 }
 
 async fn sleep_until(deadline: Option<tokio::time::Instant>) {

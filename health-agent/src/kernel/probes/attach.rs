@@ -8,6 +8,7 @@ use health_common::{complete_mode, field};
 
 use super::errors::{classify_load_error, error_chain};
 use super::layout::{plan, BLOCK_BIO_COMPLETE, BLOCK_RQ_COMPLETE, BLOCK_RQ_ERROR, FS_PROGRAMS};
+use super::pins::{self, PinError, PinSet};
 use super::preflight::{check_bpf, check_privileges, raise_memlock_limit};
 use super::{Attached, BioErrors, KernelMaps, ProbeError, ProbeOptions, SourceState, SourceStatus};
 use crate::kernel::tracefs::Tracefs;
@@ -89,6 +90,12 @@ pub fn attach(opts: &ProbeOptions) -> Result<(Attached, KernelMaps), ProbeError>
         }),
     }
     let bio = plan(&tracefs, &BLOCK_BIO_COMPLETE, &mut layout);
+    let fs_plans: Vec<_> = FS_PROGRAMS
+        .iter()
+        .map(|spec| (spec, plan(&tracefs, spec, &mut layout)))
+        .collect();
+    // Every program is planned before this: the stamp covers every offset.
+    let mut pin_set = open_pins(opts, &layout, mode)?;
     let mut bio_deferred = None;
     match (bio, opts.bio_errors) {
         (Ok((group, name)), BioErrors::Always) => planned.push(Planned {
@@ -97,6 +104,19 @@ pub fn attach(opts: &ProbeOptions) -> Result<(Attached, KernelMaps), ProbeError>
             name,
             note: None,
         }),
+        // Attached by the process whose pins this one adopts.
+        (Ok((group, name)), BioErrors::Auto)
+            if pin_set
+                .as_ref()
+                .is_some_and(|p| p.has_link(BLOCK_BIO_COMPLETE.program)) =>
+        {
+            planned.push(Planned {
+                program: BLOCK_BIO_COMPLETE.program,
+                group,
+                name,
+                note: None,
+            })
+        }
         (Ok(found), BioErrors::Auto) => {
             bio_deferred = Some(found);
             sources.push(SourceStatus {
@@ -118,8 +138,8 @@ pub fn attach(opts: &ProbeOptions) -> Result<(Attached, KernelMaps), ProbeError>
         }),
     }
     // Sources that stand alone: attached when the kernel has them.
-    for spec in FS_PROGRAMS {
-        match plan(&tracefs, spec, &mut layout) {
+    for (spec, found) in fs_plans {
+        match found {
             Ok((group, name)) => planned.push(Planned {
                 program: spec.program,
                 group,
@@ -133,12 +153,26 @@ pub fn attach(opts: &ProbeOptions) -> Result<(Attached, KernelMaps), ProbeError>
         }
     }
 
-    let mut ebpf = EbpfLoader::new()
+    let pinned_maps = match &pin_set {
+        Some(p) if p.adopted() => p.pinned_maps()?,
+        _ => Vec::new(),
+    };
+    let mut loader = EbpfLoader::new();
+    loader
         .override_global("LAYOUT", &layout, true)
         .override_global("COMPLETE_MODE", &mode, true)
-        .override_global("SAMPLES_PER_SEC", &opts.samples_per_sec, true)
+        .override_global("SAMPLES_PER_SEC", &opts.samples_per_sec, true);
+    // Adopted maps are opened, not created: the programs still running
+    // write them, and programs loaded now must share them.
+    for (name, path) in &pinned_maps {
+        loader.map_pin_path(name.as_str(), path.as_path());
+    }
+    let mut ebpf = loader
         .load(EBPF_OBJECT)
         .map_err(|e| classify_load_error(e, &opts.proc_root))?;
+    if let Some(p) = &pin_set {
+        p.pin_maps(&ebpf)?;
+    }
     let logger = match aya_log::EbpfLogger::init(&mut ebpf) {
         Ok(l) => Some(l),
         // Release builds of the kernel side may compile every log call out.
@@ -149,10 +183,10 @@ pub fn attach(opts: &ProbeOptions) -> Result<(Attached, KernelMaps), ProbeError>
     };
 
     for p in planned {
-        let outcome = attach_loaded(&mut ebpf, p.program, p.group, p.name);
+        let outcome = attach_loaded(&mut ebpf, pin_set.as_ref(), p.program, p.group, p.name);
         let mut note = p.note;
         if outcome.is_ok() && p.program == "filemap_set_wb_err" {
-            if let Err(why) = attach_writeback_errno(&mut ebpf) {
+            if let Err(why) = attach_writeback_errno(&mut ebpf, pin_set.as_ref()) {
                 note = Some(format!("errno only when the file already had one: {why}"));
             }
         }
@@ -173,9 +207,15 @@ pub fn attach(opts: &ProbeOptions) -> Result<(Attached, KernelMaps), ProbeError>
         return Err(ProbeError::NothingAttached(lines.join("\n")));
     }
 
+    if let Some(p) = &mut pin_set {
+        p.commit()?;
+    }
+
     let maps = KernelMaps {
         samples: take_map(&mut ebpf, "SAMPLES")?,
         counts: take_map(&mut ebpf, "COUNTS")?,
+        times: take_map(&mut ebpf, "TIMES")?,
+        accounted: take_map(&mut ebpf, "ACCOUNTED")?,
         stats: take_map(&mut ebpf, "STATS")?,
         partitions: take_map(&mut ebpf, "PARTITIONS")?,
         block_devs: take_map(&mut ebpf, "BLOCK_DEVS")?,
@@ -185,6 +225,7 @@ pub fn attach(opts: &ProbeOptions) -> Result<(Attached, KernelMaps), ProbeError>
     Ok((
         Attached {
             ebpf,
+            pins: pin_set,
             logger,
             sources,
             bio_deferred,
@@ -193,43 +234,98 @@ pub fn attach(opts: &ProbeOptions) -> Result<(Attached, KernelMaps), ProbeError>
     ))
 }
 
+/// The pins of this layout, or `None` with `--no-pin` or where there is no
+/// BPF filesystem (said once: the state will not outlive the process).
+fn open_pins(opts: &ProbeOptions, layout: &[u32], mode: u32) -> Result<Option<PinSet>, ProbeError> {
+    let Some(root) = &opts.pin_root else {
+        return Ok(None);
+    };
+    let layout_bytes: Vec<u8> = layout.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let stamp = pins::stamp(&[
+        EBPF_OBJECT,
+        &layout_bytes,
+        &mode.to_le_bytes(),
+        &opts.samples_per_sec.to_le_bytes(),
+        &[opts.bio_errors as u8],
+    ]);
+    match PinSet::open(root, &stamp) {
+        Ok(p) => Ok(Some(p)),
+        Err(PinError::NotBpffs(dir)) => {
+            tracing::warn!(
+                "{} is not on a BPF filesystem: nothing is pinned, so the programs detach when this process exits and errors until the next start are not counted (mount bpffs there, or pass --no-pin to silence this)",
+                dir.display()
+            );
+            Ok(None)
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// Loads one tracepoint program of the object and attaches it to
-/// `group:name`; returns the tracepoint's name, or why it failed.
+/// `group:name` (pinning program and link with `pins`; a program whose
+/// link is pinned already runs, adopted); returns the tracepoint's name,
+/// or why it failed.
 pub(super) fn attach_loaded(
     ebpf: &mut Ebpf,
+    pins: Option<&PinSet>,
     program: &'static str,
     group: &str,
     name: &str,
 ) -> Result<String, String> {
     let tracepoint = format!("{group}:{name}");
+    if pins.is_some_and(|p| p.has_link(program)) {
+        return Ok(tracepoint);
+    }
     let prog: &mut TracePoint = ebpf
         .program_mut(program)
         .ok_or_else(|| format!("{program} is not in the kernel object"))?
         .try_into()
         .map_err(|e: aya::programs::ProgramError| format!("{program}: {e}"))?;
     prog.load()
-        .and_then(|()| prog.attach(group, name).map(|_| ()))
+        .map_err(|e| format!("loading {program}: {}", error_chain(&e)))?;
+    let link = prog
+        .attach(group, name)
         .map_err(|e| format!("attaching {tracepoint}: {}", error_chain(&e)))?;
+    if let Some(pins) = pins {
+        let link = prog
+            .take_link(link)
+            .map_err(|e| format!("{program}: {}", error_chain(&e)))?;
+        pins.keep_link(program, link)
+            .and_then(|()| pins.pin_program(ebpf, program))
+            .map_err(|e| e.to_string())?;
+    }
     Ok(tracepoint)
 }
 
 /// The writeback tracepoint shows errseq from before the update, so the
 /// errno of a file's first error comes from an fentry program on the
 /// function that records it (needs kernel BTF and fentry support).
-fn attach_writeback_errno(ebpf: &mut Ebpf) -> Result<(), String> {
+fn attach_writeback_errno(ebpf: &mut Ebpf, pins: Option<&PinSet>) -> Result<(), String> {
     const FUNCTION: &str = "__filemap_set_wb_err";
+    const PROGRAM: &str = "filemap_set_wb_err_entry";
+    if pins.is_some_and(|p| p.has_link(PROGRAM)) {
+        return Ok(());
+    }
     let btf = aya::Btf::from_sys_fs().map_err(|e| format!("reading kernel BTF: {e}"))?;
     let program: &mut FEntry = ebpf
-        .program_mut("filemap_set_wb_err_entry")
+        .program_mut(PROGRAM)
         .ok_or("the fentry program is not in the object")?
         .try_into()
         .map_err(|e: aya::programs::ProgramError| e.to_string())?;
     program
         .load(FUNCTION, &btf)
         .map_err(|e| format!("fentry on {FUNCTION}: {}", error_chain(&e)))?;
-    program
+    let link = program
         .attach()
         .map_err(|e| format!("fentry on {FUNCTION}: {}", error_chain(&e)))?;
+    if let Some(pins) = pins {
+        let link = program
+            .take_link(link)
+            .map_err(|e| format!("{PROGRAM}: {}", error_chain(&e)))?;
+        pins.keep_link(PROGRAM, link)
+            .and_then(|()| pins.pin_program(ebpf, PROGRAM))
+            .map_err(|e| e.to_string())?;
+    }
     Ok(())
 }
 
