@@ -239,11 +239,14 @@ fn is_unknown_block_device(topo: &Topology, e: &KernelError) -> bool {
 }
 
 /// Every device number an error key can carry that the topology still
-/// knows: block devices and the devices of mounted filesystems (btrfs and
-/// other anonymous ones).
+/// knows: block devices with a medium and the devices of mounted
+/// filesystems (btrfs and other anonymous ones). A device of size 0 (a
+/// detached loop device, a drive without a medium) stays in sysfs but holds
+/// nothing its old counters were about.
 fn live_devices(topo: &Topology) -> std::collections::HashSet<u32> {
     topo.devices()
         .iter()
+        .filter(|d| d.size_sectors > 0)
         .map(|d| d.dev.to_kernel())
         .chain(topo.mounts().iter().map(|m| m.dev.to_kernel()))
         .collect()
