@@ -226,6 +226,14 @@ fn pins_are_adopted_replaced_on_a_new_layout_and_uninstalled() -> Result<()> {
 
     // The same options: adopted, not reloaded.
     let c = Agent::start(&[&quiet[..], &["--pin-dir", &pin, "--sample-rate", "50"]].concat())?;
+    // While it runs, the pins are its own: no second agent, no uninstall.
+    let held = format!("another agent holds the pinned kernel state at {pin}");
+    let (code, _, stderr) = run_agent(&["watch", "--duration", "1", "--pin-dir", &pin])?;
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stderr.contains(&held), "{stderr}");
+    let (code, _, stderr) = run_agent(&["uninstall", "--pin-dir", &pin])?;
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stderr.contains(&held), "{stderr}");
     let run = c.stop_cleanly()?;
     assert!(
         run.stderr.contains("adopting the pinned kernel state"),

@@ -21,12 +21,14 @@
 //! pinning never leaves a directory that looks adoptable.
 
 use std::fmt::Display;
+use std::fs::File;
 use std::io;
 use std::path::{Path, PathBuf};
 
 use aya::programs::links::FdLink;
 use aya::programs::{ProgramFd, ProgramInfo};
 use aya::Ebpf;
+use nix::fcntl::{Flock, FlockArg};
 
 /// Where the DaemonSet's agents pin (the host's bpffs is mounted there).
 pub const DEFAULT_PIN_ROOT: &str = "/sys/fs/bpf/volume-health";
@@ -51,6 +53,11 @@ pub enum PinError {
         "{0}: managing the agent's pinned kernel state needs root (CAP_SYS_ADMIN and CAP_BPF)"
     )]
     NotRoot(PathBuf),
+    #[error(
+        "another agent holds the pinned kernel state at {0}: stop it first, or give this \
+         one --no-pin or another --pin-dir"
+    )]
+    InUse(PathBuf),
     #[error("{what} {}", path.display())]
     Io {
         what: &'static str,
@@ -96,6 +103,11 @@ pub struct PinSet {
     dir: PathBuf,
     committed: PathBuf,
     adopted: bool,
+    /// An exclusive lock on `<root>` for as long as this process runs: two
+    /// agents on one pin directory would steal each other's samples (one
+    /// ring buffer), or one would remove the other's programs (another
+    /// stamp). The kernel drops it when the process dies, however it dies.
+    _lock: Flock<File>,
 }
 
 impl PinSet {
@@ -105,6 +117,7 @@ impl PinSet {
     pub fn open(root: &Path, stamp: &str) -> Result<PinSet, PinError> {
         check_root(root)?;
         std::fs::create_dir_all(root).map_err(io_err("creating", root))?;
+        let lock = lock(root)?;
         let committed = root.join(stamp);
         for entry in std::fs::read_dir(root).map_err(io_err("reading", root))? {
             let entry = entry.map_err(io_err("reading", root))?;
@@ -127,6 +140,7 @@ impl PinSet {
                 dir: committed.clone(),
                 committed,
                 adopted: true,
+                _lock: lock,
             });
         }
         if committed.exists() {
@@ -141,6 +155,7 @@ impl PinSet {
             dir,
             committed,
             adopted: false,
+            _lock: lock,
         })
     }
 
@@ -292,6 +307,7 @@ pub fn uninstall(root: &Path) -> Result<Option<Removed>, PinError> {
     if !root.exists() {
         return Ok(None);
     }
+    let _lock = lock(root)?;
     let mut removed = Removed {
         links: 0,
         programs: 0,
@@ -311,6 +327,23 @@ pub fn uninstall(root: &Path) -> Result<Option<Removed>, PinError> {
     }
     remove(root)?;
     Ok(Some(removed))
+}
+
+/// Takes the exclusive lock on `root` (a directory: flock works on any
+/// inode, bpffs ones included, across mount namespaces).
+fn lock(root: &Path) -> Result<Flock<File>, PinError> {
+    let dir = File::open(root).map_err(io_err("opening", root))?;
+    Flock::lock(dir, FlockArg::LockExclusiveNonblock).map_err(|(_, errno)| {
+        if errno == nix::errno::Errno::EWOULDBLOCK {
+            PinError::InUse(root.to_path_buf())
+        } else {
+            PinError::Io {
+                what: "locking",
+                path: root.to_path_buf(),
+                source: errno.into(),
+            }
+        }
+    })
 }
 
 /// Pins and their directories; links first, so programs stop before the
