@@ -388,6 +388,7 @@ mod tests {
     fn record_layouts_are_stable() {
         assert_eq!(core::mem::size_of::<CounterKey>(), 12);
         assert_eq!(core::mem::size_of::<ErrorSample>(), 112);
+        assert_eq!(core::mem::size_of::<ErrorTimes>(), 16);
         assert_eq!(core::mem::size_of::<PartTable>(), 8 + 24 * MAX_PARTITIONS);
         assert_eq!(kdev::make(7, 2), 0x700002);
         assert_eq!((kdev::major(0x700002), kdev::minor(0x700002)), (7, 2));

@@ -240,6 +240,14 @@ fn open_pins(opts: &ProbeOptions, layout: &[u32], mode: u32) -> Result<Option<Pi
     let Some(root) = &opts.pin_root else {
         return Ok(None);
     };
+    // Tracepoint attachments are bpf links, which can be pinned, only
+    // since 5.15; before, a pinned program would sit detached.
+    if !aya::features().bpf_perf_link() {
+        tracing::warn!(
+            "this kernel cannot pin tracepoint attachments (bpf perf links need Linux 5.15+): nothing is pinned, so the programs detach when this process exits and errors until the next start are not counted"
+        );
+        return Ok(None);
+    }
     let layout_bytes: Vec<u8> = layout.iter().flat_map(|v| v.to_le_bytes()).collect();
     let stamp = pins::stamp(&[
         EBPF_OBJECT,
