@@ -157,19 +157,23 @@ pub fn attach(opts: &ProbeOptions) -> Result<(Attached, KernelMaps), ProbeError>
         Some(p) if p.adopted() => p.pinned_maps()?,
         _ => Vec::new(),
     };
-    let mut loader = EbpfLoader::new();
-    loader
-        .override_global("LAYOUT", &layout, true)
-        .override_global("COMPLETE_MODE", &mode, true)
-        .override_global("SAMPLES_PER_SEC", &opts.samples_per_sec, true);
-    // Adopted maps are opened, not created: the programs still running
-    // write them, and programs loaded now must share them.
-    for (name, path) in &pinned_maps {
-        loader.map_pin_path(name.as_str(), path.as_path());
-    }
-    let mut ebpf = loader
-        .load(EBPF_OBJECT)
-        .map_err(|e| classify_load_error(e, &opts.proc_root))?;
+    // The loader holds the kernel's parsed BTF (megabytes): it goes as soon
+    // as the object is loaded, before anything else parses BTF again.
+    let mut ebpf = {
+        let mut loader = EbpfLoader::new();
+        loader
+            .override_global("LAYOUT", &layout, true)
+            .override_global("COMPLETE_MODE", &mode, true)
+            .override_global("SAMPLES_PER_SEC", &opts.samples_per_sec, true);
+        // Adopted maps are opened, not created: the programs still running
+        // write them, and programs loaded now must share them.
+        for (name, path) in &pinned_maps {
+            loader.map_pin_path(name.as_str(), path.as_path());
+        }
+        loader
+            .load(EBPF_OBJECT)
+            .map_err(|e| classify_load_error(e, &opts.proc_root))?
+    };
     if let Some(p) = &pin_set {
         p.pin_maps(&ebpf)?;
     }
