@@ -115,10 +115,19 @@ fn a_killed_agent_restarts_and_every_error_is_reported_exactly_once() -> Result<
     let after = second.stop_cleanly()?;
     let after_sum = filter.sum(&after.events);
     assert!(before >= 200, "the first agent reported {before}");
+    // Nothing reported twice and nothing dropped by the agents: the lines
+    // of both runs add up to the kernel's counter, as the last agent read it.
+    let counted = final_total(&after.stderr, lo.maj_min())?;
     assert_eq!(
         before + after_sum,
-        injected,
-        "first run {before} + second run {after_sum} != {injected} injected:\n{}",
+        counted,
+        "first run {before} + second run {after_sum} != the kernel's count {counted}:\n{}",
+        after.stderr
+    );
+    // And the kernel counted every injected error, the gap included.
+    assert_eq!(
+        counted, injected,
+        "the kernel counted {counted} of {injected} injected errors:\n{}",
         after.stderr
     );
     assert!(
@@ -135,6 +144,21 @@ fn a_killed_agent_restarts_and_every_error_is_reported_exactly_once() -> Result<
         .count();
     assert!(gap_samples > 0, "no sample of the gap was read");
     Ok(())
+}
+
+/// The device's total in the agent's final `totals:` block (the kernel's
+/// counters, summed over CPUs).
+fn final_total(stderr: &str, maj_min: &str) -> Result<u64> {
+    let totals = stderr
+        .rsplit_once("totals:\n")
+        .context("no final totals on stderr")?
+        .1;
+    totals
+        .lines()
+        .find(|l| l.trim_start().starts_with(&format!("{maj_min} ")))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|n| n.parse().ok())
+        .with_context(|| format!("no total for {maj_min} in:\n{totals}"))
 }
 
 /// The kernel's id of the program pinned for `program` under `layout`.
