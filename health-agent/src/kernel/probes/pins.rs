@@ -303,6 +303,10 @@ pub struct Removed {
 /// programs and maps are freed once no process holds them. `None` when
 /// nothing was pinned.
 pub fn uninstall(root: &Path) -> Result<Option<Removed>, PinError> {
+    // Without root, a pin directory it cannot read would look empty.
+    if !nix::unistd::geteuid().is_root() {
+        return Err(PinError::NotRoot(root.to_path_buf()));
+    }
     check_root(root)?;
     if !root.exists() {
         return Ok(None);
@@ -359,12 +363,10 @@ fn remove(path: &Path) -> Result<(), PinError> {
     std::fs::remove_dir_all(path).map_err(io_err("removing", path))
 }
 
-/// `root` (or the nearest existing parent) must be on bpffs, and only root
-/// may touch it.
+/// `root` (or the nearest existing parent) must be on bpffs. Who may pin
+/// there is the filesystem's own permissions' business (an agent with
+/// CAP_BPF need not be uid 0).
 fn check_root(root: &Path) -> Result<(), PinError> {
-    if !nix::unistd::geteuid().is_root() {
-        return Err(PinError::NotRoot(root.to_path_buf()));
-    }
     let mut probe = root;
     while !probe.exists() {
         match probe.parent() {
