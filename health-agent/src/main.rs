@@ -6,9 +6,9 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use health_agent::agent::{self, AgentOptions};
+use health_agent::agent::{self, AgentOptions, EventPriority};
 use health_agent::dev::Dev;
-use health_agent::kernel::probes::{pins, BioErrors, ProbeError, ProbeOptions};
+use health_agent::kernel::probes::{pins, BioErrors, BlockAttach, ProbeError, ProbeOptions};
 use health_agent::report::watch::View;
 use health_agent::topology::HostPaths;
 use health_agent::volumes::checks::CheckConfig;
@@ -105,6 +105,16 @@ struct KernelArgs {
     /// until the next start go uncounted.
     #[arg(long)]
     no_pin: bool,
+    /// How the block request programs attach: BTF raw tracepoints where the kernel has them
+    /// (auto; not skipped while another BPF tracing program or a map syscall runs on the CPU),
+    /// or always tracefs tracepoints.
+    #[arg(long, value_enum, default_value_t = BlockAttach::Auto)]
+    block_attach: BlockAttach,
+    /// Scheduling priority of the event path (ring buffer to line or Event hand-off):
+    /// real-time SCHED_FIFO 5 (rt) or nice -10 (nice) where CAP_SYS_NICE grants it,
+    /// falling back with a warning; periodic work always runs at normal priority.
+    #[arg(long, value_enum, default_value_t = EventPriority::Rt, env = "HEALTH_EVENT_PRIORITY")]
+    event_priority: EventPriority,
 }
 
 #[derive(clap::Args)]
@@ -262,6 +272,7 @@ fn run_options(args: RunArgs, host: HostPaths) -> anyhow::Result<health_agent::k
     let volumes = volumes_config(kubelet_root, &args.volume, &args.intervals, &host)?;
     let agent = AgentOptions {
         probes: probe_options(&args.kernel, &host),
+        event_priority: args.kernel.event_priority,
         host,
         duration: None,
         totals_interval: Duration::from_secs(60),
@@ -287,6 +298,7 @@ fn probe_options(args: &KernelArgs, host: &HostPaths) -> ProbeOptions {
         samples_per_sec: args.sample_rate,
         bio_errors: args.bio_errors,
         pin_root: (!args.no_pin).then(|| args.pins.pin_dir.clone()),
+        block_attach: args.block_attach,
     }
 }
 
@@ -351,6 +363,7 @@ fn watch_options(args: WatchArgs, host: HostPaths) -> anyhow::Result<(AgentOptio
     let view = View::new(args.json, &args.devices);
     let opts = AgentOptions {
         probes: probe_options(&args.kernel, &host),
+        event_priority: args.kernel.event_priority,
         host,
         duration,
         totals_interval,

@@ -47,7 +47,13 @@ const DEFAULT_METRICS_ADDR: &str = "0.0.0.0:9808";
 const METRICS_PORT_NAME: &str = "metrics";
 
 /// The capabilities deploy/daemonset.yaml documents, one by one.
-const CAPABILITIES: [&str; 4] = ["BPF", "PERFMON", "SYS_RESOURCE", "DAC_READ_SEARCH"];
+const CAPABILITIES: [&str; 5] = [
+    "BPF",
+    "PERFMON",
+    "SYS_RESOURCE",
+    "DAC_READ_SEARCH",
+    "SYS_NICE",
+];
 
 /// One host path the agent needs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]

@@ -277,6 +277,52 @@ pub mod field {
     pub const COUNT: usize = 34;
 }
 
+/// Slots of the kernel global `RQ_LAYOUT`: what the `tp_btf` block programs
+/// need to read a `struct request`, taken from the running kernel's BTF at
+/// load time (byte offsets of members, bit numbers of request flags).
+/// [`rq::ABSENT`] marks a member or flag this kernel does not have.
+pub mod rq {
+    /// `request.q`
+    pub const Q: usize = 0;
+    /// `request_queue.disk` (kernels since 5.16; older ones have `request.rq_disk`)
+    pub const Q_DISK: usize = 1;
+    /// `request.rq_disk` (kernels before 5.19)
+    pub const RQ_DISK: usize = 2;
+    /// `gendisk.major`
+    pub const DISK_MAJOR: usize = 3;
+    /// `gendisk.first_minor`
+    pub const DISK_FIRST_MINOR: usize = 4;
+    /// `request.__sector`
+    pub const SECTOR: usize = 5;
+    /// `request.cmd_flags`
+    pub const CMD_FLAGS: usize = 6;
+    /// Bit numbers in `cmd_flags` (`enum req_flag_bits`).
+    pub const BIT_PREFLUSH: usize = 7;
+    pub const BIT_FUA: usize = 8;
+    pub const BIT_RAHEAD: usize = 9;
+    pub const BIT_SYNC: usize = 10;
+    pub const BIT_META: usize = 11;
+    /// 1 when `block_rq_complete`'s raw error argument is already an errno
+    /// (kernels before 5.14 pass `int`, later ones `blk_status_t`).
+    pub const COMPLETE_ARG_ERRNO: usize = 12;
+    pub const COUNT: usize = 13;
+    pub const ABSENT: u32 = u32::MAX;
+    /// Entries of the kernel global `STATUS_ERRNO` (errno per `blk_status_t`).
+    pub const STATUS_COUNT: usize = 32;
+    /// The operation's bits in `cmd_flags` (`REQ_OP_BITS`, 8 since 4.10).
+    pub const OP_MASK: u32 = 0xff;
+    /// `enum req_op` values (unchanged since 4.10).
+    pub const OP_READ: u32 = 0;
+    pub const OP_WRITE: u32 = 1;
+    pub const OP_FLUSH: u32 = 2;
+    pub const OP_DISCARD: u32 = 3;
+    pub const OP_SECURE_ERASE: u32 = 5;
+    pub const OP_WRITE_ZEROES: u32 = 9;
+    /// Operations from 32 up are passthrough (`REQ_OP_SCSI_*` before 5.11,
+    /// `REQ_OP_DRV_*`): the tracepoints show sector 0 for them.
+    pub const OP_PASSTHROUGH: u32 = 32;
+}
+
 /// How `block_rq_complete` is used (kernel global `COMPLETE_MODE`).
 pub mod complete_mode {
     /// Not attached.

@@ -13,27 +13,41 @@
 //! verifier sees each offset as a constant).
 #![no_std]
 #![no_main]
+// The BPF target has no atomic types with read-modify-write in `core`, but
+// LLVM emits BPF's atomic add for the intrinsic.
+#![allow(internal_features)]
+#![feature(core_intrinsics)]
 
 use aya_ebpf::{
     bindings::BPF_NOEXIST,
     helpers::{
         bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_ktime_get_ns,
-        bpf_probe_read_kernel_str_bytes,
+        bpf_probe_read_kernel, bpf_probe_read_kernel_str_bytes,
     },
-    macros::{fentry, map, tracepoint},
+    macros::{btf_tracepoint, fentry, map, tracepoint},
     maps::{HashMap, LruHashMap, LruPerCpuHashMap, PerCpuArray, PerCpuHashMap, RingBuf},
-    programs::{FEntryContext, TracePointContext},
+    programs::{BtfTracePointContext, FEntryContext, TracePointContext},
     EbpfContext,
 };
 use aya_log_ebpf::debug;
 use health_common::{
-    complete_mode, field, kdev, op, op_from_rwbs, source, stat, CounterKey, ErrorSample,
+    complete_mode, field, kdev, op, op_from_rwbs, rq, source, stat, CounterKey, ErrorSample,
     ErrorTimes, PartTable, StackPair, DETAIL_LEN, RWBS_LEN,
 };
 
 /// Byte offset of each tracepoint field, indexed by [`field`] slots.
 #[no_mangle]
 static LAYOUT: [u32; field::COUNT] = [0; field::COUNT];
+
+/// Offsets into `struct request` and its disk, and request flag bits, from
+/// the kernel's BTF, indexed by [`rq`] slots (for the `tp_btf` programs).
+#[no_mangle]
+static RQ_LAYOUT: [u32; rq::COUNT] = [rq::ABSENT; rq::COUNT];
+
+/// errno per `blk_status_t` on this kernel (0: not known here, taken as EIO,
+/// the kernel's own catch-all); userspace fills it for the kernel version.
+#[no_mangle]
+static STATUS_ERRNO: [u8; rq::STATUS_COUNT] = [0; rq::STATUS_COUNT];
 
 /// One of [`complete_mode`].
 #[no_mangle]
@@ -44,9 +58,10 @@ static COMPLETE_MODE: u32 = complete_mode::OFF;
 static SAMPLES_PER_SEC: u32 = 100;
 
 /// Exact error counts. The value is per CPU, so each CPU increments its own
-/// slot without atomics: tracepoint programs never nest on one CPU (the
-/// kernel skips a program that would run inside another and counts that as
-/// a miss, which userspace reads from the program's stats).
+/// slot; the increment is still atomic, because `tp_btf` programs may nest
+/// on one CPU (a completion in a hardirq inside a softirq one runs another
+/// program; the kernel only keeps a program from nesting inside itself, and
+/// counts that as a miss, which userspace reads from the program's stats).
 #[map]
 static COUNTS: PerCpuHashMap<CounterKey, u64> = PerCpuHashMap::with_max_entries(8192, 0);
 
@@ -200,21 +215,31 @@ fn read<T>(ctx: &TracePointContext, slot: usize) -> Option<T> {
 #[inline(always)]
 fn bump(slot: u32) {
     if let Some(p) = STATS.get_ptr_mut(slot) {
-        // SAFETY: this CPU's slot; programs do not nest on a CPU.
-        unsafe { *p += 1 };
+        // SAFETY: this CPU's slot of a map value, 8-byte aligned.
+        unsafe { increment(p) };
+    }
+}
+
+/// Adds one to a per-CPU slot and returns its value afterwards (a program
+/// nested in between may have added one too, which only makes two samples
+/// carry the same count; userspace takes the later one as already covered).
+#[inline(always)]
+unsafe fn increment(p: *mut u64) -> u64 {
+    use core::intrinsics::{atomic_xadd, AtomicOrdering::Relaxed};
+    // SAFETY: the caller's pointer is a live, aligned u64 of a map value.
+    unsafe {
+        atomic_xadd::<u64, u64, { Relaxed }>(p, 1);
+        core::ptr::read_volatile(p)
     }
 }
 
 /// Counts one error and returns this CPU's count for the key afterwards
 /// (0 when the counter map is full and the error could not be counted).
 #[inline(always)]
-fn count(ctx: &TracePointContext, key: &CounterKey) -> u64 {
+fn count<C: EbpfContext>(ctx: &C, key: &CounterKey) -> u64 {
     if let Some(p) = COUNTS.get_ptr_mut(key) {
         // SAFETY: this CPU's slot.
-        unsafe {
-            *p += 1;
-            return *p;
-        }
+        return unsafe { increment(p) };
     }
     if COUNTS.insert(key, &1, BPF_NOEXIST as u64).is_ok() {
         return 1;
@@ -222,10 +247,7 @@ fn count(ctx: &TracePointContext, key: &CounterKey) -> u64 {
     // Another CPU inserted the key first, or the map is full.
     if let Some(p) = COUNTS.get_ptr_mut(key) {
         // SAFETY: this CPU's slot.
-        unsafe {
-            *p += 1;
-            return *p;
-        }
+        return unsafe { increment(p) };
     }
     bump(stat::COUNTER_MAP_FULL);
     debug!(ctx, "counter map full, dev {} errno {}", key.dev, key.errno);
@@ -306,8 +328,8 @@ struct Details {
 /// Counts the error, then sends a sample if the device's budget allows.
 /// Returns the reserved sample slot so the caller can add its text detail.
 #[inline(always)]
-fn record(
-    ctx: &TracePointContext,
+fn record<C: EbpfContext>(
+    ctx: &C,
     key: CounterKey,
     d: Details,
 ) -> Option<aya_ebpf::maps::ring_buf::RingBufEntry<ErrorSample>> {
@@ -362,14 +384,32 @@ fn block_error(
     if error == 0 {
         return Some(());
     }
-    let disk: u32 = read(ctx, dev_slot)?;
+    let failed = FailedBlock {
+        disk: read(ctx, dev_slot)?,
+        sector: read(ctx, sector_slot)?,
+        nr_sectors: read(ctx, nr_slot)?,
+        opcode: 0,
+        errno: error.unsigned_abs(),
+        rwbs: read(ctx, rwbs_slot)?,
+    };
+    failed_request(ctx, src, failed, flush_only)
+}
+
+/// What both kinds of block request program do with a failed request: note
+/// it for the stacking layers above, classify it, count it.
+#[inline(always)]
+fn failed_request<C: EbpfContext>(
+    ctx: &C,
+    src: u8,
+    mut f: FailedBlock,
+    flush_only: bool,
+) -> Option<()> {
     // A failed request's bios complete without block_bio_complete (the
     // request was traced), so the request itself is what a stacking device
     // above may echo.
-    note_failure(disk);
-    let rwbs: [u8; RWBS_LEN] = read(ctx, rwbs_slot)?;
-    let nr_sectors: u32 = read(ctx, nr_slot)?;
-    let mut opcode = op_from_rwbs(&rwbs);
+    note_failure(f.disk);
+    let mut opcode = op_from_rwbs(&f.rwbs);
+    let nr_sectors = f.nr_sectors;
     if opcode == op::WRITE && nr_sectors == 0 {
         // A write without data is the carrier of a preflush (fsync on a
         // block device, a journal commit): its failure is a failed flush.
@@ -384,16 +424,8 @@ fn block_error(
     if flush_only && opcode != op::FLUSH {
         return Some(());
     }
-    let sector: u64 = read(ctx, sector_slot)?;
-    let failed = FailedBlock {
-        disk,
-        sector,
-        nr_sectors,
-        opcode,
-        errno: error.unsigned_abs(),
-        rwbs,
-    };
-    count_block_error(ctx, src, failed)
+    f.opcode = opcode;
+    count_block_error(ctx, src, f)
 }
 
 /// One failed request or bio, as its tracepoint showed it.
@@ -409,7 +441,7 @@ struct FailedBlock {
 /// Resolves the partition, remembers a failed write's errno for writeback
 /// errors, counts the error and samples it.
 #[inline(always)]
-fn count_block_error(ctx: &TracePointContext, src: u8, f: FailedBlock) -> Option<()> {
+fn count_block_error<C: EbpfContext>(ctx: &C, src: u8, f: FailedBlock) -> Option<()> {
     // The tracepoints name the whole disk with an absolute sector (bios of
     // kernels since 5.12 name the partition already, which resolves to itself).
     let dev = match unsafe { PARTITIONS.get(f.disk) } {
@@ -469,6 +501,169 @@ pub fn block_rq_complete(ctx: TracePointContext) -> u32 {
     let flush_only = mode == complete_mode::FLUSH_ONLY;
     let _ = block_error(&ctx, source::BLOCK_RQ_COMPLETE, slots, flush_only);
     0
+}
+
+/// `block_rq_error` as a BTF raw tracepoint: the kernel calls it directly
+/// with the tracepoint's arguments, without building the tracefs record and
+/// without the perf path's check that no other BPF program is running on
+/// the CPU, which skips tracefs programs (uncounted) whenever an interrupt
+/// completes a request while the agent itself is inside a map syscall.
+#[btf_tracepoint(function = "block_rq_error")]
+pub fn block_rq_error_btf(ctx: BtfTracePointContext) -> u32 {
+    let _ = request_error(&ctx, source::BLOCK_RQ_ERROR, false);
+    0
+}
+
+/// `block_rq_complete` as a BTF raw tracepoint; on the healthy path it only
+/// reads its error argument.
+#[btf_tracepoint(function = "block_rq_complete")]
+pub fn block_rq_complete_btf(ctx: BtfTracePointContext) -> u32 {
+    let mode = global(&COMPLETE_MODE);
+    if mode == complete_mode::OFF {
+        return 0;
+    }
+    let _ = request_error(
+        &ctx,
+        source::BLOCK_RQ_COMPLETE,
+        mode == complete_mode::FLUSH_ONLY,
+    );
+    0
+}
+
+#[inline(always)]
+fn rq_slot(slot: usize) -> u32 {
+    // SAFETY: as for `offset`.
+    unsafe { core::ptr::read_volatile(&RQ_LAYOUT[slot]) }
+}
+
+/// Reads a kernel value at `base + RQ_LAYOUT[slot]`.
+#[inline(always)]
+fn kread<T>(base: u64, slot: usize) -> Option<T> {
+    let off = rq_slot(slot);
+    if off == rq::ABSENT || base == 0 {
+        return None;
+    }
+    // SAFETY: a read the kernel checks; a bad address is an error, not a fault.
+    unsafe { bpf_probe_read_kernel((base + off as u64) as *const T).ok() }
+}
+
+/// The errno the kernel would give for a `blk_status_t`.
+#[inline(always)]
+fn status_errno(status: u8) -> u32 {
+    if status == 0 {
+        return 0;
+    }
+    let i = status as usize;
+    if i >= rq::STATUS_COUNT {
+        return EIO;
+    }
+    // SAFETY: as for `offset`; the index is bounded above.
+    match unsafe { core::ptr::read_volatile(&STATUS_ERRNO[i]) } {
+        0 => EIO,
+        errno => errno as u32,
+    }
+}
+
+const EIO: u32 = 5;
+
+/// The device a request was for, as the tracepoints name it: its disk.
+#[inline(always)]
+fn request_dev(req: u64) -> u32 {
+    let disk: u64 = if rq_slot(rq::RQ_DISK) != rq::ABSENT {
+        kread(req, rq::RQ_DISK).unwrap_or(0)
+    } else {
+        kread::<u64>(req, rq::Q)
+            .and_then(|q| kread(q, rq::Q_DISK))
+            .unwrap_or(0)
+    };
+    let major: i32 = kread(disk, rq::DISK_MAJOR).unwrap_or(0);
+    let minor: i32 = kread(disk, rq::DISK_FIRST_MINOR).unwrap_or(0);
+    kdev::make(major as u32, minor as u32)
+}
+
+#[inline(always)]
+fn flag(opf: u32, slot: usize) -> bool {
+    let bit = rq_slot(slot);
+    bit < 32 && opf & (1 << bit) != 0
+}
+
+/// The tracepoints' `rwbs` text for a request's operation and flags. Built
+/// in a register (at most 7 letters of the 8 bytes): the verifier refuses a
+/// stack write at a variable index.
+#[inline(always)]
+fn rwbs_from_opf(opf: u32) -> [u8; RWBS_LEN] {
+    let mut text: u64 = 0;
+    let mut n: u32 = 0;
+    let mut push = |c: u8| {
+        if n < RWBS_LEN as u32 - 1 {
+            text |= (c as u64) << (8 * n);
+            n += 1;
+        }
+    };
+    if flag(opf, rq::BIT_PREFLUSH) {
+        push(b'F');
+    }
+    match opf & rq::OP_MASK {
+        rq::OP_WRITE => push(b'W'),
+        rq::OP_DISCARD => push(b'D'),
+        rq::OP_SECURE_ERASE => {
+            push(b'D');
+            push(b'E');
+        }
+        rq::OP_WRITE_ZEROES => {
+            push(b'W');
+            push(b'Z');
+        }
+        rq::OP_FLUSH => push(b'F'),
+        rq::OP_READ => push(b'R'),
+        _ => push(b'N'),
+    }
+    if flag(opf, rq::BIT_FUA) {
+        push(b'F');
+    }
+    if flag(opf, rq::BIT_RAHEAD) {
+        push(b'A');
+    }
+    if flag(opf, rq::BIT_SYNC) {
+        push(b'S');
+    }
+    if flag(opf, rq::BIT_META) {
+        push(b'M');
+    }
+    text.to_le_bytes()
+}
+
+/// Shared body of the two `tp_btf` programs: arguments are
+/// `(struct request *rq, blk_status_t error, unsigned int nr_bytes)`
+/// (`int error`, an errno, for `block_rq_complete` before 5.14).
+#[inline(always)]
+fn request_error(ctx: &BtfTracePointContext, src: u8, flush_only: bool) -> Option<()> {
+    let raw: u64 = ctx.arg(1);
+    let errno = if src == source::BLOCK_RQ_COMPLETE && rq_slot(rq::COMPLETE_ARG_ERRNO) == 1 {
+        (raw as u32 as i32).unsigned_abs()
+    } else {
+        status_errno(raw as u8)
+    };
+    if errno == 0 {
+        return Some(());
+    }
+    let req: u64 = ctx.arg(0);
+    let nr_bytes: u32 = ctx.arg(2);
+    let opf: u32 = kread(req, rq::CMD_FLAGS)?;
+    let sector = if opf & rq::OP_MASK >= rq::OP_PASSTHROUGH {
+        0
+    } else {
+        kread(req, rq::SECTOR)?
+    };
+    let failed = FailedBlock {
+        disk: request_dev(req),
+        sector,
+        nr_sectors: nr_bytes >> 9,
+        opcode: 0,
+        errno,
+        rwbs: rwbs_from_opf(opf),
+    };
+    failed_request(ctx, src, failed, flush_only)
 }
 
 /// Records a failed request or bio of `dev` as this CPU's last failure and

@@ -55,6 +55,14 @@ pub struct BenchArgs {
     /// the rate under the agent's default budget of 100 samples/s per device per CPU).
     #[arg(long, default_value_t = 11)]
     latency_gap_ms: u64,
+    /// CPU-bound busy threads spinning through the latency measurement (the
+    /// machine has 2 cores: 4 is 2x oversubscription).
+    #[arg(long, default_value_t = 0)]
+    load: u32,
+    /// The agent's --event-priority in the latency measurement (rt, nice,
+    /// normal); the agent's default when not given.
+    #[arg(long)]
+    latency_priority: Option<String>,
     /// A/B rounds per agent configuration in the overhead measurement.
     #[arg(long, default_value_t = 10)]
     rounds: u32,
@@ -241,19 +249,26 @@ pub fn run_bench(args: &BenchArgs) -> Result<()> {
         let (id, command, headline, body) = match part {
             Part::Latency => {
                 say(format!(
-                    "latency: {} failing writes, {} ms apart",
-                    args.latency_errors, args.latency_gap_ms
+                    "latency: {} failing writes, {} ms apart, {} busy threads",
+                    args.latency_errors, args.latency_gap_ms, args.load
                 ));
                 let cfg = latency::Config {
                     errors: args.latency_errors,
                     gap: Duration::from_millis(args.latency_gap_ms),
+                    load: args.load,
+                    event_priority: args.latency_priority.clone(),
                 };
                 let r = latency::run(&tools, &cfg)?;
+                let priority = args
+                    .latency_priority
+                    .as_ref()
+                    .map(|p| format!(" --latency-priority {p}"))
+                    .unwrap_or_default();
                 (
                     "latency",
                     format!(
-                        "cargo xtask bench --only latency --latency-errors {} --latency-gap-ms {}",
-                        args.latency_errors, args.latency_gap_ms
+                        "cargo xtask bench --only latency --latency-errors {} --latency-gap-ms {} --load {}{priority}",
+                        args.latency_errors, args.latency_gap_ms, args.load
                     ),
                     r.headline(),
                     r.markdown(),

@@ -18,8 +18,11 @@ use crate::kernel::probes::{self, ProbeOptions, SourceState};
 use crate::report::Reporter;
 
 mod kernel_maps;
+pub mod priority;
 use crate::topology::{HostPaths, MountWatcher, Topology};
 use crate::volumes::{self, Handled, LiveVolumes, LiveVolumesConfig};
+pub use priority::EventPriority;
+use priority::EventThread;
 
 #[derive(Clone, Debug)]
 pub struct AgentOptions {
@@ -31,6 +34,8 @@ pub struct AgentOptions {
     /// Annotate events with the pod volumes they reach and keep their
     /// conditions (`crate::volumes`); `None` when there is no kubelet tree.
     pub volumes: Option<LiveVolumesConfig>,
+    /// The scheduling priority asked for the event thread ([`priority`]).
+    pub event_priority: EventPriority,
 }
 
 /// How often counters are reconciled with samples: errors whose samples
@@ -44,8 +49,64 @@ const RESCAN_EVERY: Duration = Duration::from_secs(5);
 /// topology does not know yet.
 const MIN_RESCAN_GAP: Duration = Duration::from_secs(1);
 
+/// The name of the thread the loop runs on (`ps -L`, `top -H`).
+pub const EVENT_THREAD: &str = "health-events";
+
 /// The agent loop: kernel errors, topology, volumes, and a reporter.
-pub async fn run<R: Reporter>(opts: AgentOptions, mut reporter: R) -> anyhow::Result<()> {
+///
+/// The loop runs on its own thread ([`EVENT_THREAD`]) with its own
+/// single-threaded runtime, so that the wait on the sample ring buffer is
+/// this thread's own and can be given a raised priority ([`priority`]):
+/// tasks of the caller's runtime (HTTP, the API client) stay where they are,
+/// at normal priority.
+pub async fn run<R: Reporter + Send + 'static>(
+    opts: AgentOptions,
+    reporter: R,
+) -> anyhow::Result<()> {
+    let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+    let thread = std::thread::Builder::new()
+        .name(EVENT_THREAD.into())
+        .spawn(move || {
+            // The receiver only goes away when the caller was dropped.
+            let _ = done_tx.send(event_thread(opts, reporter));
+        })
+        .context("starting the event thread")?;
+    let result = done_rx.await;
+    if thread.join().is_err() {
+        anyhow::bail!("the event thread panicked");
+    }
+    result.context("the event thread ended without a result")?
+}
+
+fn event_thread<R: Reporter>(opts: AgentOptions, reporter: R) -> anyhow::Result<()> {
+    let (prio, outcome) = EventThread::raise(opts.event_priority);
+    if let Some(why) = &outcome.fallback {
+        tracing::warn!("{why}");
+    }
+    tracing::info!(
+        thread = EVENT_THREAD,
+        tid = nix::unistd::gettid().as_raw(),
+        priority = %outcome.applied,
+        "event path priority"
+    );
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("building the event thread's runtime")?;
+    let result = rt.block_on(agent_loop(opts, reporter, prio));
+    // A volume probe stuck on a hung mount holds a blocking thread that may
+    // never return; dropping the runtime would wait for it.
+    rt.shutdown_timeout(Duration::from_millis(200));
+    result
+}
+
+async fn agent_loop<R: Reporter>(
+    opts: AgentOptions,
+    mut reporter: R,
+    prio: EventThread,
+) -> anyhow::Result<()> {
+    // Attaching and the first scans are bulk work too.
+    let bulk = prio.bulk();
     let (mut attached, maps) = probes::attach(&opts.probes)?;
     for s in &attached.sources {
         let level_missing = matches!(s.state, SourceState::Missing { .. });
@@ -93,34 +154,57 @@ pub async fn run<R: Reporter>(opts: AgentOptions, mut reporter: R) -> anyhow::Re
     let mut handled = Handled::default();
     let mut misses = Misses::default();
 
+    drop(bulk);
+
     loop {
-        tokio::select! {
-            r = collector.next_batch(&mut batch) => r?,
+        // Only the ring buffer's branch keeps the thread's raised priority;
+        // every other one is periodic or bulk work and runs at normal
+        // priority until the end of the turn (see `priority`).
+        let _bulk = tokio::select! {
+            r = collector.next_batch(&mut batch) => { r?; None }
             _ = reconcile.tick() => {
+                let bulk = prio.bulk();
                 collector.reconcile(false, &mut batch)?;
                 let mut stats = collector.kernel_stats()?;
                 stats.program_misses = misses.read(&attached);
                 reporter.kernel_stats(&stats);
+                Some(bulk)
             }
             _ = rescan.tick() => {
+                let bulk = prio.bulk();
                 topo = rescan_topology(&opts.host, topo, &mut rest, &mut attached);
                 last_rescan = Instant::now();
                 if let Some(v) = &mut vols { v.topology_changed(&topo) }
+                Some(bulk)
             }
             r = mounts.changed() => {
+                let bulk = prio.bulk();
                 r.context("watching the mount table")?;
                 topo = rescan_topology(&opts.host, topo, &mut rest, &mut attached);
                 last_rescan = Instant::now();
                 // A mount change usually means kubelet set a volume up or tore one down.
                 if let Some(v) = &mut vols { v.rediscover(&topo) }
+                Some(bulk)
             }
-            w = volumes::next_wake(&mut vols) => if let Some(v) = &mut vols { handled = v.handle(w, &topo) },
-            w = reporter.wake() => reporter.handle(w, vols.as_ref().map(LiveVolumes::index)),
-            _ = totals.tick() => reporter.totals(&collector.totals()?, &topo)?,
+            w = volumes::next_wake(&mut vols) => {
+                let bulk = prio.bulk();
+                if let Some(v) = &mut vols { handled = v.handle(w, &topo) }
+                Some(bulk)
+            }
+            w = reporter.wake() => {
+                let bulk = prio.bulk();
+                reporter.handle(w, vols.as_ref().map(LiveVolumes::index));
+                Some(bulk)
+            }
+            _ = totals.tick() => {
+                let bulk = prio.bulk();
+                reporter.totals(&collector.totals()?, &topo)?;
+                Some(bulk)
+            }
             _ = sigint.recv() => break,
             _ = sigterm.recv() => break,
             _ = sleep_until(deadline) => break,
-        }
+        };
         attached.flush_kernel_log();
         if last_rescan != pruned_at {
             pruned_at = last_rescan;
@@ -135,6 +219,7 @@ pub async fn run<R: Reporter>(opts: AgentOptions, mut reporter: R) -> anyhow::Re
         if batch.iter().any(|e| is_unknown_block_device(&topo, e))
             && last_rescan.elapsed() >= MIN_RESCAN_GAP
         {
+            let _rescan = prio.bulk();
             topo = rescan_topology(&opts.host, topo, &mut rest, &mut attached);
             last_rescan = Instant::now();
             if let Some(v) = &mut vols {
@@ -158,6 +243,7 @@ pub async fn run<R: Reporter>(opts: AgentOptions, mut reporter: R) -> anyhow::Re
     // programs keep counting for the next process; what is reported now is
     // recorded as reported, and a sample of it still in the ring buffer is
     // a late one for the next process, not a second report.
+    let _bulk = prio.bulk();
     let program_misses = misses.read(&attached);
     if !attached.pinned() {
         drop(attached);

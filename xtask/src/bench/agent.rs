@@ -54,6 +54,18 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// Puts the calling thread at SCHED_FIFO `priority`.
+fn raise_fifo(priority: i32) -> std::io::Result<()> {
+    let param = libc::sched_param {
+        sched_priority: priority,
+    };
+    // SAFETY: plain syscall on the calling thread with a valid parameter.
+    if unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// CLOCK_MONOTONIC in ns, the clock of the agent's `mono_ns` and of the
 /// fault disk's injection log.
 pub fn mono_ns() -> u64 {
@@ -73,6 +85,24 @@ impl AgentProc {
         mode: &str,
         args: &[String],
         echo: Option<&'static str>,
+    ) -> Result<AgentProc> {
+        Self::spawn(bin, mode, args, echo, None)
+    }
+
+    /// Like [`AgentProc::start`], with the stdout reader at SCHED_FIFO
+    /// `reader_priority`: under CPU load (the latency benchmark's `--load`)
+    /// a normal-priority reader would stamp lines late, and the figure would
+    /// measure our own reader's wait for a CPU instead of the agent's.
+    pub fn start_timed(bin: &Path, args: &[String], reader_priority: i32) -> Result<AgentProc> {
+        Self::spawn(bin, "watch", args, None, Some(reader_priority))
+    }
+
+    fn spawn(
+        bin: &Path,
+        mode: &str,
+        args: &[String],
+        echo: Option<&'static str>,
+        reader_priority: Option<i32>,
     ) -> Result<AgentProc> {
         interrupt::check()?;
         let mut cmd = Command::new(bin);
@@ -110,7 +140,10 @@ impl AgentProc {
 
         let lines = Arc::new(Mutex::new(Vec::new()));
         let sink = Arc::clone(&lines);
+        let (raised_tx, raised_rx) = mpsc::channel();
         let stdout_reader = std::thread::spawn(move || {
+            let raised = reader_priority.map(raise_fifo).transpose();
+            let _ = raised_tx.send(raised);
             let mut reader = BufReader::new(stdout);
             let mut buf = String::new();
             loop {
@@ -155,6 +188,13 @@ impl AgentProc {
             stderr_reader: Some(stderr_reader),
             stopped: false,
         };
+        let raised = raised_rx
+            .recv()
+            .context("the stdout reader ended before starting")?;
+        if let Err(e) = raised {
+            agent.stop_inner()?;
+            return Err(e).context("raising our stdout reader to SCHED_FIFO");
+        }
         let deadline = Instant::now() + READY_TIMEOUT;
         loop {
             match ready_rx.recv_timeout(Duration::from_millis(100)) {

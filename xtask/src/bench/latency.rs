@@ -12,8 +12,16 @@
 //! * tracepoint -> line: the agent's part (ring buffer wakeup, decoding,
 //!   topology lookup, JSON, write, pipe to us);
 //! * injection -> tracepoint: the kernel's part, for reference.
+//!
+//! With `load`, that many threads spin on the CPU for the whole measurement
+//! (more than the cores: oversubscription). Our line reader then runs at
+//! SCHED_FIFO so that it stamps lines when they arrive, not when it gets a
+//! CPU: the figure stays the agent's.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -30,6 +38,9 @@ const MIB: u64 = 1 << 20;
 /// request has its own sector (up to 8192 errors).
 const AREA: u64 = 32 * MIB;
 const BLOCK: u64 = 4096;
+/// Our stdout reader's real-time priority under load (above the agent's 5:
+/// the instrument must not wait for what it measures).
+const READER_PRIORITY: i32 = 10;
 
 pub struct Config {
     pub errors: u32,
@@ -37,10 +48,18 @@ pub struct Config {
     /// errors per second per device per CPU by default; pacing below that
     /// keeps every error a sample with its own timestamps.
     pub gap: Duration,
+    /// CPU-bound busy threads running through the measurement.
+    pub load: u32,
+    /// Passed on as the agent's `--event-priority` (its default when `None`).
+    pub event_priority: Option<String>,
 }
 
 pub struct LatencyResult {
     pub errors: u64,
+    pub load: u32,
+    pub cores: usize,
+    /// What the agent logged as its event path's priority.
+    pub agent_priority: String,
     pub gap: Duration,
     pub elapsed: Duration,
     /// Errors reported in sampled lines matched to an injection.
@@ -66,14 +85,23 @@ pub fn run(tools: &Tools, cfg: &Config) -> Result<LatencyResult> {
     }
     let disk = interrupt::spawn_shielded(|| FaultDisk::start_with(&tools.faultdisk, 64 * MIB))?;
     let lo = disk.attach_loop(false)?;
-    let args: Vec<String> = ["--json", "--device", lo.maj_min()]
+    let mut args: Vec<String> = ["--json", "--device", lo.maj_min()]
         .iter()
         .map(|s| s.to_string())
         .collect();
-    let agent = AgentProc::start(&tools.agent, &args, None)?;
+    if let Some(p) = &cfg.event_priority {
+        args.extend(["--event-priority".to_string(), p.clone()]);
+    }
+    let agent = if cfg.load > 0 {
+        AgentProc::start_timed(&tools.agent, &args, READER_PRIORITY)?
+    } else {
+        AgentProc::start(&tools.agent, &args, None)?
+    };
+    let agent_priority = logged_priority(&agent.stderr_so_far())?;
     disk.add_rule(Rule::new(Op::Write, libc::EIO).range(0, AREA))?;
     let io = DirectIo::open(lo.path(), BLOCK as usize)?;
 
+    let load = Load::start(cfg.load)?;
     let start = Instant::now();
     for i in 0..u64::from(cfg.errors) {
         interrupt::check()?;
@@ -84,6 +112,7 @@ pub fn run(tools: &Tools, cfg: &Config) -> Result<LatencyResult> {
         std::thread::sleep(cfg.gap);
     }
     let elapsed = start.elapsed();
+    load.stop()?;
     disk.clear_rules()?;
     let injected = disk.stats()?.injected(Op::Write, libc::EIO);
     if injected != u64::from(cfg.errors) {
@@ -150,6 +179,9 @@ pub fn run(tools: &Tools, cfg: &Config) -> Result<LatencyResult> {
     };
     Ok(LatencyResult {
         errors: injected,
+        load: cfg.load,
+        cores: std::thread::available_parallelism().map_or(0, |n| n.get()),
+        agent_priority,
         gap: cfg.gap,
         elapsed,
         matched,
@@ -160,6 +192,67 @@ pub fn run(tools: &Tools, cfg: &Config) -> Result<LatencyResult> {
         inject_to_tracepoint: summary(&inject_to_tracepoint, "injection -> tracepoint")?,
         over_1ms,
     })
+}
+
+/// The priority in the agent's "event path priority" log line, e.g.
+/// `SCHED_FIFO priority 5`.
+fn logged_priority(stderr: &str) -> Result<String> {
+    let line = stderr
+        .lines()
+        .find(|l| l.contains("event path priority"))
+        .with_context(|| {
+            format!("the agent logged no event path priority; its stderr:\n{stderr}")
+        })?;
+    let (_, rest) = line
+        .split_once("priority=")
+        .with_context(|| format!("no priority= in {line:?}"))?;
+    // tracing prints a Display field with spaces as is, up to the message.
+    let value = rest.split(" event path priority").next().unwrap_or(rest);
+    Ok(value.trim().to_string())
+}
+
+/// Threads spinning on the CPU until stopped (a CPU-bound workload).
+struct Load {
+    stop: Arc<AtomicBool>,
+    threads: Vec<JoinHandle<u64>>,
+}
+
+impl Load {
+    fn start(n: u32) -> Result<Load> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let threads = (0..n)
+            .map(|i| {
+                let stop = Arc::clone(&stop);
+                std::thread::Builder::new()
+                    .name(format!("load-{i}"))
+                    .spawn(move || {
+                        let mut spins = 0u64;
+                        while !stop.load(Ordering::Relaxed) {
+                            spins = std::hint::black_box(spins.wrapping_add(1));
+                        }
+                        spins
+                    })
+                    .context("starting a load thread")
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Load { stop, threads })
+    }
+
+    fn stop(mut self) -> Result<()> {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            t.join()
+                .map_err(|_| anyhow::anyhow!("a load thread panicked"))?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Load {
+    /// On an early return (an error, Ctrl-C) the spinning must end too.
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
 }
 
 impl LatencyResult {
@@ -174,7 +267,8 @@ impl LatencyResult {
         out.push_str(&format!(
             "{} O_DIRECT 4 KiB writes failed with EIO, one at a time with a {} ms pause after each ({:.1} s, {:.0} errors/s); \
              {} errors arrived as sampled lines matched by sector to their injection, {} only in summary lines; \
-             the agent's counts add up to {} of {} injected.\n\n",
+             the agent's counts add up to {} of {} injected. \
+             Load: {}; the agent's event path ran at {}.\n\n",
             self.errors,
             self.gap.as_millis(),
             self.elapsed.as_secs_f64(),
@@ -183,6 +277,8 @@ impl LatencyResult {
             self.summarized,
             self.reported,
             self.errors,
+            self.load_text(),
+            self.agent_priority,
         ));
         out.push_str("| interval (µs) | n | min | p50 | p90 | p99 | max | over 1 ms |\n|---|---:|---:|---:|---:|---:|---:|---:|\n");
         out.push_str(&row(
@@ -203,15 +299,27 @@ impl LatencyResult {
         out
     }
 
+    fn load_text(&self) -> String {
+        match self.load {
+            0 => "none (idle but for other tenants)".into(),
+            n => format!(
+                "{n} CPU-bound busy threads on {} cores for the whole measurement (our line reader at SCHED_FIFO {READER_PRIORITY})",
+                self.cores
+            ),
+        }
+    }
+
     pub fn headline(&self) -> String {
         format!(
-            "latency: tracepoint->line p50 {:.0} µs, p99 {:.0} µs, max {:.0} µs; injection->line p50 {:.0} µs, p99 {:.0} µs ({} matched)",
+            "latency (load {}, agent at {}): tracepoint->line p50 {:.0} µs, p99 {:.0} µs, max {:.0} µs; injection->line p50 {:.0} µs, p99 {:.0} µs ({} matched)",
+            self.load,
+            self.agent_priority,
             self.tracepoint_to_line.p50,
             self.tracepoint_to_line.p99,
             self.tracepoint_to_line.max,
             self.inject_to_line.p50,
             self.inject_to_line.p99,
-            self.matched
+            self.matched,
         )
     }
 }

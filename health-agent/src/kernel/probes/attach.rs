@@ -2,15 +2,19 @@
 //! tracepoint formats, load the object once with the layouts found, attach,
 //! and say for each source what became of it.
 
-use aya::programs::{FEntry, TracePoint};
-use aya::{Ebpf, EbpfLoader};
-use health_common::{complete_mode, field};
+use aya::programs::{BtfTracePoint, FEntry, TracePoint};
+use aya::{Btf, Ebpf, EbpfLoader};
+use health_common::{complete_mode, field, rq};
 
 use super::errors::{classify_load_error, error_chain};
 use super::layout::{plan, BLOCK_BIO_COMPLETE, BLOCK_RQ_COMPLETE, BLOCK_RQ_ERROR, FS_PROGRAMS};
 use super::pins::{self, PinError, PinSet};
 use super::preflight::{check_bpf, check_privileges, raise_memlock_limit};
-use super::{Attached, BioErrors, KernelMaps, ProbeError, ProbeOptions, SourceState, SourceStatus};
+use super::requests::{self, BtfRequests};
+use super::{
+    Attached, BioErrors, BlockAttach, KernelMaps, ProbeError, ProbeOptions, SourceState,
+    SourceStatus,
+};
 use crate::kernel::tracefs::Tracefs;
 
 /// The kernel object, built by `cargo xtask build` and embedded here so the
@@ -39,6 +43,21 @@ pub fn attach(opts: &ProbeOptions) -> Result<(Attached, KernelMaps), ProbeError>
         return Err(ProbeError::BtfMissing(btf));
     }
     let tracefs = Tracefs::locate(&opts.sys_root)?;
+    keep_large_allocations_mapped();
+    let (btf_requests, load_image) = requests::plan(&btf, &opts.proc_root);
+    release_freed_heap();
+    let btf_requests = match opts.block_attach {
+        BlockAttach::Auto => btf_requests,
+        BlockAttach::Tracefs => Err("--block-attach tracefs".to_string()),
+    };
+    if let Ok(r) = &btf_requests {
+        if r.statuses_partial {
+            tracing::warn!(
+                "block status codes above 13 are not known for this kernel release; \
+                 the tp_btf programs count them as EIO"
+            );
+        }
+    }
 
     let mut layout = [0u32; field::COUNT];
     let mut planned = Vec::new();
@@ -95,7 +114,16 @@ pub fn attach(opts: &ProbeOptions) -> Result<(Attached, KernelMaps), ProbeError>
         .map(|spec| (spec, plan(&tracefs, spec, &mut layout)))
         .collect();
     // Every program is planned before this: the stamp covers every offset.
-    let mut pin_set = open_pins(opts, &layout, mode)?;
+    let request_facts: Vec<u8> = match &btf_requests {
+        Ok(r) => r
+            .layout
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .chain(r.statuses)
+            .collect(),
+        Err(_) => Vec::new(),
+    };
+    let mut pin_set = open_pins(opts, &layout, mode, &request_facts)?;
     let mut bio_deferred = None;
     match (bio, opts.bio_errors) {
         (Ok((group, name)), BioErrors::Always) => planned.push(Planned {
@@ -153,16 +181,23 @@ pub fn attach(opts: &ProbeOptions) -> Result<(Attached, KernelMaps), ProbeError>
         }
     }
 
+    let (rq_layout, statuses) = match &btf_requests {
+        Ok(r) => (r.layout, r.statuses),
+        Err(_) => ([rq::ABSENT; rq::COUNT], [0; rq::STATUS_COUNT]),
+    };
     let pinned_maps = match &pin_set {
         Some(p) if p.adopted() => p.pinned_maps()?,
         _ => Vec::new(),
     };
-    // The loader holds the kernel's parsed BTF (megabytes): it goes as soon
-    // as the object is loaded, before anything else parses BTF again.
     let mut ebpf = {
         let mut loader = EbpfLoader::new();
         loader
+            // The object has no CO-RE relocations: the kernel BTF the loader
+            // parsed by itself is not needed past this point.
+            .btf(None)
             .override_global("LAYOUT", &layout, true)
+            .override_global("RQ_LAYOUT", &rq_layout, true)
+            .override_global("STATUS_ERRNO", &statuses, true)
             .override_global("COMPLETE_MODE", &mode, true)
             .override_global("SAMPLES_PER_SEC", &opts.samples_per_sec, true);
         // Adopted maps are opened, not created: the programs still running
@@ -177,6 +212,10 @@ pub fn attach(opts: &ProbeOptions) -> Result<(Attached, KernelMaps), ProbeError>
     if let Some(p) = &pin_set {
         p.pin_maps(&ebpf)?;
     }
+    // Parsed only now: the loader's own full parse of the kernel BTF is
+    // freed by this point, so the two never add up.
+    let load_btf = load_image.as_deref().and_then(requests::load_btf);
+    drop(load_image);
     let logger = match aya_log::EbpfLogger::init(&mut ebpf) {
         Ok(l) => Some(l),
         // Release builds of the kernel side may compile every log call out.
@@ -187,10 +226,25 @@ pub fn attach(opts: &ProbeOptions) -> Result<(Attached, KernelMaps), ProbeError>
     };
 
     for p in planned {
-        let outcome = attach_loaded(&mut ebpf, pin_set.as_ref(), p.program, p.group, p.name);
-        let mut note = p.note;
+        let pins = pin_set.as_ref();
+        let (outcome, mut note) =
+            match attach_request_btf(&mut ebpf, pins, &p, &btf_requests, load_btf.as_ref()) {
+                Some(Ok(tracepoint)) => (Ok(tracepoint), join_notes(p.note, "tp_btf")),
+                Some(Err(why)) => {
+                    let note =
+                        join_notes(p.note.clone(), &format!("tracefs; tp_btf refused: {why}"));
+                    (
+                        attach_loaded(&mut ebpf, pins, p.program, p.group, p.name),
+                        note,
+                    )
+                }
+                None => (
+                    attach_loaded(&mut ebpf, pins, p.program, p.group, p.name),
+                    p.note,
+                ),
+            };
         if outcome.is_ok() && p.program == "filemap_set_wb_err" {
-            if let Err(why) = attach_writeback_errno(&mut ebpf, pin_set.as_ref()) {
+            if let Err(why) = attach_writeback_errno(&mut ebpf, pins, load_btf.as_ref()) {
                 note = Some(format!("errno only when the file already had one: {why}"));
             }
         }
@@ -202,6 +256,8 @@ pub fn attach(opts: &ProbeOptions) -> Result<(Attached, KernelMaps), ProbeError>
             },
         });
     }
+    drop(load_btf);
+    release_freed_heap();
     sources.sort_by_key(|s| s.program);
     if !sources
         .iter()
@@ -240,7 +296,12 @@ pub fn attach(opts: &ProbeOptions) -> Result<(Attached, KernelMaps), ProbeError>
 
 /// The pins of this layout, or `None` with `--no-pin` or where there is no
 /// BPF filesystem (said once: the state will not outlive the process).
-fn open_pins(opts: &ProbeOptions, layout: &[u32], mode: u32) -> Result<Option<PinSet>, ProbeError> {
+fn open_pins(
+    opts: &ProbeOptions,
+    layout: &[u32],
+    mode: u32,
+    request_facts: &[u8],
+) -> Result<Option<PinSet>, ProbeError> {
     let Some(root) = &opts.pin_root else {
         return Ok(None);
     };
@@ -258,7 +319,9 @@ fn open_pins(opts: &ProbeOptions, layout: &[u32], mode: u32) -> Result<Option<Pi
         &layout_bytes,
         &mode.to_le_bytes(),
         &opts.samples_per_sec.to_le_bytes(),
-        &[opts.bio_errors as u8],
+        &[opts.bio_errors as u8, opts.block_attach as u8],
+        // tp_btf offsets and status codes from the kernel's BTF.
+        request_facts,
     ]);
     match PinSet::open(root, &stamp) {
         Ok(p) => Ok(Some(p)),
@@ -309,23 +372,107 @@ pub(super) fn attach_loaded(
     Ok(tracepoint)
 }
 
+/// glibc raises its mmap threshold each time a large mapped block is freed,
+/// so after the first BTF buffer is freed the next ones (aya's parse) come
+/// from the heap and stay resident; a fixed threshold returns each of them
+/// to the kernel when freed, and the start-up peak is one parse, not two.
+fn keep_large_allocations_mapped() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: mallopt has no preconditions.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 256 * 1024);
+    }
+}
+
+/// Loading parses the kernel's BTF (aya always does, ~19 MB); once freed,
+/// hand the memory back so the resident size reflects the agent's steady
+/// state rather than its start-up.
+fn release_freed_heap() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: malloc_trim has no preconditions.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
+fn join_notes(note: Option<String>, more: &str) -> Option<String> {
+    Some(match note {
+        Some(n) => format!("{n}; {more}"),
+        None => more.to_string(),
+    })
+}
+
+/// Attaches the `tp_btf` twin of a block request program where this kernel
+/// allows it: `None` when it does not apply (another program, or no BTF
+/// facts: the reason is then the tracefs program's note), otherwise the
+/// attached tracepoint or why the kernel refused it.
+fn attach_request_btf(
+    ebpf: &mut Ebpf,
+    pins: Option<&PinSet>,
+    p: &Planned,
+    facts: &Result<BtfRequests, String>,
+    btf: Option<&Btf>,
+) -> Option<Result<String, String>> {
+    let (program, tracepoint, has) = match (p.program, facts) {
+        (_, Err(_)) => return None,
+        ("block_rq_error", Ok(f)) => ("block_rq_error_btf", "block_rq_error", f.has_error),
+        ("block_rq_complete", Ok(f)) => {
+            ("block_rq_complete_btf", "block_rq_complete", f.has_complete)
+        }
+        _ => return None,
+    };
+    if !has {
+        return Some(Err(format!("no BTF raw tracepoint {tracepoint}")));
+    }
+    if pins.is_some_and(|pins| pins.has_link(program)) {
+        return Some(Ok(format!("block:{tracepoint}")));
+    }
+    let Some(btf) = btf else {
+        return Some(Err("no BTF for the load".into()));
+    };
+    let prog: &mut BtfTracePoint = match ebpf.program_mut(program).map(TryInto::try_into) {
+        Some(Ok(p)) => p,
+        Some(Err(e)) => return Some(Err(format!("{program}: {e}"))),
+        None => return Some(Err(format!("{program} is not in the kernel object"))),
+    };
+    let link = match prog.load(tracepoint, btf).and_then(|()| prog.attach()) {
+        Ok(link) => link,
+        Err(e) => return Some(Err(error_chain(&e))),
+    };
+    if let Some(pins) = pins {
+        let kept = prog
+            .take_link(link)
+            .map_err(|e| error_chain(&e))
+            .and_then(|link| pins.keep_link(program, link).map_err(|e| e.to_string()))
+            .and_then(|()| pins.pin_program(ebpf, program).map_err(|e| e.to_string()));
+        if let Err(why) = kept {
+            return Some(Err(why));
+        }
+    }
+    Some(Ok(format!("block:{tracepoint}")))
+}
+
 /// The writeback tracepoint shows errseq from before the update, so the
 /// errno of a file's first error comes from an fentry program on the
 /// function that records it (needs kernel BTF and fentry support).
-fn attach_writeback_errno(ebpf: &mut Ebpf, pins: Option<&PinSet>) -> Result<(), String> {
+fn attach_writeback_errno(
+    ebpf: &mut Ebpf,
+    pins: Option<&PinSet>,
+    btf: Option<&Btf>,
+) -> Result<(), String> {
     const FUNCTION: &str = "__filemap_set_wb_err";
     const PROGRAM: &str = "filemap_set_wb_err_entry";
     if pins.is_some_and(|p| p.has_link(PROGRAM)) {
         return Ok(());
     }
-    let btf = aya::Btf::from_sys_fs().map_err(|e| format!("reading kernel BTF: {e}"))?;
+    let btf = btf.ok_or("no kernel BTF")?;
     let program: &mut FEntry = ebpf
         .program_mut(PROGRAM)
         .ok_or("the fentry program is not in the object")?
         .try_into()
         .map_err(|e: aya::programs::ProgramError| e.to_string())?;
     program
-        .load(FUNCTION, &btf)
+        .load(FUNCTION, btf)
         .map_err(|e| format!("fentry on {FUNCTION}: {}", error_chain(&e)))?;
     let link = program
         .attach()

@@ -13,10 +13,13 @@
 //! does the work, `errors` names what failed and its exit code.
 
 mod attach;
+mod blk_status;
+mod btf;
 mod errors;
 mod layout;
 pub mod pins;
 mod preflight;
+mod requests;
 
 use std::fmt;
 use std::path::PathBuf;
@@ -44,6 +47,21 @@ pub struct ProbeOptions {
     /// Where programs, links and maps are pinned so that they outlive this
     /// process (see [`pins`]); `None` (`--no-pin`): they detach on exit.
     pub pin_root: Option<PathBuf>,
+    /// How the block request programs attach.
+    pub block_attach: BlockAttach,
+}
+
+/// BTF raw tracepoints (`tp_btf`) run whatever else runs on the CPU, even a
+/// map syscall of this agent; tracefs tracepoints are skipped, uncounted,
+/// whenever any kprobe or tracepoint BPF program (ours or another tool's)
+/// or a map syscall is already running on the CPU. See BENCHMARKS.md.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum BlockAttach {
+    /// `tp_btf` where the kernel has it, tracefs tracepoints elsewhere.
+    #[default]
+    Auto,
+    /// Always the tracefs tracepoints (to compare, or to rule tp_btf out).
+    Tracefs,
 }
 
 /// `block_bio_complete` fires for every bio of every layer, so it costs on
@@ -69,6 +87,7 @@ impl Default for ProbeOptions {
             samples_per_sec: 100,
             bio_errors: BioErrors::Auto,
             pin_root: Some(PathBuf::from(pins::DEFAULT_PIN_ROOT)),
+            block_attach: BlockAttach::Auto,
         }
     }
 }

@@ -1,0 +1,80 @@
+//! The block request programs as BTF raw tracepoints (`tp_btf`): whether
+//! this kernel allows them, what they need to read a `struct request`, and
+//! the type ids their loads need.
+//!
+//! Why they exist: a tracefs tracepoint runs its BPF program only if no
+//! other kprobe or tracepoint program, and no map syscall, is running on
+//! the CPU at that moment; otherwise the kernel skips it without counting a
+//! miss. In an error flood that happens whenever a block completion
+//! interrupts the agent while it reads its own counters (measured: 1-4
+//! errors in 600 000, see BENCHMARKS.md). A `tp_btf` program is only kept
+//! from nesting inside itself, and the kernel counts that as a miss.
+
+use std::path::Path;
+
+use aya::Btf;
+use health_common::rq;
+
+use super::blk_status;
+use super::btf::{request_layout, KernelBtf};
+
+/// Everything the `tp_btf` programs need, or why they cannot be used.
+pub(super) struct BtfRequests {
+    pub layout: [u32; rq::COUNT],
+    pub statuses: [u8; rq::STATUS_COUNT],
+    /// Status codes above 13 are not known for this kernel release.
+    pub statuses_partial: bool,
+    /// Which of the two tracepoints this kernel has as raw tracepoints.
+    pub has_error: bool,
+    pub has_complete: bool,
+}
+
+/// The kernel's BTF facts for the block programs, and a small BTF image for
+/// loading the `tp_btf` and fentry programs (see [`load_btf`]). The kernel
+/// BTF itself is dropped before this returns.
+pub(super) fn plan(
+    btf_path: &Path,
+    proc_root: &Path,
+) -> (Result<BtfRequests, String>, Option<Vec<u8>>) {
+    let kernel = match KernelBtf::read(btf_path) {
+        Ok(k) => k,
+        Err(e) => return (Err(e), None),
+    };
+    let image = kernel.sparse_image(&LOAD_NAMES);
+    let requests = request_layout(&kernel)
+        .map_err(|e| e.to_string())
+        .and_then(|layout| {
+            let release = blk_status::running_release(proc_root)
+                .map_err(|e| format!("reading the kernel release: {e}"))?;
+            let (statuses, known) = blk_status::errno_table(&release);
+            Ok(BtfRequests {
+                layout,
+                statuses,
+                statuses_partial: !known,
+                has_error: kernel.has_tracepoint("block_rq_error"),
+                has_complete: kernel.has_tracepoint("block_rq_complete"),
+            })
+        });
+    (requests, image)
+}
+
+/// The names the `tp_btf` and fentry loads look up.
+pub(super) const LOAD_NAMES: [(u32, &str); 3] = [
+    (super::btf::KIND_TYPEDEF, "btf_trace_block_rq_error"),
+    (super::btf::KIND_TYPEDEF, "btf_trace_block_rq_complete"),
+    (super::btf::KIND_FUNC, "__filemap_set_wb_err"),
+];
+
+/// aya looks up a program's attach target by name in an `aya::Btf`, and
+/// parsing the whole kernel BTF into one costs ~19 MB at start-up. The
+/// loads only need those names at their kernel type ids, so [`plan`] keeps
+/// a BTF image with just them in place and placeholders elsewhere.
+pub(super) fn load_btf(image: &[u8]) -> Option<Btf> {
+    match Btf::parse(image, aya::Endianness::Little) {
+        Ok(btf) => Some(btf),
+        Err(e) => {
+            tracing::warn!("building the BTF for program loads: {e}");
+            None
+        }
+    }
+}
