@@ -45,8 +45,11 @@ impl ErrorStream {
                 assert_eq!(err.raw_os_error(), Some(EIO));
                 f.fetch_add(1, Ordering::Relaxed);
                 i += 1;
-                // A stream, not a flood: the agent gets samples and summaries.
-                std::thread::sleep(Duration::from_micros(500));
+                // A stream, not a flood (about 400 errors/s): the agent gets
+                // samples and summaries, and few errors are exposed to the
+                // kernel's own, measured loss in softirq completions
+                // (BENCHMARKS.md, "Where the shortfall came from").
+                std::thread::sleep(Duration::from_millis(2));
             }
         });
         ErrorStream {
@@ -93,18 +96,18 @@ fn a_killed_agent_restarts_and_every_error_is_reported_exactly_once() -> Result<
     let mut first = Agent::start(&args)?;
     disk.add_rule(Rule::new(Op::Write, EIO).range(0, 16 * MIB))?;
     let stream = ErrorStream::start(lo.path());
-    first.wait_for_count(&filter, 200, WAIT);
+    first.wait_for_count(&filter, 100, WAIT);
     let killed = first.kill()?;
     let killed_at = monotonic_ns();
     assert!(!killed.status.success(), "SIGKILL: {}", killed.status);
     // Errors while no agent runs: the pinned programs count them, and
     // sample them into the pinned ring buffer. Samples are limited per
     // second, so the gap spans more than one budget window.
-    stream.wait_more(300);
-    std::thread::sleep(Duration::from_millis(1500));
+    stream.wait_more(100);
+    std::thread::sleep(Duration::from_millis(1200));
     let restarted_at = monotonic_ns();
     let mut second = Agent::start(&args)?;
-    stream.wait_more(300);
+    stream.wait_more(100);
     let streamed = stream.finish();
     disk.clear_rules()?;
 
@@ -114,7 +117,7 @@ fn a_killed_agent_restarts_and_every_error_is_reported_exactly_once() -> Result<
     second.wait_for_count(&filter, injected - before, WAIT);
     let after = second.stop_cleanly()?;
     let after_sum = filter.sum(&after.events);
-    assert!(before >= 200, "the first agent reported {before}");
+    assert!(before >= 100, "the first agent reported {before}");
     // Nothing reported twice and nothing dropped by the agents: the lines
     // of both runs add up to the kernel's counter, as the last agent read it.
     let counted = final_total(&after.stderr, lo.maj_min())?;
