@@ -8,7 +8,7 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 use health_agent::agent::{self, AgentOptions, EventPriority};
 use health_agent::dev::Dev;
-use health_agent::kernel::probes::{BioErrors, BlockAttach, ProbeError, ProbeOptions};
+use health_agent::kernel::probes::{pins, BioErrors, BlockAttach, ProbeError, ProbeOptions};
 use health_agent::report::watch::View;
 use health_agent::topology::HostPaths;
 use health_agent::volumes::checks::CheckConfig;
@@ -45,6 +45,15 @@ enum Command {
     Volumes(VolumesArgs),
     /// Cluster mode (the DaemonSet): Events on pods and PVCs, metrics.
     Run(RunArgs),
+    /// Detach the programs an agent left pinned and remove every pin.
+    Uninstall(PinArgs),
+}
+
+#[derive(clap::Args)]
+struct PinArgs {
+    /// Where agents pin their programs, links and maps (on a BPF filesystem).
+    #[arg(long, value_name = "DIR", default_value = pins::DEFAULT_PIN_ROOT, env = "HEALTH_PIN_DIR")]
+    pin_dir: PathBuf,
 }
 
 #[derive(clap::Args)]
@@ -90,6 +99,12 @@ struct KernelArgs {
     /// attached once such a device exists (auto), at start (always), or not at all (never).
     #[arg(long, value_enum, default_value_t = BioErrors::Auto)]
     bio_errors: BioErrors,
+    #[command(flatten)]
+    pins: PinArgs,
+    /// Pin nothing: the programs detach when this process exits, and errors
+    /// until the next start go uncounted.
+    #[arg(long)]
+    no_pin: bool,
     /// How the block request programs attach: BTF raw tracepoints where the kernel has them
     /// (auto; not skipped while another BPF tracing program or a map syscall runs on the CPU),
     /// or always tracefs tracepoints.
@@ -144,6 +159,8 @@ struct VolumesArgs {
     /// A JSON array, one object per pod volume (schema in README.md).
     #[arg(long)]
     json: bool,
+    #[command(flatten)]
+    pins: PinArgs,
     #[command(flatten)]
     volume: VolumeArgs,
 }
@@ -206,6 +223,7 @@ fn main() -> ExitCode {
             result
         }),
         Command::Volumes(args) => volumes_command(args, host),
+        Command::Uninstall(args) => uninstall(&args.pin_dir),
         Command::Run(args) => run_options(args, host).and_then(|opts| {
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)
@@ -285,6 +303,7 @@ fn probe_options(args: &KernelArgs, host: &HostPaths) -> ProbeOptions {
         flush_errors: args.flush_errors,
         samples_per_sec: args.sample_rate,
         bio_errors: args.bio_errors,
+        pin_root: (!args.no_pin).then(|| args.pins.pin_dir.clone()),
         block_attach: args.block_attach,
     }
 }
@@ -382,6 +401,20 @@ fn check_config(args: &VolumeArgs, host: &HostPaths) -> anyhow::Result<CheckConf
     })
 }
 
+fn uninstall(root: &std::path::Path) -> anyhow::Result<()> {
+    match pins::uninstall(root)? {
+        None => println!("nothing pinned at {}", root.display()),
+        Some(r) => println!(
+            "removed {}: {} links detached, {} programs and {} maps unpinned",
+            root.display(),
+            r.links,
+            r.programs,
+            r.maps
+        ),
+    }
+    Ok(())
+}
+
 fn volumes_command(args: VolumesArgs, host: HostPaths) -> anyhow::Result<()> {
     let check = check_config(&args.volume, &host)?;
     let given = args
@@ -395,6 +428,7 @@ fn volumes_command(args: VolumesArgs, host: HostPaths) -> anyhow::Result<()> {
         tracing::warn!(root = %root.display(), "no kubelet directory: no pod volumes to show");
     }
     let opts = view::ViewOptions {
+        pin_root: args.pins.pin_dir,
         host,
         kubelet_root: root,
         check,
@@ -409,7 +443,10 @@ fn volumes_command(args: VolumesArgs, host: HostPaths) -> anyhow::Result<()> {
     // A probe stuck on a hung mount holds a blocking thread that may never
     // come back; waiting for it would turn a finding into a hang.
     rt.shutdown_timeout(Duration::from_millis(100));
-    let views = result?;
+    let (views, evidence) = result?;
+    if let view::KernelEvidence::Unavailable(why) = &evidence {
+        eprintln!("volume-health: {why}");
+    }
     let mut out = std::io::stdout().lock();
     if args.json {
         serde_json::to_writer_pretty(&mut out, &views)?;

@@ -144,6 +144,17 @@ pub struct ErrorSample {
 
 pub const DETAIL_LEN: usize = 32;
 
+/// When one CPU first and last counted an error of a key (kernel map
+/// `TIMES`): `bpf_ktime_get_ns()`, CLOCK_MONOTONIC. Userspace takes the
+/// earliest `first_ns` and the latest `last_ns` over CPUs; 0 means this CPU
+/// never counted the key.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ErrorTimes {
+    pub first_ns: u64,
+    pub last_ns: u64,
+}
+
 /// Slots of the per-CPU `STATS` array: what the kernel side dropped or merged.
 pub mod stat {
     /// Samples not sent because the device's rate limit was exhausted.
@@ -356,6 +367,7 @@ mod pod {
     unsafe impl aya::Pod for super::PartTable {}
     unsafe impl aya::Pod for super::PartRange {}
     unsafe impl aya::Pod for super::StackPair {}
+    unsafe impl aya::Pod for super::ErrorTimes {}
 }
 
 #[cfg(test)]
@@ -422,6 +434,7 @@ mod tests {
     fn record_layouts_are_stable() {
         assert_eq!(core::mem::size_of::<CounterKey>(), 12);
         assert_eq!(core::mem::size_of::<ErrorSample>(), 112);
+        assert_eq!(core::mem::size_of::<ErrorTimes>(), 16);
         assert_eq!(core::mem::size_of::<PartTable>(), 8 + 24 * MAX_PARTITIONS);
         assert_eq!(kdev::make(7, 2), 0x700002);
         assert_eq!((kdev::major(0x700002), kdev::minor(0x700002)), (7, 2));

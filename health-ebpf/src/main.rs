@@ -32,7 +32,7 @@ use aya_ebpf::{
 use aya_log_ebpf::debug;
 use health_common::{
     complete_mode, field, kdev, op, op_from_rwbs, rq, source, stat, CounterKey, ErrorSample,
-    PartTable, StackPair, DETAIL_LEN, RWBS_LEN,
+    ErrorTimes, PartTable, StackPair, DETAIL_LEN, RWBS_LEN,
 };
 
 /// Byte offset of each tracepoint field, indexed by [`field`] slots.
@@ -64,6 +64,19 @@ static SAMPLES_PER_SEC: u32 = 100;
 /// counts that as a miss, which userspace reads from the program's stats).
 #[map]
 static COUNTS: PerCpuHashMap<CounterKey, u64> = PerCpuHashMap::with_max_entries(8192, 0);
+
+/// First and last error time per key, per CPU (no atomics, as `COUNTS`).
+/// `health-agent volumes` shows them as a volume's kernel evidence.
+#[map]
+static TIMES: PerCpuHashMap<CounterKey, ErrorTimes> = PerCpuHashMap::with_max_entries(8192, 0);
+
+/// Written by userspace only: per key and CPU, how many of `COUNTS` the
+/// agent has already reported. Pinned with the counters, it lets a
+/// restarted agent report exactly what it has not reported before. No
+/// program touches it; it is declared here so that it lives and is pinned
+/// with the object's other maps.
+#[map]
+static ACCOUNTED: PerCpuHashMap<CounterKey, u64> = PerCpuHashMap::with_max_entries(8192, 0);
 
 /// Samples to userspace.
 #[map]
@@ -241,6 +254,37 @@ fn count<C: EbpfContext>(ctx: &C, key: &CounterKey) -> u64 {
     0
 }
 
+/// Keeps this CPU's first and last error time of `key` (see `TIMES`).
+#[inline(always)]
+fn note_time(key: &CounterKey, now: u64) {
+    if let Some(t) = TIMES.get_ptr_mut(key) {
+        // SAFETY: this CPU's slot.
+        let t = unsafe { &mut *t };
+        if t.first_ns == 0 {
+            t.first_ns = now;
+        }
+        t.last_ns = now;
+        return;
+    }
+    let fresh = ErrorTimes {
+        first_ns: now,
+        last_ns: now,
+    };
+    if TIMES.insert(key, &fresh, BPF_NOEXIST as u64).is_ok() {
+        return;
+    }
+    // Another CPU inserted the key first (its zeroed slot for this CPU is
+    // filled here), or the map is full (the time is lost, the count is not).
+    if let Some(t) = TIMES.get_ptr_mut(key) {
+        // SAFETY: this CPU's slot.
+        let t = unsafe { &mut *t };
+        if t.first_ns == 0 {
+            t.first_ns = now;
+        }
+        t.last_ns = now;
+    }
+}
+
 /// Takes one sample from the device's budget for this second.
 #[inline(always)]
 fn within_budget(dev: u32, now: u64) -> bool {
@@ -291,6 +335,9 @@ fn record<C: EbpfContext>(
 ) -> Option<aya_ebpf::maps::ring_buf::RingBufEntry<ErrorSample>> {
     let seq = count(ctx, &key);
     let now = unsafe { bpf_ktime_get_ns() };
+    if seq != 0 {
+        note_time(&key, now);
+    }
     if !within_budget(key.dev, now) {
         bump(stat::SAMPLES_SUPPRESSED);
         return None;

@@ -63,9 +63,18 @@ impl Agent {
 
     fn start_mode(mode: &[&str], args: &[&str]) -> Result<Agent> {
         let bin = agent_bin()?;
+        // Pinned state outlives the agent: a test that does not ask for it
+        // (with its own --pin-dir, see `crate::bpffs`) must leave nothing
+        // behind for the next test to adopt.
+        let no_pin: &[&str] = if args.contains(&"--pin-dir") {
+            &[]
+        } else {
+            &["--no-pin"]
+        };
         let mut child = Command::new(&bin)
             .args(mode)
             .args(args)
+            .args(no_pin)
             .env_remove("HTTPS_PROXY")
             .env_remove("https_proxy")
             .env_remove("HTTP_PROXY")
@@ -179,9 +188,19 @@ impl Agent {
 
     /// SIGTERM, then everything it printed. The agent detaches and reports
     /// its last exact counts before exiting.
-    pub fn stop(mut self) -> Result<AgentRun> {
+    pub fn stop(self) -> Result<AgentRun> {
+        self.signal(nix::sys::signal::Signal::SIGTERM)
+    }
+
+    /// SIGKILL (as the OOM killer or a forced pod deletion would), then
+    /// everything it printed before it died.
+    pub fn kill(self) -> Result<AgentRun> {
+        self.signal(nix::sys::signal::Signal::SIGKILL)
+    }
+
+    fn signal(mut self, signal: nix::sys::signal::Signal) -> Result<AgentRun> {
         let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
-        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        let _ = nix::sys::signal::kill(pid, signal);
         let deadline = Instant::now() + Duration::from_secs(20);
         let status = loop {
             if let Some(s) = self.child.try_wait().context("waiting for the agent")? {
@@ -189,7 +208,7 @@ impl Agent {
             }
             if Instant::now() >= deadline {
                 let _ = self.child.kill();
-                bail!("the agent did not exit within 20 s of SIGTERM");
+                bail!("the agent did not exit within 20 s of {signal}");
             }
             std::thread::sleep(Duration::from_millis(20));
         };

@@ -29,6 +29,7 @@
 
 pub mod agent;
 pub mod apiserver;
+pub mod bpffs;
 pub mod cmd;
 pub mod devices;
 pub mod faultdisk;

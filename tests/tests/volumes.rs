@@ -27,6 +27,7 @@ use anyhow::{bail, Context, Result};
 use health_csi::testing::{DriverMode, TestDriver, TestDriverHandle};
 use health_csi::{HealthEntry, HealthStatus};
 use health_tests::agent::{agent_bin, Agent};
+use health_tests::bpffs::Bpffs;
 use health_tests::{fs, require_env, FaultDisk, LoopDevice, Mount, Op, Rule};
 use serde_json::{json, Value};
 use tempfile::TempDir;
@@ -387,6 +388,93 @@ fn a_running_watch_picks_up_new_volumes() -> Result<()> {
         assert_eq!(e["pod_uid"], POD_F, "{e}");
         assert_volume_fields(e, "pv-late", "vol-late", "Filesystem");
     }
+    Ok(())
+}
+
+#[test]
+fn volumes_shows_the_kernel_evidence_of_the_running_watch() -> Result<()> {
+    require_env(&[])?;
+    let bpffs = Bpffs::mount()?;
+    let pin = bpffs.pin_dir_arg();
+    let mut tree = Tree::new()?;
+    // A block volume shared by two pods: no filesystem writes of its own
+    // can fail beside the test's, so the count is exact.
+    let disk = tree.disk(64 * MIB)?;
+    tree.block(disk, POD_A, "pv-blk", "vol-blk")?;
+    tree.block(disk, POD_B, "pv-blk", "vol-blk")?;
+    let dev = tree.lo(disk).maj_min().to_string();
+    let mut agent = Agent::start(&["--kubelet-root", tree.root_arg(), "--pin-dir", &pin])?;
+
+    let started = time::OffsetDateTime::now_utc();
+    let n = fail_direct_writes(&tree, disk, 4)?;
+    use health_tests::agent::EventFilter;
+    // One line per pod volume an error reaches.
+    assert_eq!(
+        agent.wait_for_count(&EventFilter::device(&dev), 2 * n, WAIT),
+        2 * n
+    );
+    let want: BTreeMap<_, _> = [(key(&dev, POD_A), n), (key(&dev, POD_B), n)].into();
+    let mut seen = per_pod_volume(agent.events());
+    seen.retain(|(d, _), _| *d == dev);
+    assert_eq!(seen, want);
+    for pod in [POD_A, POD_B] {
+        let line = format!("volume pod {pod} pv pv-blk: raised Degraded BlockIOErrors [kernel]");
+        assert!(agent.wait_for_log(&line, WAIT), "watch never said: {line}");
+    }
+    let (vols, _, stderr) = volumes_json(tree.root_arg(), &["--pin-dir", &pin])?;
+    let run = agent.stop_cleanly()?;
+    assert!(!stderr.contains("kernel errors are not shown"), "{stderr}");
+    for pod in [POD_A, POD_B] {
+        let v = find(&vols, pod);
+        let kernel = v["kernel_errors"].as_array().context("kernel_errors")?;
+        assert_eq!(kernel.len(), 1, "{v:#}");
+        let k = &kernel[0];
+        assert_eq!(k["reason"], "BlockIOErrors", "{k}");
+        assert_eq!(k["status"], "Degraded", "{k}");
+        assert_eq!(k["count"], n, "{k}");
+        assert_eq!(k["device"], dev.as_str(), "{k}");
+        assert_eq!(k["op"], "write", "{k}");
+        assert_eq!(k["errno"], EIO, "{k}");
+        let time = |f: &str| {
+            time::OffsetDateTime::parse(
+                k[f].as_str().unwrap(),
+                &time::format_description::well_known::Rfc3339,
+            )
+            .unwrap()
+        };
+        // The kernel's own times, within the seconds the writes took.
+        assert!(time("first") <= time("last"), "{k}");
+        assert!(time("first") >= started - time::Duration::seconds(1), "{k}");
+        assert!(time("last") <= time::OffsetDateTime::now_utc(), "{k}");
+        // The conditions watch raised, from the same condition code.
+        assert!(
+            reasons(v).contains(&r("Degraded", "BlockIOErrors", "kernel")),
+            "{v:#}"
+        );
+        // watch's condition messages count per update; its event lines
+        // (checked above) add up to the same n.
+        assert!(
+            run.stderr.contains(&format!(
+                "volume pod {pod} pv pv-blk: raised Degraded BlockIOErrors [kernel]"
+            )),
+            "{}",
+            run.stderr
+        );
+    }
+
+    // Nothing pinned: one line says so, and the checks still run.
+    let empty = Bpffs::mount()?;
+    let (vols, _, stderr) = volumes_json(tree.root_arg(), &["--pin-dir", &empty.pin_dir_arg()])?;
+    assert_eq!(
+        stderr,
+        format!(
+            "volume-health: no agent state pinned at {}: kernel errors are not shown (no agent ran here, it ran with --no-pin, or it was uninstalled)\n",
+            empty.pin_dir_arg()
+        )
+    );
+    let v = find(&vols, POD_A);
+    assert_eq!(v["kernel_errors"], json!([]), "{v:#}");
+    assert_eq!(reasons(v), Vec::<(String, String, String)>::new(), "{v:#}");
     Ok(())
 }
 

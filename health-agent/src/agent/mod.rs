@@ -118,7 +118,10 @@ async fn agent_loop<R: Reporter>(
     }
     let mut maps = Some(maps);
     let (mut collector, mut rest) =
-        Collector::new(&mut maps).context("setting up the sample reader")?;
+        Collector::new(&mut maps, attached.pinned()).context("setting up the sample reader")?;
+    if attached.adopted() {
+        tracing::info!("adopted programs that kept counting since the previous agent stopped");
+    }
     let mut topo = Topology::scan(&opts.host).context("reading the device topology")?;
     if kernel_maps::sync(&topo, &opts.host, &mut rest).bio_based > 0 {
         attached.attach_bio_errors();
@@ -146,6 +149,7 @@ async fn agent_loop<R: Reporter>(
     let mut totals = tokio::time::interval(opts.totals_interval);
     totals.tick().await;
     let mut last_rescan = Instant::now();
+    let mut pruned_at = last_rescan;
     let mut batch = Vec::new();
     let mut handled = Handled::default();
     let mut misses = Misses::default();
@@ -202,6 +206,16 @@ async fn agent_loop<R: Reporter>(
             _ = sleep_until(deadline) => break,
         };
         attached.flush_kernel_log();
+        if last_rescan != pruned_at {
+            pruned_at = last_rescan;
+            let pruned = collector.prune(&live_devices(&topo), &mut batch)?;
+            if pruned > 0 {
+                tracing::info!(
+                    keys = pruned,
+                    "pruned the counters of devices that are gone"
+                );
+            }
+        }
         if batch.iter().any(|e| is_unknown_block_device(&topo, e))
             && last_rescan.elapsed() >= MIN_RESCAN_GAP
         {
@@ -220,11 +234,20 @@ async fn agent_loop<R: Reporter>(
             &topo,
             &clock,
         )?;
+        collector.persist()?;
     }
 
+    // Unpinned: detach first, then collect what the kernel counted up to
+    // that point: the last lines printed make every total exact. (Skipped
+    // runs are read before: they go with the programs.) Pinned: the
+    // programs keep counting for the next process; what is reported now is
+    // recorded as reported, and a sample of it still in the ring buffer is
+    // a late one for the next process, not a second report.
     let _bulk = prio.bulk();
     let program_misses = misses.read(&attached);
-    drop(attached);
+    if !attached.pinned() {
+        drop(attached);
+    }
     collector.drain(&mut batch);
     collector.reconcile(true, &mut batch)?;
     deliver(
@@ -235,6 +258,7 @@ async fn agent_loop<R: Reporter>(
         &topo,
         &clock,
     )?;
+    collector.persist()?;
     let mut stats = collector.kernel_stats()?;
     stats.program_misses = program_misses;
     reporter.kernel_stats(&stats);
@@ -298,6 +322,20 @@ fn deliver<R: Reporter>(
 fn is_unknown_block_device(topo: &Topology, e: &KernelError) -> bool {
     let dev = Dev::from_kernel(e.key.dev);
     !dev.is_anonymous() && topo.device(dev).is_none()
+}
+
+/// Every device number an error key can carry that the topology still
+/// knows: block devices with a medium and the devices of mounted
+/// filesystems (btrfs and other anonymous ones). A device of size 0 (a
+/// detached loop device, a drive without a medium) stays in sysfs but holds
+/// nothing its old counters were about.
+fn live_devices(topo: &Topology) -> std::collections::HashSet<u32> {
+    topo.devices()
+        .iter()
+        .filter(|d| d.size_sectors > 0)
+        .map(|d| d.dev.to_kernel())
+        .chain(topo.mounts().iter().map(|m| m.dev.to_kernel()))
+        .collect()
 }
 
 async fn sleep_until(deadline: Option<tokio::time::Instant>) {

@@ -9,12 +9,23 @@
 //! summaries for counter values seen one tick earlier: by then any sample
 //! for them has long been read, so nothing is counted twice. The sum of
 //! `count` over everything emitted equals the kernel's counters.
+//!
+//! Across a restart: with pinned state (`kernel::probes::pins`), `accounted`
+//! is written to the kernel map `ACCOUNTED` after every loop turn that
+//! reported something ([`Collector::persist`]), and a new process starts
+//! from it, so it reports only what no earlier process did. It is written
+//! *after* reporting: a process killed between the two re-reports that one
+//! turn's errors (at-least-once; at most one batch repeats, never one lost).
+//! Writing first would lose them instead.
+//!
+//! Bounded: the keys of devices gone from the topology are pruned
+//! ([`Collector::prune`]) after what they still held is reported.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io;
 
-use aya::maps::{MapData, PerCpuArray, PerCpuHashMap, RingBuf};
-use health_common::{stat, CounterKey, ErrorSample};
+use aya::maps::{MapData, PerCpuArray, PerCpuHashMap, PerCpuValues, RingBuf};
+use health_common::{stat, CounterKey, ErrorSample, ErrorTimes};
 use tokio::io::unix::AsyncFd;
 
 use crate::kernel::probes::KernelMaps;
@@ -49,6 +60,8 @@ pub struct KernelStats {
 pub enum CollectorError {
     #[error("waiting on the sample ring buffer: {0}")]
     Poll(#[from] io::Error),
+    #[error("counting the possible CPUs: {0}")]
+    Cpus(io::Error),
     #[error("reading kernel map {map}: {source}")]
     Map {
         map: &'static str,
@@ -61,9 +74,17 @@ type Slot = (CounterKey, u32);
 pub struct Collector {
     samples: AsyncFd<RingBuf<MapData>>,
     counts: PerCpuHashMap<MapData, CounterKey, u64>,
+    times: PerCpuHashMap<MapData, CounterKey, ErrorTimes>,
     stats: PerCpuArray<MapData, u64>,
     /// Errors already emitted, per key and CPU.
     accounted: HashMap<Slot, u64>,
+    /// `accounted` as the kernel map keeps it across processes; `None`
+    /// when nothing is pinned (no later process will read it).
+    persisted: Option<PerCpuHashMap<MapData, CounterKey, u64>>,
+    /// Keys whose `accounted` changed since the last [`Collector::persist`].
+    dirty: HashSet<CounterKey>,
+    /// Devices absent from the previous topology (see [`Collector::prune`]).
+    absent: HashSet<u32>,
     /// Counter values seen at the previous reconcile tick.
     settled: HashMap<Slot, u64>,
     late_samples: u64,
@@ -71,11 +92,17 @@ pub struct Collector {
 
 impl Collector {
     /// Takes the sample, counter and stats maps; the partition and device
-    /// maps stay with the caller, which keeps them current.
-    pub fn new(maps: &mut Option<KernelMaps>) -> io::Result<(Self, KernelMapsRest)> {
+    /// maps stay with the caller, which keeps them current. With `persist`
+    /// (pinned state), starts from what earlier processes reported.
+    pub fn new(
+        maps: &mut Option<KernelMaps>,
+        persist: bool,
+    ) -> Result<(Self, KernelMapsRest), CollectorError> {
         let KernelMaps {
             samples,
             counts,
+            times,
+            accounted: accounted_map,
             stats,
             partitions,
             block_devs,
@@ -84,6 +111,20 @@ impl Collector {
         } = maps
             .take()
             .ok_or_else(|| io::Error::other("kernel maps already taken"))?;
+        let mut accounted = HashMap::new();
+        if persist {
+            for entry in accounted_map.iter() {
+                let (key, per_cpu) = entry.map_err(|source| CollectorError::Map {
+                    map: "ACCOUNTED",
+                    source,
+                })?;
+                for (cpu, &n) in per_cpu.iter().enumerate() {
+                    if n > 0 {
+                        accounted.insert((key, cpu as u32), n);
+                    }
+                }
+            }
+        }
         let collector = Self {
             // SAFETY: the RingBuf owns its map descriptor for as long as the
             // AsyncFd holds it, and always reports that same descriptor.
@@ -92,8 +133,12 @@ impl Collector {
             }
             .map_err(|e| e.into_parts().1)?,
             counts,
+            times,
             stats,
-            accounted: HashMap::new(),
+            accounted,
+            persisted: persist.then_some(accounted_map),
+            dirty: HashSet::new(),
+            absent: HashSet::new(),
             settled: HashMap::new(),
             late_samples: 0,
         };
@@ -130,6 +175,7 @@ impl Collector {
             };
             drop(item);
             if let Some(e) = account_sample(&mut self.accounted, &mut self.late_samples, sample) {
+                self.dirty.insert(e.key);
                 out.push(e);
             }
         }
@@ -167,10 +213,95 @@ impl Collector {
                         sample: None,
                     });
                     *acct = target;
+                    self.dirty.insert(key);
                 }
             }
         }
         Ok(())
+    }
+
+    /// Writes what changed in `accounted` to the pinned map; call it after
+    /// the errors emitted so far were reported (see the module comment).
+    pub fn persist(&mut self) -> Result<(), CollectorError> {
+        let Some(map) = &mut self.persisted else {
+            self.dirty.clear();
+            return Ok(());
+        };
+        if self.dirty.is_empty() {
+            return Ok(());
+        }
+        let cpus = aya::util::nr_cpus().map_err(|(_, e)| CollectorError::Cpus(e))?;
+        for key in self.dirty.drain() {
+            let values: Vec<u64> = (0..cpus as u32)
+                .map(|cpu| self.accounted.get(&(key, cpu)).copied().unwrap_or(0))
+                .collect();
+            let values = PerCpuValues::try_from(values).map_err(CollectorError::Cpus)?;
+            map.insert(key, values, 0)
+                .map_err(|source| CollectorError::Map {
+                    map: "ACCOUNTED",
+                    source,
+                })?;
+        }
+        Ok(())
+    }
+
+    /// Removes the keys of devices gone from the topology (`live`: every
+    /// device and filesystem it knows) from the kernel maps, after emitting
+    /// what they still held. A device must be absent from two scans in a
+    /// row: one attached after a scan has its first errors counted before
+    /// the next scan sees it. A gone device fails no more I/O, so nothing
+    /// is counted between the read and the removal. Returns how many keys
+    /// went.
+    pub fn prune(
+        &mut self,
+        live: &HashSet<u32>,
+        out: &mut Vec<KernelError>,
+    ) -> Result<usize, CollectorError> {
+        let mut gone = Vec::new();
+        let mut absent = HashSet::new();
+        for entry in self.counts.iter() {
+            let (key, per_cpu) = entry.map_err(|source| CollectorError::Map {
+                map: "COUNTS",
+                source,
+            })?;
+            if key.dev == 0 || live.contains(&key.dev) {
+                continue;
+            }
+            absent.insert(key.dev);
+            if self.absent.contains(&key.dev) {
+                gone.push((key, per_cpu.iter().copied().collect::<Vec<u64>>()));
+            }
+        }
+        self.absent = absent;
+        for (key, per_cpu) in &gone {
+            for (cpu, &value) in per_cpu.iter().enumerate() {
+                let slot = (*key, cpu as u32);
+                let acct = self.accounted.remove(&slot).unwrap_or(0);
+                self.settled.remove(&slot);
+                if value > acct {
+                    out.push(KernelError {
+                        key: *key,
+                        count: value - acct,
+                        sample: None,
+                    });
+                }
+            }
+            self.dirty.remove(key);
+            for (map, result) in [
+                ("COUNTS", self.counts.remove(key)),
+                ("TIMES", self.times.remove(key)),
+                (
+                    "ACCOUNTED",
+                    self.persisted.as_mut().map_or(Ok(()), |m| m.remove(key)),
+                ),
+            ] {
+                // TIMES lacks a key whose first error found it full.
+                if let Err(e) = result {
+                    tracing::debug!("pruning {map} key of device {}: {e}", key.dev);
+                }
+            }
+        }
+        Ok(gone.len())
     }
 
     /// Exact totals per key, summed over CPUs.

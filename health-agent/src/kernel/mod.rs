@@ -7,5 +7,6 @@
 pub mod clock;
 pub mod collector;
 pub mod names;
+pub mod pinned;
 pub mod probes;
 pub mod tracefs;

@@ -117,6 +117,16 @@ impl VolumeMonitor {
     /// allocates only when a volume sees a new (kind, op, errno, device)
     /// between two flushes.
     pub fn record(&mut self, e: &KernelError, now: SystemTime) {
+        let when = e
+            .sample
+            .as_ref()
+            .map_or(now, |s| self.clock.wall_time(s.mono_ns));
+        self.record_span(e, when, when);
+    }
+
+    /// As [`VolumeMonitor::record`], for errors known to span `first` to
+    /// `last` (the kernel's per-key times, read by `volumes`).
+    pub fn record_span(&mut self, e: &KernelError, first: SystemTime, last: SystemTime) {
         let dev = Dev::from_kernel(e.key.dev);
         let indices = self.index.indices_for(dev);
         if indices.is_empty() || e.count == 0 {
@@ -128,10 +138,6 @@ impl VolumeMonitor {
             return;
         };
         let op = op_name(e.key.op);
-        let when = e
-            .sample
-            .as_ref()
-            .map_or(now, |s| self.clock.wall_time(s.mono_ns));
         for &i in indices {
             let Some(state) = self.states.get_mut(i as usize) else {
                 continue;
@@ -151,8 +157,8 @@ impl VolumeMonitor {
             {
                 Some(p) => {
                     p.count = p.count.saturating_add(e.count);
-                    p.first = p.first.min(when);
-                    p.last = p.last.max(when);
+                    p.first = p.first.min(first);
+                    p.last = p.last.max(last);
                 }
                 None => {
                     if !state.health.kernel_active(kind) {
@@ -164,8 +170,8 @@ impl VolumeMonitor {
                         errno: e.key.errno,
                         device: dev,
                         count: e.count,
-                        first: when,
-                        last: when,
+                        first,
+                        last,
                     })
                 }
             }
@@ -196,24 +202,10 @@ impl VolumeMonitor {
             ) else {
                 continue;
             };
-            let mount_point = match vol.volume.volume_mode {
-                VolumeMode::Filesystem => Some(vol.volume.path.clone()),
-                VolumeMode::Block => None,
-            };
             let errors: Vec<KernelErrors> = state
                 .pending
                 .drain(..)
-                .map(|p| KernelErrors {
-                    kind: p.kind,
-                    count: p.count,
-                    first: p.first,
-                    last: p.last,
-                    device: Some(p.device),
-                    mount_point: mount_point.clone(),
-                    op: p.op.map(str::to_string),
-                    errno: (p.errno != 0).then_some(p.errno as i32),
-                    device_name: self.index.device_name(p.device).map(str::to_string),
-                })
+                .map(|p| kernel_errors(&self.index, vol, &p))
                 .collect();
             push_changes(
                 &mut out,
@@ -225,6 +217,21 @@ impl VolumeMonitor {
         self.dirty = dirty;
         self.dirty.clear();
         out
+    }
+
+    /// The kernel errors recorded for `key` since the last flush.
+    pub fn pending_errors(&self, key: &VolumeKey) -> Vec<KernelErrors> {
+        let Some(i) = self.index.position(key) else {
+            return Vec::new();
+        };
+        let (Some(state), Some(vol)) = (self.states.get(i), self.index.volumes().get(i)) else {
+            return Vec::new();
+        };
+        state
+            .pending
+            .iter()
+            .map(|p| kernel_errors(&self.index, vol, p))
+            .collect()
     }
 
     /// Feeds a round of check reports (from [`run_checks`]).
@@ -282,6 +289,23 @@ impl VolumeMonitor {
     fn state_mut(&mut self, key: &VolumeKey) -> Option<&mut VolumeState> {
         let i = self.index.position(key)?;
         self.states.get_mut(i)
+    }
+}
+
+fn kernel_errors(index: &VolumeIndex, vol: &IndexedVolume, p: &Pending) -> KernelErrors {
+    KernelErrors {
+        kind: p.kind,
+        count: p.count,
+        first: p.first,
+        last: p.last,
+        device: Some(p.device),
+        mount_point: match vol.volume.volume_mode {
+            VolumeMode::Filesystem => Some(vol.volume.path.clone()),
+            VolumeMode::Block => None,
+        },
+        op: p.op.map(str::to_string),
+        errno: (p.errno != 0).then_some(p.errno as i32),
+        device_name: index.device_name(p.device).map(str::to_string),
     }
 }
 

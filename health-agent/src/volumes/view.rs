@@ -4,9 +4,13 @@
 //! Discovery, device resolution, the built-in checks and the CSI probes run
 //! once; checks and CSI run concurrently, each call bounded by the timeout,
 //! so a hung path or driver costs at most about three timeouts (CSI: name
-//! and capabilities, then one health call) and delays nothing else. Without
-//! the live kernel collector, past kernel evidence comes from ext4's own
-//! error record ([`super::ext4_error_evidence`]).
+//! and capabilities, then one health call) and delays nothing else.
+//!
+//! Kernel evidence comes from the counters the agent keeps pinned
+//! ([`crate::kernel::pinned`]): per volume, the errors of each kind with
+//! their first and last time, fed through the same condition code `watch`
+//! and `run` use, so the three agree. ext4's own error record
+//! ([`super::ext4_error_evidence`]) adds what happened before any agent ran.
 //!
 //! The JSON is an array with one object per pod volume, sorted by pod uid and
 //! volume name; README.md documents each field.
@@ -20,9 +24,14 @@ use serde::Serialize;
 
 use super::{run_checks, CsiOutcome, CsiProber, CsiResult, Ext4Errors, VolumeIndex, VolumeMonitor};
 use crate::dev::Dev;
+use crate::kernel::clock::Clock;
+use crate::kernel::collector::KernelError;
+pub use crate::kernel::pinned::KernelEvidence;
 use crate::topology::{HostPaths, MountEntry, Topology, TopologyError};
 use crate::volumes::checks::{CheckConfig, CheckReport, Checker};
-use crate::volumes::conditions::{rfc3339, CheckResult, Condition, ConditionConfig, Status};
+use crate::volumes::conditions::{
+    errno_name, rfc3339, CheckResult, Condition, ConditionConfig, KernelErrors, Status,
+};
 use crate::volumes::kubelet::{self, VolumeKind, VolumeMode};
 
 #[derive(Clone, Debug)]
@@ -33,6 +42,8 @@ pub struct ViewOptions {
     /// CSI call.
     pub check: CheckConfig,
     pub csi_overrides: Vec<DriverOverride>,
+    /// Where the agent pins its kernel state (its counters are read there).
+    pub pin_root: PathBuf,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -62,6 +73,24 @@ pub struct ConditionView {
 pub struct ProbeFailure {
     pub source: String,
     pub error: String,
+}
+
+/// Kernel errors of one kind on one device of a volume, as counted by the
+/// agent's programs since they were loaded.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct KernelErrorView {
+    /// The condition reason this kind raises (`BlockIOErrors`, ...).
+    pub reason: String,
+    pub status: Status,
+    pub count: u64,
+    /// RFC 3339: the first and the last of these errors.
+    pub first: String,
+    pub last: String,
+    pub device: Option<Dev>,
+    pub device_name: Option<String>,
+    pub op: Option<String>,
+    /// Positive errno, null where the source has none.
+    pub errno: Option<i32>,
 }
 
 /// One pod volume.
@@ -95,10 +124,14 @@ pub struct VolumeView {
     pub probe_failures: Vec<ProbeFailure>,
     /// The CSI node plugin's answer; null for volumes without a CSI driver.
     pub csi: Option<CsiOutcome>,
+    /// What the agent's kernel counters hold for this volume (empty when
+    /// nothing is pinned; the command says so).
+    pub kernel_errors: Vec<KernelErrorView>,
 }
 
-/// Discovers, resolves, checks and probes every pod volume once.
-pub async fn collect(opts: &ViewOptions) -> Result<Vec<VolumeView>, ViewError> {
+/// Discovers, resolves, checks and probes every pod volume once, and reads
+/// the kernel evidence the agent holds.
+pub async fn collect(opts: &ViewOptions) -> Result<(Vec<VolumeView>, KernelEvidence), ViewError> {
     let host = opts.host.clone();
     let root = opts.kubelet_root.clone();
     // Blocking file I/O, none of it on the volumes themselves.
@@ -147,10 +180,33 @@ pub async fn collect(opts: &ViewOptions) -> Result<Vec<VolumeView>, ViewError> {
     let mut monitor = VolumeMonitor::new(index, ConditionConfig::default());
     monitor.apply_checks(now, checks);
     monitor.apply_csi(now, &csi);
+    let evidence = crate::kernel::pinned::read(&opts.pin_root);
+    if let KernelEvidence::Pinned(counts) = &evidence {
+        let clock = Clock::new();
+        let wall = |ns: u64| if ns == 0 { now } else { clock.wall_time(ns) };
+        for c in counts {
+            let e = KernelError {
+                key: c.key,
+                count: c.count,
+                sample: None,
+            };
+            monitor.record_span(&e, wall(c.first_ns), wall(c.last_ns));
+        }
+    }
+    let kernel: Vec<Vec<KernelErrors>> = monitor
+        .index()
+        .volumes()
+        .iter()
+        .map(|v| monitor.pending_errors(&v.key))
+        .collect();
+    monitor.flush_kernel(now);
+    // A condition whose last error is older than the quiet window has
+    // cleared, as it would have in `watch`.
+    monitor.tick(now);
 
     let index = Arc::clone(monitor.index());
     let mut views = Vec::with_capacity(index.len());
-    for v in index.volumes() {
+    for (v, kernel) in index.volumes().iter().zip(kernel) {
         let mount = match v.volume.volume_mode {
             VolumeMode::Filesystem => topo
                 .mounts()
@@ -194,9 +250,24 @@ pub async fn collect(opts: &ViewOptions) -> Result<Vec<VolumeView>, ViewError> {
                 .map(|(_, f)| f.clone())
                 .collect(),
             csi: csi.iter().find(|o| o.key == v.key).cloned(),
+            kernel_errors: kernel.iter().map(kernel_error_view).collect(),
         });
     }
-    Ok(views)
+    Ok((views, evidence))
+}
+
+fn kernel_error_view(k: &KernelErrors) -> KernelErrorView {
+    KernelErrorView {
+        reason: k.kind.reason().into(),
+        status: k.kind.status(),
+        count: k.count,
+        first: rfc3339(k.first),
+        last: rfc3339(k.last),
+        device: k.device,
+        device_name: k.device_name.clone(),
+        op: k.op.clone(),
+        errno: k.errno,
+    }
 }
 
 fn check_failures(report: &CheckReport) -> impl Iterator<Item = ProbeFailure> + '_ {
@@ -293,6 +364,22 @@ pub fn human(views: &[VolumeView]) -> String {
             out.push_str(&format!(
                 "  {} {} since {} [{}]: {}\n",
                 c.status, c.reason, c.since, c.source, c.message
+            ));
+        }
+        for k in &v.kernel_errors {
+            let op = k.op.as_deref().map(|o| format!(" {o}")).unwrap_or_default();
+            let errno = k
+                .errno
+                .map(|e| format!(" {}", errno_name(e)))
+                .unwrap_or_default();
+            let on = k
+                .device_name
+                .clone()
+                .or_else(|| k.device.map(|d| d.to_string()))
+                .unwrap_or_else(|| "-".into());
+            out.push_str(&format!(
+                "  kernel: {}{op}{errno} errors on {on} ({}), first {} last {}\n",
+                k.count, k.reason, k.first, k.last
             ));
         }
         for f in &v.probe_failures {

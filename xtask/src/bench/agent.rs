@@ -108,6 +108,9 @@ impl AgentProc {
         let mut cmd = Command::new(bin);
         cmd.arg(mode)
             .args(args)
+            // Each run measures its own agent from a clean start: nothing
+            // pinned by one run may be adopted by the next.
+            .arg("--no-pin")
             .env_remove("HTTPS_PROXY")
             .env_remove("https_proxy")
             .env("HEALTH_LOG", "info")

@@ -8,6 +8,7 @@ use health_common::{complete_mode, field, rq};
 
 use super::errors::{classify_load_error, error_chain};
 use super::layout::{plan, BLOCK_BIO_COMPLETE, BLOCK_RQ_COMPLETE, BLOCK_RQ_ERROR, FS_PROGRAMS};
+use super::pins::{self, PinError, PinSet};
 use super::preflight::{check_bpf, check_privileges, raise_memlock_limit};
 use super::requests::{self, BtfRequests};
 use super::{
@@ -108,6 +109,21 @@ pub fn attach(opts: &ProbeOptions) -> Result<(Attached, KernelMaps), ProbeError>
         }),
     }
     let bio = plan(&tracefs, &BLOCK_BIO_COMPLETE, &mut layout);
+    let fs_plans: Vec<_> = FS_PROGRAMS
+        .iter()
+        .map(|spec| (spec, plan(&tracefs, spec, &mut layout)))
+        .collect();
+    // Every program is planned before this: the stamp covers every offset.
+    let request_facts: Vec<u8> = match &btf_requests {
+        Ok(r) => r
+            .layout
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .chain(r.statuses)
+            .collect(),
+        Err(_) => Vec::new(),
+    };
+    let mut pin_set = open_pins(opts, &layout, mode, &request_facts)?;
     let mut bio_deferred = None;
     match (bio, opts.bio_errors) {
         (Ok((group, name)), BioErrors::Always) => planned.push(Planned {
@@ -116,6 +132,19 @@ pub fn attach(opts: &ProbeOptions) -> Result<(Attached, KernelMaps), ProbeError>
             name,
             note: None,
         }),
+        // Attached by the process whose pins this one adopts.
+        (Ok((group, name)), BioErrors::Auto)
+            if pin_set
+                .as_ref()
+                .is_some_and(|p| p.has_link(BLOCK_BIO_COMPLETE.program)) =>
+        {
+            planned.push(Planned {
+                program: BLOCK_BIO_COMPLETE.program,
+                group,
+                name,
+                note: None,
+            })
+        }
         (Ok(found), BioErrors::Auto) => {
             bio_deferred = Some(found);
             sources.push(SourceStatus {
@@ -137,8 +166,8 @@ pub fn attach(opts: &ProbeOptions) -> Result<(Attached, KernelMaps), ProbeError>
         }),
     }
     // Sources that stand alone: attached when the kernel has them.
-    for spec in FS_PROGRAMS {
-        match plan(&tracefs, spec, &mut layout) {
+    for (spec, found) in fs_plans {
+        match found {
             Ok((group, name)) => planned.push(Planned {
                 program: spec.program,
                 group,
@@ -156,17 +185,33 @@ pub fn attach(opts: &ProbeOptions) -> Result<(Attached, KernelMaps), ProbeError>
         Ok(r) => (r.layout, r.statuses),
         Err(_) => ([rq::ABSENT; rq::COUNT], [0; rq::STATUS_COUNT]),
     };
-    let mut ebpf = EbpfLoader::new()
-        // The object has no CO-RE relocations: the kernel BTF the loader
-        // parsed by itself is not needed past this point.
-        .btf(None)
-        .override_global("LAYOUT", &layout, true)
-        .override_global("RQ_LAYOUT", &rq_layout, true)
-        .override_global("STATUS_ERRNO", &statuses, true)
-        .override_global("COMPLETE_MODE", &mode, true)
-        .override_global("SAMPLES_PER_SEC", &opts.samples_per_sec, true)
-        .load(EBPF_OBJECT)
-        .map_err(|e| classify_load_error(e, &opts.proc_root))?;
+    let pinned_maps = match &pin_set {
+        Some(p) if p.adopted() => p.pinned_maps()?,
+        _ => Vec::new(),
+    };
+    let mut ebpf = {
+        let mut loader = EbpfLoader::new();
+        loader
+            // The object has no CO-RE relocations: the kernel BTF the loader
+            // parsed by itself is not needed past this point.
+            .btf(None)
+            .override_global("LAYOUT", &layout, true)
+            .override_global("RQ_LAYOUT", &rq_layout, true)
+            .override_global("STATUS_ERRNO", &statuses, true)
+            .override_global("COMPLETE_MODE", &mode, true)
+            .override_global("SAMPLES_PER_SEC", &opts.samples_per_sec, true);
+        // Adopted maps are opened, not created: the programs still running
+        // write them, and programs loaded now must share them.
+        for (name, path) in &pinned_maps {
+            loader.map_pin_path(name.as_str(), path.as_path());
+        }
+        loader
+            .load(EBPF_OBJECT)
+            .map_err(|e| classify_load_error(e, &opts.proc_root))?
+    };
+    if let Some(p) = &pin_set {
+        p.pin_maps(&ebpf)?;
+    }
     // Parsed only now: the loader's own full parse of the kernel BTF is
     // freed by this point, so the two never add up.
     let load_btf = load_image.as_deref().and_then(requests::load_btf);
@@ -181,18 +226,25 @@ pub fn attach(opts: &ProbeOptions) -> Result<(Attached, KernelMaps), ProbeError>
     };
 
     for p in planned {
+        let pins = pin_set.as_ref();
         let (outcome, mut note) =
-            match attach_request_btf(&mut ebpf, &p, &btf_requests, load_btf.as_ref()) {
+            match attach_request_btf(&mut ebpf, pins, &p, &btf_requests, load_btf.as_ref()) {
                 Some(Ok(tracepoint)) => (Ok(tracepoint), join_notes(p.note, "tp_btf")),
                 Some(Err(why)) => {
                     let note =
                         join_notes(p.note.clone(), &format!("tracefs; tp_btf refused: {why}"));
-                    (attach_loaded(&mut ebpf, p.program, p.group, p.name), note)
+                    (
+                        attach_loaded(&mut ebpf, pins, p.program, p.group, p.name),
+                        note,
+                    )
                 }
-                None => (attach_loaded(&mut ebpf, p.program, p.group, p.name), p.note),
+                None => (
+                    attach_loaded(&mut ebpf, pins, p.program, p.group, p.name),
+                    p.note,
+                ),
             };
         if outcome.is_ok() && p.program == "filemap_set_wb_err" {
-            if let Err(why) = attach_writeback_errno(&mut ebpf, load_btf.as_ref()) {
+            if let Err(why) = attach_writeback_errno(&mut ebpf, pins, load_btf.as_ref()) {
                 note = Some(format!("errno only when the file already had one: {why}"));
             }
         }
@@ -215,9 +267,15 @@ pub fn attach(opts: &ProbeOptions) -> Result<(Attached, KernelMaps), ProbeError>
         return Err(ProbeError::NothingAttached(lines.join("\n")));
     }
 
+    if let Some(p) = &mut pin_set {
+        p.commit()?;
+    }
+
     let maps = KernelMaps {
         samples: take_map(&mut ebpf, "SAMPLES")?,
         counts: take_map(&mut ebpf, "COUNTS")?,
+        times: take_map(&mut ebpf, "TIMES")?,
+        accounted: take_map(&mut ebpf, "ACCOUNTED")?,
         stats: take_map(&mut ebpf, "STATS")?,
         partitions: take_map(&mut ebpf, "PARTITIONS")?,
         block_devs: take_map(&mut ebpf, "BLOCK_DEVS")?,
@@ -227,6 +285,7 @@ pub fn attach(opts: &ProbeOptions) -> Result<(Attached, KernelMaps), ProbeError>
     Ok((
         Attached {
             ebpf,
+            pins: pin_set,
             logger,
             sources,
             bio_deferred,
@@ -235,23 +294,81 @@ pub fn attach(opts: &ProbeOptions) -> Result<(Attached, KernelMaps), ProbeError>
     ))
 }
 
+/// The pins of this layout, or `None` with `--no-pin` or where there is no
+/// BPF filesystem (said once: the state will not outlive the process).
+fn open_pins(
+    opts: &ProbeOptions,
+    layout: &[u32],
+    mode: u32,
+    request_facts: &[u8],
+) -> Result<Option<PinSet>, ProbeError> {
+    let Some(root) = &opts.pin_root else {
+        return Ok(None);
+    };
+    // Tracepoint attachments are bpf links, which can be pinned, only
+    // since 5.15; before, a pinned program would sit detached.
+    if !aya::features().bpf_perf_link() {
+        tracing::warn!(
+            "this kernel cannot pin tracepoint attachments (bpf perf links need Linux 5.15+): nothing is pinned, so the programs detach when this process exits and errors until the next start are not counted"
+        );
+        return Ok(None);
+    }
+    let layout_bytes: Vec<u8> = layout.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let stamp = pins::stamp(&[
+        EBPF_OBJECT,
+        &layout_bytes,
+        &mode.to_le_bytes(),
+        &opts.samples_per_sec.to_le_bytes(),
+        &[opts.bio_errors as u8, opts.block_attach as u8],
+        // tp_btf offsets and status codes from the kernel's BTF.
+        request_facts,
+    ]);
+    match PinSet::open(root, &stamp) {
+        Ok(p) => Ok(Some(p)),
+        Err(PinError::NotBpffs(dir)) => {
+            tracing::warn!(
+                "{} is not on a BPF filesystem: nothing is pinned, so the programs detach when this process exits and errors until the next start are not counted (mount bpffs there, or pass --no-pin to silence this)",
+                dir.display()
+            );
+            Ok(None)
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// Loads one tracepoint program of the object and attaches it to
-/// `group:name`; returns the tracepoint's name, or why it failed.
+/// `group:name` (pinning program and link with `pins`; a program whose
+/// link is pinned already runs, adopted); returns the tracepoint's name,
+/// or why it failed.
 pub(super) fn attach_loaded(
     ebpf: &mut Ebpf,
+    pins: Option<&PinSet>,
     program: &'static str,
     group: &str,
     name: &str,
 ) -> Result<String, String> {
     let tracepoint = format!("{group}:{name}");
+    if pins.is_some_and(|p| p.has_link(program)) {
+        return Ok(tracepoint);
+    }
     let prog: &mut TracePoint = ebpf
         .program_mut(program)
         .ok_or_else(|| format!("{program} is not in the kernel object"))?
         .try_into()
         .map_err(|e: aya::programs::ProgramError| format!("{program}: {e}"))?;
     prog.load()
-        .and_then(|()| prog.attach(group, name).map(|_| ()))
+        .map_err(|e| format!("loading {program}: {}", error_chain(&e)))?;
+    let link = prog
+        .attach(group, name)
         .map_err(|e| format!("attaching {tracepoint}: {}", error_chain(&e)))?;
+    if let Some(pins) = pins {
+        let link = prog
+            .take_link(link)
+            .map_err(|e| format!("{program}: {}", error_chain(&e)))?;
+        pins.keep_link(program, link)
+            .and_then(|()| pins.pin_program(ebpf, program))
+            .map_err(|e| e.to_string())?;
+    }
     Ok(tracepoint)
 }
 
@@ -291,6 +408,7 @@ fn join_notes(note: Option<String>, more: &str) -> Option<String> {
 /// attached tracepoint or why the kernel refused it.
 fn attach_request_btf(
     ebpf: &mut Ebpf,
+    pins: Option<&PinSet>,
     p: &Planned,
     facts: &Result<BtfRequests, String>,
     btf: Option<&Btf>,
@@ -314,6 +432,9 @@ fn attach_request_btf(
             return Some(Err("kernels without block_rq_error keep tracefs".into()));
         }
     }
+    if pins.is_some_and(|pins| pins.has_link(program)) {
+        return Some(Ok(format!("block:{tracepoint}")));
+    }
     let Some(btf) = btf else {
         return Some(Err("no BTF for the load".into()));
     };
@@ -322,31 +443,56 @@ fn attach_request_btf(
         Some(Err(e)) => return Some(Err(format!("{program}: {e}"))),
         None => return Some(Err(format!("{program} is not in the kernel object"))),
     };
-    Some(
-        prog.load(tracepoint, btf)
-            .and_then(|()| prog.attach().map(|_| ()))
-            .map(|()| format!("block:{tracepoint}"))
-            .map_err(|e| error_chain(&e)),
-    )
+    let link = match prog.load(tracepoint, btf).and_then(|()| prog.attach()) {
+        Ok(link) => link,
+        Err(e) => return Some(Err(error_chain(&e))),
+    };
+    if let Some(pins) = pins {
+        let kept = prog
+            .take_link(link)
+            .map_err(|e| error_chain(&e))
+            .and_then(|link| pins.keep_link(program, link).map_err(|e| e.to_string()))
+            .and_then(|()| pins.pin_program(ebpf, program).map_err(|e| e.to_string()));
+        if let Err(why) = kept {
+            return Some(Err(why));
+        }
+    }
+    Some(Ok(format!("block:{tracepoint}")))
 }
 
 /// The writeback tracepoint shows errseq from before the update, so the
 /// errno of a file's first error comes from an fentry program on the
 /// function that records it (needs kernel BTF and fentry support).
-fn attach_writeback_errno(ebpf: &mut Ebpf, btf: Option<&Btf>) -> Result<(), String> {
+fn attach_writeback_errno(
+    ebpf: &mut Ebpf,
+    pins: Option<&PinSet>,
+    btf: Option<&Btf>,
+) -> Result<(), String> {
     const FUNCTION: &str = "__filemap_set_wb_err";
+    const PROGRAM: &str = "filemap_set_wb_err_entry";
+    if pins.is_some_and(|p| p.has_link(PROGRAM)) {
+        return Ok(());
+    }
     let btf = btf.ok_or("no kernel BTF")?;
     let program: &mut FEntry = ebpf
-        .program_mut("filemap_set_wb_err_entry")
+        .program_mut(PROGRAM)
         .ok_or("the fentry program is not in the object")?
         .try_into()
         .map_err(|e: aya::programs::ProgramError| e.to_string())?;
     program
         .load(FUNCTION, btf)
         .map_err(|e| format!("fentry on {FUNCTION}: {}", error_chain(&e)))?;
-    program
+    let link = program
         .attach()
         .map_err(|e| format!("fentry on {FUNCTION}: {}", error_chain(&e)))?;
+    if let Some(pins) = pins {
+        let link = program
+            .take_link(link)
+            .map_err(|e| format!("{PROGRAM}: {}", error_chain(&e)))?;
+        pins.keep_link(PROGRAM, link)
+            .and_then(|()| pins.pin_program(ebpf, PROGRAM))
+            .map_err(|e| e.to_string())?;
+    }
     Ok(())
 }
 

@@ -41,6 +41,8 @@ pub enum ProbeError {
     },
     #[error("none of the error tracepoints could be attached:\n{0}")]
     NothingAttached(String),
+    #[error("pinned kernel state")]
+    Pins(#[from] super::pins::PinError),
 }
 
 impl ProbeError {

@@ -17,6 +17,7 @@ mod blk_status;
 mod btf;
 mod errors;
 mod layout;
+pub mod pins;
 mod preflight;
 mod requests;
 
@@ -25,7 +26,7 @@ use std::path::PathBuf;
 
 use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, PerCpuHashMap, RingBuf};
 use aya::Ebpf;
-use health_common::{CounterKey, PartTable, StackPair};
+use health_common::{CounterKey, ErrorTimes, PartTable, StackPair};
 
 pub use attach::attach;
 pub use errors::ProbeError;
@@ -43,6 +44,9 @@ pub struct ProbeOptions {
     pub samples_per_sec: u32,
     /// When to watch bios of device-mapper and md devices.
     pub bio_errors: BioErrors,
+    /// Where programs, links and maps are pinned so that they outlive this
+    /// process (see [`pins`]); `None` (`--no-pin`): they detach on exit.
+    pub pin_root: Option<PathBuf>,
     /// How the block request programs attach.
     pub block_attach: BlockAttach,
 }
@@ -82,6 +86,7 @@ impl Default for ProbeOptions {
             flush_errors: false,
             samples_per_sec: 100,
             bio_errors: BioErrors::Auto,
+            pin_root: Some(PathBuf::from(pins::DEFAULT_PIN_ROOT)),
             block_attach: BlockAttach::Auto,
         }
     }
@@ -129,6 +134,10 @@ impl fmt::Display for SourceStatus {
 pub struct KernelMaps {
     pub samples: RingBuf<MapData>,
     pub counts: PerCpuHashMap<MapData, CounterKey, u64>,
+    pub times: PerCpuHashMap<MapData, CounterKey, ErrorTimes>,
+    /// What the agent already reported, per key and CPU (written by
+    /// userspace only; see `kernel::collector`).
+    pub accounted: PerCpuHashMap<MapData, CounterKey, u64>,
     pub stats: PerCpuArray<MapData, u64>,
     pub partitions: BpfHashMap<MapData, u32, PartTable>,
     pub block_devs: BpfHashMap<MapData, u32, u8>,
@@ -138,10 +147,13 @@ pub struct KernelMaps {
 
 const BIO_PROGRAM: &str = "block_bio_complete";
 
-/// Loaded and attached programs. Dropping `Attached` detaches them; the maps
-/// stay readable afterwards so the last counts can be collected.
+/// Loaded and attached programs. Dropping `Attached` detaches them unless
+/// they are pinned; the maps stay readable afterwards so the last counts
+/// can be collected.
 pub struct Attached {
     ebpf: Ebpf,
+    /// The pinned state, when pinning (the default).
+    pins: Option<pins::PinSet>,
     logger: Option<aya_log::EbpfLogger<&'static dyn log::Log>>,
     pub sources: Vec<SourceStatus>,
     /// `block_bio_complete`, loaded and waiting for its first dm/md device.
@@ -157,7 +169,13 @@ impl Attached {
         let Some((group, name)) = self.bio_deferred.take() else {
             return;
         };
-        let state = match attach::attach_loaded(&mut self.ebpf, BIO_PROGRAM, group, name) {
+        let state = match attach::attach_loaded(
+            &mut self.ebpf,
+            self.pins.as_ref(),
+            BIO_PROGRAM,
+            group,
+            name,
+        ) {
             Ok(tracepoint) => {
                 tracing::info!("active   {tracepoint} (a bio-based dm/md device appeared)");
                 SourceState::Active {
@@ -173,6 +191,16 @@ impl Attached {
         if let Some(s) = self.sources.iter_mut().find(|s| s.program == BIO_PROGRAM) {
             s.state = state;
         }
+    }
+
+    /// Whether the programs stay attached after this process exits.
+    pub fn pinned(&self) -> bool {
+        self.pins.is_some()
+    }
+
+    /// Whether this process adopted programs an earlier one left pinned.
+    pub fn adopted(&self) -> bool {
+        self.pins.as_ref().is_some_and(pins::PinSet::adopted)
     }
 
     /// Forwards kernel debug log records (aya-log) to the tracing output.
@@ -199,12 +227,23 @@ impl Attached {
     pub fn program_misses(&self) -> Option<u64> {
         use std::os::fd::{AsFd, AsRawFd};
         let mut total = None;
-        for (_, program) in self.ebpf.programs() {
-            let Ok(fd) = program.fd() else { continue };
+        // Programs adopted from pins run without being loaded here; one
+        // loaded here and pinned shows up twice, hence the ids.
+        let pinned = self
+            .pins
+            .as_ref()
+            .map(pins::PinSet::program_fds)
+            .unwrap_or_default();
+        let mut seen = std::collections::HashSet::new();
+        let loaded = self.ebpf.programs().filter_map(|(_, p)| p.fd().ok());
+        for fd in loaded.chain(pinned.iter()) {
             let path = format!("/proc/self/fdinfo/{}", fd.as_fd().as_raw_fd());
             let Ok(text) = std::fs::read_to_string(&path) else {
                 continue;
             };
+            if !seen.insert(fdinfo_field(&text, "prog_id:")) {
+                continue;
+            }
             if let Some(n) = recursion_misses(&text) {
                 total = Some(total.unwrap_or(0) + n);
             }
@@ -215,10 +254,13 @@ impl Attached {
 
 /// The `recursion_misses:` value of a BPF program's fdinfo text.
 fn recursion_misses(fdinfo: &str) -> Option<u64> {
-    fdinfo.lines().find_map(|l| {
-        l.strip_prefix("recursion_misses:")
-            .and_then(|v| v.trim().parse().ok())
-    })
+    fdinfo_field(fdinfo, "recursion_misses:")
+}
+
+fn fdinfo_field(fdinfo: &str, name: &str) -> Option<u64> {
+    fdinfo
+        .lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse().ok()))
 }
 
 #[cfg(test)]
