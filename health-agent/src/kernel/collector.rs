@@ -78,9 +78,10 @@ pub struct Collector {
     stats: PerCpuArray<MapData, u64>,
     /// Errors already emitted, per key and CPU.
     accounted: HashMap<Slot, u64>,
-    /// `accounted` as the kernel map keeps it across processes; `None`
-    /// when nothing is pinned (no later process will read it).
-    persisted: Option<PerCpuHashMap<MapData, CounterKey, u64>>,
+    /// `accounted` as the kernel map keeps it across processes, and the
+    /// number of possible CPUs its values span; `None` when nothing is
+    /// pinned (no later process will read it).
+    persisted: Option<(PerCpuHashMap<MapData, CounterKey, u64>, usize)>,
     /// Keys whose `accounted` changed since the last [`Collector::persist`].
     dirty: HashSet<CounterKey>,
     /// Devices absent from the previous topology (see [`Collector::prune`]).
@@ -136,7 +137,14 @@ impl Collector {
             times,
             stats,
             accounted,
-            persisted: persist.then_some(accounted_map),
+            // Read once: `persist` runs after every batch of samples.
+            persisted: match persist {
+                true => Some((
+                    accounted_map,
+                    aya::util::nr_cpus().map_err(|(_, e)| CollectorError::Cpus(e))?,
+                )),
+                false => None,
+            },
             dirty: HashSet::new(),
             absent: HashSet::new(),
             settled: HashMap::new(),
@@ -223,16 +231,12 @@ impl Collector {
     /// Writes what changed in `accounted` to the pinned map; call it after
     /// the errors emitted so far were reported (see the module comment).
     pub fn persist(&mut self) -> Result<(), CollectorError> {
-        let Some(map) = &mut self.persisted else {
+        let Some((map, cpus)) = &mut self.persisted else {
             self.dirty.clear();
             return Ok(());
         };
-        if self.dirty.is_empty() {
-            return Ok(());
-        }
-        let cpus = aya::util::nr_cpus().map_err(|(_, e)| CollectorError::Cpus(e))?;
         for key in self.dirty.drain() {
-            let values: Vec<u64> = (0..cpus as u32)
+            let values: Vec<u64> = (0..*cpus as u32)
                 .map(|cpu| self.accounted.get(&(key, cpu)).copied().unwrap_or(0))
                 .collect();
             let values = PerCpuValues::try_from(values).map_err(CollectorError::Cpus)?;
@@ -292,7 +296,9 @@ impl Collector {
                 ("TIMES", self.times.remove(key)),
                 (
                     "ACCOUNTED",
-                    self.persisted.as_mut().map_or(Ok(()), |m| m.remove(key)),
+                    self.persisted
+                        .as_mut()
+                        .map_or(Ok(()), |(m, _)| m.remove(key)),
                 ),
             ] {
                 // TIMES lacks a key whose first error found it full.

@@ -420,6 +420,42 @@ mod tests {
         );
     }
 
+    /// Every query on whatever parses, never a panic or a read out of bounds.
+    fn query_everything(btf: &KernelBtf) {
+        let _ = request_layout(btf);
+        let _ = btf.member_offset("s", "b");
+        let _ = btf.enum_value("Y");
+        let _ = btf.tracepoint_arg_type("t", 0);
+        if let Some(image) = btf.sparse_image(&[(KIND_TYPEDEF, "btf_trace_t")]) {
+            KernelBtf::parse(image).expect("a sparse image parses");
+        }
+    }
+
+    proptest::proptest! {
+        /// Random bytes behind a valid header are refused or parsed, and
+        /// whatever parses answers every query.
+        #[test]
+        fn arbitrary_bytes_never_panic(tail in proptest::collection::vec(proptest::num::u8::ANY, 0..512)) {
+            let mut data = sample()[..HEADER_LEN].to_vec();
+            data.extend(&tail);
+            if let Ok(btf) = KernelBtf::parse(data) {
+                query_everything(&btf);
+            }
+        }
+
+        /// A valid image with one byte changed and cut short anywhere.
+        #[test]
+        fn damaged_images_never_panic(at in 0usize..400, byte in proptest::num::u8::ANY, cut in 0usize..400) {
+            let mut data = sample();
+            let len = data.len();
+            data[at % len] = byte;
+            data.truncate(len - cut % len);
+            if let Ok(btf) = KernelBtf::parse(data) {
+                query_everything(&btf);
+            }
+        }
+    }
+
     /// The running kernel's BTF: the members the block programs read exist
     /// where the kernel says they do.
     #[test]
