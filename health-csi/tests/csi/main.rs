@@ -5,5 +5,6 @@
 //! build time per file on the project's 2-core machines.
 
 mod controller;
+mod driver_process;
 mod driver_set;
 mod node;

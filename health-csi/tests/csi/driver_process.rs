@@ -1,0 +1,107 @@
+//! `csi-test-driver`, the test driver as a process: its stdin commands reach
+//! what a client sees over the socket.
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::time::Duration;
+
+use health_csi::{ControllerClient, HealthStatus};
+
+struct Driver {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl Driver {
+    fn start(dir: &std::path::Path, volumes: usize) -> Driver {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_csi-test-driver"))
+            .arg("--dir")
+            .arg(dir)
+            .args(["--volumes", &volumes.to_string()])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawning csi-test-driver");
+        let stdin = child.stdin.take().expect("piped stdin");
+        let stdout = BufReader::new(child.stdout.take().expect("piped stdout"));
+        let mut driver = Driver {
+            child,
+            stdin,
+            stdout,
+        };
+        let ready = driver.line();
+        assert_eq!(ready, format!("ready {}", dir.join("csi.sock").display()));
+        driver
+    }
+
+    fn line(&mut self) -> String {
+        let mut line = String::new();
+        self.stdout
+            .read_line(&mut line)
+            .expect("reading the driver");
+        line.trim_end().to_string()
+    }
+
+    fn ask(&mut self, command: &str) -> String {
+        writeln!(self.stdin, "{command}").expect("writing the driver");
+        self.line()
+    }
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        let _ = writeln!(self.stdin, "quit");
+        let _ = self.child.wait();
+    }
+}
+
+#[tokio::test]
+async fn stdin_commands_change_what_the_controller_service_answers() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut driver = Driver::start(dir.path(), 3);
+    let client = ControllerClient::connect(&dir.path().join("csi.sock"), Duration::from_secs(5))
+        .await
+        .expect("connect");
+
+    // A CSI 1.13 list omits healthy volumes: all three start healthy.
+    let listed = client.list_volume_health(0, 10).await.expect("list");
+    assert!(listed.volumes.is_empty(), "{:?}", listed.volumes);
+    assert!(listed.complete);
+
+    assert_eq!(
+        driver.ask("health vol-000001 Inaccessible VolumeGone the backing directory is gone"),
+        "ok"
+    );
+    let listed = client.list_volume_health(0, 10).await.expect("list");
+    assert_eq!(
+        listed.volumes.keys().cloned().collect::<Vec<_>>(),
+        ["vol-000001"]
+    );
+    let report = client.get_volume_health("vol-000001").await.expect("get");
+    let entries = report.entries.expect("health entries");
+    assert_eq!(entries.len(), 1);
+    assert_eq!(entries[0].status, HealthStatus::Inaccessible);
+    assert_eq!(entries[0].reason, "VolumeGone");
+    assert_eq!(entries[0].message, "the backing directory is gone");
+
+    assert_eq!(driver.ask("healthy vol-000001"), "ok");
+    let report = client.get_volume_health("vol-000001").await.expect("get");
+    assert_eq!(report.entries, Some(vec![]));
+
+    let calls: serde_json::Value = serde_json::from_str(&driver.ask("calls")).unwrap();
+    assert_eq!(calls["ControllerListVolumeHealth"], 2);
+    assert_eq!(calls["ControllerGetVolumeHealth"], 2);
+    assert_eq!(calls["ListVolumes"], 0);
+
+    assert_eq!(
+        driver.ask("health vol-000001 Broken X y"),
+        "error: unknown status \"Broken\""
+    );
+    assert_eq!(driver.ask("remove vol-000002"), "ok");
+    let gone = client.get_volume_health("vol-000002").await.unwrap_err();
+    assert!(
+        matches!(gone, health_csi::CsiError::VolumeGone { .. }),
+        "{gone:?}"
+    );
+}
