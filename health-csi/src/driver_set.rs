@@ -12,7 +12,7 @@ use tokio::sync::Semaphore;
 
 use crate::error::CsiError;
 use crate::node::NodeClient;
-use crate::types::NodeVolumeReport;
+use crate::types::{NodeVolumeReport, StorageHealthEntry};
 
 /// `driver=socket`: use this socket for this driver name, without asking the
 /// driver its name (for sockets outside the kubelet layout, or drivers whose
@@ -60,6 +60,16 @@ pub struct TimedProbe {
     /// (unknown driver, skipped after a timeout, or the driver did not answer
     /// its capabilities call), so that latency histograms see only real
     /// round trips.
+    pub elapsed: Duration,
+}
+
+/// One driver's answer of [`DriverSet::storage_health_all`].
+#[derive(Debug)]
+pub struct StorageProbe {
+    pub driver: String,
+    pub result: Result<Vec<StorageHealthEntry>, CsiError>,
+    /// How long the RPC took; zero when none was made (the client already
+    /// knows the driver lacks NodeGetStorageHealth).
     pub elapsed: Duration,
 }
 
@@ -252,6 +262,29 @@ impl DriverSet {
                 }
             })
             .collect()
+    }
+
+    /// Asks every driver of the set NodeGetStorageHealth once, concurrently,
+    /// each call bounded by the call timeout; results sorted by driver name.
+    /// Drivers known to lack the RPC are not called again (see
+    /// [`NodeClient::storage_health`]).
+    pub async fn storage_health_all(&self) -> Vec<StorageProbe> {
+        join_all(self.drivers.iter().map(|(name, d)| async move {
+            let support_before = d.client.storage_health_support();
+            let started = Instant::now();
+            let result = d.client.storage_health().await;
+            let elapsed = if support_before == crate::node::RpcSupport::Unsupported {
+                Duration::ZERO
+            } else {
+                started.elapsed()
+            };
+            StorageProbe {
+                driver: name.clone(),
+                result,
+                elapsed,
+            }
+        }))
+        .await
     }
 
     async fn probe_driver(
