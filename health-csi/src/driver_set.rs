@@ -68,9 +68,6 @@ pub struct TimedProbe {
 pub struct StorageProbe {
     pub driver: String,
     pub result: Result<Vec<StorageHealthEntry>, CsiError>,
-    /// How long the RPC took; zero when none was made (the client already
-    /// knows the driver lacks NodeGetStorageHealth).
-    pub elapsed: Duration,
 }
 
 #[derive(Debug)]
@@ -270,18 +267,9 @@ impl DriverSet {
     /// [`NodeClient::storage_health`]).
     pub async fn storage_health_all(&self) -> Vec<StorageProbe> {
         join_all(self.drivers.iter().map(|(name, d)| async move {
-            let support_before = d.client.storage_health_support();
-            let started = Instant::now();
-            let result = d.client.storage_health().await;
-            let elapsed = if support_before == crate::node::RpcSupport::Unsupported {
-                Duration::ZERO
-            } else {
-                started.elapsed()
-            };
             StorageProbe {
                 driver: name.clone(),
-                result,
-                elapsed,
+                result: d.client.storage_health().await,
             }
         }))
         .await

@@ -341,10 +341,10 @@ impl NodeClient {
             Err(e @ CsiError::Unsupported { .. }) => {
                 // Concurrent callers may both see UNIMPLEMENTED; only the one
                 // that flips the flag logs.
-                let before = self.inner.storage_health_rpc.swap(
-                    RpcSupport::UNSUPPORTED_RAW,
-                    Ordering::Relaxed,
-                );
+                let before = self
+                    .inner
+                    .storage_health_rpc
+                    .swap(RpcSupport::UNSUPPORTED_RAW, Ordering::Relaxed);
                 if before != RpcSupport::UNSUPPORTED_RAW {
                     tracing::info!(
                         socket = %self.socket().display(),
