@@ -402,3 +402,103 @@ fn the_prober_asks_each_driver_once_per_cycle() {
         assert_eq!(drivers[0].calls(Rpc::NodeGetVolumeHealth), 0);
     });
 }
+
+fn pod_volume(root: &std::path::Path, pod: &str, driver: &str) {
+    let pv = format!("pv-{pod}");
+    let dir = root
+        .join("pods")
+        .join(pod)
+        .join("volumes/kubernetes.io~csi")
+        .join(&pv);
+    std::fs::create_dir_all(dir.join("mount")).unwrap();
+    let data = format!(
+        r#"{{"driverName":"{driver}","specVolID":"{pv}","volumeHandle":"handle-{pod}","volumeLifecycleMode":"Persistent"}}"#
+    );
+    std::fs::write(dir.join("vol_data.json"), data).unwrap();
+}
+
+fn storage_changes(changes: &[VolumeChanges]) -> Vec<(String, char, Status, String, Source)> {
+    summary(changes)
+        .into_iter()
+        .filter(|c| c.4 == Source::CsiStorage)
+        .collect()
+}
+
+/// The `watch`/`run` path: a CSI round of [`LiveVolumes`] makes one storage
+/// call per driver and hands its outcome out for metrics; a volume kubelet
+/// sets up later gets the condition on rediscovery.
+#[test]
+fn live_volumes_probe_storage_each_round_and_newcomers_inherit() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().to_path_buf();
+    rt.block_on(async {
+        let dir = root.join("plugins").join(A);
+        std::fs::create_dir_all(&dir).unwrap();
+        let driver = TestDriver::start_named(&dir, A, DriverMode::Modern)
+            .await
+            .unwrap();
+        driver.set_storage_health(vec![unreachable()]);
+        for pod in ["a1", "a2"] {
+            pod_volume(&root, pod, A);
+            driver.set_volume_health(&format!("handle-{pod}"), vec![]);
+        }
+        pod_volume(&root, "b1", B);
+        let cfg = LiveVolumesConfig {
+            kubelet_root: root.clone(),
+            check: crate::volumes::checks::CheckConfig::default(),
+            check_interval: Duration::from_secs(3600),
+            csi_interval: Duration::from_secs(3600),
+            csi_overrides: vec![],
+            conditions: ConditionConfig::default(),
+        };
+        let topo = Topology::default();
+        let mut live = Some(LiveVolumes::new(cfg, &topo));
+        let handled = loop {
+            let wake = tokio::time::timeout(Duration::from_secs(20), next_wake(&mut live))
+                .await
+                .expect("a round within 20 s");
+            let is_round = matches!(wake, Wake::Round(_));
+            let handled = live.as_mut().unwrap().handle(wake, &topo);
+            if is_round {
+                break handled;
+            }
+        };
+        let inaccessible = Status::Inaccessible;
+        assert_eq!(
+            storage_changes(&handled.changes),
+            [
+                row("a1", '+', inaccessible, "StorageUnreachable"),
+                row("a2", '+', inaccessible, "StorageUnreachable"),
+            ]
+        );
+        assert_eq!(
+            handled.storage,
+            [StorageOutcome {
+                driver: A.into(),
+                socket: Some(dir.join("csi.sock")),
+                result: StorageResult::Health {
+                    entries: vec![unreachable()]
+                },
+            }]
+        );
+        assert_eq!(driver.calls(Rpc::NodeGetStorageHealth), 1);
+        assert_eq!(driver.calls(Rpc::NodeGetVolumeHealth), 2);
+
+        // kubelet sets up a third volume of the driver.
+        pod_volume(&root, "a3", A);
+        let live = live.as_mut().unwrap();
+        assert!(live.take_inherited().is_empty());
+        live.rediscover(&topo);
+        assert_eq!(
+            storage_changes(&live.take_inherited()),
+            [row("a3", '+', inaccessible, "StorageUnreachable")]
+        );
+        // Inheriting is not a probe.
+        assert_eq!(driver.calls(Rpc::NodeGetStorageHealth), 1);
+    });
+}
