@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use super::index::{IndexedVolume, VolumeIndex, VolumeKey};
-use super::storage::{StorageOutcome, StorageResult};
+use super::storage::{is_csi_volume_of, StorageOutcome, StorageResult};
 use super::taxonomy::kernel_error_kind;
 use super::CsiOutcome;
 use crate::dev::Dev;
@@ -20,7 +20,7 @@ use crate::volumes::checks::{CheckReport, Checker};
 use crate::volumes::conditions::{
     Change, ConditionConfig, CsiReport, KernelErrorKind, KernelErrors, Observation, VolumeHealth,
 };
-use crate::volumes::kubelet::{VolumeKind, VolumeMode};
+use crate::volumes::kubelet::VolumeMode;
 
 /// Kernel errors of one (kind, op, errno, device) for one volume since the
 /// last flush.
@@ -380,13 +380,6 @@ fn kernel_errors(index: &VolumeIndex, vol: &IndexedVolume, p: &Pending) -> Kerne
         errno: (p.errno != 0).then_some(p.errno as i32),
         device_name: index.device_name(p.device).map(str::to_string),
     }
-}
-
-/// The volumes a driver's storage answer is about: the CSI volumes the CSI
-/// prober asks that driver about (local PVs have no driver to answer).
-fn is_csi_volume_of(v: &IndexedVolume, driver: &str) -> bool {
-    v.volume.driver.as_deref() == Some(driver)
-        && matches!(v.volume.kind, VolumeKind::Csi | VolumeKind::CsiEphemeral)
 }
 
 fn new_state(config: &ConditionConfig) -> VolumeState {

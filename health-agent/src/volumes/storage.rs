@@ -19,8 +19,9 @@ use std::path::PathBuf;
 use health_csi::{AccessType, CsiError, StorageHealthEntry, StorageHealthStatus, StorageProbe};
 use serde::Serialize;
 
+use super::IndexedVolume;
 use crate::volumes::conditions::{CsiEntry, CsiReport, Status};
-use crate::volumes::kubelet::VolumeMode;
+use crate::volumes::kubelet::{VolumeKind, VolumeMode};
 
 /// What one driver said about its storage.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -77,6 +78,13 @@ impl StorageOutcome {
             StorageResult::ProbeFailed { error } => Some(CsiReport::ProbeFailed(error.clone())),
         }
     }
+}
+
+/// The volumes a driver's storage answer is about: the CSI volumes the CSI
+/// prober asks that driver about (local PVs have no driver to answer).
+pub(super) fn is_csi_volume_of(v: &IndexedVolume, driver: &str) -> bool {
+    v.volume.driver.as_deref() == Some(driver)
+        && matches!(v.volume.kind, VolumeKind::Csi | VolumeKind::CsiEphemeral)
 }
 
 fn applies(e: &StorageHealthEntry, mode: VolumeMode) -> bool {

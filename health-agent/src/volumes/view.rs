@@ -186,11 +186,9 @@ pub async fn collect(opts: &ViewOptions) -> Result<(Vec<VolumeView>, KernelEvide
         }
     }
     let storage_of = |v: &super::IndexedVolume| {
-        let driver = v.volume.driver.as_deref()?;
-        if !matches!(v.volume.kind, VolumeKind::Csi | VolumeKind::CsiEphemeral) {
-            return None;
-        }
-        storage.iter().find(|o| o.driver == driver)
+        storage
+            .iter()
+            .find(|o| super::storage::is_csi_volume_of(v, &o.driver))
     };
     for v in index.volumes() {
         if let Some(StorageResult::ProbeFailed { error }) = storage_of(v).map(|o| &o.result) {
