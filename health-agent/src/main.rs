@@ -122,7 +122,8 @@ struct IntervalArgs {
     /// Seconds between volume checks and kubelet rediscoveries.
     #[arg(long, value_name = "SECS", default_value_t = 10.0)]
     check_interval: f64,
-    /// Seconds between CSI node health calls for each volume.
+    /// Seconds between CSI node health calls for each volume (and storage
+    /// health calls for each driver).
     #[arg(long, value_name = "SECS", default_value_t = 60.0)]
     csi_interval: f64,
     /// A kernel error condition clears after this many seconds without a

@@ -12,7 +12,7 @@ use tokio::sync::Semaphore;
 
 use crate::error::CsiError;
 use crate::node::NodeClient;
-use crate::types::NodeVolumeReport;
+use crate::types::{NodeVolumeReport, StorageHealthEntry};
 
 /// `driver=socket`: use this socket for this driver name, without asking the
 /// driver its name (for sockets outside the kubelet layout, or drivers whose
@@ -61,6 +61,13 @@ pub struct TimedProbe {
     /// its capabilities call), so that latency histograms see only real
     /// round trips.
     pub elapsed: Duration,
+}
+
+/// One driver's answer of [`DriverSet::storage_health_all`].
+#[derive(Debug)]
+pub struct StorageProbe {
+    pub driver: String,
+    pub result: Result<Vec<StorageHealthEntry>, CsiError>,
 }
 
 #[derive(Debug)]
@@ -252,6 +259,20 @@ impl DriverSet {
                 }
             })
             .collect()
+    }
+
+    /// Asks every driver of the set NodeGetStorageHealth once, concurrently,
+    /// each call bounded by the call timeout; results sorted by driver name.
+    /// Drivers known to lack the RPC are not called again (see
+    /// [`NodeClient::storage_health`]).
+    pub async fn storage_health_all(&self) -> Vec<StorageProbe> {
+        join_all(self.drivers.iter().map(|(name, d)| async move {
+            StorageProbe {
+                driver: name.clone(),
+                result: d.client.storage_health().await,
+            }
+        }))
+        .await
     }
 
     async fn probe_driver(

@@ -32,13 +32,14 @@ pub mod proto {
 pub use controller::ControllerClient;
 pub use discover::discover_node_sockets;
 pub use driver_set::{
-    DriverOverride, DriverSet, ProbeRequest, TimedProbe, DEFAULT_MAX_IN_FLIGHT_PER_DRIVER,
+    DriverOverride, DriverSet, ProbeRequest, StorageProbe, TimedProbe,
+    DEFAULT_MAX_IN_FLIGHT_PER_DRIVER,
 };
 pub use error::{BoxError, CsiError};
 pub use node::{NodeClient, RpcSupport};
 pub use types::{
-    ControllerCapabilities, ControllerHealthSource, ControllerVolumeReport, HealthEntry,
-    HealthSource, HealthStatus, NodeCapabilities, NodeInfo, NodeVolumeReport, PluginInfo,
-    StorageHealthEntry, StorageHealthStatus, Usage, UsageNumbers, VolumeHealthList,
+    AccessType, ControllerCapabilities, ControllerHealthSource, ControllerVolumeReport,
+    HealthEntry, HealthSource, HealthStatus, NodeCapabilities, NodeInfo, NodeVolumeReport,
+    PluginInfo, StorageHealthEntry, StorageHealthStatus, Usage, UsageNumbers, VolumeHealthList,
     LEGACY_ABNORMAL_REASON,
 };

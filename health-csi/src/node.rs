@@ -27,10 +27,12 @@ pub enum RpcSupport {
 }
 
 impl RpcSupport {
+    const UNSUPPORTED_RAW: u8 = 2;
+
     pub(crate) fn load(cell: &AtomicU8) -> Self {
         match cell.load(Ordering::Relaxed) {
             1 => RpcSupport::Supported,
-            2 => RpcSupport::Unsupported,
+            Self::UNSUPPORTED_RAW => RpcSupport::Unsupported,
             _ => RpcSupport::Unknown,
         }
     }
@@ -39,7 +41,7 @@ impl RpcSupport {
         let raw = match self {
             RpcSupport::Unknown => 0,
             RpcSupport::Supported => 1,
-            RpcSupport::Unsupported => 2,
+            RpcSupport::Unsupported => Self::UNSUPPORTED_RAW,
         };
         cell.store(raw, Ordering::Relaxed);
     }
@@ -57,6 +59,8 @@ struct Inner {
     conn: Conn,
     /// Support for CSI 1.13 NodeGetVolumeHealth, learnt by calling it.
     volume_health_rpc: AtomicU8,
+    /// Support for CSI 1.13 NodeGetStorageHealth, learnt by calling it.
+    storage_health_rpc: AtomicU8,
     capabilities: Mutex<Option<NodeCapabilities>>,
 }
 
@@ -79,6 +83,7 @@ impl NodeClient {
             inner: Arc::new(Inner {
                 conn,
                 volume_health_rpc: AtomicU8::new(0),
+                storage_health_rpc: AtomicU8::new(0),
                 capabilities: Mutex::new(None),
             }),
         })
@@ -95,6 +100,11 @@ impl NodeClient {
     /// What this client has learnt about NodeGetVolumeHealth so far.
     pub fn volume_health_support(&self) -> RpcSupport {
         RpcSupport::load(&self.inner.volume_health_rpc)
+    }
+
+    /// What this client has learnt about NodeGetStorageHealth so far.
+    pub fn storage_health_support(&self) -> RpcSupport {
+        RpcSupport::load(&self.inner.storage_health_rpc)
     }
 
     fn identity(&self) -> IdentityClient<tonic::transport::Channel> {
@@ -296,10 +306,20 @@ impl NodeClient {
     }
 
     /// CSI 1.13 NodeGetStorageHealth: adverse backend conditions seen from
-    /// this node (empty = none known). UNIMPLEMENTED → `Unsupported`.
+    /// this node (empty = none known).
+    ///
+    /// Support is learnt as for NodeGetVolumeHealth: the first UNIMPLEMENTED
+    /// is remembered (and logged once, at info: it is a fact about the driver,
+    /// not a fault), and from then on this client answers `Unsupported`
+    /// without calling. Any other failure leaves what was learnt unchanged.
     pub async fn storage_health(&self) -> Result<Vec<StorageHealthEntry>, CsiError> {
+        if self.storage_health_support() == RpcSupport::Unsupported {
+            return Err(CsiError::Unsupported {
+                rpc: NODE_GET_STORAGE_HEALTH,
+            });
+        }
         let conn = &self.inner.conn;
-        let response = conn
+        let answer = conn
             .call(
                 NODE_GET_STORAGE_HEALTH,
                 self.node().node_get_storage_health(conn.request(
@@ -308,12 +328,33 @@ impl NodeClient {
                     },
                 )),
             )
-            .await?;
-        Ok(response
-            .backend_health
-            .into_iter()
-            .map(StorageHealthEntry::from_wire)
-            .collect())
+            .await;
+        match answer {
+            Ok(response) => {
+                RpcSupport::Supported.store(&self.inner.storage_health_rpc);
+                Ok(response
+                    .backend_health
+                    .into_iter()
+                    .map(StorageHealthEntry::from_wire)
+                    .collect())
+            }
+            Err(e @ CsiError::Unsupported { .. }) => {
+                // Concurrent callers may both see UNIMPLEMENTED; only the one
+                // that flips the flag logs.
+                let before = self
+                    .inner
+                    .storage_health_rpc
+                    .swap(RpcSupport::UNSUPPORTED_RAW, Ordering::Relaxed);
+                if before != RpcSupport::UNSUPPORTED_RAW {
+                    tracing::info!(
+                        socket = %self.socket().display(),
+                        "driver lacks NodeGetStorageHealth; not asking it again"
+                    );
+                }
+                Err(e)
+            }
+            Err(e) => Err(e),
+        }
     }
 }
 

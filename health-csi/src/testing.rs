@@ -22,7 +22,7 @@ use crate::proto;
 use crate::proto::controller_server::{Controller, ControllerServer};
 use crate::proto::identity_server::{Identity, IdentityServer};
 use crate::proto::node_server::{Node, NodeServer};
-use crate::types::{HealthEntry, Usage, UsageNumbers};
+use crate::types::{HealthEntry, StorageHealthEntry, Usage, UsageNumbers};
 
 /// Which kind of driver the test server imitates.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -97,6 +97,8 @@ struct State {
     /// `None` lists every volume on one page.
     list_pages: Mutex<Option<Vec<Vec<ListedVolume>>>>,
     calls: [AtomicU64; RPC_COUNT],
+    /// What Modern answers to NodeGetStorageHealth (empty: no known issue).
+    storage_health: Mutex<Vec<StorageHealthEntry>>,
     last_node_request: Mutex<Option<SeenNodeRequest>>,
     shutdown: watch::Receiver<bool>,
 }
@@ -376,7 +378,10 @@ impl Node for Service {
     ) -> Result<Response<proto::NodeGetStorageHealthResponse>, Status> {
         match self.0.count(Rpc::NodeGetStorageHealth) {
             DriverMode::Modern => Ok(Response::new(proto::NodeGetStorageHealthResponse {
-                backend_health: Vec::new(),
+                backend_health: lock(&self.0.storage_health)
+                    .iter()
+                    .map(StorageHealthEntry::to_wire)
+                    .collect(),
             })),
             DriverMode::Hang => self.0.hang().await,
             _ => unimplemented(Rpc::NodeGetStorageHealth),
@@ -546,6 +551,7 @@ impl TestDriver {
             volumes: Mutex::new(BTreeMap::new()),
             list_pages: Mutex::new(None),
             calls: Default::default(),
+            storage_health: Mutex::new(Vec::new()),
             last_node_request: Mutex::new(None),
             shutdown: shutdown_rx.clone(),
         });
@@ -651,6 +657,13 @@ impl TestDriverHandle {
     /// between two pages of one walk.
     pub fn set_list_page_entries(&self, pages: Vec<Vec<ListedVolume>>) {
         *lock(&self.state.list_pages) = Some(pages);
+    }
+
+    /// Sets what NodeGetStorageHealth answers in `Modern` mode (empty = no
+    /// known backend issue, the default). Other modes keep answering
+    /// UNIMPLEMENTED (or hanging, for `Hang`).
+    pub fn set_storage_health(&self, backends: Vec<StorageHealthEntry>) {
+        *lock(&self.state.storage_health) = backends;
     }
 
     /// How many times `rpc` was called since start (or the last reset).

@@ -243,26 +243,89 @@ impl fmt::Display for StorageHealthStatus {
     }
 }
 
+/// The access type a `VolumeCapability` names (`block` or `mount`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AccessType {
+    Block,
+    Mount,
+}
+
 /// One adverse storage backend condition seen from this node.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StorageHealthEntry {
     pub status: StorageHealthStatus,
     pub reason: String,
     pub message: String,
+    /// `Some`: the condition concerns only volumes of this access type
+    /// (`volume_capability` of the entry). `None`: every volume of the
+    /// driver, also when the driver sent a capability without an access type.
+    pub access_type: Option<AccessType>,
 }
 
 impl StorageHealthEntry {
+    pub fn new(
+        status: StorageHealthStatus,
+        reason: impl Into<String>,
+        message: impl Into<String>,
+    ) -> Self {
+        StorageHealthEntry {
+            status,
+            reason: reason.into(),
+            message: message.into(),
+            access_type: None,
+        }
+    }
+
+    /// The same entry, restricted to volumes of `access_type`.
+    pub fn for_access_type(mut self, access_type: AccessType) -> Self {
+        self.access_type = Some(access_type);
+        self
+    }
+
     pub(crate) fn from_wire(b: proto::StorageBackendHealth) -> Self {
         use proto::storage_backend_health::Status;
+        use proto::volume_capability::AccessType as Wire;
         let status = match Status::try_from(b.status) {
             Ok(Status::StorageUnreachable) => StorageHealthStatus::StorageUnreachable,
             Ok(Status::StorageDegraded) => StorageHealthStatus::StorageDegraded,
             Ok(Status::Unknown) | Err(_) => StorageHealthStatus::Unknown,
         };
+        let access_type = match b.volume_capability.and_then(|c| c.access_type) {
+            Some(Wire::Block(_)) => Some(AccessType::Block),
+            Some(Wire::Mount(_)) => Some(AccessType::Mount),
+            None => None,
+        };
         StorageHealthEntry {
             status,
             reason: b.reason,
             message: b.message,
+            access_type,
+        }
+    }
+
+    #[cfg(feature = "testing")]
+    pub(crate) fn to_wire(&self) -> proto::StorageBackendHealth {
+        use proto::storage_backend_health::Status;
+        use proto::volume_capability::{AccessType as Wire, BlockVolume, MountVolume};
+        let status = match self.status {
+            StorageHealthStatus::StorageUnreachable => Status::StorageUnreachable,
+            StorageHealthStatus::StorageDegraded => Status::StorageDegraded,
+            StorageHealthStatus::Unknown => Status::Unknown,
+        };
+        let access_type = self.access_type.map(|a| match a {
+            AccessType::Block => Wire::Block(BlockVolume {}),
+            AccessType::Mount => Wire::Mount(MountVolume {
+                fs_type: String::new(),
+            }),
+        });
+        proto::StorageBackendHealth {
+            status: status as i32,
+            reason: self.reason.clone(),
+            message: self.message.clone(),
+            volume_capability: access_type.map(|a| proto::VolumeCapability {
+                access_type: Some(a),
+            }),
         }
     }
 }
@@ -443,6 +506,41 @@ mod tests {
                 HealthEntry::new(HealthStatus::Inaccessible, "A", "new"),
                 HealthEntry::new(HealthStatus::Degraded, "A", "other"),
             ]
+        );
+    }
+
+    #[test]
+    fn storage_entries_from_the_wire() {
+        use proto::volume_capability::{AccessType as Wire, BlockVolume};
+        let wire = |status, capability| proto::StorageBackendHealth {
+            status,
+            reason: "R".into(),
+            message: "m".into(),
+            volume_capability: capability,
+        };
+        // A status newer than this crate is kept, as Unknown.
+        assert_eq!(
+            StorageHealthEntry::from_wire(wire(9, None)),
+            StorageHealthEntry::new(StorageHealthStatus::Unknown, "R", "m")
+        );
+        assert_eq!(
+            StorageHealthEntry::from_wire(wire(
+                1,
+                Some(proto::VolumeCapability {
+                    access_type: Some(Wire::Block(BlockVolume {}))
+                })
+            )),
+            StorageHealthEntry::new(StorageHealthStatus::StorageUnreachable, "R", "m")
+                .for_access_type(AccessType::Block)
+        );
+        // A capability without an access type restricts nothing.
+        assert_eq!(
+            StorageHealthEntry::from_wire(wire(
+                2,
+                Some(proto::VolumeCapability { access_type: None })
+            ))
+            .access_type,
+            None
         );
     }
 

@@ -24,8 +24,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use health_csi::testing::{DriverMode, TestDriver, TestDriverHandle};
-use health_csi::{HealthEntry, HealthStatus};
+use health_csi::testing::{DriverMode, Rpc, TestDriver, TestDriverHandle};
+use health_csi::{AccessType, HealthEntry, HealthStatus, StorageHealthEntry, StorageHealthStatus};
 use health_tests::agent::{agent_bin, Agent};
 use health_tests::bpffs::Bpffs;
 use health_tests::{fs, require_env, FaultDisk, LoopDevice, Mount, Op, Rule};
@@ -170,6 +170,18 @@ impl Tree {
 
     /// A block-mode volume: a device node for disk `i` in the pod's dir.
     fn block(&self, i: usize, pod: &str, pv: &str, handle: &str) -> Result<PathBuf> {
+        self.block_of(i, pod, pv, handle, DRIVER)
+    }
+
+    /// [`Tree::block`] for a volume of `driver`.
+    fn block_of(
+        &self,
+        i: usize,
+        pod: &str,
+        pv: &str,
+        handle: &str,
+        driver: &str,
+    ) -> Result<PathBuf> {
         let node = self
             .root()
             .join("pods")
@@ -191,7 +203,7 @@ impl Tree {
             .join(pv)
             .join("data");
         std::fs::create_dir_all(&data)?;
-        std::fs::write(data.join("vol_data.json"), vol_data(pv, handle, DRIVER))?;
+        std::fs::write(data.join("vol_data.json"), vol_data(pv, handle, driver))?;
         Ok(node)
     }
 }
@@ -920,6 +932,177 @@ fn one_shot_view_shows_each_volume_and_its_conditions() -> Result<()> {
         "{text}"
     );
     assert!(text.contains("Inaccessible ReadOnlyRemount"), "{text}");
+
+    drop(drivers);
+    rt.shutdown_timeout(Duration::from_secs(1));
+    Ok(())
+}
+
+const STORAGE: &str = "storage.csi.volume-health.test";
+const NEIGHBOUR: &str = "neighbour.csi.volume-health.test";
+
+/// `volumes --json` once: the conditions, the storage answer and the probe
+/// failures of one volume.
+fn storage_view(vols: &[Value], pod: &str) -> (Vec<(String, String, String)>, Value) {
+    let v = find(vols, pod);
+    (reasons(v), v["csi_storage"].clone())
+}
+
+#[test]
+fn one_shot_view_spreads_storage_health_over_the_drivers_volumes() -> Result<()> {
+    require_env(&[])?;
+    let mut tree = Tree::new()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let drivers: Vec<TestDriverHandle> = rt.block_on(async {
+        let mut out = Vec::new();
+        for (name, mode) in [
+            (STORAGE, DriverMode::Modern),
+            (NEIGHBOUR, DriverMode::Modern),
+            (LEGACY, DriverMode::LegacyOnly),
+        ] {
+            let dir = tree.root().join("plugins").join(name);
+            std::fs::create_dir_all(&dir)?;
+            out.push(TestDriver::start_named(&dir, name, mode).await?);
+        }
+        Ok::<_, anyhow::Error>(out)
+    })?;
+    let (storage, neighbour, legacy) = (&drivers[0], &drivers[1], &drivers[2]);
+    // The array behind every volume is unreachable; the block pool is
+    // rebuilding as well.
+    storage.set_storage_health(vec![
+        StorageHealthEntry::new(
+            StorageHealthStatus::StorageUnreachable,
+            "ArrayOffline",
+            "array a1: all paths down",
+        ),
+        StorageHealthEntry::new(
+            StorageHealthStatus::StorageDegraded,
+            "",
+            "pool p2 rebuilding",
+        )
+        .for_access_type(AccessType::Block),
+    ]);
+
+    // Three filesystem volumes and one block volume of the sick driver, one
+    // volume each of a healthy modern driver and of a legacy driver.
+    let pod = |n: u32| format!("22222222-0000-4000-8000-00000000000{n}");
+    for n in 1..=3 {
+        tree.tmpfs_volume(&pod(n), &format!("pv-s{n}"), &format!("vol-s{n}"), STORAGE)?;
+    }
+    let disk = tree.disk(16 * MIB)?;
+    tree.block_of(disk, &pod(4), "pv-s4", "vol-s4", STORAGE)?;
+    tree.tmpfs_volume(&pod(5), "pv-n", "vol-n", NEIGHBOUR)?;
+    tree.tmpfs_volume(&pod(6), "pv-l", "vol-l", LEGACY)?;
+    for (driver, handle) in [
+        (storage, "vol-s1"),
+        (storage, "vol-s2"),
+        (storage, "vol-s3"),
+        (storage, "vol-s4"),
+        (neighbour, "vol-n"),
+        (legacy, "vol-l"),
+    ] {
+        driver.set_volume_health(handle, vec![]);
+    }
+
+    // No agent's pinned counters: other runs on this host must not add
+    // kernel conditions to the loop device here.
+    let pins = tempfile::tempdir()?;
+    let pin_dir = pins.path().to_str().expect("temp paths are UTF-8");
+    let args = |timeout| ["--check-timeout", timeout, "--pin-dir", pin_dir];
+    let (vols, _, stderr) = volumes_json(tree.root_arg(), &args("2"))?;
+    assert_eq!(vols.len(), 6, "{vols:#?}\n{stderr}");
+    assert!(stderr.contains("kernel errors are not shown"), "{stderr}");
+    let unreachable = r("Inaccessible", "ArrayOffline", "csi-storage");
+    let storage_socket = tree.root().join("plugins").join(STORAGE).join("csi.sock");
+    for n in 1..=3 {
+        let (conditions, answer) = storage_view(&vols, &pod(n));
+        assert_eq!(conditions, std::slice::from_ref(&unreachable), "{answer:#}");
+        assert_eq!(answer["driver"], STORAGE);
+        assert_eq!(answer["socket"], storage_socket.to_str().unwrap());
+        assert_eq!(answer["result"], "health");
+        assert_eq!(
+            answer["entries"],
+            json!([
+                {"status": "StorageUnreachable", "reason": "ArrayOffline",
+                 "message": "array a1: all paths down", "access_type": null},
+                {"status": "StorageDegraded", "reason": "",
+                 "message": "pool p2 rebuilding", "access_type": "block"},
+            ])
+        );
+    }
+    let v = find(&vols, &pod(1));
+    assert_eq!(v["worst"], "Inaccessible");
+    assert_eq!(
+        v["conditions"][0]["message"],
+        format!("CSI driver {STORAGE} reports its storage unreachable: array a1: all paths down")
+    );
+    // The block volume also gets the entry restricted to block volumes.
+    let (conditions, _) = storage_view(&vols, &pod(4));
+    assert_eq!(
+        conditions,
+        [
+            unreachable.clone(),
+            r("Degraded", "StorageDegraded", "csi-storage")
+        ]
+    );
+    assert_eq!(
+        find(&vols, &pod(4))["conditions"][1]["message"],
+        format!(
+            "CSI driver {STORAGE} reports its storage degraded (block volumes): pool p2 rebuilding"
+        )
+    );
+    // Other drivers' volumes are untouched.
+    let (conditions, answer) = storage_view(&vols, &pod(5));
+    assert_eq!(conditions, [], "{answer:#}");
+    assert_eq!(answer["result"], "health");
+    assert_eq!(answer["entries"], json!([]));
+    let (conditions, answer) = storage_view(&vols, &pod(6));
+    assert_eq!(conditions, [], "{answer:#}");
+    assert_eq!(answer["result"], "unsupported");
+    for n in 1..=6 {
+        let v = find(&vols, &pod(n));
+        assert_eq!(v["probe_failures"], json!([]), "{v:#}");
+    }
+    // One storage call per driver for the whole run, however many volumes.
+    assert_eq!(storage.calls(Rpc::NodeGetStorageHealth), 1);
+    assert_eq!(storage.calls(Rpc::NodeGetVolumeHealth), 4);
+    assert_eq!(neighbour.calls(Rpc::NodeGetStorageHealth), 1);
+    assert_eq!(legacy.calls(Rpc::NodeGetStorageHealth), 1);
+
+    // The array is back: an empty answer clears every volume at once.
+    storage.set_storage_health(vec![]);
+    let (vols, _, _) = volumes_json(tree.root_arg(), &args("2"))?;
+    for n in 1..=4 {
+        let (conditions, answer) = storage_view(&vols, &pod(n));
+        assert_eq!(conditions, [], "{answer:#}");
+        assert_eq!(answer["entries"], json!([]));
+    }
+    assert_eq!(storage.calls(Rpc::NodeGetStorageHealth), 2);
+
+    // A hung storage call is a failed probe on each of the driver's
+    // volumes, never a recovery, and costs one timeout.
+    storage.set_storage_health(vec![StorageHealthEntry::new(
+        StorageHealthStatus::StorageUnreachable,
+        "ArrayOffline",
+        "again",
+    )]);
+    storage.set_mode(DriverMode::Hang);
+    let (vols, took, _) = volumes_json(tree.root_arg(), &args("1"))?;
+    assert!(took < Duration::from_secs(5), "{took:?}");
+    for n in 1..=4 {
+        let v = find(&vols, &pod(n));
+        assert_eq!(v["csi_storage"]["result"], "probe_failed", "{v:#}");
+        let failures = v["probe_failures"].as_array().unwrap();
+        assert!(
+            failures.iter().any(|f| f["source"] == "csi-storage"
+                && f["error"] == "CSI NodeGetStorageHealth timed out after 1s"),
+            "{v:#}"
+        );
+    }
+    assert_eq!(storage.calls(Rpc::NodeGetStorageHealth), 3);
 
     drop(drivers);
     rt.shutdown_timeout(Duration::from_secs(1));

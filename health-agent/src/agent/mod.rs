@@ -300,18 +300,24 @@ fn deliver<R: Reporter>(
     clock: &Clock,
 ) -> anyhow::Result<()> {
     if let Some(v) = vols.as_mut() {
+        handled.changes.extend(v.take_inherited());
         handled.changes.extend(v.record(batch));
     }
     reporter.errors(batch, topo, clock, vols.as_ref().map(LiveVolumes::index))?;
     batch.clear();
     if let Some(v) = vols.as_mut() {
         let gone = v.take_gone();
-        if !handled.changes.is_empty() || !handled.csi.is_empty() || !gone.is_empty() {
+        if !handled.changes.is_empty()
+            || !handled.csi.is_empty()
+            || !handled.storage.is_empty()
+            || !gone.is_empty()
+        {
             reporter.changes(handled, &gone, v);
         }
     }
     handled.changes.clear();
     handled.csi.clear();
+    handled.storage.clear();
     Ok(())
 }
 

@@ -246,6 +246,9 @@ impl Reporter for ClusterReporter {
         for o in &handled.csi {
             self.metrics.csi_probe(o);
         }
+        for o in &handled.storage {
+            self.metrics.csi_storage_probe(o);
+        }
         for key in gone {
             self.parked.remove(key);
             self.shared.lock().forget_volume(key);

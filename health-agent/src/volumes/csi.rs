@@ -10,6 +10,7 @@ use health_csi::{
 };
 use serde::Serialize;
 
+use super::storage::StorageOutcome;
 use super::{IndexedVolume, VolumeKey};
 use crate::volumes::conditions::{CsiEntry, CsiReport, Status};
 use crate::volumes::kubelet::{VolumeKind, VolumeMode};
@@ -202,6 +203,26 @@ impl CsiProber {
                     result,
                     elapsed,
                 }
+            })
+            .collect()
+    }
+
+    /// Asks every driver of this node NodeGetStorageHealth, once each and
+    /// concurrently, each call bounded by the call timeout. Every driver is
+    /// asked, also one without volumes here yet: a volume that appears later
+    /// inherits its driver's last answer. Drivers that answered UNIMPLEMENTED
+    /// once are not asked again by the same client.
+    pub async fn probe_storage(&self) -> Vec<StorageOutcome> {
+        self.set
+            .storage_health_all()
+            .await
+            .into_iter()
+            .map(|probe| {
+                let socket = self
+                    .set
+                    .client(&probe.driver)
+                    .map(|c| c.socket().to_path_buf());
+                StorageOutcome::from_probe(probe, socket)
             })
             .collect()
     }

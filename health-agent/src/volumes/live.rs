@@ -20,8 +20,8 @@ use tokio::task::JoinHandle;
 use tokio::time::{Instant, Interval, MissedTickBehavior};
 
 use super::{
-    run_checks, CsiOutcome, CsiProber, IndexedVolume, VolumeChanges, VolumeIndex, VolumeKey,
-    VolumeMonitor,
+    run_checks, CsiOutcome, CsiProber, IndexedVolume, StorageOutcome, VolumeChanges, VolumeIndex,
+    VolumeKey, VolumeMonitor,
 };
 use crate::kernel::collector::KernelError;
 use crate::topology::{MountEntry, Topology};
@@ -35,9 +35,9 @@ pub struct LiveVolumesConfig {
     pub check: CheckConfig,
     /// Checks and kubelet rediscovery.
     pub check_interval: Duration,
-    /// CSI node health calls, per volume. Longer than the check interval by
-    /// default: each is a request to a driver, and kubelet itself asks only
-    /// every minute or two.
+    /// CSI node health calls, per volume, and storage health calls, per
+    /// driver. Longer than the check interval by default: each is a request
+    /// to a driver, and kubelet itself asks only every minute or two.
     pub csi_interval: Duration,
     pub csi_overrides: Vec<DriverOverride>,
     pub conditions: ConditionConfig,
@@ -60,7 +60,14 @@ pub enum Wake {
 #[derive(Debug)]
 pub struct RoundResult {
     checks: Vec<(VolumeKey, CheckReport)>,
-    csi: Option<Vec<CsiOutcome>>,
+    csi: Option<CsiRound>,
+}
+
+/// One CSI cycle: each volume's answer and each driver's storage answer.
+#[derive(Debug)]
+struct CsiRound {
+    volumes: Vec<CsiOutcome>,
+    storage: Vec<StorageOutcome>,
 }
 
 /// What one [`LiveVolumes::handle`] or [`LiveVolumes::record`] produced.
@@ -69,6 +76,8 @@ pub struct Handled {
     pub changes: Vec<VolumeChanges>,
     /// CSI answers of a finished round (for metrics).
     pub csi: Vec<CsiOutcome>,
+    /// Storage answers of a finished round, one per driver (for metrics).
+    pub storage: Vec<StorageOutcome>,
 }
 
 pub struct LiveVolumes {
@@ -153,6 +162,13 @@ impl LiveVolumes {
         std::mem::take(&mut self.gone)
     }
 
+    /// Condition changes of volumes that joined with their driver's storage
+    /// conditions since the last call (the index is rebuilt outside
+    /// [`LiveVolumes::handle`] too, on mount changes).
+    pub fn take_inherited(&mut self) -> Vec<VolumeChanges> {
+        self.monitor.take_inherited()
+    }
+
     /// Accounts a batch of kernel errors to their volumes. They reach the
     /// condition machine on the next flush tick, or at once when they would
     /// raise a condition not yet raised: the first report of a failure is
@@ -173,6 +189,7 @@ impl LiveVolumes {
     pub fn handle(&mut self, wake: Wake, topo: &Topology) -> Handled {
         let now = SystemTime::now();
         let mut csi_out = Vec::new();
+        let mut storage_out = Vec::new();
         let changes = match wake {
             Wake::FlushKernel => self.monitor.flush_kernel(now),
             Wake::CheckTick => {
@@ -190,8 +207,10 @@ impl LiveVolumes {
                     Ok(r) => {
                         let mut changes = self.monitor.apply_checks(now, r.checks);
                         if let Some(csi) = r.csi {
-                            changes.extend(self.monitor.apply_csi(now, &csi));
-                            csi_out = csi;
+                            changes.extend(self.monitor.apply_csi(now, &csi.volumes));
+                            changes.extend(self.monitor.apply_storage(now, &csi.storage));
+                            csi_out = csi.volumes;
+                            storage_out = csi.storage;
                         }
                         changes
                     }
@@ -205,6 +224,7 @@ impl LiveVolumes {
         Handled {
             changes,
             csi: csi_out,
+            storage: storage_out,
         }
     }
 
@@ -234,7 +254,13 @@ impl LiveVolumes {
                     }
                 }
                 match guard.as_ref() {
-                    Some(p) => Some(p.probe(&volumes).await),
+                    Some(p) => {
+                        // One storage call per driver beside the volume
+                        // calls: both bounded by the call timeout, so the
+                        // cycle takes no longer than before.
+                        let (volumes, storage) = tokio::join!(p.probe(&volumes), p.probe_storage());
+                        Some(CsiRound { volumes, storage })
+                    }
                     None => None,
                 }
             };

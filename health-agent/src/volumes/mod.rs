@@ -11,8 +11,10 @@
 //!
 //! [`VolumeMonitor`] owns one [`conditions::VolumeHealth`] per pod volume
 //! and feeds it the three kinds of evidence: kernel errors (aggregated per
-//! batch), the built-in [`checks`] and CSI node health ([`CsiProber`]); it
-//! returns the condition changes per volume.
+//! batch), the built-in [`checks`] and CSI node health ([`CsiProber`]: each
+//! volume's own health, and each driver's storage backend health, which
+//! [`StorageOutcome`] spreads over the driver's volumes); it returns the
+//! condition changes per volume.
 //!
 //! [`LiveVolumes`] keeps all of that current while the agent loop runs;
 //! [`view`] is the one-shot `health-agent volumes`.
@@ -25,6 +27,7 @@ mod index;
 pub mod kubelet;
 mod live;
 mod monitor;
+mod storage;
 pub mod taxonomy;
 pub mod view;
 
@@ -36,6 +39,7 @@ pub use ext4::{ext4_error_evidence, Ext4Errors};
 pub use index::{IndexedVolume, VolumeIndex, VolumeKey};
 pub use live::{next_wake, Handled, LiveVolumes, LiveVolumesConfig, Wake, DEFAULT_CSI_INTERVAL};
 pub use monitor::{run_checks, VolumeChanges, VolumeMonitor, CHECK_CONCURRENCY};
+pub use storage::{StorageOutcome, StorageResult};
 pub use taxonomy::kernel_error_kind;
 
 /// The kubelet root to use for `watch`: the given one, else the default if
@@ -58,5 +62,7 @@ pub fn kubelet_root(given: Option<&Path>) -> Option<PathBuf> {
 /// Default interval of checks and kubelet rediscovery.
 pub const DEFAULT_CHECK_INTERVAL: Duration = Duration::from_secs(10);
 
+#[cfg(test)]
+mod storage_tests;
 #[cfg(test)]
 mod tests;

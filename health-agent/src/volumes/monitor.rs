@@ -1,12 +1,14 @@
 //! [`VolumeMonitor`]: one condition state machine per pod volume, fed with
-//! kernel errors (aggregated per flush), the built-in checks and CSI node
-//! health; it returns what changed. [`run_checks`] runs one round of checks.
+//! kernel errors (aggregated per flush), the built-in checks, CSI node
+//! health and each driver's storage health; it returns what changed.
+//! [`run_checks`] runs one round of checks.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::SystemTime;
 
 use super::index::{IndexedVolume, VolumeIndex, VolumeKey};
+use super::storage::{is_csi_volume_of, StorageOutcome, StorageResult};
 use super::taxonomy::kernel_error_kind;
 use super::CsiOutcome;
 use crate::dev::Dev;
@@ -60,6 +62,12 @@ pub struct VolumeMonitor {
     urgent: bool,
     config: ConditionConfig,
     clock: Clock,
+    /// Each driver's last storage answer that carried health, and when it
+    /// came: a volume of the driver that appears later starts with it.
+    storage: BTreeMap<String, (SystemTime, StorageOutcome)>,
+    /// Changes of volumes that inherited their driver's storage conditions
+    /// when they joined the index, until [`VolumeMonitor::take_inherited`].
+    inherited: Vec<VolumeChanges>,
 }
 
 impl VolumeMonitor {
@@ -72,6 +80,8 @@ impl VolumeMonitor {
             urgent: false,
             config,
             clock: Clock::new(),
+            storage: BTreeMap::new(),
+            inherited: Vec::new(),
         }
     }
 
@@ -82,7 +92,9 @@ impl VolumeMonitor {
 
     /// Switches to a rebuilt index. Volumes still present keep their health
     /// and pending errors; volumes gone are dropped and returned (a reporter
-    /// may want to say so), new ones start healthy.
+    /// may want to say so), new ones start healthy except for their driver's
+    /// storage conditions, which they inherit at once (the changes wait in
+    /// [`VolumeMonitor::take_inherited`]).
     pub fn replace_index(&mut self, index: VolumeIndex) -> Vec<VolumeKey> {
         // Errors recorded against the old index belong to volumes by key;
         // carry them over rather than flushing at an arbitrary time.
@@ -96,9 +108,14 @@ impl VolumeMonitor {
         let mut states = Vec::with_capacity(index.len());
         let mut dirty = Vec::new();
         for (i, v) in index.volumes().iter().enumerate() {
-            let state = old
-                .remove(&v.key)
-                .unwrap_or_else(|| new_state(&self.config));
+            let state = match old.remove(&v.key) {
+                Some(state) => state,
+                None => {
+                    let mut state = new_state(&self.config);
+                    self.inherit_storage(v, &mut state);
+                    state
+                }
+            };
             if !state.pending.is_empty() {
                 dirty.push(i as u32);
             }
@@ -270,6 +287,62 @@ impl VolumeMonitor {
             );
         }
         out
+    }
+
+    /// Feeds a round of storage answers (from [`CsiProber::probe_storage`]):
+    /// each driver's answer goes to every CSI volume of that driver, reduced
+    /// to the entries that concern the volume's mode. An empty answer clears
+    /// the driver's storage conditions on all its volumes at once; a failed
+    /// probe is counted on each and clears nothing; UNIMPLEMENTED says
+    /// nothing at all.
+    ///
+    /// [`CsiProber::probe_storage`]: super::CsiProber::probe_storage
+    pub fn apply_storage(
+        &mut self,
+        now: SystemTime,
+        outcomes: &[StorageOutcome],
+    ) -> Vec<VolumeChanges> {
+        let mut out = Vec::new();
+        for o in outcomes {
+            if matches!(o.result, StorageResult::Health { .. }) {
+                self.storage.insert(o.driver.clone(), (now, o.clone()));
+            }
+            for (v, state) in self.index.volumes().iter().zip(&mut self.states) {
+                if !is_csi_volume_of(v, &o.driver) {
+                    continue;
+                }
+                if let Some(report) = o.report_for(v.volume.volume_mode) {
+                    let changes = state.health.apply(now, Observation::CsiStorage(report));
+                    push_changes(&mut out, &v.key, changes);
+                }
+            }
+        }
+        out
+    }
+
+    /// Changes of volumes that joined the index with their driver's storage
+    /// conditions (see [`VolumeMonitor::replace_index`]).
+    pub fn take_inherited(&mut self) -> Vec<VolumeChanges> {
+        std::mem::take(&mut self.inherited)
+    }
+
+    /// A new volume gets its driver's last storage answer, as of the time
+    /// that answer came (its `since` and last probe say when the evidence
+    /// was had, not when the volume appeared).
+    fn inherit_storage(&mut self, v: &IndexedVolume, state: &mut VolumeState) {
+        let Some(driver) = v.volume.driver.as_deref() else {
+            return;
+        };
+        let Some((when, outcome)) = self.storage.get(driver) else {
+            return;
+        };
+        if !is_csi_volume_of(v, driver) {
+            return;
+        }
+        if let Some(report) = outcome.report_for(v.volume.volume_mode) {
+            let changes = state.health.apply(*when, Observation::CsiStorage(report));
+            push_changes(&mut self.inherited, &v.key, changes);
+        }
     }
 
     /// Periodic evaluation (kernel quiet windows).

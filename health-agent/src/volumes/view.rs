@@ -22,7 +22,10 @@ use std::time::{Duration, SystemTime};
 use health_csi::DriverOverride;
 use serde::Serialize;
 
-use super::{run_checks, CsiOutcome, CsiProber, CsiResult, Ext4Errors, VolumeIndex, VolumeMonitor};
+use super::{
+    run_checks, CsiOutcome, CsiProber, CsiResult, Ext4Errors, StorageOutcome, StorageResult,
+    VolumeIndex, VolumeMonitor,
+};
 use crate::dev::Dev;
 use crate::kernel::clock::Clock;
 use crate::kernel::collector::KernelError;
@@ -124,6 +127,11 @@ pub struct VolumeView {
     pub probe_failures: Vec<ProbeFailure>,
     /// The CSI node plugin's answer; null for volumes without a CSI driver.
     pub csi: Option<CsiOutcome>,
+    /// The volume's driver's NodeGetStorageHealth answer, complete (the
+    /// `csi-storage` conditions hold the entries that concern this volume);
+    /// null when no driver of that name answers on this node, and for local
+    /// PVs.
+    pub csi_storage: Option<StorageOutcome>,
     /// What the agent's kernel counters hold for this volume (empty when
     /// nothing is pinned; the command says so).
     pub kernel_errors: Vec<KernelErrorView>,
@@ -153,9 +161,9 @@ pub async fn collect(opts: &ViewOptions) -> Result<(Vec<VolumeView>, KernelEvide
             opts.check.timeout,
         )
         .await;
-        prober.probe(index.volumes()).await
+        tokio::join!(prober.probe(index.volumes()), prober.probe_storage())
     };
-    let (checks, csi) = tokio::join!(checks, csi);
+    let (checks, (csi, storage)) = tokio::join!(checks, csi);
     if checker.stuck_probes() > 0 {
         tracing::warn!(
             stuck = checker.stuck_probes(),
@@ -177,9 +185,29 @@ pub async fn collect(opts: &ViewOptions) -> Result<(Vec<VolumeView>, KernelEvide
             failures.push((o.key.clone(), failure));
         }
     }
+    let storage_of = |v: &super::IndexedVolume| {
+        storage
+            .iter()
+            .find(|o| super::storage::is_csi_volume_of(v, &o.driver))
+    };
+    for v in index.volumes() {
+        if let Some(StorageResult::ProbeFailed { error }) = storage_of(v).map(|o| &o.result) {
+            let failure = ProbeFailure {
+                source: "csi-storage".into(),
+                error: error.clone(),
+            };
+            failures.push((v.key.clone(), failure));
+        }
+    }
+    let csi_storage: Vec<Option<StorageOutcome>> = index
+        .volumes()
+        .iter()
+        .map(|v| storage_of(v).cloned())
+        .collect();
     let mut monitor = VolumeMonitor::new(index, ConditionConfig::default());
     monitor.apply_checks(now, checks);
     monitor.apply_csi(now, &csi);
+    monitor.apply_storage(now, &storage);
     let evidence = crate::kernel::pinned::read(&opts.pin_root);
     if let KernelEvidence::Pinned(counts) = &evidence {
         let clock = Clock::new();
@@ -206,7 +234,7 @@ pub async fn collect(opts: &ViewOptions) -> Result<(Vec<VolumeView>, KernelEvide
 
     let index = Arc::clone(monitor.index());
     let mut views = Vec::with_capacity(index.len());
-    for (v, kernel) in index.volumes().iter().zip(kernel) {
+    for ((v, kernel), csi_storage) in index.volumes().iter().zip(kernel).zip(csi_storage) {
         let mount = match v.volume.volume_mode {
             VolumeMode::Filesystem => topo
                 .mounts()
@@ -250,6 +278,7 @@ pub async fn collect(opts: &ViewOptions) -> Result<(Vec<VolumeView>, KernelEvide
                 .map(|(_, f)| f.clone())
                 .collect(),
             csi: csi.iter().find(|o| o.key == v.key).cloned(),
+            csi_storage,
             kernel_errors: kernel.iter().map(kernel_error_view).collect(),
         });
     }

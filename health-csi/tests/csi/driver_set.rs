@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use health_csi::testing::{DriverMode, Rpc, TestDriver, TestDriverHandle};
 use health_csi::{
     discover_node_sockets, CsiError, DriverOverride, DriverSet, HealthEntry, HealthSource,
-    HealthStatus, ProbeRequest,
+    HealthStatus, ProbeRequest, StorageHealthEntry, StorageHealthStatus,
 };
 
 fn request(driver: &str, volume_id: &str) -> ProbeRequest {
@@ -215,4 +215,47 @@ async fn overrides_and_failures() {
         results[0].1.as_ref().expect("pinned answered").entries,
         Some(vec![])
     );
+}
+
+#[tokio::test]
+async fn storage_health_is_asked_once_per_driver_and_bounded_by_the_timeout() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let plugins = root.path().join("plugins");
+    let modern = start(&plugins, "m.csi.example", DriverMode::Modern).await;
+    let legacy = start(&plugins, "l.csi.example", DriverMode::LegacyOnly).await;
+    let hang = start(&plugins, "h.csi.example", DriverMode::Hang).await;
+    let down = vec![StorageHealthEntry::new(
+        StorageHealthStatus::StorageUnreachable,
+        "ArrayOffline",
+        "a1 down",
+    )];
+    modern.set_storage_health(down.clone());
+    let sockets: Vec<PathBuf> = [&modern, &legacy, &hang]
+        .iter()
+        .map(|d| d.socket_path().to_path_buf())
+        .collect();
+    let timeout = Duration::from_millis(500);
+    let set = DriverSet::build(&sockets, &[], timeout).await;
+
+    for round in 1..=2 {
+        let started = Instant::now();
+        let probes = set.storage_health_all().await;
+        assert!(started.elapsed() < timeout * 3, "{:?}", started.elapsed());
+        let names: Vec<&str> = probes.iter().map(|p| p.driver.as_str()).collect();
+        assert_eq!(names, ["h.csi.example", "l.csi.example", "m.csi.example"]);
+        assert!(
+            matches!(probes[0].result, Err(CsiError::Timeout { .. })),
+            "{:?}",
+            probes[0]
+        );
+        assert!(
+            matches!(probes[1].result, Err(CsiError::Unsupported { .. })),
+            "{:?}",
+            probes[1]
+        );
+        assert_eq!(probes[2].result.as_ref().ok(), Some(&down));
+        assert_eq!(modern.calls(Rpc::NodeGetStorageHealth), round);
+        assert_eq!(hang.calls(Rpc::NodeGetStorageHealth), round);
+    }
+    assert_eq!(legacy.calls(Rpc::NodeGetStorageHealth), 1);
 }

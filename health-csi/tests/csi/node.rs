@@ -5,8 +5,8 @@ use std::time::{Duration, Instant};
 
 use health_csi::testing::{DriverMode, Rpc, TestDriver, TestDriverHandle};
 use health_csi::{
-    CsiError, HealthEntry, HealthSource, HealthStatus, NodeClient, NodeVolumeReport, RpcSupport,
-    Usage, UsageNumbers,
+    AccessType, CsiError, HealthEntry, HealthSource, HealthStatus, NodeClient, NodeVolumeReport,
+    RpcSupport, StorageHealthEntry, StorageHealthStatus, Usage, UsageNumbers,
 };
 
 const TIMEOUT: Duration = Duration::from_secs(10);
@@ -343,4 +343,87 @@ async fn identity_and_info() {
     assert!(caps.other.is_empty());
     assert_eq!(client.cached_capabilities(), Some(caps));
     assert_eq!(client.storage_health().await.expect("storage"), vec![]);
+}
+
+#[tokio::test]
+async fn storage_health_round_trips_what_the_driver_was_given() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let driver = driver(dir.path(), DriverMode::Modern).await;
+    let client = client(&driver).await;
+    assert_eq!(client.storage_health_support(), RpcSupport::Unknown);
+    assert_eq!(client.storage_health().await.expect("storage"), vec![]);
+    assert_eq!(client.storage_health_support(), RpcSupport::Supported);
+
+    let backends = vec![
+        StorageHealthEntry::new(
+            StorageHealthStatus::StorageUnreachable,
+            "ArrayOffline",
+            "array a1: all paths down",
+        ),
+        StorageHealthEntry::new(
+            StorageHealthStatus::StorageDegraded,
+            "",
+            "pool p2 rebuilding",
+        )
+        .for_access_type(AccessType::Block),
+        StorageHealthEntry::new(StorageHealthStatus::Unknown, "Odd", "newer type")
+            .for_access_type(AccessType::Mount),
+    ];
+    driver.set_storage_health(backends.clone());
+    assert_eq!(client.storage_health().await.expect("storage"), backends);
+    driver.set_storage_health(vec![]);
+    assert_eq!(client.storage_health().await.expect("storage"), vec![]);
+    assert_eq!(driver.calls(Rpc::NodeGetStorageHealth), 3);
+    // The volume RPCs were not involved.
+    assert_eq!(driver.calls(Rpc::NodeGetVolumeHealth), 0);
+}
+
+#[tokio::test]
+async fn storage_health_unimplemented_is_learnt_once_and_not_asked_again() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let driver = driver(dir.path(), DriverMode::LegacyOnly).await;
+    let client = client(&driver).await;
+    for _ in 0..3 {
+        let err = client.storage_health().await.expect_err("unsupported");
+        assert!(
+            matches!(
+                err,
+                CsiError::Unsupported {
+                    rpc: "NodeGetStorageHealth"
+                }
+            ),
+            "{err:?}"
+        );
+    }
+    assert_eq!(client.storage_health_support(), RpcSupport::Unsupported);
+    assert_eq!(driver.calls(Rpc::NodeGetStorageHealth), 1);
+    // A clone shares what was learnt.
+    let clone = client.clone();
+    assert!(clone.storage_health().await.is_err());
+    assert_eq!(driver.calls(Rpc::NodeGetStorageHealth), 1);
+}
+
+#[tokio::test]
+async fn storage_health_timeout_says_nothing_about_support() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let driver = driver(dir.path(), DriverMode::Hang).await;
+    let client = NodeClient::connect(driver.socket_path(), Duration::from_millis(300))
+        .await
+        .expect("connect");
+    let err = client.storage_health().await.expect_err("hangs");
+    assert!(
+        matches!(
+            err,
+            CsiError::Timeout {
+                rpc: "NodeGetStorageHealth",
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert_eq!(client.storage_health_support(), RpcSupport::Unknown);
+    // Asked again next time: a timeout is not UNIMPLEMENTED.
+    driver.set_mode(DriverMode::Modern);
+    assert_eq!(client.storage_health().await.expect("storage"), vec![]);
+    assert_eq!(driver.calls(Rpc::NodeGetStorageHealth), 2);
 }

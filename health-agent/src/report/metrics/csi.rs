@@ -1,5 +1,5 @@
 //! CSI node health probes: results by driver and RPC, and the latency of
-//! the RPCs actually made.
+//! the RPCs actually made; storage health probes: results by driver.
 
 use std::time::Duration;
 
@@ -8,7 +8,7 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::histogram::Histogram;
 
 use super::Metrics;
-use crate::volumes::{CsiOutcome, CsiResult};
+use crate::volumes::{CsiOutcome, CsiResult, StorageOutcome, StorageResult};
 
 /// Upper bounds of the CSI latency histogram: a local driver answers in a
 /// millisecond or so, a remote one in tens to hundreds; the top buckets
@@ -21,6 +21,12 @@ const CSI_DURATION_BUCKETS: [f64; 14] = [
 pub(super) struct CsiLabels {
     driver: String,
     rpc: String,
+    result: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub(super) struct StorageLabels {
+    driver: String,
     result: String,
 }
 
@@ -60,6 +66,27 @@ impl Metrics {
                 })
                 .observe(outcome.elapsed.as_secs_f64());
         }
+    }
+}
+
+impl Metrics {
+    /// One driver's storage probe of one CSI cycle: `healthy` (empty
+    /// answer), `abnormal` (some backend condition), `unsupported` (the
+    /// driver lacks NodeGetStorageHealth; counted every cycle though asked
+    /// only once) or `failed`.
+    pub fn csi_storage_probe(&self, outcome: &StorageOutcome) {
+        let result = match &outcome.result {
+            StorageResult::Health { entries } if entries.is_empty() => "healthy",
+            StorageResult::Health { .. } => "abnormal",
+            StorageResult::Unsupported => "unsupported",
+            StorageResult::ProbeFailed { .. } => "failed",
+        };
+        self.csi_storage_probes
+            .get_or_create(&StorageLabels {
+                driver: outcome.driver.clone(),
+                result: result.to_string(),
+            })
+            .inc();
     }
 }
 
@@ -154,5 +181,46 @@ mod tests {
                 "missing {want:?} in {all:#?}"
             );
         }
+    }
+
+    #[test]
+    fn storage_probes_count_one_result_per_driver_and_cycle() {
+        use health_csi::{StorageHealthEntry, StorageHealthStatus};
+        let m = Metrics::new();
+        let outcome = |driver: &str, result| StorageOutcome {
+            driver: driver.into(),
+            socket: None,
+            result,
+        };
+        let down = vec![StorageHealthEntry::new(
+            StorageHealthStatus::StorageUnreachable,
+            "ArrayOffline",
+            "a1",
+        )];
+        for _ in 0..2 {
+            m.csi_storage_probe(&outcome(
+                "a.csi",
+                StorageResult::Health {
+                    entries: down.clone(),
+                },
+            ));
+            m.csi_storage_probe(&outcome("b.csi", StorageResult::Unsupported));
+        }
+        m.csi_storage_probe(&outcome("a.csi", StorageResult::Health { entries: vec![] }));
+        m.csi_storage_probe(&outcome(
+            "c.csi",
+            StorageResult::ProbeFailed {
+                error: "timed out".into(),
+            },
+        ));
+        assert_eq!(
+            samples(&m, "volume_health_csi_storage_probes_total"),
+            [
+                r#"volume_health_csi_storage_probes_total{driver="a.csi",result="abnormal"} 2"#,
+                r#"volume_health_csi_storage_probes_total{driver="a.csi",result="healthy"} 1"#,
+                r#"volume_health_csi_storage_probes_total{driver="b.csi",result="unsupported"} 2"#,
+                r#"volume_health_csi_storage_probes_total{driver="c.csi",result="failed"} 1"#,
+            ]
+        );
     }
 }

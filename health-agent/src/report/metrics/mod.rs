@@ -32,7 +32,7 @@ mod kernel;
 mod volumes;
 
 use api::{ApiLabels, EventLabels};
-use csi::{csi_histogram, CsiLabels, DriverLabels};
+use csi::{csi_histogram, CsiLabels, DriverLabels, StorageLabels};
 pub use kernel::ErrorLabels;
 use kernel::KernelSeries;
 pub use volumes::VolumeRef;
@@ -83,6 +83,7 @@ pub struct Metrics {
     event_writes_deferred: Counter,
     csi_probes: Family<CsiLabels, Counter>,
     csi_probe_duration: Family<DriverLabels, Histogram, fn() -> Histogram>,
+    csi_storage_probes: Family<StorageLabels, Counter>,
     volumes: Gauge,
 }
 
@@ -133,6 +134,7 @@ impl Metrics {
             event_writes_deferred: Counter::default(),
             csi_probes: Family::default(),
             csi_probe_duration: Family::new_with_constructor(csi_histogram),
+            csi_storage_probes: Family::default(),
             volumes: Gauge::default(),
         };
         // Families are handles: the registry's clones and ours share state.
@@ -212,6 +214,11 @@ impl Metrics {
             "Latency of CSI node health RPCs, per driver",
             Unit::Seconds,
             self.csi_probe_duration.clone(),
+        );
+        r.register(
+            "csi_storage_probes",
+            "CSI NodeGetStorageHealth calls by driver and result",
+            self.csi_storage_probes.clone(),
         );
         r.register(
             "volumes",

@@ -333,6 +333,9 @@ pub enum Observation {
         result: CheckResult,
     },
     CsiNode(CsiReport),
+    /// The driver's NodeGetStorageHealth answer, reduced to the entries that
+    /// concern this volume: `Health(vec![])` clears at once, as a Get does.
+    CsiStorage(CsiReport),
     CsiControllerGet(CsiReport),
     CsiControllerList(CsiListSighting),
 }

@@ -99,6 +99,7 @@ impl VolumeHealth {
                 }
             }
             Observation::CsiNode(report) => self.csi_report(Source::CsiNode, report, now),
+            Observation::CsiStorage(report) => self.csi_report(Source::CsiStorage, report, now),
             Observation::CsiControllerGet(report) => {
                 if matches!(report, CsiReport::Health(_)) {
                     // A Get is a confirmation; List absences start over.

@@ -64,6 +64,10 @@ pub enum Source {
     CsiNode,
     /// `Controller.ControllerGetVolumeHealth` and `ControllerListVolumeHealth`.
     CsiController,
+    /// `Node.NodeGetStorageHealth`: the driver's storage backend as seen from
+    /// this node, one answer for every volume of the driver. Its own source so
+    /// that a backend report and a volume's own report never clear each other.
+    CsiStorage,
 }
 
 impl fmt::Display for Source {
@@ -73,6 +77,7 @@ impl fmt::Display for Source {
             Source::Check(c) => write!(f, "check/{c}"),
             Source::CsiNode => f.write_str("csi-node"),
             Source::CsiController => f.write_str("csi-controller"),
+            Source::CsiStorage => f.write_str("csi-storage"),
         }
     }
 }
@@ -131,6 +136,7 @@ mod tests {
             r#"["Inaccessible","DataLoss","Degraded"]"#
         );
         assert_eq!(Status::DataLoss.to_string(), "DataLoss");
+        assert_eq!(Source::CsiStorage.to_string(), "csi-storage");
         assert!(Status::Inaccessible < Status::DataLoss && Status::DataLoss < Status::Degraded);
         let kinds = [
             (KernelErrorKind::BlockIo, Status::Degraded, "BlockIOErrors"),
