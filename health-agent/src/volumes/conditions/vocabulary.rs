@@ -64,6 +64,9 @@ pub enum Source {
     CsiNode,
     /// `Controller.ControllerGetVolumeHealth` and `ControllerListVolumeHealth`.
     CsiController,
+    /// The Ready condition of the node a pod runs on (the controller's
+    /// node-down detection).
+    NodeReady,
 }
 
 impl fmt::Display for Source {
@@ -73,6 +76,7 @@ impl fmt::Display for Source {
             Source::Check(c) => write!(f, "check/{c}"),
             Source::CsiNode => f.write_str("csi-node"),
             Source::CsiController => f.write_str("csi-controller"),
+            Source::NodeReady => f.write_str("node-ready"),
         }
     }
 }
