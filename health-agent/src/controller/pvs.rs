@@ -3,8 +3,10 @@
 //!
 //! A PV is keyed by its name and volume handle, not by its claim: a PV that
 //! goes Bound -> Available -> Bound keeps its state (the List absence count,
-//! when each condition began). While it has no claim, changes go nowhere;
-//! when it is bound again, the new claim is told the conditions that hold.
+//! when each condition began). While it has no claim, its changes still go
+//! to the claim it last had (whose Events would otherwise stay open with no
+//! end); bound to another claim, the old claim's Events end without a
+//! recovery and the new claim is told the conditions that hold.
 //! A PV deleted (even mid-cycle) takes its state with it, without a
 //! recovery: a deleted volume has not recovered.
 
@@ -187,7 +189,8 @@ impl PvHealth {
 }
 
 /// Moves a PV's reporting to its current claim: the old claim's Events end
-/// without a recovery, the new claim hears every condition that holds.
+/// without a recovery, the new claim hears every condition that holds. No
+/// claim (Available) changes nothing.
 fn follow_claim(
     key: &PvKey,
     state: &mut PvState,
@@ -195,15 +198,15 @@ fn follow_claim(
     recorder: &mut Recorder,
     now: SystemTime,
 ) {
-    if state.reported_to.as_ref() == claim {
+    let Some(claim) = claim else {
+        return;
+    };
+    if state.reported_to.as_ref() == Some(claim) {
         return;
     }
     if state.reported_to.take().is_some() {
         recorder.forget_contributor(&key.contributor());
     }
-    let Some(claim) = claim else {
-        return;
-    };
     let holding: Vec<Change> = state
         .health
         .conditions()

@@ -342,7 +342,7 @@ mod tests {
         let listener = bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
         let addr = listener.local_addr().unwrap();
         let metrics = Arc::new(Metrics::new());
-        tokio::spawn(serve_with(listener, Arc::clone(&metrics), health, limits));
+        tokio::spawn(serve_with(listener, metrics.clone(), health, limits));
         (addr, metrics)
     }
 
