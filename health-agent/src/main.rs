@@ -55,7 +55,12 @@ enum Command {
 #[derive(clap::Args)]
 struct ControllerArgs {
     /// The CSI driver's controller socket (shared with the driver's container).
-    #[arg(long, value_name = "PATH", default_value = "/csi/csi.sock", env = "CSI_ADDRESS")]
+    #[arg(
+        long,
+        value_name = "PATH",
+        default_value = "/csi/csi.sock",
+        env = "CSI_ADDRESS"
+    )]
     csi_address: PathBuf,
     /// kubeconfig to use instead of the pod's service account.
     #[arg(long, value_name = "PATH")]
@@ -320,12 +325,24 @@ fn controller_options(
     use anyhow::Context as _;
     let secs = |name: &str, v: f64| seconds(name, v).map_err(anyhow::Error::msg);
     let monitor_interval = secs("monitor-interval", args.monitor_interval)?;
-    anyhow::ensure!(!monitor_interval.is_zero(), "--monitor-interval must be above 0");
+    anyhow::ensure!(
+        !monitor_interval.is_zero(),
+        "--monitor-interval must be above 0"
+    );
     let call_timeout = secs("call-timeout", args.call_timeout)?;
     anyhow::ensure!(!call_timeout.is_zero(), "--call-timeout must be above 0");
-    anyhow::ensure!(args.list_page_size > 0, "--list-page-size must be at least 1");
-    anyhow::ensure!(args.get_concurrency > 0, "--get-concurrency must be at least 1");
-    anyhow::ensure!(args.lease_duration >= 2, "--lease-duration must be at least 2 seconds");
+    anyhow::ensure!(
+        args.list_page_size > 0,
+        "--list-page-size must be at least 1"
+    );
+    anyhow::ensure!(
+        args.get_concurrency > 0,
+        "--get-concurrency must be at least 1"
+    );
+    anyhow::ensure!(
+        args.lease_duration >= 2,
+        "--lease-duration must be at least 2 seconds"
+    );
     anyhow::ensure!(
         args.event_writes_per_minute > 0,
         "--event-writes-per-minute must be at least 1"

@@ -80,7 +80,11 @@ impl Prober {
     }
 
     /// One cycle over `volumes`.
-    pub async fn cycle(&mut self, volumes: &[MonitoredVolume], metrics: &ControllerMetrics) -> Probed {
+    pub async fn cycle(
+        &mut self,
+        volumes: &[MonitoredVolume],
+        metrics: &ControllerMetrics,
+    ) -> Probed {
         // Once the 1.13 list is known to be missing, the legacy list is
         // only worth calling if it carries conditions.
         let legacy_list_useless = self.csi.list_volume_health_support() == RpcSupport::Unsupported
@@ -145,7 +149,9 @@ impl Prober {
         let mut observations = Vec::with_capacity(volumes.len());
         for v in volumes {
             let sighting = match list.volumes.get(&v.handle) {
-                Some(Some(entries)) => CsiListSighting::Listed(entries.iter().map(csi_entry).collect()),
+                Some(Some(entries)) => {
+                    CsiListSighting::Listed(entries.iter().map(csi_entry).collect())
+                }
                 _ if list.complete => CsiListSighting::Absent,
                 _ => CsiListSighting::CycleFailed(format!(
                     "the list stopped after {} pages without reaching its end",

@@ -201,10 +201,13 @@ fn slim_node(node: &mut Node) {
     node.managed_fields_mut().clear();
     node.annotations_mut().clear();
     node.labels_mut().clear();
-    node.spec = node.spec.take().map(|s| k8s_openapi::api::core::v1::NodeSpec {
-        taints: s.taints,
-        ..Default::default()
-    });
+    node.spec = node
+        .spec
+        .take()
+        .map(|s| k8s_openapi::api::core::v1::NodeSpec {
+            taints: s.taints,
+            ..Default::default()
+        });
     node.status = node
         .status
         .take()

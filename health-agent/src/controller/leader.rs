@@ -72,7 +72,10 @@ impl Election {
     }
 }
 
-async fn build(client: &Client, config: &LeaseConfig) -> Result<LeaseManager, kube_lease_manager::LeaseManagerError> {
+async fn build(
+    client: &Client,
+    config: &LeaseConfig,
+) -> Result<LeaseManager, kube_lease_manager::LeaseManagerError> {
     LeaseManagerBuilder::new(client.clone(), &config.name)
         .with_namespace(&config.namespace)
         .with_identity(&config.identity)

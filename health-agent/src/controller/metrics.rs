@@ -155,8 +155,10 @@ impl ControllerMetrics {
     }
 
     pub fn set_volumes(&self, monitored: usize, abnormal: usize) {
-        self.volumes.set(i64::try_from(monitored).unwrap_or(i64::MAX));
-        self.abnormal.set(i64::try_from(abnormal).unwrap_or(i64::MAX));
+        self.volumes
+            .set(i64::try_from(monitored).unwrap_or(i64::MAX));
+        self.abnormal
+            .set(i64::try_from(abnormal).unwrap_or(i64::MAX));
     }
 
     pub fn set_leader(&self, leader: bool) {
@@ -248,7 +250,9 @@ mod tests {
         );
         assert_eq!(
             samples(&m, "volume_health_controller_csi_calls_total"),
-            [r#"volume_health_controller_csi_calls_total{rpc="ControllerListVolumeHealth",code="OK"} 3"#]
+            [
+                r#"volume_health_controller_csi_calls_total{rpc="ControllerListVolumeHealth",code="OK"} 3"#
+            ]
         );
         assert_eq!(
             samples(&m, "volume_health_controller_volumes_"),
@@ -263,7 +267,9 @@ mod tests {
         );
         assert_eq!(
             samples(&m, "volume_health_controller_api_requests_total"),
-            [r#"volume_health_controller_api_requests_total{verb="list",resource="pods",code="200"} 1"#]
+            [
+                r#"volume_health_controller_api_requests_total{verb="list",resource="pods",code="200"} 1"#
+            ]
         );
     }
 }

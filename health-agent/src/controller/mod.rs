@@ -132,7 +132,13 @@ pub fn default_lease_name(driver: &str) -> String {
     let name: String = driver
         .to_ascii_lowercase()
         .chars()
-        .map(|c| if c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' { c } else { '-' })
+        .map(|c| {
+            if c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' {
+                c
+            } else {
+                '-'
+            }
+        })
         .collect();
     format!("volume-health-{name}")
 }
@@ -153,7 +159,11 @@ impl ClusterState for Inventory {
 }
 
 /// Recorder settings of the controller.
-pub fn recorder_config(identity: &str, writes_per_minute: u32, update_interval: Duration) -> RecorderConfig {
+pub fn recorder_config(
+    identity: &str,
+    writes_per_minute: u32,
+    update_interval: Duration,
+) -> RecorderConfig {
     let mut config = RecorderConfig::new(identity);
     config.component = COMPONENT.to_string();
     config.writes_per_object_per_minute = writes_per_minute;
@@ -208,9 +218,18 @@ impl Worker {
             // check's to end.
             let claims: Vec<_> = volumes.iter().filter_map(|v| v.claim.clone()).collect();
             let dropped = r.drop_unclaimed(|o| o.kind == ObjectKind::Pod || claims.contains(o));
-            tracing::info!(open = adopted.len(), seeded, dropped, "took over the Events of earlier leaders");
+            tracing::info!(
+                open = adopted.len(),
+                seeded,
+                dropped,
+                "took over the Events of earlier leaders"
+            );
         }
-        let writer = tokio::spawn(writer::write(client.clone(), Arc::clone(&shared), Some(observer)));
+        let writer = tokio::spawn(writer::write(
+            client.clone(),
+            Arc::clone(&shared),
+            Some(observer),
+        ));
         shared.wake();
         Worker {
             client,
@@ -237,7 +256,8 @@ impl Worker {
         let current = cluster.volumes();
         {
             let mut r = self.shared.lock();
-            self.pvs.apply(probed.observations, &current, &mut r, SystemTime::now());
+            self.pvs
+                .apply(probed.observations, &current, &mut r, SystemTime::now());
         }
         self.metrics.set_volumes(current.len(), self.pvs.abnormal());
         self.shared.wake();
@@ -247,11 +267,13 @@ impl Worker {
     pub async fn node_check(&mut self, cluster: &dyn ClusterState) {
         let due = {
             let mut r = self.shared.lock();
-            self.nodes.update(&cluster.nodes(), &mut r, SystemTime::now())
+            self.nodes
+                .update(&cluster.nodes(), &mut r, SystemTime::now())
         };
         for node in due {
             let volumes = cluster.volumes();
-            let listed = nodes::affected_pods(&self.client, &node, &volumes, self.call_timeout).await;
+            let listed =
+                nodes::affected_pods(&self.client, &node, &volumes, self.call_timeout).await;
             let code = match &listed {
                 Ok(_) => Some(200),
                 Err(nodes::ListPodsError::Api {
@@ -264,7 +286,8 @@ impl Worker {
             match listed {
                 Ok(affected) => {
                     let mut r = self.shared.lock();
-                    self.nodes.report(&node, affected, &mut r, SystemTime::now());
+                    self.nodes
+                        .report(&node, affected, &mut r, SystemTime::now());
                 }
                 Err(e) => tracing::warn!("{e}; retrying"),
             }
@@ -305,7 +328,9 @@ pub async fn run(opts: ControllerOptions) -> anyhow::Result<()> {
             identity_client
                 .plugin_info()
                 .await
-                .with_context(|| format!("asking the CSI driver at {socket} for its name (or pass --driver)"))?
+                .with_context(|| {
+                    format!("asking the CSI driver at {socket} for its name (or pass --driver)")
+                })?
                 .name
         }
     };
@@ -314,7 +339,9 @@ pub async fn run(opts: ControllerOptions) -> anyhow::Result<()> {
         .with_context(|| format!("CSI socket {socket}"))?;
     let caps = match csi.capabilities().await {
         Ok(caps) => caps,
-        Err(CsiError::Unsupported { .. }) => return Err(StartError::NoControllerService { socket }.into()),
+        Err(CsiError::Unsupported { .. }) => {
+            return Err(StartError::NoControllerService { socket }.into())
+        }
         Err(e) => return Err(e).context("asking the CSI driver for its controller capabilities"),
     };
     tracing::info!(%driver, ?caps, "monitoring the CSI driver's volumes");
@@ -326,7 +353,10 @@ pub async fn run(opts: ControllerOptions) -> anyhow::Result<()> {
     let server = tokio::spawn(http::serve(listener, metrics.clone(), health.clone()));
     let (inventory, watchers) = Inventory::start(client.clone(), &driver, Arc::clone(&metrics));
     let lease = LeaseConfig {
-        name: opts.lease_name.clone().unwrap_or_else(|| default_lease_name(&driver)),
+        name: opts
+            .lease_name
+            .clone()
+            .unwrap_or_else(|| default_lease_name(&driver)),
         namespace: opts.lease_namespace.clone(),
         identity: opts.identity.clone(),
         duration: opts.lease_duration,
@@ -365,7 +395,11 @@ pub async fn run(opts: ControllerOptions) -> anyhow::Result<()> {
         health.set_ready(true);
         metrics.set_leader(true);
         let prober = Prober::new(csi.clone(), caps.clone(), cycle_config.clone());
-        let recorder = recorder_config(&opts.identity, opts.event_writes_per_minute, opts.event_update_interval);
+        let recorder = recorder_config(
+            &opts.identity,
+            opts.event_writes_per_minute,
+            opts.event_update_interval,
+        );
         let mut worker = Worker::start(
             client.clone(),
             recorder,

@@ -95,8 +95,14 @@ impl NodeWatch {
     /// Takes the nodes as they are now; records recoveries (and ends the
     /// Warnings of deleted nodes), and returns the nodes down past the
     /// grace whose pods must be listed ([`NodeWatch::report`]).
-    pub fn update(&mut self, nodes: &[NodeState], recorder: &mut Recorder, now: SystemTime) -> Vec<String> {
-        let by_name: HashMap<&str, &NodeState> = nodes.iter().map(|n| (n.name.as_str(), n)).collect();
+    pub fn update(
+        &mut self,
+        nodes: &[NodeState],
+        recorder: &mut Recorder,
+        now: SystemTime,
+    ) -> Vec<String> {
+        let by_name: HashMap<&str, &NodeState> =
+            nodes.iter().map(|n| (n.name.as_str(), n)).collect();
         let tracked: Vec<String> = self.down.keys().cloned().collect();
         for name in tracked {
             match by_name.get(name.as_str()) {
@@ -122,7 +128,9 @@ impl NodeWatch {
                 reason: n.reason.clone(),
                 reported: None,
             });
-            if down.reported.is_none() && now.duration_since(down.since).unwrap_or_default() >= self.grace {
+            if down.reported.is_none()
+                && now.duration_since(down.since).unwrap_or_default() >= self.grace
+            {
                 due.push(n.name.clone());
             }
         }
@@ -131,13 +139,21 @@ impl NodeWatch {
 
     /// Raises the condition on every pod of `node` listed by
     /// [`affected_pods`] and on its claims.
-    pub fn report(&mut self, node: &str, affected: Vec<Affected>, recorder: &mut Recorder, now: SystemTime) {
+    pub fn report(
+        &mut self,
+        node: &str,
+        affected: Vec<Affected>,
+        recorder: &mut Recorder,
+        now: SystemTime,
+    ) {
         let Some(down) = self.down.get_mut(node) else {
             return;
         };
         let condition = down.condition(node, now);
         for a in &affected {
-            let objects: Vec<ObjectRef> = std::iter::once(a.pod.clone()).chain(a.pvcs.iter().cloned()).collect();
+            let objects: Vec<ObjectRef> = std::iter::once(a.pod.clone())
+                .chain(a.pvcs.iter().cloned())
+                .collect();
             recorder.observe_on(
                 &contributor(node),
                 &subject(node),
@@ -146,14 +162,23 @@ impl NodeWatch {
                 now,
             );
         }
-        tracing::warn!(node, pods = affected.len(), "node down past the grace period");
+        tracing::warn!(
+            node,
+            pods = affected.len(),
+            "node down past the grace period"
+        );
         down.reported = Some(affected);
     }
 
     /// Ends the `NodeNotReady` Warnings a previous leader left open: with a
     /// recovery when their node is Ready, silently when it is gone. Those
     /// of nodes still down are claimed by [`NodeWatch::report`].
-    fn end_adopted(&self, nodes: &HashMap<&str, &NodeState>, recorder: &mut Recorder, now: SystemTime) {
+    fn end_adopted(
+        &self,
+        nodes: &HashMap<&str, &NodeState>,
+        recorder: &mut Recorder,
+        now: SystemTime,
+    ) {
         for u in recorder.unclaimed() {
             if u.reason != NODE_NOT_READY {
                 continue;
@@ -181,7 +206,9 @@ fn recovered(node: &str, down: &Down, recorder: &mut Recorder, now: SystemTime) 
     };
     let condition = down.condition(node, now);
     for a in affected {
-        let objects: Vec<ObjectRef> = std::iter::once(a.pod.clone()).chain(a.pvcs.iter().cloned()).collect();
+        let objects: Vec<ObjectRef> = std::iter::once(a.pod.clone())
+            .chain(a.pvcs.iter().cloned())
+            .collect();
         recorder.observe_on(
             &contributor(node),
             &subject(node),
@@ -262,7 +289,9 @@ fn affected(pod: &Pod, claims: &HashMap<(&str, &str), &ObjectRef>) -> Option<Aff
                 (None, Some(_)) => format!("{name}-{}", v.name),
                 (None, None) => return None,
             };
-            claims.get(&(ns.as_str(), claim.as_str())).map(|c| (*c).clone())
+            claims
+                .get(&(ns.as_str(), claim.as_str()))
+                .map(|c| (*c).clone())
         })
         .collect();
     pvcs.sort();

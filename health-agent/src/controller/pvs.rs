@@ -115,7 +115,11 @@ impl PvHealth {
         }
     }
 
-    fn drop_deleted(&mut self, current: &BTreeMap<PvKey, &MonitoredVolume>, recorder: &mut Recorder) {
+    fn drop_deleted(
+        &mut self,
+        current: &BTreeMap<PvKey, &MonitoredVolume>,
+        recorder: &mut Recorder,
+    ) {
         let gone: Vec<PvKey> = self
             .states
             .keys()
@@ -177,9 +181,10 @@ impl PvHealth {
                 reported_to: None,
             });
             state.reported_to = Some(claim.clone());
-            let changes = state
-                .health
-                .apply(at, Observation::CsiControllerGet(CsiReport::Health(entries)));
+            let changes = state.health.apply(
+                at,
+                Observation::CsiControllerGet(CsiReport::Health(entries)),
+            );
             let objects = std::slice::from_ref(claim);
             recorder.observe_on(&key.contributor(), &key.subject(), objects, &changes, at);
             seeded += mine.len();

@@ -130,7 +130,11 @@ fn volume(n: u32) -> MonitoredVolume {
 }
 
 fn degraded(message: &str) -> Vec<HealthEntry> {
-    vec![HealthEntry::new(HealthStatus::Degraded, "ReplicaLost", message)]
+    vec![HealthEntry::new(
+        HealthStatus::Degraded,
+        "ReplicaLost",
+        message,
+    )]
 }
 
 struct Setup {
@@ -141,7 +145,12 @@ struct Setup {
     worker: Worker,
 }
 
-async fn setup(mode: DriverMode, tweak: impl FnOnce(&TestDriverHandle), events: Vec<Value>, page_size: u32) -> Setup {
+async fn setup(
+    mode: DriverMode,
+    tweak: impl FnOnce(&TestDriverHandle),
+    events: Vec<Value>,
+    page_size: u32,
+) -> Setup {
     let dir = tempfile::tempdir().unwrap();
     let driver = TestDriver::start(dir.path(), mode).await.unwrap();
     tweak(&driver);
@@ -197,7 +206,10 @@ impl Setup {
     async fn settle(&mut self) -> Vec<Seen> {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
         while self.worker.shared().lock().has_pending() {
-            assert!(tokio::time::Instant::now() < deadline, "events still unwritten");
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "events still unwritten"
+            );
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         // A write finishing after the recorder is settled would be a bug;
@@ -210,7 +222,10 @@ impl Setup {
 fn summary(seen: &[Seen]) -> Vec<(String, String, String, String)> {
     seen.iter()
         .map(|s| {
-            let object = s.body["involvedObject"]["name"].as_str().unwrap_or("").to_string();
+            let object = s.body["involvedObject"]["name"]
+                .as_str()
+                .unwrap_or("")
+                .to_string();
             let reason = s.body["reason"].as_str().unwrap_or("").to_string();
             let type_ = s.body["type"].as_str().unwrap_or("").to_string();
             (s.method.to_string(), object, type_, reason)
@@ -222,7 +237,8 @@ fn summary(seen: &[Seen]) -> Vec<(String, String, String, String)> {
 async fn abnormal_once_silent_while_it_lasts_patched_on_change_cleared_after_two_cycles() {
     let mut s = setup(DriverMode::Modern, |_| {}, Vec::new(), 500).await;
     s.driver.set_volume_health("h-1", Vec::new());
-    s.driver.set_volume_health("h-2", degraded("replica 2 of 3 lost"));
+    s.driver
+        .set_volume_health("h-2", degraded("replica 2 of 3 lost"));
     s.driver.set_volume_health("h-3", Vec::new());
 
     let seen = s.cycle().await;
@@ -262,11 +278,15 @@ async fn abnormal_once_silent_while_it_lasts_patched_on_change_cleared_after_two
     assert_eq!(s.driver.calls(Rpc::ControllerGetVolumeHealth), 0);
 
     // The message changes: one PATCH of that Event.
-    s.driver.set_volume_health("h-2", degraded("replica 2 and 3 of 3 lost"));
+    s.driver
+        .set_volume_health("h-2", degraded("replica 2 and 3 of 3 lost"));
     let seen = s.cycle().await;
     assert_eq!(seen.len(), 1, "{seen:?}");
     assert_eq!(seen[0].method, Method::PATCH);
-    assert_eq!(seen[0].uri, format!("/api/v1/namespaces/shop/events/{name}?"));
+    assert_eq!(
+        seen[0].uri,
+        format!("/api/v1/namespaces/shop/events/{name}?")
+    );
     assert_eq!(seen[0].body["count"], 2);
     assert_eq!(
         seen[0].body["message"],
@@ -280,7 +300,12 @@ async fn abnormal_once_silent_while_it_lasts_patched_on_change_cleared_after_two
     let seen = s.cycle().await;
     assert_eq!(
         summary(&seen),
-        [("POST".into(), "data-2".into(), "Normal".into(), "ReplicaLostCleared".into())]
+        [(
+            "POST".into(),
+            "data-2".into(),
+            "Normal".into(),
+            "ReplicaLostCleared".into()
+        )]
     );
     assert_eq!(
         seen[0].body["message"],
@@ -305,7 +330,12 @@ async fn a_failed_cycle_clears_nothing() {
     assert_eq!(summary(&s.cycle().await), []);
     assert_eq!(
         summary(&s.cycle().await),
-        [("POST".into(), "data-1".into(), "Normal".into(), "ReplicaLostCleared".into())]
+        [(
+            "POST".into(),
+            "data-1".into(),
+            "Normal".into(),
+            "ReplicaLostCleared".into()
+        )]
     );
 }
 
@@ -334,7 +364,12 @@ async fn without_a_health_list_each_volume_is_asked_once_per_cycle() {
     let seen = s.cycle().await;
     assert_eq!(
         summary(&seen),
-        [("POST".into(), "data-3".into(), "Warning".into(), "ReplicaLost".into())]
+        [(
+            "POST".into(),
+            "data-3".into(),
+            "Warning".into(),
+            "ReplicaLost".into()
+        )]
     );
     assert_eq!(s.driver.calls(Rpc::ControllerGetVolumeHealth), 3);
     s.cycle().await;
@@ -346,7 +381,12 @@ async fn without_a_health_list_each_volume_is_asked_once_per_cycle() {
     s.driver.set_volume_health("h-3", Vec::new());
     assert_eq!(
         summary(&s.cycle().await),
-        [("POST".into(), "data-3".into(), "Normal".into(), "ReplicaLostCleared".into())]
+        [(
+            "POST".into(),
+            "data-3".into(),
+            "Normal".into(),
+            "ReplicaLostCleared".into()
+        )]
     );
 }
 
@@ -361,7 +401,12 @@ async fn legacy_list_volumes_is_paged_with_max_entries() {
     let seen = s.cycle().await;
     assert_eq!(
         summary(&seen),
-        [("POST".into(), "data-5".into(), "Warning".into(), "VolumeConditionAbnormal".into())]
+        [(
+            "POST".into(),
+            "data-5".into(),
+            "Warning".into(),
+            "VolumeConditionAbnormal".into()
+        )]
     );
     // 5 volumes in pages of 2: three ListVolumes calls, after the one
     // UNIMPLEMENTED ControllerListVolumeHealth.
@@ -385,7 +430,12 @@ async fn a_pv_deleted_mid_cycle_is_dropped_without_events() {
     *s.cluster.volumes.lock().unwrap() = vec![volume(1)];
     assert_eq!(
         summary(&s.cycle().await),
-        [("POST".into(), "data-1".into(), "Warning".into(), "ReplicaLost".into())]
+        [(
+            "POST".into(),
+            "data-1".into(),
+            "Warning".into(),
+            "ReplicaLost".into()
+        )]
     );
     assert_eq!(summary(&s.cycle().await), []);
 
@@ -411,7 +461,12 @@ async fn a_pv_bound_available_bound_stays_monitored() {
     s.cycle().await;
     assert_eq!(
         summary(&s.cycle().await),
-        [("POST".into(), "data-1".into(), "Normal".into(), "ReplicaLostCleared".into())]
+        [(
+            "POST".into(),
+            "data-1".into(),
+            "Normal".into(),
+            "ReplicaLostCleared".into()
+        )]
     );
     // Bound to another claim while abnormal: the new claim hears it.
     s.driver.set_volume_health("h-1", degraded("bad again"));
@@ -419,7 +474,12 @@ async fn a_pv_bound_available_bound_stays_monitored() {
     s.cluster.volumes.lock().unwrap()[0].claim = Some(pvc("other"));
     assert_eq!(
         summary(&s.cycle().await),
-        [("POST".into(), "other".into(), "Warning".into(), "ReplicaLost".into())]
+        [(
+            "POST".into(),
+            "other".into(),
+            "Warning".into(),
+            "ReplicaLost".into()
+        )]
     );
 }
 
@@ -464,7 +524,10 @@ async fn a_takeover_continues_the_previous_leaders_event() {
     assert_eq!(seen[0].method, Method::PATCH);
     assert_eq!(seen[0].uri, "/api/v1/namespaces/shop/events/data-1.abc?");
     assert_eq!(seen[0].body["count"], 3);
-    assert_eq!(seen[0].body["message"], "PV pv-1: Degraded ReplicaLost: worse");
+    assert_eq!(
+        seen[0].body["message"],
+        "PV pv-1: Degraded ReplicaLost: worse"
+    );
 }
 
 fn node(readiness: Readiness, since: u64) -> NodeState {
@@ -529,8 +592,18 @@ async fn a_node_down_past_the_grace_makes_its_pods_volumes_inaccessible_until_re
     assert_eq!(
         writes(&mut r),
         [
-            ("Pod".into(), "web-0".into(), "Warning".into(), message.to_string()),
-            ("PersistentVolumeClaim".into(), "data-1".into(), "Warning".into(), message.to_string()),
+            (
+                "Pod".into(),
+                "web-0".into(),
+                "Warning".into(),
+                message.to_string()
+            ),
+            (
+                "PersistentVolumeClaim".into(),
+                "data-1".into(),
+                "Warning".into(),
+                message.to_string()
+            ),
         ]
     );
     // Still down: not listed again, nothing written.
@@ -543,8 +616,18 @@ async fn a_node_down_past_the_grace_makes_its_pods_volumes_inaccessible_until_re
     assert_eq!(
         writes(&mut r),
         [
-            ("Pod".into(), "web-0".into(), "Normal".into(), cleared.to_string()),
-            ("PersistentVolumeClaim".into(), "data-1".into(), "Normal".into(), cleared.to_string()),
+            (
+                "Pod".into(),
+                "web-0".into(),
+                "Normal".into(),
+                cleared.to_string()
+            ),
+            (
+                "PersistentVolumeClaim".into(),
+                "data-1".into(),
+                "Normal".into(),
+                cleared.to_string()
+            ),
         ]
     );
 }
