@@ -14,6 +14,11 @@
 //! - [`k8s`]: cluster mode, a reporter that resolves pods and PVCs from
 //!   reflectors and writes Events.
 //!
+//! - [`controller`]: `health-agent controller`, the cluster-side half: a
+//!   leader-elected sidecar of a CSI controller plugin that asks the driver
+//!   about every PV and watches for nodes going down, writing Events on the
+//!   PVCs (and pods) through the same recorder.
+//!
 //! [`agent`] is the one loop that drives the stages for `watch` and `run`.
 //! Dependencies run downstream only: kernel → topology → volumes → report →
 //! k8s; [`dev`] (device numbers) is shared by all.
@@ -27,4 +32,5 @@ pub mod volumes;
 pub mod report;
 
 pub mod agent;
+pub mod controller;
 pub mod k8s;

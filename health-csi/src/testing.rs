@@ -99,6 +99,10 @@ struct State {
     calls: [AtomicU64; RPC_COUNT],
     /// What Modern answers to NodeGetStorageHealth (empty: no known issue).
     storage_health: Mutex<Vec<StorageHealthEntry>>,
+    /// RPCs answering UNIMPLEMENTED whatever the mode.
+    unimplemented: Mutex<Vec<Rpc>>,
+    /// `max_entries` of every controller list call, in order.
+    list_max_entries: Mutex<Vec<i32>>,
     last_node_request: Mutex<Option<SeenNodeRequest>>,
     shutdown: watch::Receiver<bool>,
 }
@@ -114,7 +118,28 @@ impl State {
         if let Some(counter) = self.calls.get(rpc as usize) {
             counter.fetch_add(1, Ordering::Relaxed);
         }
+        if lock(&self.unimplemented).contains(&rpc) {
+            return DriverMode::Unimplemented;
+        }
         *lock(&self.mode)
+    }
+
+    /// Without explicit pages, every volume in pages of `max_entries`
+    /// (0: one page), as a driver honouring the request would.
+    fn pages_of(&self, max_entries: i32) -> Vec<Vec<(String, Vec<HealthEntry>)>> {
+        lock(&self.list_max_entries).push(max_entries);
+        let pages = self.pages();
+        let explicit = lock(&self.list_pages).is_some();
+        match usize::try_from(max_entries) {
+            Ok(size) if size > 0 && !explicit => {
+                let all: Vec<_> = pages.into_iter().flatten().collect();
+                if all.is_empty() {
+                    return vec![Vec::new()];
+                }
+                all.chunks(size).map(<[_]>::to_vec).collect()
+            }
+            _ => pages,
+        }
     }
 
     /// What a hung driver does: nothing, until the test driver shuts down.
@@ -425,7 +450,7 @@ impl Controller for Service {
             DriverMode::Hang => return self.0.hang().await,
             _ => {}
         }
-        let pages = self.0.pages();
+        let pages = self.0.pages_of(request.get_ref().max_entries);
         let index = State::page_index(&request.get_ref().starting_token, pages.len())?;
         let entries = pages
             .get(index)
@@ -486,7 +511,7 @@ impl Controller for Service {
             _ => return unimplemented(Rpc::ControllerListVolumeHealth),
         }
         let explicit = lock(&self.0.list_pages).is_some();
-        let pages = self.0.pages();
+        let pages = self.0.pages_of(request.get_ref().max_entries);
         let index = State::page_index(&request.get_ref().starting_token, pages.len())?;
         let entries = pages
             .get(index)
@@ -552,6 +577,8 @@ impl TestDriver {
             list_pages: Mutex::new(None),
             calls: Default::default(),
             storage_health: Mutex::new(Vec::new()),
+            unimplemented: Mutex::new(Vec::new()),
+            list_max_entries: Mutex::new(Vec::new()),
             last_node_request: Mutex::new(None),
             shutdown: shutdown_rx.clone(),
         });
@@ -672,6 +699,18 @@ impl TestDriverHandle {
             .calls
             .get(rpc as usize)
             .map_or(0, |c| c.load(Ordering::Relaxed))
+    }
+
+    /// Makes `rpc` answer UNIMPLEMENTED whatever the mode (a driver that
+    /// lacks just that RPC).
+    pub fn set_unimplemented(&self, rpc: Rpc) {
+        lock(&self.state.unimplemented).push(rpc);
+    }
+
+    /// `max_entries` of every ListVolumes and ControllerListVolumeHealth
+    /// call so far, in order.
+    pub fn list_max_entries(&self) -> Vec<i32> {
+        lock(&self.state.list_max_entries).clone()
     }
 
     pub fn reset_calls(&self) {

@@ -83,7 +83,7 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
     let metrics = Arc::new(Metrics::new());
     let health = Health::new(STALE_AFTER);
     let listener = http::bind(opts.metrics_addr).await?;
-    let server = tokio::spawn(http::serve(listener, Arc::clone(&metrics), health.clone()));
+    let server = tokio::spawn(http::serve(listener, metrics.clone(), health.clone()));
 
     // Nothing below waits for the API server: detection starts at once,
     // the reflectors and the writer retry in the background.
@@ -112,7 +112,7 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
     result
 }
 
-async fn client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<kube::Client> {
+pub(crate) async fn client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<kube::Client> {
     let config = match kubeconfig {
         Some(path) => {
             let kc = kube::config::Kubeconfig::read_from(path)

@@ -90,6 +90,13 @@ const LIST_PAGE: u32 = 500;
 /// recorder decides.
 pub async fn run(client: Client, shared: Arc<Shared>, metrics: Option<Arc<dyn Observer>>) {
     recover(&client, &shared, metrics.as_deref()).await;
+    write(client, shared, metrics).await
+}
+
+/// The writing half of [`run`], for a caller that has called [`recover`]
+/// itself (the controller, which seeds its state from what was adopted
+/// before anything is written).
+pub async fn write(client: Client, shared: Arc<Shared>, metrics: Option<Arc<dyn Observer>>) {
     let mut backoff = BACKOFF_MIN;
     // After a failure no new write starts before this.
     let mut paused_until: Option<Instant> = None;

@@ -128,6 +128,18 @@ impl Health {
     }
 }
 
+/// What `/metrics` serves: the agent's [`Metrics`], or the controller's.
+pub trait Exposition: Send + Sync + 'static {
+    /// The whole exposition in the OpenMetrics text format.
+    fn try_encode(&self) -> Result<String, std::fmt::Error>;
+}
+
+impl Exposition for Metrics {
+    fn try_encode(&self) -> Result<String, std::fmt::Error> {
+        Metrics::try_encode(self)
+    }
+}
+
 /// Binds the endpoint's address, saying which one failed.
 pub async fn bind(addr: SocketAddr) -> anyhow::Result<TcpListener> {
     TcpListener::bind(addr)
@@ -138,7 +150,11 @@ pub async fn bind(addr: SocketAddr) -> anyhow::Result<TcpListener> {
 /// Serves `/metrics`, `/healthz` and `/readyz` on `listener` until the task
 /// is dropped. Returns only when accepting fails for a reason other than a
 /// client or a passing shortage (descriptors, memory).
-pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>, health: Health) -> io::Result<()> {
+pub async fn serve(
+    listener: TcpListener,
+    metrics: Arc<dyn Exposition>,
+    health: Health,
+) -> io::Result<()> {
     serve_with(listener, metrics, health, Limits::default()).await
 }
 
@@ -161,7 +177,7 @@ impl Default for Limits {
 
 async fn serve_with(
     listener: TcpListener,
-    metrics: Arc<Metrics>,
+    metrics: Arc<dyn Exposition>,
     health: Health,
     limits: Limits,
 ) -> io::Result<()> {
@@ -192,7 +208,7 @@ async fn serve_with(
         tokio::spawn(async move {
             let _slot = slot;
             let service = service_fn(move |req: http::Request<hyper::body::Incoming>| {
-                let response = respond(req.method(), req.uri().path(), &metrics, &health);
+                let response = respond(req.method(), req.uri().path(), metrics.as_ref(), &health);
                 async move { Ok::<_, Infallible>(response) }
             });
             let conn = http.serve_connection(TokioIo::new(stream), service);
@@ -245,7 +261,7 @@ enum Route {
 fn respond(
     method: &Method,
     path: &str,
-    metrics: &Metrics,
+    metrics: &dyn Exposition,
     health: &Health,
 ) -> Response<Full<Bytes>> {
     let route = match path {
@@ -326,7 +342,7 @@ mod tests {
         let listener = bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
         let addr = listener.local_addr().unwrap();
         let metrics = Arc::new(Metrics::new());
-        tokio::spawn(serve_with(listener, Arc::clone(&metrics), health, limits));
+        tokio::spawn(serve_with(listener, metrics.clone(), health, limits));
         (addr, metrics)
     }
 

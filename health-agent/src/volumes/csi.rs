@@ -49,7 +49,9 @@ impl CsiResult {
     }
 }
 
-fn csi_entry(e: &HealthEntry) -> CsiEntry {
+/// One driver entry in the condition machine's words (shared with the
+/// controller).
+pub fn csi_entry(e: &HealthEntry) -> CsiEntry {
     let (status, message) = match e.status {
         HealthStatus::Inaccessible => (Status::Inaccessible, e.message.clone()),
         HealthStatus::DataLoss => (Status::DataLoss, e.message.clone()),

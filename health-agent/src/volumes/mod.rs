@@ -34,7 +34,7 @@ pub mod view;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-pub use csi::{CsiOutcome, CsiProber, CsiResult};
+pub use csi::{csi_entry, CsiOutcome, CsiProber, CsiResult};
 pub use ext4::{ext4_error_evidence, Ext4Errors};
 pub use index::{IndexedVolume, VolumeIndex, VolumeKey};
 pub use live::{next_wake, Handled, LiveVolumes, LiveVolumesConfig, Wake, DEFAULT_CSI_INTERVAL};

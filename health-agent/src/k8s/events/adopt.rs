@@ -18,6 +18,7 @@ use std::time::SystemTime;
 use k8s_openapi::api::core::v1::Event;
 use tokio::time::Instant;
 
+use super::message::strip_subject;
 use super::series::{refresh, unix_secs, Carried, Snapshot};
 use super::{EventType, ObjectKind, ObjectRef, Recorder, RecorderConfig, SeriesId};
 use crate::volumes::conditions::Status;
@@ -45,6 +46,22 @@ impl Recovered {
             last_secs: unix_secs(self.last),
         }
     }
+}
+
+/// An open Warning continued from an earlier process that no contributor
+/// claims yet (see [`Recorder::unclaimed`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Unclaimed {
+    pub object: ObjectRef,
+    pub status: Status,
+    pub reason: String,
+    /// What the Event's message names before the condition (`PV pv-1`).
+    pub subject: String,
+    /// The condition's own message (after `<Status> <Reason>: `).
+    pub message: String,
+    /// The Event's `firstTimestamp` and `lastTimestamp`.
+    pub first: SystemTime,
+    pub last: SystemTime,
 }
 
 /// What [`Recorder::adopt`] took over.
@@ -210,6 +227,60 @@ impl Recorder {
         gone.len()
     }
 
+    /// The continued open Warnings nothing claims yet, for a caller that
+    /// decides itself when they are confirmed or over (the controller).
+    pub fn unclaimed(&self) -> Vec<Unclaimed> {
+        self.series
+            .values()
+            .filter(|s| {
+                s.type_ == EventType::Warning
+                    && !s.closed
+                    && s.unclaimed()
+                    && s.unclaimed_until.is_some()
+            })
+            .map(|s| Unclaimed {
+                object: s.object.clone(),
+                status: s.condition.0,
+                reason: s.condition.1.clone(),
+                subject: s
+                    .message
+                    .split_once(": ")
+                    .map_or("", |(subject, _)| subject)
+                    .to_string(),
+                message: strip_subject(&s.message).to_string(),
+                first: s.first,
+                last: s.last,
+            })
+            .collect()
+    }
+
+    /// Ends a continued open Warning nothing claims with a recovery (the
+    /// caller has evidence the condition is over); false if there is none.
+    pub fn clear_unclaimed(
+        &mut self,
+        object: &ObjectRef,
+        status: Status,
+        reason: &str,
+        now: SystemTime,
+    ) -> bool {
+        let key = (object.clone(), status, reason.to_string());
+        let Some(&id) = self.open.get(&key) else {
+            return false;
+        };
+        let Some(s) = self.series.get(&id) else {
+            return false;
+        };
+        if !s.unclaimed() || s.unclaimed_until.is_none() {
+            return false;
+        }
+        let was = s.message.clone();
+        let subject = was.split_once(": ").map_or("", |(s, _)| s).to_string();
+        self.close(id);
+        self.recovered(object, &subject, (status, reason), &was, now);
+        self.gc();
+        true
+    }
+
     /// Some continued Event is still unclaimed.
     pub fn has_unclaimed(&self) -> bool {
         self.series
@@ -264,7 +335,9 @@ fn recovered(config: &RecorderConfig, e: &Event) -> Option<Recovered> {
         .reporting_instance
         .as_deref()
         .or(e.source.as_ref().and_then(|s| s.host.as_deref()));
-    if component != Some(config.component.as_str()) || host != Some(config.host.as_str()) {
+    if component != Some(config.component.as_str())
+        || (!config.adopt_any_instance && host != Some(config.host.as_str()))
+    {
         return None;
     }
     let o = &e.involved_object;

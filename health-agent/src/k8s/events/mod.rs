@@ -45,7 +45,7 @@ mod message;
 mod series;
 mod writes;
 
-pub use adopt::Adopted;
+pub use adopt::{Adopted, Unclaimed};
 use series::Series;
 pub use writes::{Next, Outcome, Write};
 
@@ -72,6 +72,14 @@ pub struct ObjectRef {
     pub namespace: String,
     pub name: String,
     pub uid: String,
+}
+
+/// What contributes to a series: a node's pod volume, or a contributor
+/// named by the caller of [`Recorder::observe_on`].
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum ContributorKey {
+    Volume(crate::volumes::VolumeKey),
+    Named(String),
 }
 
 /// Where one pod volume's conditions are reported.
@@ -118,6 +126,11 @@ pub struct RecorderConfig {
     /// again is cleared this long after its last report: the kernel quiet
     /// window (`--kernel-quiet-window`).
     pub unclaimed_clear_after: Duration,
+    /// Continue Events of any `reportingInstance` of `component` after a
+    /// start, not only this `host`'s: the controller's replicas hand Events
+    /// over to each other through leadership, while a node agent continues
+    /// only its own node's.
+    pub adopt_any_instance: bool,
 }
 
 impl RecorderConfig {
@@ -129,6 +142,7 @@ impl RecorderConfig {
             host: host.to_string(),
             max_series: 10_000,
             unclaimed_clear_after: Duration::from_secs(300),
+            adopt_any_instance: false,
         }
     }
 }

@@ -7,10 +7,19 @@ use std::time::SystemTime;
 
 use tokio::time::Instant;
 
-use super::message::{clip, pods_phrase, strip_subject, subject};
-use super::{EventType, ObjectKind, ObjectRef, Recorder, SeriesId, Targets};
+use super::message::{clip, pods_phrase, strip_subject, subject as phrase_of};
+use super::{ContributorKey, EventType, ObjectKind, ObjectRef, Recorder, SeriesId, Targets};
 use crate::volumes::conditions::{Change, Condition, Status};
 use crate::volumes::VolumeKey;
+
+/// Who a contributor's message names: a node's pod volume (phrased per
+/// object kind, pods aggregated on a PVC), or a fixed phrase given by the
+/// caller (the controller's `PV pv-1`, `node node-1`).
+#[derive(Clone, Debug)]
+pub(super) enum Subject {
+    Volume(Targets),
+    Named(String),
+}
 
 /// What the server holds of a series. Event times have whole seconds.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -30,7 +39,7 @@ struct Contributor {
     changes: u64,
     message: String,
     last: SystemTime,
-    targets: Targets,
+    subject: Subject,
 }
 
 #[derive(Clone, Debug)]
@@ -41,7 +50,7 @@ pub(super) struct Series {
     /// The condition a Warning series reports (Normal: the one cleared).
     pub(super) condition: (Status, String),
     /// Open Warning series: pod volumes currently asserting the condition.
-    contributors: BTreeMap<VolumeKey, Contributor>,
+    contributors: BTreeMap<ContributorKey, Contributor>,
     pub(super) count: u64,
     pub(super) message: String,
     pub(super) first: SystemTime,
@@ -103,12 +112,46 @@ impl Recorder {
         changes: &[Change],
         now: SystemTime,
     ) {
+        let objects: Vec<ObjectRef> = std::iter::once(&targets.pod)
+            .chain(targets.pvc.as_ref())
+            .cloned()
+            .collect();
+        let subject = Subject::Volume(targets.clone());
+        let key = ContributorKey::Volume(key.clone());
+        self.observe_changes(&key, &objects, &subject, changes, now);
+    }
+
+    /// Takes condition changes from a contributor that is not a node's pod
+    /// volume (the controller's PV, a down node): each of `objects` gets
+    /// them, and messages name `subject` (`PV pv-1`). A contributor is
+    /// identified by `contributor` across calls.
+    pub fn observe_on(
+        &mut self,
+        contributor: &str,
+        subject: &str,
+        objects: &[ObjectRef],
+        changes: &[Change],
+        now: SystemTime,
+    ) {
+        let key = ContributorKey::Named(contributor.to_string());
+        let subject = Subject::Named(subject.to_string());
+        self.observe_changes(&key, objects, &subject, changes, now);
+    }
+
+    fn observe_changes(
+        &mut self,
+        key: &ContributorKey,
+        objects: &[ObjectRef],
+        subject: &Subject,
+        changes: &[Change],
+        now: SystemTime,
+    ) {
         for change in changes {
             match change {
                 Change::Raised(c) | Change::Updated { condition: c, .. } => {
-                    self.assert(key, targets, c)
+                    self.assert(key, objects, subject, c)
                 }
-                Change::Cleared(c) => self.clear(key, targets, c, now),
+                Change::Cleared(c) => self.clear(key, objects, subject, c, now),
             }
         }
     }
@@ -116,6 +159,16 @@ impl Recorder {
     /// A pod volume is gone (its pod was deleted): it stops contributing,
     /// and no recovery is claimed for it.
     pub fn forget_volume(&mut self, key: &VolumeKey) {
+        self.forget(&ContributorKey::Volume(key.clone()));
+    }
+
+    /// Like [`Recorder::forget_volume`] for a contributor of
+    /// [`Recorder::observe_on`] (a PV deleted): no recovery is claimed.
+    pub fn forget_contributor(&mut self, contributor: &str) {
+        self.forget(&ContributorKey::Named(contributor.to_string()));
+    }
+
+    fn forget(&mut self, key: &ContributorKey) {
         let ids: Vec<SeriesId> = self
             .series
             .iter()
@@ -140,8 +193,13 @@ impl Recorder {
         self.gc();
     }
 
-    fn assert(&mut self, key: &VolumeKey, targets: &Targets, c: &Condition) {
-        let objects = std::iter::once(&targets.pod).chain(targets.pvc.as_ref());
+    fn assert(
+        &mut self,
+        key: &ContributorKey,
+        objects: &[ObjectRef],
+        subject: &Subject,
+        c: &Condition,
+    ) {
         for object in objects {
             let open_key = (object.clone(), c.status, c.reason.clone());
             let id = match self.open.get(&open_key) {
@@ -174,19 +232,25 @@ impl Recorder {
                     changes: 0,
                     message: String::new(),
                     last: c.last_probe,
-                    targets: targets.clone(),
+                    subject: subject.clone(),
                 });
             entry.changes += 1;
             entry.count = c.occurrences.unwrap_or(entry.changes);
             entry.message = c.message.clone();
             entry.last = c.last_probe;
-            entry.targets = targets.clone();
+            entry.subject = subject.clone();
             refresh(s);
         }
     }
 
-    fn clear(&mut self, key: &VolumeKey, targets: &Targets, c: &Condition, now: SystemTime) {
-        let objects = std::iter::once(&targets.pod).chain(targets.pvc.as_ref());
+    fn clear(
+        &mut self,
+        key: &ContributorKey,
+        objects: &[ObjectRef],
+        subject: &Subject,
+        c: &Condition,
+        now: SystemTime,
+    ) {
         for object in objects {
             let open_key = (object.clone(), c.status, c.reason.clone());
             let Some(&id) = self.open.get(&open_key) else {
@@ -205,8 +269,11 @@ impl Recorder {
             }
             let was = s.message.clone();
             self.close(id);
-            let subject = subject(object, targets);
-            self.recovered(object, &subject, (c.status, &c.reason), &was, now);
+            let phrase = match subject {
+                Subject::Volume(targets) => phrase_of(object, targets),
+                Subject::Named(phrase) => phrase.clone(),
+            };
+            self.recovered(object, &phrase, (c.status, &c.reason), &was, now);
         }
         self.gc();
     }
@@ -362,12 +429,20 @@ pub(super) fn refresh(s: &mut Series) {
         .max()
         .unwrap_or(s.last)
         .max(s.first);
-    let targets: Vec<&Targets> = s.contributors.values().map(|c| &c.targets).collect();
+    let targets: Vec<&Targets> = s
+        .contributors
+        .values()
+        .filter_map(|c| match &c.subject {
+            Subject::Volume(t) => Some(t),
+            Subject::Named(_) => None,
+        })
+        .collect();
     s.message = clip(format!(
         "{}: {} {}: {}",
-        match s.object.kind {
-            ObjectKind::Pod => top.targets.volume_phrase(),
-            ObjectKind::PersistentVolumeClaim => pods_phrase(&targets),
+        match (&top.subject, s.object.kind) {
+            (Subject::Named(phrase), _) => phrase.clone(),
+            (Subject::Volume(t), ObjectKind::Pod) => t.volume_phrase(),
+            (Subject::Volume(_), ObjectKind::PersistentVolumeClaim) => pods_phrase(&targets),
         },
         s.condition.0,
         s.condition.1,

@@ -68,6 +68,9 @@ pub enum Source {
     /// this node, one answer for every volume of the driver. Its own source so
     /// that a backend report and a volume's own report never clear each other.
     CsiStorage,
+    /// The Ready condition of the node a pod runs on (the controller's
+    /// node-down detection).
+    NodeReady,
 }
 
 impl fmt::Display for Source {
@@ -78,6 +81,7 @@ impl fmt::Display for Source {
             Source::CsiNode => f.write_str("csi-node"),
             Source::CsiController => f.write_str("csi-controller"),
             Source::CsiStorage => f.write_str("csi-storage"),
+            Source::NodeReady => f.write_str("node-ready"),
         }
     }
 }

@@ -1,0 +1,275 @@
+//! The controller's metrics (prometheus-client), served on `/metrics` with
+//! the `volume_health_controller_` prefix: cycles by result, CSI calls by
+//! RPC and code, volumes monitored and abnormal, leadership, and the API
+//! requests and Event writes it makes.
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+use crate::k8s::writer::Observer;
+use crate::report::http::Exposition;
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct CycleLabels {
+    result: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct CsiLabels {
+    rpc: String,
+    code: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct ApiLabels {
+    verb: String,
+    resource: String,
+    code: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct EventLabels {
+    r#type: String,
+    reason: String,
+}
+
+/// How one cycle ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CycleResult {
+    /// Every monitored volume got an answer (a complete list, or each Get).
+    Complete,
+    /// The list stopped early (page limit, repeated token) or some Gets
+    /// failed: the volumes without an answer learnt nothing.
+    Partial,
+    /// No answer at all.
+    Failed,
+}
+
+impl CycleResult {
+    fn as_str(self) -> &'static str {
+        match self {
+            CycleResult::Complete => "complete",
+            CycleResult::Partial => "partial",
+            CycleResult::Failed => "failed",
+        }
+    }
+}
+
+#[derive(Debug)]
+pub struct ControllerMetrics {
+    registry: Registry,
+    cycles: Family<CycleLabels, Counter>,
+    csi_calls: Family<CsiLabels, Counter>,
+    volumes: Gauge,
+    abnormal: Gauge,
+    leader: Gauge,
+    api_requests: Family<ApiLabels, Counter>,
+    events_written: Family<EventLabels, Counter>,
+    event_writes_deferred: Counter,
+}
+
+impl Default for ControllerMetrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ControllerMetrics {
+    pub fn new() -> Self {
+        let m = ControllerMetrics {
+            registry: Registry::default(),
+            cycles: Family::default(),
+            csi_calls: Family::default(),
+            volumes: Gauge::default(),
+            abnormal: Gauge::default(),
+            leader: Gauge::default(),
+            api_requests: Family::default(),
+            events_written: Family::default(),
+            event_writes_deferred: Counter::default(),
+        };
+        let mut r = Registry::with_prefix("volume_health_controller");
+        r.register(
+            "cycles",
+            "Health cycles over the driver's volumes, by result",
+            m.cycles.clone(),
+        );
+        r.register(
+            "csi_calls",
+            "CSI controller calls, by RPC and gRPC code (or timeout, connect)",
+            m.csi_calls.clone(),
+        );
+        r.register(
+            "volumes_monitored",
+            "PVs of this driver being monitored",
+            m.volumes.clone(),
+        );
+        r.register(
+            "volumes_abnormal",
+            "Monitored PVs with at least one condition",
+            m.abnormal.clone(),
+        );
+        r.register(
+            "leader",
+            "1 while this replica holds the lease and does the work",
+            m.leader.clone(),
+        );
+        r.register(
+            "api_requests",
+            "Kubernetes API requests, by verb, resource and HTTP status",
+            m.api_requests.clone(),
+        );
+        r.register(
+            "events_written",
+            "Events the API server accepted, by type and reason",
+            m.events_written.clone(),
+        );
+        r.register(
+            "event_writes_deferred",
+            "Event writes held back by the per-object cap",
+            m.event_writes_deferred.clone(),
+        );
+        ControllerMetrics { registry: r, ..m }
+    }
+
+    pub fn cycle(&self, result: CycleResult) {
+        self.cycles
+            .get_or_create(&CycleLabels {
+                result: result.as_str().to_string(),
+            })
+            .inc();
+    }
+
+    /// `n` calls of `rpc` that ended with `code` (`OK`, `Unimplemented`,
+    /// `Timeout`...).
+    pub fn csi_calls(&self, rpc: &str, code: &str, n: u64) {
+        self.csi_calls
+            .get_or_create(&CsiLabels {
+                rpc: rpc.to_string(),
+                code: code.to_string(),
+            })
+            .inc_by(n);
+    }
+
+    pub fn set_volumes(&self, monitored: usize, abnormal: usize) {
+        self.volumes
+            .set(i64::try_from(monitored).unwrap_or(i64::MAX));
+        self.abnormal
+            .set(i64::try_from(abnormal).unwrap_or(i64::MAX));
+    }
+
+    pub fn set_leader(&self, leader: bool) {
+        self.leader.set(i64::from(leader));
+    }
+
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Encoding into a String cannot fail for our label values.
+        if let Err(e) = encode(&mut out, &self.registry) {
+            tracing::error!("encoding controller metrics: {e}");
+        }
+        out
+    }
+}
+
+impl Exposition for ControllerMetrics {
+    fn try_encode(&self) -> Result<String, std::fmt::Error> {
+        let mut out = String::new();
+        encode(&mut out, &self.registry)?;
+        Ok(out)
+    }
+}
+
+impl Observer for ControllerMetrics {
+    fn api_request(&self, verb: &str, resource: &str, code: Option<u16>) {
+        self.api_requests
+            .get_or_create(&ApiLabels {
+                verb: verb.to_string(),
+                resource: resource.to_string(),
+                code: code.map_or_else(|| "error".to_string(), |c| c.to_string()),
+            })
+            .inc();
+    }
+
+    fn event_written(&self, type_: &str, reason: &str) {
+        self.events_written
+            .get_or_create(&EventLabels {
+                r#type: type_.to_string(),
+                reason: reason.to_string(),
+            })
+            .inc();
+    }
+
+    fn event_write_deferred(&self) {
+        self.event_writes_deferred.inc();
+    }
+}
+
+impl ControllerMetrics {
+    /// See [`Observer::api_request`]; for callers without the trait in scope.
+    pub fn api_request(&self, verb: &str, resource: &str, code: Option<u16>) {
+        Observer::api_request(self, verb, resource, code)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The family's samples, sorted (label sets come out in hash order).
+    fn samples(m: &ControllerMetrics, family: &str) -> Vec<String> {
+        let mut out: Vec<String> = m
+            .encode()
+            .lines()
+            .filter(|l| l.starts_with(family))
+            .map(str::to_string)
+            .collect();
+        out.sort();
+        out
+    }
+
+    #[test]
+    fn families_and_labels() {
+        let m = ControllerMetrics::new();
+        m.cycle(CycleResult::Complete);
+        m.cycle(CycleResult::Complete);
+        m.cycle(CycleResult::Failed);
+        m.csi_calls("ControllerListVolumeHealth", "OK", 3);
+        m.set_volumes(7, 2);
+        m.set_leader(true);
+        m.api_request("list", "pods", Some(200));
+        assert_eq!(
+            samples(&m, "volume_health_controller_cycles_total"),
+            [
+                r#"volume_health_controller_cycles_total{result="complete"} 2"#,
+                r#"volume_health_controller_cycles_total{result="failed"} 1"#,
+            ]
+        );
+        assert_eq!(
+            samples(&m, "volume_health_controller_csi_calls_total"),
+            [
+                r#"volume_health_controller_csi_calls_total{rpc="ControllerListVolumeHealth",code="OK"} 3"#
+            ]
+        );
+        assert_eq!(
+            samples(&m, "volume_health_controller_volumes_"),
+            [
+                "volume_health_controller_volumes_abnormal 2",
+                "volume_health_controller_volumes_monitored 7",
+            ]
+        );
+        assert_eq!(
+            samples(&m, "volume_health_controller_leader"),
+            ["volume_health_controller_leader 1"]
+        );
+        assert_eq!(
+            samples(&m, "volume_health_controller_api_requests_total"),
+            [
+                r#"volume_health_controller_api_requests_total{verb="list",resource="pods",code="200"} 1"#
+            ]
+        );
+    }
+}
