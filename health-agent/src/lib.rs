@@ -27,4 +27,5 @@ pub mod volumes;
 pub mod report;
 
 pub mod agent;
+pub mod controller;
 pub mod k8s;
