@@ -5,7 +5,7 @@
 //!   type does not know fails); the ClusterRole grants exactly
 //!   `controller::API_ACCESS`, the Role exactly `controller::LEASE_ACCESS`, and
 //!   the bindings give them to the ServiceAccount.
-//! - `sidecar.yaml`: a JSON patch adding one container whose env, mounts,
+//! - `sidecar.yaml`: a strategic-merge patch adding one container whose env, mounts,
 //!   ports, probes, resources and security match the controller's CLI and the
 //!   driver pod it joins; `example-hostpath/` differs only where it says.
 //! - kustomize and helm (HELM_BIN / KUBECTL_BIN, the xtask tools cache, or
@@ -131,25 +131,44 @@ fn keyed(docs: &[Value]) -> Vec<((String, String, String), Value)> {
     all
 }
 
-/// The one container a sidecar patch adds; the patch must be exactly one
-/// `add` to the end of the pod's containers.
-fn sidecar_of(patch: &[Value], origin: &str) -> Container {
+/// The one container a sidecar patch adds. The patch must be a
+/// strategic-merge patch of the pod template's containers with exactly that
+/// container, and, if it names its target (`named`), nothing else beside.
+fn sidecar_of(patch: &[Value], origin: &str, named: Option<&str>) -> Container {
     assert_eq!(patch.len(), 1, "{origin}: one document");
-    let ops = patch[0]
-        .as_array()
-        .unwrap_or_else(|| panic!("{origin}: a JSON patch is a list"));
-    assert_eq!(ops.len(), 1, "{origin}: one operation");
-    let op = ops[0].as_object().expect("an operation is an object");
-    let keys: BTreeSet<&str> = op.keys().map(String::as_str).collect();
-    assert_eq!(keys, BTreeSet::from(["op", "path", "value"]), "{origin}");
-    assert_eq!(op["op"], "add", "{origin}");
-    assert_eq!(op["path"], "/spec/template/spec/containers/-", "{origin}");
-    typed(&op["value"], origin)
+    let mut doc = patch[0].clone();
+    let object = doc
+        .as_object_mut()
+        .unwrap_or_else(|| panic!("{origin}: an object"));
+    let header: Value = ["apiVersion", "kind", "metadata"]
+        .iter()
+        .filter_map(|k| object.remove(*k).map(|v| (k.to_string(), v)))
+        .collect::<serde_json::Map<_, _>>()
+        .into();
+    let want_header = match named {
+        Some(name) => {
+            json!({"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": {"name": name}})
+        }
+        None => json!({}),
+    };
+    assert_eq!(header, want_header, "{origin}: what the patch names");
+    let containers = doc["spec"]["template"]["spec"]["containers"].clone();
+    let shape = json!({"spec": {"template": {"spec": {"containers": containers}}}});
+    assert_eq!(
+        doc, shape,
+        "{origin}: the patch touches more than the containers"
+    );
+    let containers = containers.as_array().cloned().unwrap_or_default();
+    assert_eq!(containers.len(), 1, "{origin}: one container");
+    typed(&containers[0], origin)
 }
 
 fn sidecar_file(relative: &str) -> Container {
     let path = controller_dir().join(relative);
-    sidecar_of(&yaml_documents(&read(&path), relative), relative)
+    let named = relative
+        .starts_with("example-hostpath/")
+        .then_some("csi-hostpathplugin");
+    sidecar_of(&yaml_documents(&read(&path), relative), relative, named)
 }
 
 // ---------------------------------------------------------------------------
@@ -193,8 +212,11 @@ fn an_unknown_field_or_kind_is_refused() {
     let deployment =
         json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "x"}});
     assert!(std::panic::catch_unwind(|| rbac_of(&[deployment], "kind")).is_err());
-    let extra_op = json!([{"op": "add", "path": "/spec/template/spec/containers/-", "value": {"name": "c"}, "from": "/x"}]);
-    assert!(std::panic::catch_unwind(|| sidecar_of(&[extra_op], "op")).is_err());
+    let more =
+        json!({"spec": {"replicas": 2, "template": {"spec": {"containers": [{"name": "c"}]}}}});
+    assert!(std::panic::catch_unwind(|| sidecar_of(&[more], "more", None)).is_err());
+    let renamed = json!({"metadata": {"name": "x"}, "spec": {"template": {"spec": {"containers": [{"name": "c"}]}}}});
+    assert!(std::panic::catch_unwind(|| sidecar_of(&[renamed], "renamed", None)).is_err());
 }
 
 /// The rules as (group, resource, verbs), one rule per (group, resource),
@@ -453,15 +475,15 @@ fn the_hostpath_example_binds_the_drivers_account_in_default() {
 
 /// A driver's controller StatefulSet of our own making (the shape CSI drivers
 /// use: the plugin container and the socket volume).
-fn driver_statefulset() -> Value {
+fn driver_statefulset(name: &str) -> Value {
     json!({
         "apiVersion": "apps/v1", "kind": "StatefulSet",
-        "metadata": {"name": "csi-driver", "namespace": "default"},
+        "metadata": {"name": name, "namespace": "default"},
         "spec": {
-            "serviceName": "csi-driver",
-            "selector": {"matchLabels": {"app": "csi-driver"}},
+            "serviceName": name,
+            "selector": {"matchLabels": {"app": name}},
             "template": {
-                "metadata": {"labels": {"app": "csi-driver"}},
+                "metadata": {"labels": {"app": name}},
                 "spec": {
                     "containers": [{"name": "plugin", "image": "example/csi-plugin:1",
                         "volumeMounts": [{"name": SOCKET_VOLUME, "mountPath": "/csi"}]}],
@@ -472,33 +494,51 @@ fn driver_statefulset() -> Value {
     })
 }
 
-#[test]
-fn kustomize_applies_the_sidecar_patch_to_a_driver() {
+/// `kubectl kustomize` of the driver with `patch` (the file's text) applied.
+fn kustomize_driver_with(name: &str, patch: &str) -> Vec<Value> {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(
         dir.path().join("driver.yaml"),
-        driver_statefulset().to_string(),
+        driver_statefulset(name).to_string(),
     )
     .unwrap();
-    std::fs::copy(
-        controller_dir().join("sidecar.yaml"),
-        dir.path().join("sidecar.yaml"),
-    )
-    .unwrap();
+    std::fs::write(dir.path().join("sidecar.yaml"), patch).unwrap();
     std::fs::write(
         dir.path().join("kustomization.yaml"),
-        "resources: [driver.yaml]\npatches:\n  - path: sidecar.yaml\n    target: {kind: StatefulSet, name: csi-driver}\n",
+        "resources: [driver.yaml]\npatches:\n  - path: sidecar.yaml\n",
     )
     .unwrap();
-    let rendered = kubectl_kustomize(dir.path());
-    assert_eq!(rendered.len(), 1);
-    let mut want = driver_statefulset();
-    let sidecar = json(&sidecar_file("sidecar.yaml"));
-    want["spec"]["template"]["spec"]["containers"]
+    kubectl_kustomize(dir.path())
+}
+
+fn with_sidecar(mut driver: Value, sidecar: &Container) -> Value {
+    driver["spec"]["template"]["spec"]["containers"]
         .as_array_mut()
         .unwrap()
-        .push(sidecar);
-    assert_eq!(rendered[0], want);
+        .insert(0, json(sidecar));
+    driver
+}
+
+#[test]
+fn kustomize_applies_the_sidecar_patches_to_a_driver() {
+    // The generic patch, with the driver named on top as its comment says.
+    let generic = read(&controller_dir().join("sidecar.yaml"));
+    let named =
+        format!("apiVersion: apps/v1\nkind: StatefulSet\nmetadata:\n  name: csi-driver\n{generic}");
+    let rendered = kustomize_driver_with("csi-driver", &named);
+    let want = with_sidecar(
+        driver_statefulset("csi-driver"),
+        &sidecar_file("sidecar.yaml"),
+    );
+    assert_eq!(rendered, [want]);
+    // The hostpath example as it is.
+    let example = read(&controller_dir().join("example-hostpath/sidecar.yaml"));
+    let rendered = kustomize_driver_with("csi-hostpathplugin", &example);
+    let want = with_sidecar(
+        driver_statefulset("csi-hostpathplugin"),
+        &sidecar_file("example-hostpath/sidecar.yaml"),
+    );
+    assert_eq!(rendered, [want]);
 }
 
 fn helm_home() -> tempfile::TempDir {
@@ -573,7 +613,7 @@ fn helm_notes_sidecar(values: &[&str]) -> Container {
         .and_then(|(_, rest)| rest.split_once("# --- end ---"))
         .unwrap_or_else(|| panic!("no sidecar patch in the notes:\n{notes}"))
         .0;
-    sidecar_of(&yaml_documents(patch, "NOTES.txt"), "NOTES.txt")
+    sidecar_of(&yaml_documents(patch, "NOTES.txt"), "NOTES.txt", None)
 }
 
 #[test]
