@@ -20,9 +20,12 @@
 //! same objects as the files.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 
+mod common;
+
+use common::{chart_dir, deploy_dir, json, read, run_tool, tool, typed, yaml_documents};
 use health_agent::k8s::API_ACCESS;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{
@@ -30,8 +33,7 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use serde::de::DeserializeOwned;
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use serde_json::Value;
 
 const NAMESPACE: &str = "volume-health";
@@ -138,38 +140,6 @@ impl Parsed {
     }
 }
 
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("health-agent sits in the workspace")
-        .to_path_buf()
-}
-
-fn deploy_dir() -> PathBuf {
-    repo_root().join("deploy")
-}
-
-fn chart_dir() -> PathBuf {
-    deploy_dir().join("helm/volume-health")
-}
-
-fn read(path: &Path) -> String {
-    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
-}
-
-/// Deserializes `json` into `T` and checks that nothing was lost on the way.
-fn typed<T: DeserializeOwned + Serialize>(json: &Value, origin: &str) -> T {
-    let object: T = serde_json::from_value(json.clone())
-        .unwrap_or_else(|e| panic!("{origin}: not a valid {}: {e}", json["kind"]));
-    let again = serde_json::to_value(&object).expect("serializing a typed object");
-    assert_eq!(
-        &again, json,
-        "{origin}: {} {} has fields its type does not know (misspelt?)",
-        json["kind"], json["metadata"]["name"]
-    );
-    object
-}
-
 fn to_object(json: &Value, origin: &str) -> Object {
     let kind = json["kind"].as_str().unwrap_or_default();
     let api_version = json["apiVersion"].as_str().unwrap_or_default();
@@ -188,9 +158,8 @@ fn to_object(json: &Value, origin: &str) -> Object {
 
 /// Every document of a multi-document YAML text (empty documents skipped).
 fn parse_documents(text: &str, origin: &str) -> Vec<Parsed> {
-    serde_yaml::Deserializer::from_str(text)
-        .map(|doc| Value::deserialize(doc).unwrap_or_else(|e| panic!("{origin}: not YAML: {e}")))
-        .filter(|json| !json.is_null())
+    yaml_documents(text, origin)
+        .into_iter()
         .map(|json| Parsed {
             object: to_object(&json, origin),
             json,
@@ -761,10 +730,6 @@ fn chart_templates() -> String {
     names.iter().map(|p| read(p) + "\n").collect()
 }
 
-fn json<T: Serialize>(v: &T) -> Value {
-    serde_json::to_value(v).expect("serializing")
-}
-
 fn chart_values() -> Value {
     serde_yaml::from_str(&read(&chart_dir().join("values.yaml"))).expect("values.yaml is YAML")
 }
@@ -888,70 +853,6 @@ fn the_chart_defaults_are_the_values_of_deploy() {
 
 // ---------------------------------------------------------------------------
 // Rendering with the real tools
-
-/// `env` if set, else the copy `cargo xtask tools` put in the tools cache,
-/// else `name` on PATH. Fails (never skips) when there is none.
-fn tool(env: &str, name: &str) -> PathBuf {
-    if let Some(p) = std::env::var_os(env) {
-        return PathBuf::from(p);
-    }
-    if let Some(p) = cached_tool(name) {
-        return p;
-    }
-    if let Some(p) = on_path(name) {
-        return p;
-    }
-    panic!(
-        "{name} not found (looked at ${env}, the tools cache, PATH): `cargo xtask tools` \
-         installs it (and `cargo xtask test` does so by itself)"
-    )
-}
-
-fn cached_tool(name: &str) -> Option<PathBuf> {
-    let cache = std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
-    let tools = cache.join("volume-health/tools");
-    let mut dirs: Vec<PathBuf> = std::fs::read_dir(tools)
-        .ok()?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| {
-            p.file_name()
-                .is_some_and(|n| n.to_string_lossy().starts_with("k8s-tools-"))
-        })
-        .collect();
-    dirs.sort();
-    dirs.into_iter()
-        .rev()
-        .map(|d| d.join(name))
-        .find(|p| p.is_file())
-}
-
-fn on_path(name: &str) -> Option<PathBuf> {
-    std::env::split_paths(&std::env::var_os("PATH")?)
-        .map(|d| d.join(name))
-        .find(|p| p.is_file())
-}
-
-fn run_tool(program: &Path, args: &[&str], home: &Path) -> String {
-    let out = Command::new(program)
-        .args(args)
-        // helm keeps config and caches there; nothing of the user's is read.
-        .env("HELM_CONFIG_HOME", home.join("config"))
-        .env("HELM_CACHE_HOME", home.join("cache"))
-        .env("HELM_DATA_HOME", home.join("data"))
-        .env("KUBECONFIG", home.join("kubeconfig"))
-        .output()
-        .unwrap_or_else(|e| panic!("running {}: {e}", program.display()));
-    assert!(
-        out.status.success(),
-        "{} {args:?} failed: {}{}",
-        program.display(),
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).expect("UTF-8 output")
-}
 
 fn helm_template(extra: &[&str]) -> Vec<Parsed> {
     let home = tempfile::tempdir().unwrap();

@@ -31,6 +31,8 @@ const PACKAGES: &[(&str, &str)] = &[
     ("mdadm", "mdadm"),
     ("udevadm", "udev"),
     ("partx", "util-linux"),
+    ("etcd", "etcd-server"),
+    ("openssl", "openssl"),
 ];
 
 /// Debian package that ships `tool`, if the harness knows it.

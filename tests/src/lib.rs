@@ -25,19 +25,22 @@
 //! unmounts with umount2(2).
 //!
 //! [`apiserver::FakeApiServer`], a fake kube-apiserver for cluster mode, needs neither
-//! root nor tools.
+//! root nor tools. [`envtest::RealApiServer`] runs the real kube-apiserver and etcd
+//! (from `HEALTH_K8S_ASSETS`) for what a cluster decides: validation, RBAC.
 
 pub mod agent;
 pub mod apiserver;
 pub mod bpffs;
 pub mod cmd;
 pub mod devices;
+pub mod envtest;
 pub mod faultdisk;
 pub mod fs;
 pub mod protocol;
 pub mod sys;
 
 pub use apiserver::{FakeApiServer, Mode, Recorded};
+pub use envtest::{require_api_server, RealApiServer};
 pub use faultdisk::{FaultDisk, LoopDevice, LoopOptions, Partition};
 pub use fs::{
     drop_caches, file_extents, mkfs_btrfs, mkfs_ext4, mkfs_xfs, o_direct_read, o_direct_write,

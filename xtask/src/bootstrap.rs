@@ -21,7 +21,8 @@ const BPF_LINKER_VERSION: &str = "0.13.0";
 
 /// Debian's compiler, its cargo and its library source (for build-std).
 const COMPILER_PACKAGES: &[&str] = &["rustc-web", "cargo-web", "rust-web-src"];
-/// Tools the real-kernel tests and the demo drive.
+/// Tools the real-kernel tests and the demo drive, and etcd and openssl for the
+/// real kube-apiserver of the RBAC tests (health_tests::envtest).
 const TEST_PACKAGES: &[&str] = &[
     "util-linux",
     "e2fsprogs",
@@ -30,6 +31,8 @@ const TEST_PACKAGES: &[&str] = &[
     "fdisk",
     "fuse3",
     "kmod",
+    "etcd-server",
+    "openssl",
 ];
 
 pub struct Toolchain {

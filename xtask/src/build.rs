@@ -125,7 +125,15 @@ pub fn test(args: &[String]) -> anyhow::Result<()> {
     // tests (health-agent/tests/), and it builds everything before running
     // anything.
     say("building and running the test suite (release profile)");
-    run(cargo()
+    let mut cargo = cargo();
+    if let Some(assets) = k8s_assets() {
+        say(format!(
+            "kube-apiserver for the RBAC tests: {ASSETS_ENV}={}",
+            assets.display()
+        ));
+        cargo.env(ASSETS_ENV, assets);
+    }
+    run(cargo
         .current_dir(workspace_root())
         .args(["test", "--release", "--workspace", "--no-fail-fast"])
         .env("HEALTH_EBPF_OBJECT", &ebpf_object)
@@ -137,4 +145,22 @@ pub fn test(args: &[String]) -> anyhow::Result<()> {
         .env("KUBECTL_BIN", &k8s.kubectl)
         .arg("--")
         .args(args))
+}
+
+/// Where health_tests::envtest finds kube-apiserver (and optionally etcd).
+const ASSETS_ENV: &str = "HEALTH_K8S_ASSETS";
+
+/// The user's `HEALTH_K8S_ASSETS` wins (the test reads it itself); else the
+/// project's shared binaries beside the checkout (`../shared/k8s/bin`), when
+/// there. With neither, the envtest tests fail under CI=true and say so loudly
+/// elsewhere.
+fn k8s_assets() -> Option<PathBuf> {
+    if std::env::var_os(ASSETS_ENV).is_some() {
+        return None;
+    }
+    let shared = workspace_root().join("../shared/k8s/bin");
+    if !shared.join("kube-apiserver").is_file() {
+        return None;
+    }
+    shared.canonicalize().ok()
 }

@@ -1,0 +1,454 @@
+//! What a real kube-apiserver (`health_tests::envtest`) says of `deploy/`: every
+//! manifest of the node agent and of the controller is accepted under
+//! server-side apply with strict field validation, the controller's sidecar
+//! patches apply to a driver's StatefulSet, and then each ServiceAccount may do
+//! exactly what its code declares (`health_agent::k8s::API_ACCESS`,
+//! `health_agent::controller::{API_ACCESS, LEASE_ACCESS}`) and nothing more.
+//!
+//! The server is v1.26 (the oldest the manifests should apply to); the node
+//! agent's DaemonSet needs 1.33 (`recursiveReadOnly`), and the test holds it to
+//! exactly that difference.
+//!
+//! No root, no BPF; needs HEALTH_K8S_ASSETS (see the harness).
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{bail, ensure, Context, Result};
+use health_agent::k8s::ApiAccess;
+use health_tests::envtest::{Identity, Options, RealApiServer};
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::authorization::v1::{
+    ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
+};
+use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
+use kube::core::GroupVersionKind;
+use kube::discovery::{pinned_kind, Scope};
+use kube::Client;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+const AGENT_NS: &str = "volume-health";
+const AGENT_SA: &str = "volume-health";
+const DRIVER_NS: &str = "kube-system";
+const CONTROLLER_SA: &str = "volume-health-controller";
+const FIELD_MANAGER: &str = "volume-health-tests";
+/// Every verb RBAC knows for resources; what is not granted must be denied.
+const VERBS: &[&str] = &[
+    "get",
+    "list",
+    "watch",
+    "create",
+    "update",
+    "patch",
+    "delete",
+    "deletecollection",
+];
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ sits in the workspace")
+        .to_path_buf()
+}
+
+/// The documents of every `*.yaml` in `dir` but its kustomization, in name order.
+fn manifests(dir: &Path) -> Result<Vec<Value>> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .with_context(|| format!("listing {}", dir.display()))?
+        .map(|e| e.map(|e| e.path()))
+        .collect::<std::io::Result<_>>()?;
+    files.retain(|p| {
+        p.extension().is_some_and(|e| e == "yaml")
+            && p.file_name().is_some_and(|n| n != "kustomization.yaml")
+    });
+    files.sort();
+    let mut docs = Vec::new();
+    for file in files {
+        let text = std::fs::read_to_string(&file)?;
+        for doc in serde_yaml::Deserializer::from_str(&text) {
+            let value = Value::deserialize(doc).with_context(|| file.display().to_string())?;
+            if !value.is_null() {
+                docs.push(value);
+            }
+        }
+    }
+    Ok(docs)
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("building the test's tokio runtime")
+}
+
+fn describe(doc: &Value) -> String {
+    format!(
+        "{} {}/{}",
+        doc["kind"].as_str().unwrap_or("?"),
+        doc["metadata"]["namespace"].as_str().unwrap_or(""),
+        doc["metadata"]["name"].as_str().unwrap_or("?")
+    )
+}
+
+/// Server-side apply of one document with `fieldValidation=Strict`.
+async fn apply(client: &Client, doc: &Value) -> Result<(), kube::Error> {
+    let api_version = doc["apiVersion"].as_str().unwrap_or_default();
+    let kind = doc["kind"].as_str().unwrap_or_default();
+    let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
+    let gvk = GroupVersionKind::gvk(group, version, kind);
+    let (resource, caps) = pinned_kind(client, &gvk).await?;
+    let api: Api<DynamicObject> = match (caps.scope, doc["metadata"]["namespace"].as_str()) {
+        (Scope::Namespaced, Some(ns)) => Api::namespaced_with(client.clone(), ns, &resource),
+        _ => Api::all_with(client.clone(), &resource),
+    };
+    let name = doc["metadata"]["name"].as_str().unwrap_or_default();
+    let params = PatchParams::apply(FIELD_MANAGER).validation_strict();
+    api.patch(name, &params, &Patch::Apply(doc)).await?;
+    Ok(())
+}
+
+/// Namespaces first, as `kubectl apply -k` orders them.
+async fn apply_all(client: &Client, docs: &[Value]) -> Vec<(String, kube::Error)> {
+    let mut ordered: Vec<&Value> = docs.iter().filter(|d| d["kind"] == "Namespace").collect();
+    ordered.extend(docs.iter().filter(|d| d["kind"] != "Namespace"));
+    let mut refused = Vec::new();
+    for doc in ordered {
+        if let Err(e) = apply(client, doc).await {
+            refused.push((describe(doc), e));
+        }
+    }
+    refused
+}
+
+/// Drops every `recursiveReadOnly` of the DaemonSet's mounts; the fields
+/// dropped, named as server-side apply names fields it does not know.
+fn without_recursive_read_only(ds: &mut Value) -> Vec<String> {
+    let mut dropped = Vec::new();
+    let containers = ds["spec"]["template"]["spec"]["containers"]
+        .as_array_mut()
+        .expect("containers");
+    for container in containers {
+        let name = container["name"].as_str().unwrap_or_default().to_string();
+        let mounts = container["volumeMounts"].as_array_mut();
+        for mount in mounts.into_iter().flatten() {
+            let path = mount["mountPath"].as_str().unwrap_or_default().to_string();
+            if mount
+                .as_object_mut()
+                .and_then(|o| o.remove("recursiveReadOnly"))
+                .is_some()
+            {
+                dropped.push(format!(
+                    ".spec.template.spec.containers[name=\"{name}\"].volumeMounts[mountPath=\"{path}\"].recursiveReadOnly: field not declared in schema"
+                ));
+            }
+        }
+    }
+    dropped
+}
+
+async fn may(admin: &Client, who: &Identity, attributes: ResourceAttributes) -> Result<bool> {
+    let review = SubjectAccessReview {
+        spec: SubjectAccessReviewSpec {
+            user: Some(who.user.clone()),
+            groups: Some(who.groups.clone()),
+            resource_attributes: Some(attributes),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let answer = Api::<SubjectAccessReview>::all(admin.clone())
+        .create(&PostParams::default(), &review)
+        .await
+        .context("SubjectAccessReview")?;
+    Ok(answer.status.map(|s| s.allowed).unwrap_or(false))
+}
+
+fn attributes(group: &str, resource: &str, verb: &str, ns: Option<&str>) -> ResourceAttributes {
+    ResourceAttributes {
+        group: Some(group.to_string()),
+        resource: Some(resource.to_string()),
+        verb: Some(verb.to_string()),
+        namespace: ns.map(str::to_string),
+        ..Default::default()
+    }
+}
+
+/// Every (verb, resource) of `access` is allowed in `ns` (None: cluster-wide),
+/// and every other verb on those resources is denied there.
+async fn check_exact(
+    admin: &Client,
+    who: &Identity,
+    access: &[ApiAccess],
+    ns: Option<&str>,
+) -> Result<()> {
+    let mut wrong = Vec::new();
+    for a in access {
+        let granted: BTreeSet<&str> = a.verbs.iter().copied().collect();
+        for verb in VERBS {
+            let allowed = may(admin, who, attributes(a.group, a.resource, verb, ns)).await?;
+            if allowed != granted.contains(verb) {
+                wrong.push(format!(
+                    "{verb} {}/{} in {ns:?}: allowed={allowed}",
+                    a.group, a.resource
+                ));
+            }
+        }
+    }
+    ensure!(
+        wrong.is_empty(),
+        "{} is not granted exactly its access:\n{}",
+        who.user,
+        wrong.join("\n")
+    );
+    Ok(())
+}
+
+/// Denied, each one: (group, resource, verb, namespace).
+async fn check_denied(
+    admin: &Client,
+    who: &Identity,
+    calls: &[(&str, &str, &str, Option<&str>)],
+) -> Result<()> {
+    for (group, resource, verb, ns) in calls {
+        ensure!(
+            !may(admin, who, attributes(group, resource, verb, *ns)).await?,
+            "{} may {verb} {group}/{resource} in {ns:?}",
+            who.user
+        );
+    }
+    Ok(())
+}
+
+/// RBAC reads bindings through an informer: wait until `who` may `verb`.
+async fn wait_for_binding(
+    admin: &Client,
+    who: &Identity,
+    a: &ApiAccess,
+    ns: Option<&str>,
+) -> Result<()> {
+    for _ in 0..100 {
+        if may(admin, who, attributes(a.group, a.resource, a.verbs[0], ns)).await? {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    bail!(
+        "{} still may not {} {} after 5 s",
+        who.user,
+        a.verbs[0],
+        a.resource
+    )
+}
+
+fn start() -> Option<RealApiServer> {
+    Options::new()
+        .service_account(AGENT_NS, AGENT_SA)
+        .service_account(DRIVER_NS, CONTROLLER_SA)
+        .require()
+}
+
+#[test]
+fn the_server_accepts_deploy_and_each_account_gets_exactly_its_access() -> Result<()> {
+    let Some(server) = start() else { return Ok(()) };
+    let agent_docs = manifests(&repo().join("deploy"))?;
+    let controller_docs = manifests(&repo().join("deploy/controller/rbac"))?;
+    ensure!(
+        agent_docs.len() == 6 && controller_docs.len() == 5,
+        "manifests read: {} + {}",
+        agent_docs.len(),
+        controller_docs.len()
+    );
+    let rt = runtime()?;
+    rt.block_on(async {
+        let admin = server.client(server.admin()).await?;
+
+        // The controller's RBAC: accepted as it is.
+        let refused = apply_all(&admin, &controller_docs).await;
+        ensure!(
+            refused.is_empty(),
+            "deploy/controller/rbac refused: {refused:#?}"
+        );
+
+        // The node agent: everything but the DaemonSet as it is; the DaemonSet
+        // is refused by this v1.26 server for its recursiveReadOnly mounts and
+        // nothing else (README: Kubernetes 1.33 or newer).
+        let refused = apply_all(&admin, &agent_docs).await;
+        let names: Vec<&str> = refused.iter().map(|(n, _)| n.as_str()).collect();
+        ensure!(
+            names == ["DaemonSet volume-health/volume-health-agent"],
+            "deploy/ refused: {refused:#?}"
+        );
+        let mut ds = agent_docs
+            .iter()
+            .find(|d| d["kind"] == "DaemonSet")
+            .cloned()
+            .context("a DaemonSet")?;
+        let dropped = without_recursive_read_only(&mut ds);
+        ensure!(dropped.len() == 3, "recursiveReadOnly mounts: {dropped:?}");
+        let message = match &refused[0].1 {
+            kube::Error::Api(s) => s.message.clone(),
+            other => bail!("DaemonSet refused otherwise: {other:?}"),
+        };
+        for field in &dropped {
+            ensure!(
+                message.contains(field.as_str()),
+                "{field:?} not in: {message}"
+            );
+        }
+        ensure!(
+            message.matches("field not declared in schema").count() == dropped.len(),
+            "more refused than recursiveReadOnly: {message}"
+        );
+        apply(&admin, &ds)
+            .await
+            .context("the DaemonSet without recursiveReadOnly")?;
+
+        let agent = server
+            .service_account(AGENT_NS, AGENT_SA)
+            .context("agent identity")?;
+        let controller = server
+            .service_account(DRIVER_NS, CONTROLLER_SA)
+            .context("controller identity")?;
+        wait_for_binding(&admin, agent, &health_agent::k8s::API_ACCESS[0], None).await?;
+        wait_for_binding(
+            &admin,
+            controller,
+            &health_agent::controller::LEASE_ACCESS[0],
+            Some(DRIVER_NS),
+        )
+        .await?;
+
+        // Cluster-wide grants hold in any namespace and across the cluster.
+        for ns in [None, Some("default"), Some(DRIVER_NS)] {
+            check_exact(&admin, agent, health_agent::k8s::API_ACCESS, ns).await?;
+            check_exact(&admin, controller, health_agent::controller::API_ACCESS, ns).await?;
+        }
+        check_exact(
+            &admin,
+            controller,
+            health_agent::controller::LEASE_ACCESS,
+            Some(DRIVER_NS),
+        )
+        .await?;
+
+        check_denied(
+            &admin,
+            controller,
+            &[
+                ("coordination.k8s.io", "leases", "get", Some("default")),
+                (
+                    "coordination.k8s.io",
+                    "leases",
+                    "create",
+                    Some("kube-node-lease"),
+                ),
+                ("coordination.k8s.io", "leases", "list", None),
+                ("", "secrets", "get", Some(DRIVER_NS)),
+                ("", "secrets", "list", None),
+                ("", "persistentvolumeclaims", "list", None),
+                ("storage.k8s.io", "volumeattachments", "list", None),
+            ],
+        )
+        .await?;
+        check_denied(
+            &admin,
+            agent,
+            &[
+                ("", "secrets", "get", Some(AGENT_NS)),
+                ("", "nodes", "list", None),
+                ("coordination.k8s.io", "leases", "create", Some(AGENT_NS)),
+                ("", "persistentvolumeclaims", "get", Some("default")),
+            ],
+        )
+        .await?;
+        anyhow::Ok(())
+    })
+}
+
+/// A driver's controller StatefulSet of our own making, in `default`: the
+/// plugin container and the socket volume, as CSI drivers have them.
+fn driver(name: &str) -> Value {
+    json!({
+        "apiVersion": "apps/v1", "kind": "StatefulSet",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "serviceName": name,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {
+                    "containers": [{"name": "plugin", "image": "example/csi-plugin:1",
+                        "volumeMounts": [{"name": "socket-dir", "mountPath": "/csi"}]}],
+                    "volumes": [{"name": "socket-dir", "emptyDir": {}}],
+                },
+            },
+        },
+    })
+}
+
+/// `kubectl patch --patch-file FILE` (strategic merge) with strict field validation.
+async fn strategic_patch(client: &Client, name: &str, file: &Path) -> Result<StatefulSet> {
+    let text = std::fs::read_to_string(file).with_context(|| file.display().to_string())?;
+    let patch: Value = serde_yaml::from_str(&text).context("the patch is YAML")?;
+    let params = PatchParams {
+        field_manager: Some(FIELD_MANAGER.to_string()),
+        ..Default::default()
+    }
+    .validation_strict();
+    let api = Api::<StatefulSet>::namespaced(client.clone(), "default");
+    Ok(api.patch(name, &params, &Patch::Strategic(patch)).await?)
+}
+
+#[test]
+fn the_sidecar_patches_apply_to_a_driver_statefulset() -> Result<()> {
+    let Some(server) = health_tests::require_api_server() else {
+        return Ok(());
+    };
+    let rt = runtime()?;
+    rt.block_on(async {
+        let admin = server.client(server.admin()).await?;
+        for (name, patch) in [
+            ("csi-driver", "deploy/controller/sidecar.yaml"),
+            (
+                "csi-hostpathplugin",
+                "deploy/controller/example-hostpath/sidecar.yaml",
+            ),
+        ] {
+            apply(&admin, &driver(name))
+                .await
+                .with_context(|| format!("creating {name}"))?;
+            let file = repo().join(patch);
+            let patched = strategic_patch(&admin, name, &file).await.context(patch)?;
+            let pod = patched
+                .spec
+                .as_ref()
+                .and_then(|s| s.template.spec.as_ref())
+                .context("pod")?;
+            let names: BTreeSet<&str> = pod.containers.iter().map(|c| c.name.as_str()).collect();
+            ensure!(
+                names == BTreeSet::from(["plugin", CONTROLLER_SA]),
+                "{name} after {patch}: {names:?}"
+            );
+            let sidecar = pod
+                .containers
+                .iter()
+                .find(|c| c.name == CONTROLLER_SA)
+                .context("sidecar")?;
+            ensure!(
+                serde_json::to_value(&sidecar.volume_mounts)?
+                    == json!([{"name": "socket-dir", "mountPath": "/csi"}]),
+                "{sidecar:?}"
+            );
+            // Again: merged by name, nothing changes.
+            let again = strategic_patch(&admin, name, &file).await.context(patch)?;
+            ensure!(
+                again.metadata.resource_version == patched.metadata.resource_version,
+                "{patch} applied twice changed {name}: {again:?}"
+            );
+        }
+        anyhow::Ok(())
+    })
+}
