@@ -410,7 +410,6 @@ fn agent_help(args: &[&str]) -> String {
 }
 
 #[test]
-#[ignore = "needs `health-agent controller` (branch ctl): drop this ignore at merge"]
 fn the_controller_cli_reads_the_environment_the_sidecar_sets() {
     let help = agent_help(&["controller"]);
     for needle in [
