@@ -275,6 +275,18 @@ impl ControllerEnv {
         Ok(())
     }
 
+    /// The uid of PVC `name` in [`APP_NS`]: what its Events must name for
+    /// `kubectl describe` to show them.
+    pub async fn claim_uid(&self, name: &str) -> Result<String> {
+        Api::<PersistentVolumeClaim>::namespaced(self.admin.clone(), APP_NS)
+            .get(name)
+            .await
+            .with_context(|| format!("reading PVC {name}"))?
+            .metadata
+            .uid
+            .context("a PVC without a uid")
+    }
+
     /// A Node, Ready since now.
     pub async fn node(&self, name: &str) -> Result<()> {
         Api::<Node>::all(self.admin.clone())

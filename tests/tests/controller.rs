@@ -155,6 +155,10 @@ impl Episode<'_> {
             "the Warning: {warning:#?}"
         );
         warning.check_origin(&[self.leader])?;
+        ensure!(
+            warning.uid == env.claim_uid(self.pvc).await?,
+            "not about the PVC's uid: {warning:#?}"
+        );
 
         // Abnormal for three more cycles: not one write (same object, same
         // resourceVersion).
@@ -202,7 +206,7 @@ impl Episode<'_> {
         let last = env.events_about(PVC, self.pvc).await?;
         ensure!(last.len() == 2, "after the recovery: {last:#?}");
         ensure!(
-            last.iter().any(|e| *e == normal) && last.iter().any(|e| e.name == warning.name),
+            last.contains(&normal) && last.iter().any(|e| e.name == warning.name),
             "written after the recovery: {last:#?}"
         );
         Ok(())
@@ -389,8 +393,8 @@ async fn node_down(env: &ControllerEnv) -> Result<()> {
         "reported {:?} after the node went down, before the 2 s grace",
         seen_at.duration_since(since).unwrap_or_default()
     );
-    let text = format!(
-        "Inaccessible NodeNotReady: node node-1 NotReady since {} (KubeletNotReady)",
+    let condition = format!(
+        "node node-1 NotReady since {} (KubeletNotReady)",
         rfc3339(since)
     );
     for (kind, object) in [("Pod", "web-0"), (PVC, "data-1")] {
@@ -401,7 +405,7 @@ async fn node_down(env: &ControllerEnv) -> Result<()> {
             w.type_ == "Warning"
                 && w.reason == "NodeNotReady"
                 && w.count == 1
-                && w.message.contains(&text),
+                && w.message == format!("node node-1: Inaccessible NodeNotReady: {condition}"),
             "{kind} {object}: {w:#?}"
         );
         w.check_origin(&["ctl-a"])?;
@@ -421,7 +425,9 @@ async fn node_down(env: &ControllerEnv) -> Result<()> {
     })
     .await?;
     for e in of_type(&back, "Normal") {
-        ensure!(e.count == 1 && e.message.contains("node node-1"), "{e:#?}");
+        let cleared =
+            format!("node node-1: Inaccessible NodeNotReady cleared; it was: {condition}");
+        ensure!(e.count == 1 && e.message == cleared, "{e:#?}");
         e.check_origin(&["ctl-a"])?;
     }
     let all = tally(&back);
