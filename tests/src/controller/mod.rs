@@ -15,13 +15,9 @@
 //! # let _ = ctl; Ok(()) }
 //! ```
 
-use std::collections::BTreeMap;
 use std::future::Future;
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, ensure, Context, Result};
@@ -30,7 +26,7 @@ use k8s_openapi::api::authorization::v1::{
 };
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{
-    Event, Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod, ServiceAccount,
+    Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod, ServiceAccount,
 };
 use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::core::GroupVersionKind;
@@ -41,6 +37,13 @@ use serde_json::{json, Value};
 
 use crate::envtest::{Options, RealApiServer};
 
+mod events;
+mod process;
+
+use events::list_events;
+pub use events::{key, tally, EventView};
+pub use process::{ControllerProcess, Exited, Replica};
+
 /// Where the driver's controller pod, its ServiceAccount and the Lease live.
 pub const CSI_NS: &str = "csi";
 /// Where the workloads' PVCs and Pods live (and so the Events).
@@ -50,9 +53,6 @@ pub const CONTROLLER_SA: &str = "volume-health-controller";
 /// `reportingComponent` of the controller's Events.
 pub const COMPONENT: &str = "volume-health-controller";
 const FIELD_MANAGER: &str = "volume-health-tests";
-/// How long a controller may take to exit after SIGTERM (it releases the
-/// Lease and flushes its Events first, within a few seconds).
-const EXIT_TIMEOUT: Duration = Duration::from_secs(20);
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -421,97 +421,6 @@ async fn apply(client: &Client, doc: &Value) -> Result<()> {
     Ok(())
 }
 
-/// One core/v1 Event, as the assertions read it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct EventView {
-    pub name: String,
-    pub resource_version: String,
-    /// involvedObject.kind and .name.
-    pub kind: String,
-    pub object: String,
-    pub uid: String,
-    pub type_: String,
-    pub reason: String,
-    pub count: i32,
-    pub message: String,
-    pub reporting_component: String,
-    pub reporting_instance: String,
-    pub source_component: String,
-}
-
-impl EventView {
-    fn of(e: Event) -> EventView {
-        EventView {
-            name: e.metadata.name.unwrap_or_default(),
-            resource_version: e.metadata.resource_version.unwrap_or_default(),
-            kind: e.involved_object.kind.unwrap_or_default(),
-            object: e.involved_object.name.unwrap_or_default(),
-            uid: e.involved_object.uid.unwrap_or_default(),
-            type_: e.type_.unwrap_or_default(),
-            reason: e.reason.unwrap_or_default(),
-            count: e.count.unwrap_or(0),
-            message: e.message.unwrap_or_default(),
-            reporting_component: e.reporting_component.unwrap_or_default(),
-            reporting_instance: e.reporting_instance.unwrap_or_default(),
-            source_component: e.source.and_then(|s| s.component).unwrap_or_default(),
-        }
-    }
-
-    /// What every Event of the controller carries: its component, one of
-    /// its replicas as instance.
-    pub fn check_origin(&self, instances: &[&str]) -> Result<()> {
-        ensure!(
-            self.reporting_component == COMPONENT && self.source_component == COMPONENT,
-            "not the controller's: {self:?}"
-        );
-        ensure!(
-            instances.contains(&self.reporting_instance.as_str()),
-            "reportingInstance {:?} is none of {instances:?}: {self:?}",
-            self.reporting_instance
-        );
-        Ok(())
-    }
-}
-
-async fn list_events(client: &Client, params: &ListParams) -> Result<Vec<EventView>> {
-    let mut events: Vec<EventView> = Api::<Event>::namespaced(client.clone(), APP_NS)
-        .list(params)
-        .await
-        .context("listing Events as admin")?
-        .items
-        .into_iter()
-        .map(EventView::of)
-        .collect();
-    events.sort_by(|a, b| a.name.cmp(&b.name));
-    Ok(events)
-}
-
-/// Event objects per (kind, object, type, reason): what "exactly one
-/// Warning per PVC" is asserted on.
-pub fn tally(events: &[EventView]) -> BTreeMap<(String, String, String, String), usize> {
-    let mut out = BTreeMap::new();
-    for e in events {
-        let key = (
-            e.kind.clone(),
-            e.object.clone(),
-            e.type_.clone(),
-            e.reason.clone(),
-        );
-        *out.entry(key).or_insert(0) += 1;
-    }
-    out
-}
-
-/// A tally key, for writing expected tallies.
-pub fn key(
-    kind: &str,
-    object: &str,
-    type_: &str,
-    reason: &str,
-) -> (String, String, String, String) {
-    (kind.into(), object.into(), type_.into(), reason.into())
-}
-
 /// Polls `check` every 100 ms until it gives `Some`, or fails after `within`.
 pub async fn wait_for<T, F, Fut>(what: &str, within: Duration, mut check: F) -> Result<T>
 where
@@ -527,169 +436,5 @@ where
             bail!("waited {within:?} for {what}");
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-/// One controller replica's command line. The defaults make a test's
-/// cycles fast: a cycle a second, 2 s node grace, a 3 s Lease, Event
-/// updates at most once a second, CSI calls given up after a second.
-#[derive(Clone, Debug)]
-pub struct Replica {
-    pub identity: String,
-    pub csi_address: PathBuf,
-    pub list_page_size: u32,
-    pub call_timeout_secs: u32,
-    pub lease_duration_secs: u32,
-}
-
-impl Replica {
-    pub fn new(identity: &str, csi_address: &Path) -> Replica {
-        Replica {
-            identity: identity.to_string(),
-            csi_address: csi_address.to_path_buf(),
-            list_page_size: 500,
-            call_timeout_secs: 1,
-            lease_duration_secs: 3,
-        }
-    }
-
-    pub fn list_page_size(mut self, n: u32) -> Replica {
-        self.list_page_size = n;
-        self
-    }
-
-    fn args(&self, kubeconfig: &Path) -> Vec<String> {
-        let mut args: Vec<String> = vec!["controller".into(), "--kubeconfig".into()];
-        args.push(kubeconfig.display().to_string());
-        args.push("--csi-address".into());
-        args.push(self.csi_address.display().to_string());
-        for (flag, value) in [
-            ("--lease-namespace", CSI_NS.to_string()),
-            ("--identity", self.identity.clone()),
-            ("--monitor-interval", "1".into()),
-            ("--node-grace", "2".into()),
-            ("--lease-duration", self.lease_duration_secs.to_string()),
-            ("--metrics-addr", "127.0.0.1:0".into()),
-            ("--call-timeout", self.call_timeout_secs.to_string()),
-            ("--list-page-size", self.list_page_size.to_string()),
-            ("--event-update-interval", "1".into()),
-        ] {
-            args.push(flag.into());
-            args.push(value);
-        }
-        args
-    }
-}
-
-/// A running `health-agent controller`; its stderr is collected as it comes.
-/// Dropped without [`ControllerProcess::terminate`], it is killed.
-pub struct ControllerProcess {
-    identity: String,
-    child: Child,
-    log: Arc<Mutex<String>>,
-    reader: Option<JoinHandle<()>>,
-}
-
-/// How a controller ended.
-#[derive(Debug)]
-pub struct Exited {
-    pub status: ExitStatus,
-    pub log: String,
-}
-
-impl ControllerProcess {
-    fn start(replica: &Replica, kubeconfig: &Path) -> Result<ControllerProcess> {
-        let bin = crate::agent::agent_bin()?;
-        let mut child = Command::new(&bin)
-            .args(replica.args(kubeconfig))
-            // The API server is on loopback.
-            .env_remove("HTTPS_PROXY")
-            .env_remove("https_proxy")
-            .env_remove("HTTP_PROXY")
-            .env_remove("http_proxy")
-            .env("HEALTH_LOG", "info")
-            .env("NO_COLOR", "1")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .with_context(|| format!("starting {} controller", bin.display()))?;
-        let stderr = child.stderr.take().context("controller stderr")?;
-        let log = Arc::new(Mutex::new(String::new()));
-        let sink = Arc::clone(&log);
-        let reader = std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if let Ok(mut l) = sink.lock() {
-                    l.push_str(&line);
-                    l.push('\n');
-                }
-            }
-        });
-        Ok(ControllerProcess {
-            identity: replica.identity.clone(),
-            child,
-            log,
-            reader: Some(reader),
-        })
-    }
-
-    pub fn identity(&self) -> &str {
-        &self.identity
-    }
-
-    /// Its stderr so far.
-    pub fn log(&self) -> String {
-        self.log.lock().map(|l| l.clone()).unwrap_or_default()
-    }
-
-    /// SIGTERM (a pod's graceful stop): it releases the Lease and exits.
-    pub fn terminate(self) -> Result<Exited> {
-        self.signal(nix::sys::signal::Signal::SIGTERM)
-    }
-
-    /// SIGKILL (a node lost, the OOM killer): the Lease stays held until it
-    /// expires.
-    pub fn kill(self) -> Result<Exited> {
-        self.signal(nix::sys::signal::Signal::SIGKILL)
-    }
-
-    fn signal(mut self, signal: nix::sys::signal::Signal) -> Result<Exited> {
-        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
-        nix::sys::signal::kill(pid, signal)
-            .with_context(|| format!("sending {signal} to controller {}", self.identity))?;
-        let deadline = Instant::now() + EXIT_TIMEOUT;
-        let status = loop {
-            if let Some(s) = self
-                .child
-                .try_wait()
-                .context("waiting for the controller")?
-            {
-                break s;
-            }
-            if Instant::now() >= deadline {
-                let _ = self.child.kill();
-                bail!(
-                    "controller {} did not exit within {EXIT_TIMEOUT:?} of {signal}",
-                    self.identity
-                );
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        };
-        if let Some(reader) = self.reader.take() {
-            let _ = reader.join();
-        }
-        Ok(Exited {
-            status,
-            log: self.log(),
-        })
-    }
-}
-
-impl Drop for ControllerProcess {
-    fn drop(&mut self) {
-        if self.reader.is_some() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
     }
 }
