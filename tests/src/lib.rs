@@ -26,12 +26,14 @@
 //!
 //! [`apiserver::FakeApiServer`], a fake kube-apiserver for cluster mode, needs neither
 //! root nor tools. [`envtest::RealApiServer`] runs the real kube-apiserver and etcd
-//! (from `HEALTH_K8S_ASSETS`) for what a cluster decides: validation, RBAC.
+//! (from `HEALTH_K8S_ASSETS`) for what a cluster decides: validation, RBAC;
+//! [`controller`] runs `health-agent controller` against it.
 
 pub mod agent;
 pub mod apiserver;
 pub mod bpffs;
 pub mod cmd;
+pub mod controller;
 pub mod devices;
 pub mod envtest;
 pub mod faultdisk;
