@@ -201,12 +201,21 @@ pub async fn list_own_events(client: &Client, component: &str) -> Result<Vec<Eve
     }
 }
 
-/// Seeds the recorder with the Events an earlier agent process on this
-/// node wrote, so that an episode open across a restart goes on in the
-/// same Event. A failed list is logged as an error and counted, and the
+/// Seeds the recorder with the Events an earlier process wrote (the agent
+/// before a restart on this node; for the controller, any replica before a
+/// takeover), so that an open episode goes on in the same Event. A failed list is logged as an error and counted, and the
 /// agent goes on as a first start would: open episodes get new Events.
 pub async fn recover(client: &Client, shared: &Shared, metrics: Option<&dyn Observer>) {
-    let component = shared.lock().config().component.clone();
+    let (component, whose) = {
+        let recorder = shared.lock();
+        let config = recorder.config();
+        let whose = if config.adopt_any_instance {
+            "any replica's"
+        } else {
+            "this node's"
+        };
+        (config.component.clone(), whose)
+    };
     let listed = list_own_events(client, &component).await;
     if let Some(m) = metrics {
         let code = match &listed {
@@ -226,12 +235,12 @@ pub async fn recover(client: &Client, shared: &Shared, metrics: Option<&dyn Obse
                 own = adopted.own,
                 open = adopted.warnings,
                 recoveries = adopted.normals,
-                "took over this node's Events from before the agent started"
+                "took over {whose} Events from before this process started"
             );
             shared.wake();
         }
         Err(e) => tracing::error!(
-            "could not read back this node's Events ({e}); episodes open before the agent started will be reported as new Events"
+            "could not read back {whose} Events ({e}); episodes open before this process started will be reported as new Events"
         ),
     }
 }
