@@ -54,11 +54,13 @@ pub struct DriverProc {
 }
 
 impl DriverProc {
-    /// Starts it and waits for its `ready` line. `unimplemented` RPCs
+    /// Starts it (GetPluginInfo answers `name`) and waits for its `ready`
+    /// line. `unimplemented` RPCs
     /// answer UNIMPLEMENTED whatever the mode.
     pub async fn start(
         bin: &Path,
         dir: &Path,
+        name: &str,
         volumes: usize,
         unimplemented: &[&str],
     ) -> Result<DriverProc> {
@@ -66,7 +68,8 @@ impl DriverProc {
         let mut cmd = Command::new(bin);
         cmd.arg("--dir")
             .arg(dir)
-            .args(["--mode", "modern", "--volumes", &volumes.to_string()]);
+            .args(["--name", name, "--mode", "modern"])
+            .args(["--volumes", &volumes.to_string()]);
         if !unimplemented.is_empty() {
             cmd.args(["--unimplemented", &unimplemented.join(",")]);
         }
