@@ -385,8 +385,16 @@ mod tests {
         let mut other: SlimPv = serde_json::from_value(full("pv-2", "b.csi")).expect("a PV");
         slim_pv(&mut ours, "a.csi");
         slim_pv(&mut other, "a.csi");
-        assert!(ours.metadata.managed_fields.as_ref().is_none_or(Vec::is_empty));
-        assert!(ours.metadata.annotations.as_ref().is_none_or(|a| a.is_empty()));
+        assert!(ours
+            .metadata
+            .managed_fields
+            .as_ref()
+            .is_none_or(Vec::is_empty));
+        assert!(ours
+            .metadata
+            .annotations
+            .as_ref()
+            .is_none_or(|a| a.is_empty()));
         assert!(ours.status.is_none());
         assert!(other.spec.csi.is_none() && other.spec.claim_ref.is_none());
         assert_eq!(

@@ -283,7 +283,10 @@ mod tests {
             r#"volume_health_controller_cycle_duration_seconds_bucket{le="15.0"} 3"#,
             r#"volume_health_controller_cycle_duration_seconds_bucket{le="+Inf"} 3"#,
         ] {
-            assert!(duration.iter().any(|l| l == line), "{line} in {duration:#?}");
+            assert!(
+                duration.iter().any(|l| l == line),
+                "{line} in {duration:#?}"
+            );
         }
         assert_eq!(
             samples(&m, "volume_health_controller_csi_calls_total"),

@@ -156,8 +156,13 @@ fn unknown_rpc_names_are_refused_with_the_known_ones() {
     assert_eq!(out.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        stderr.starts_with("unknown RPC \"ListVolume\"; one of GetPluginInfo, GetPluginCapabilities, "),
+        stderr.starts_with(
+            "unknown RPC \"ListVolume\"; one of GetPluginInfo, GetPluginCapabilities, "
+        ),
         "{stderr}"
     );
-    assert!(stderr.contains("ListVolumes, ControllerGetVolume, "), "{stderr}");
+    assert!(
+        stderr.contains("ListVolumes, ControllerGetVolume, "),
+        "{stderr}"
+    );
 }

@@ -417,7 +417,8 @@ impl Started<'_> {
     /// Waits until a cycle ends after the one counted in `after` (or the
     /// current one): the scrape right after it.
     async fn next_cycle(&mut self, after: Option<f64>, interval: f64) -> Result<Samples> {
-        let count = |s: &Samples| s.sum("volume_health_controller_cycle_duration_seconds_count", &[]);
+        let count =
+            |s: &Samples| s.sum("volume_health_controller_cycle_duration_seconds_count", &[]);
         let after = match after {
             Some(c) => c,
             None => count(&self.metrics.scrape().await?),
@@ -530,10 +531,7 @@ impl Picker {
     }
 
     fn pick(&mut self) -> Result<usize> {
-        anyhow::ensure!(
-            self.used.len() < self.volumes,
-            "more rounds than volumes"
-        );
+        anyhow::ensure!(self.used.len() < self.volumes, "more rounds than volumes");
         loop {
             let i = self.rng.usize(..self.volumes);
             if self.used.insert(i) {
@@ -606,7 +604,8 @@ async fn rounds(
                     .warned
                     .map(|w| w + random_point(&mut picker.rng, interval));
             }
-            if round.healthy_at.is_none() && round.healthy_due.is_some_and(|d| Instant::now() >= d) {
+            if round.healthy_at.is_none() && round.healthy_due.is_some_and(|d| Instant::now() >= d)
+            {
                 round.healthy_at = Some(Instant::now());
                 driver
                     .command(&format!("healthy {}", handle(round.volume)))
@@ -632,7 +631,10 @@ async fn rounds(
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let secs = |from: Instant, to: Option<Instant>| to.map(|t| (t - from).as_secs_f64());
-    let warning: Vec<f64> = pending.iter().filter_map(|r| secs(r.start, r.warned)).collect();
+    let warning: Vec<f64> = pending
+        .iter()
+        .filter_map(|r| secs(r.start, r.warned))
+        .collect();
     let cleared: Vec<f64> = pending
         .iter()
         .filter_map(|r| secs(r.healthy_at?, r.cleared))
@@ -730,7 +732,11 @@ impl ControllerResult {
             format!("{} ({})", l.durations.len(), per_cycle(&l.results, 1)),
             format!("{} ({})", g.durations.len(), per_cycle(&g.results, 1)),
         ));
-        out.push_str(&row("wall time of a cycle, mean (min–max)", l.wall(), g.wall()));
+        out.push_str(&row(
+            "wall time of a cycle, mean (min–max)",
+            l.wall(),
+            g.wall(),
+        ));
         out.push_str(&row(
             "CSI calls per cycle (driver's counts)",
             per_cycle(&l.csi_calls, l.durations.len()),
@@ -753,8 +759,16 @@ impl ControllerResult {
         ));
         out.push_str(&row(
             "the controller's requests meanwhile (audit log)",
-            format!("{} in {:.1} s", audit::describe(&l.audited), l.window.as_secs_f64()),
-            format!("{} in {:.1} s", audit::describe(&g.audited), g.window.as_secs_f64()),
+            format!(
+                "{} in {:.1} s",
+                audit::describe(&l.audited),
+                l.window.as_secs_f64()
+            ),
+            format!(
+                "{} in {:.1} s",
+                audit::describe(&g.audited),
+                g.window.as_secs_f64()
+            ),
         ));
         out.push_str(&row(
             "Event writes by anyone meanwhile (`apiserver_request_total`)",

@@ -53,8 +53,8 @@ impl AuditLog {
     pub fn since(&self, mark: usize) -> Result<Requests> {
         let mut out = Requests::new();
         for line in self.lines()?.iter().skip(mark) {
-            let entry: serde_json::Value = serde_json::from_str(line)
-                .with_context(|| format!("an audit entry: {line}"))?;
+            let entry: serde_json::Value =
+                serde_json::from_str(line).with_context(|| format!("an audit entry: {line}"))?;
             let verb = entry["verb"].as_str().unwrap_or("").to_string();
             let resource = match entry["objectRef"]["resource"].as_str() {
                 Some(r) => r.to_string(),

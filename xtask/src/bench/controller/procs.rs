@@ -73,9 +73,9 @@ impl DriverProc {
         if !unimplemented.is_empty() {
             cmd.args(["--unimplemented", &unimplemented.join(",")]);
         }
-        cmd.stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?);
+        cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(
+            std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?,
+        );
         detach(&mut cmd);
         let mut cmd = tokio::process::Command::from(cmd);
         cmd.kill_on_drop(true);
@@ -121,7 +121,10 @@ impl DriverProc {
             .write_all(format!("{command}\n").as_bytes())
             .await
             .context("writing to csi-test-driver")?;
-        self.stdin.flush().await.context("writing to csi-test-driver")?;
+        self.stdin
+            .flush()
+            .await
+            .context("writing to csi-test-driver")?;
         self.line().await
     }
 
@@ -136,8 +139,7 @@ impl DriverProc {
     /// Every RPC's count since the driver started.
     pub async fn calls(&mut self) -> Result<BTreeMap<String, u64>> {
         let answer = self.ask("calls").await?;
-        serde_json::from_str(&answer)
-            .with_context(|| format!("csi-test-driver's calls {answer:?}"))
+        serde_json::from_str(&answer).with_context(|| format!("csi-test-driver's calls {answer:?}"))
     }
 
     pub async fn stop(mut self) -> Result<()> {
@@ -147,7 +149,10 @@ impl DriverProc {
             Ok(status) => {
                 let status = status.context("waiting for csi-test-driver")?;
                 if !status.success() {
-                    bail!("csi-test-driver exited with {status}:\n{}", tail(&self.log, 20));
+                    bail!(
+                        "csi-test-driver exited with {status}:\n{}",
+                        tail(&self.log, 20)
+                    );
                 }
                 Ok(())
             }
@@ -174,7 +179,8 @@ impl ControllerProc {
         let metrics = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .context("finding a free port for the controller's /metrics")?;
-        let out = std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
+        let out =
+            std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
         let mut cmd = Command::new(bin);
         cmd.arg("controller")
             .args(args)
@@ -247,7 +253,11 @@ impl ControllerProc {
         );
         let deadline = Instant::now() + STOP_TIMEOUT;
         loop {
-            if let Some(status) = self.child.try_wait().context("waiting for the controller")? {
+            if let Some(status) = self
+                .child
+                .try_wait()
+                .context("waiting for the controller")?
+            {
                 return Ok(status);
             }
             if Instant::now() >= deadline {

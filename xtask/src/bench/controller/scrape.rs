@@ -15,10 +15,13 @@ use hyper::body::Bytes;
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::TokioExecutor;
 
+/// A sample's labels, by name.
+pub type Labels = BTreeMap<String, String>;
+
 /// One scrape: every sample, by metric name.
 #[derive(Clone, Debug, Default)]
 pub struct Samples {
-    by_name: BTreeMap<String, Vec<(BTreeMap<String, String>, f64)>>,
+    by_name: BTreeMap<String, Vec<(Labels, f64)>>,
 }
 
 impl Samples {
@@ -53,7 +56,7 @@ impl Samples {
         &'a self,
         name: &str,
         with: &'a [(&'a str, &'a str)],
-    ) -> impl Iterator<Item = (&'a BTreeMap<String, String>, f64)> + 'a {
+    ) -> impl Iterator<Item = (&'a Labels, f64)> + 'a {
         self.by_name
             .get(name)
             .into_iter()
@@ -67,7 +70,7 @@ impl Samples {
 }
 
 /// `name{a="1",b="x"} 3` -> (`name`, {a: 1, b: x}, ` 3`).
-fn split_sample(line: &str) -> Option<(&str, BTreeMap<String, String>, &str)> {
+fn split_sample(line: &str) -> Option<(&str, Labels, &str)> {
     let Some(open) = line.find('{') else {
         let (name, rest) = line.split_once(char::is_whitespace)?;
         return Some((name, BTreeMap::new(), rest));
@@ -174,7 +177,10 @@ mod tests {
             ),
             3.0
         );
-        assert_eq!(s.sum("volume_health_controller_volumes_monitored", &[]), 10000.0);
+        assert_eq!(
+            s.sum("volume_health_controller_volumes_monitored", &[]),
+            10000.0
+        );
         let posts: Vec<_> = s
             .matching("apiserver_request_total", &[("verb", "POST")])
             .collect();
