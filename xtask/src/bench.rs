@@ -6,13 +6,17 @@
 //! * [`overhead`]: healthy I/O with and without the agent, A/B;
 //! * [`flood`]: exact totals, CPU and memory under an error flood;
 //! * [`micro`]: criterion benchmark of the per-event userspace path;
-//! * [`events`]: cluster mode, from a failed request to the Event request.
+//! * [`events`]: cluster mode, from a failed request to the Event request;
+//! * [`controller`]: `health-agent controller` over 10,000 volumes on a real
+//!   API server, and from a backend condition to the PVC's Event (needs no
+//!   root, only kube-apiserver).
 //!
 //! These are measurements, not tests: nothing here asserts a target, but
 //! every part checks that what it measured is real (errors reported equal
 //! errors injected) and fails loudly when it is not.
 
 mod agent;
+mod controller;
 pub mod dio;
 mod events;
 mod flood;
@@ -41,6 +45,7 @@ pub enum Part {
     Flood,
     Micro,
     Events,
+    Controller,
 }
 
 #[derive(clap::Args, Debug)]
@@ -78,6 +83,23 @@ pub struct BenchArgs {
     /// Rounds (failure, Events, recovery) in the event latency measurement.
     #[arg(long, default_value_t = 60)]
     event_rounds: u32,
+    /// PVs (and driver volumes) in the controller measurement.
+    #[arg(long, default_value_t = 10_000)]
+    controller_volumes: usize,
+    /// Rounds (condition, Warning, recovery, Normal) per monitor interval in
+    /// the controller measurement.
+    #[arg(long, default_value_t = 10)]
+    controller_rounds: u32,
+    /// Steady cycles measured per CSI driver kind in the controller measurement.
+    #[arg(long, default_value_t = 3)]
+    controller_cycles: u32,
+    /// PV creates in flight while setting up the controller measurement.
+    #[arg(long, default_value_t = 8)]
+    controller_in_flight: usize,
+    /// The controller's --monitor-interval with the per-volume Get driver, in
+    /// seconds (longer than a cycle, so calls are counted between cycles).
+    #[arg(long, default_value_t = 5.0)]
+    controller_get_interval: f64,
     /// Print the results but leave BENCHMARKS.md alone.
     #[arg(long)]
     no_write: bool,
@@ -227,7 +249,6 @@ impl Machine {
 pub fn run_bench(args: &BenchArgs) -> Result<()> {
     interrupt::install()?;
     let started = Instant::now();
-    let tools = prepare()?;
     let parts: Vec<Part> = if args.only.is_empty() {
         vec![
             Part::Latency,
@@ -235,9 +256,27 @@ pub fn run_bench(args: &BenchArgs) -> Result<()> {
             Part::Flood,
             Part::Micro,
             Part::Events,
+            Part::Controller,
         ]
     } else {
         args.only.clone()
+    };
+    // The controller part drives no kernel: it needs neither root nor the
+    // kernel programs, only its two binaries.
+    let kernel_tools = if parts.iter().any(|p| *p != Part::Controller) {
+        Some(prepare()?)
+    } else {
+        None
+    };
+    let tools = || {
+        kernel_tools
+            .as_ref()
+            .context("the kernel parts' tools were not prepared")
+    };
+    let controller_tools = if parts.contains(&Part::Controller) {
+        Some(controller::prepare()?)
+    } else {
+        None
     };
     let machine = Machine::read();
     let file = workspace_root().join("BENCHMARKS.md");
@@ -258,7 +297,7 @@ pub fn run_bench(args: &BenchArgs) -> Result<()> {
                     load: args.load,
                     event_priority: args.latency_priority.clone(),
                 };
-                let r = latency::run(&tools, &cfg)?;
+                let r = latency::run(tools()?, &cfg)?;
                 let priority = args
                     .latency_priority
                     .as_ref()
@@ -283,7 +322,7 @@ pub fn run_bench(args: &BenchArgs) -> Result<()> {
                     rounds: args.rounds,
                     run_time: Duration::try_from_secs_f64(args.run_secs).context("--run-secs")?,
                 };
-                let r = overhead::run(&tools, &cfg)?;
+                let r = overhead::run(tools()?, &cfg)?;
                 (
                     "overhead",
                     format!(
@@ -304,7 +343,7 @@ pub fn run_bench(args: &BenchArgs) -> Result<()> {
                     duration: Duration::try_from_secs_f64(args.flood_secs)
                         .context("--flood-secs")?,
                 };
-                let r = flood::run(&tools, &cfg)?;
+                let r = flood::run(tools()?, &cfg)?;
                 // Recorded anyway (the file says NOT EXACT), then reported
                 // as a failure once everything else ran.
                 inexact |= !r.exact();
@@ -324,7 +363,7 @@ pub fn run_bench(args: &BenchArgs) -> Result<()> {
                     args.event_rounds
                 ));
                 let r = events::run(
-                    &tools,
+                    tools()?,
                     &events::Config {
                         rounds: args.event_rounds,
                     },
@@ -339,10 +378,39 @@ pub fn run_bench(args: &BenchArgs) -> Result<()> {
                     r.markdown(),
                 )
             }
+            Part::Controller => {
+                say(format!(
+                    "controller: {} volumes, {} rounds per interval",
+                    args.controller_volumes, args.controller_rounds
+                ));
+                let cfg = controller::Config {
+                    volumes: args.controller_volumes,
+                    rounds: args.controller_rounds,
+                    cycles: args.controller_cycles,
+                    in_flight: args.controller_in_flight,
+                    get_interval: args.controller_get_interval,
+                };
+                let bins = controller_tools
+                    .as_ref()
+                    .context("the controller's tools were not prepared")?;
+                let r = controller::run(bins, &cfg)?;
+                (
+                    "controller",
+                    format!(
+                        "cargo xtask bench --only controller --controller-volumes {} --controller-rounds {} --controller-cycles {} --controller-get-interval {}",
+                        args.controller_volumes,
+                        args.controller_rounds,
+                        args.controller_cycles,
+                        args.controller_get_interval
+                    ),
+                    r.headline(),
+                    r.markdown(),
+                )
+            }
             Part::Micro => {
                 say("micro: criterion benchmark of the event path");
                 let r = micro::run_all(
-                    &tools.ebpf_object,
+                    &tools()?.ebpf_object,
                     Duration::from_secs(1),
                     Duration::from_secs(3),
                 )?;

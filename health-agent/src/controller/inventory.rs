@@ -5,6 +5,11 @@
 //! No PVC watch (a PV's claimRef names its claim) and no Pod watch: pods are
 //! listed for one node only when that node goes down (see `nodes`), so the
 //! controller's API load does not grow with the number of pods.
+//!
+//! PVs are decoded into [`SlimPv`], not k8s-openapi's `PersistentVolume`:
+//! every PV of the cluster is held, and the full type is 3.5 KB before its
+//! strings (an inline field per volume source), which made 10,000 PVs
+//! ~50 MB of the controller's memory (BENCHMARKS.md, section 6).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -12,9 +17,11 @@ use std::time::SystemTime;
 
 use futures_util::StreamExt as _;
 use k8s_openapi::api::core::v1::{Node, PersistentVolume};
+use kube::core::{ApiResource, NotUsed, Object};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{watcher, WatchStreamExt as _};
 use kube::{Api, Client, ResourceExt as _};
+use serde::Deserialize;
 
 use super::metrics::ControllerMetrics;
 use crate::k8s::events::{ObjectKind, ObjectRef};
@@ -22,6 +29,34 @@ use crate::k8s::events::{ObjectKind, ObjectRef};
 /// The taint the node lifecycle controller puts on a node whose kubelet
 /// stopped reporting.
 pub const UNREACHABLE_TAINT: &str = "node.kubernetes.io/unreachable";
+
+/// What the controller reads of a PV's spec; serde skips the rest.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PvSpec {
+    pub csi: Option<PvCsi>,
+    pub claim_ref: Option<PvClaimRef>,
+}
+
+/// `spec.csi`: the driver and its id for the volume.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PvCsi {
+    pub driver: String,
+    pub volume_handle: String,
+}
+
+/// `spec.claimRef`: the claim bound to the PV.
+#[derive(Clone, Debug, Deserialize)]
+pub struct PvClaimRef {
+    pub namespace: Option<String>,
+    pub name: Option<String>,
+    pub uid: Option<String>,
+}
+
+/// A PersistentVolume as the PV reflector holds it: kube's typed object
+/// over the fields above (`Object` exists for exactly this).
+pub type SlimPv = Object<PvSpec, NotUsed>;
 
 /// One PV of this driver.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -62,7 +97,7 @@ pub struct NodeState {
 #[derive(Clone)]
 pub struct Inventory {
     driver: String,
-    pvs: Store<PersistentVolume>,
+    pvs: Store<SlimPv>,
     nodes: Store<Node>,
     pvs_ready: Arc<AtomicBool>,
     nodes_ready: Arc<AtomicBool>,
@@ -76,13 +111,15 @@ impl Inventory {
         driver: &str,
         metrics: Arc<ControllerMetrics>,
     ) -> (Inventory, Vec<tokio::task::JoinHandle<()>>) {
-        let (pvs, pv_writer) = reflector::store::<PersistentVolume>();
+        let pv_resource = ApiResource::erase::<PersistentVolume>(&());
+        let pv_writer = reflector::store::Writer::<SlimPv>::new(pv_resource.clone());
+        let pvs = pv_writer.as_reader();
         let (nodes, node_writer) = reflector::store::<Node>();
         let keep = driver.to_string();
         // PVs cannot be selected by CSI driver on the server: all are
         // watched, and those of other drivers are kept as bare names.
         let pv_stream = watcher(
-            Api::<PersistentVolume>::all(client.clone()),
+            Api::<SlimPv>::all_with(client.clone(), &pv_resource),
             watcher::Config::default(),
         )
         .default_backoff()
@@ -172,27 +209,14 @@ async fn drive<S, K>(
 
 /// Keeps a PV's name, claim reference and CSI source; a PV of another
 /// driver keeps only its name.
-fn slim_pv(pv: &mut PersistentVolume, driver: &str) {
+fn slim_pv(pv: &mut SlimPv, driver: &str) {
     pv.managed_fields_mut().clear();
     pv.annotations_mut().clear();
     pv.labels_mut().clear();
     pv.status = None;
-    let ours = pv
-        .spec
-        .as_ref()
-        .and_then(|s| s.csi.as_ref())
-        .is_some_and(|csi| csi.driver == driver);
+    let ours = pv.spec.csi.as_ref().is_some_and(|csi| csi.driver == driver);
     if !ours {
-        pv.spec = None;
-        return;
-    }
-    if let Some(spec) = pv.spec.as_mut() {
-        spec.node_affinity = None;
-        spec.mount_options = None;
-        spec.capacity = None;
-        if let Some(csi) = spec.csi.as_mut() {
-            csi.volume_attributes = None;
-        }
+        pv.spec = PvSpec::default();
     }
 }
 
@@ -222,11 +246,11 @@ fn slim_node(node: &mut Node) {
 }
 
 /// The PVs of `driver` among `pvs`, by name.
-pub fn monitored(pvs: &[Arc<PersistentVolume>], driver: &str) -> Vec<MonitoredVolume> {
+pub fn monitored(pvs: &[Arc<SlimPv>], driver: &str) -> Vec<MonitoredVolume> {
     let mut out: Vec<MonitoredVolume> = pvs
         .iter()
         .filter_map(|pv| {
-            let spec = pv.spec.as_ref()?;
+            let spec = &pv.spec;
             let csi = spec.csi.as_ref().filter(|c| c.driver == driver)?;
             let claim = spec
                 .claim_ref
@@ -297,7 +321,7 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn pv(value: serde_json::Value) -> Arc<PersistentVolume> {
+    fn pv(value: serde_json::Value) -> Arc<SlimPv> {
         Arc::new(serde_json::from_value(value).expect("a PV"))
     }
 
@@ -333,6 +357,58 @@ mod tests {
                     })
                 },
             ]
+        );
+    }
+
+    #[test]
+    fn a_full_pv_decodes_into_the_slim_one_and_other_drivers_keep_only_a_name() {
+        // As the API server sends it: every field the controller ignores
+        // must decode (and be dropped) without error.
+        let full = |name: &str, driver: &str| {
+            json!({"apiVersion": "v1", "kind": "PersistentVolume",
+                "metadata": {"name": name, "uid": "u", "resourceVersion": "7",
+                             "labels": {"a": "b"}, "annotations": {"pv.kubernetes.io/provisioned-by": driver},
+                             "managedFields": [{"manager": "kube-controller-manager", "operation": "Update"}]},
+                "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
+                         "persistentVolumeReclaimPolicy": "Delete", "storageClassName": "fast",
+                         "volumeMode": "Filesystem", "mountOptions": ["noatime"],
+                         "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
+                             {"key": "zone", "operator": "In", "values": ["a"]}]}]}},
+                         "csi": {"driver": driver, "volumeHandle": format!("h-{name}"), "fsType": "ext4",
+                                 "volumeAttributes": {"k": "v"}},
+                         "claimRef": {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                                      "namespace": "shop", "name": "data", "uid": "u-1",
+                                      "resourceVersion": "5"}},
+                "status": {"phase": "Bound", "lastPhaseTransitionTime": "2027-01-15T08:00:00Z"}})
+        };
+        let mut ours: SlimPv = serde_json::from_value(full("pv-1", "a.csi")).expect("a PV");
+        let mut other: SlimPv = serde_json::from_value(full("pv-2", "b.csi")).expect("a PV");
+        slim_pv(&mut ours, "a.csi");
+        slim_pv(&mut other, "a.csi");
+        assert!(ours
+            .metadata
+            .managed_fields
+            .as_ref()
+            .is_none_or(Vec::is_empty));
+        assert!(ours
+            .metadata
+            .annotations
+            .as_ref()
+            .is_none_or(|a| a.is_empty()));
+        assert!(ours.status.is_none());
+        assert!(other.spec.csi.is_none() && other.spec.claim_ref.is_none());
+        assert_eq!(
+            monitored(&[Arc::new(ours), Arc::new(other)], "a.csi"),
+            [MonitoredVolume {
+                pv: "pv-1".into(),
+                handle: "h-pv-1".into(),
+                claim: Some(ObjectRef {
+                    kind: ObjectKind::PersistentVolumeClaim,
+                    namespace: "shop".into(),
+                    name: "data".into(),
+                    uid: "u-1".into()
+                })
+            }]
         );
     }
 

@@ -1,17 +1,28 @@
 //! The controller's metrics (prometheus-client), served on `/metrics` with
-//! the `volume_health_controller_` prefix: cycles by result, CSI calls by
-//! RPC and code, volumes monitored and abnormal, leadership, and the API
-//! requests and Event writes it makes.
+//! the `volume_health_controller_` prefix: cycles by result and their
+//! duration, CSI calls by RPC and code, volumes monitored and abnormal,
+//! leadership, and the API requests and Event writes it makes.
+
+use std::time::Duration;
 
 use prometheus_client::encoding::text::encode;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
 use crate::k8s::writer::Observer;
 use crate::report::http::Exposition;
+
+/// Upper bounds of the cycle duration histogram: a list walk over a few
+/// volumes takes milliseconds, tens of thousands of per-volume Gets take
+/// seconds to minutes; the top buckets reach past the default interval
+/// (15 s), where cycles start running back to back.
+const CYCLE_DURATION_BUCKETS: [f64; 14] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 30.0, 60.0,
+];
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct CycleLabels {
@@ -63,6 +74,7 @@ impl CycleResult {
 pub struct ControllerMetrics {
     registry: Registry,
     cycles: Family<CycleLabels, Counter>,
+    cycle_duration: Histogram,
     csi_calls: Family<CsiLabels, Counter>,
     volumes: Gauge,
     abnormal: Gauge,
@@ -83,6 +95,7 @@ impl ControllerMetrics {
         let m = ControllerMetrics {
             registry: Registry::default(),
             cycles: Family::default(),
+            cycle_duration: Histogram::new(CYCLE_DURATION_BUCKETS),
             csi_calls: Family::default(),
             volumes: Gauge::default(),
             abnormal: Gauge::default(),
@@ -96,6 +109,12 @@ impl ControllerMetrics {
             "cycles",
             "Health cycles over the driver's volumes, by result",
             m.cycles.clone(),
+        );
+        r.register_with_unit(
+            "cycle_duration",
+            "Wall time of one health cycle: the CSI calls for every monitored volume and applying their answers",
+            prometheus_client::registry::Unit::Seconds,
+            m.cycle_duration.clone(),
         );
         r.register(
             "csi_calls",
@@ -135,12 +154,14 @@ impl ControllerMetrics {
         ControllerMetrics { registry: r, ..m }
     }
 
-    pub fn cycle(&self, result: CycleResult) {
+    /// One cycle that ended with `result` after `took`.
+    pub fn cycle(&self, result: CycleResult, took: Duration) {
         self.cycles
             .get_or_create(&CycleLabels {
                 result: result.as_str().to_string(),
             })
             .inc();
+        self.cycle_duration.observe(took.as_secs_f64());
     }
 
     /// `n` calls of `rpc` that ended with `code` (`OK`, `Unimplemented`,
@@ -234,9 +255,9 @@ mod tests {
     #[test]
     fn families_and_labels() {
         let m = ControllerMetrics::new();
-        m.cycle(CycleResult::Complete);
-        m.cycle(CycleResult::Complete);
-        m.cycle(CycleResult::Failed);
+        m.cycle(CycleResult::Complete, Duration::from_millis(20));
+        m.cycle(CycleResult::Complete, Duration::from_millis(300));
+        m.cycle(CycleResult::Failed, Duration::from_secs(12));
         m.csi_calls("ControllerListVolumeHealth", "OK", 3);
         m.set_volumes(7, 2);
         m.set_leader(true);
@@ -248,6 +269,25 @@ mod tests {
                 r#"volume_health_controller_cycles_total{result="failed"} 1"#,
             ]
         );
+        // Cumulative buckets: 20 ms in the 25 ms one, 300 ms from the 500 ms
+        // one on, 12 s only from the 15 s one on.
+        let duration = samples(&m, "volume_health_controller_cycle_duration_seconds");
+        for line in [
+            "volume_health_controller_cycle_duration_seconds_count 3",
+            "volume_health_controller_cycle_duration_seconds_sum 12.32",
+            r#"volume_health_controller_cycle_duration_seconds_bucket{le="0.01"} 0"#,
+            r#"volume_health_controller_cycle_duration_seconds_bucket{le="0.025"} 1"#,
+            r#"volume_health_controller_cycle_duration_seconds_bucket{le="0.25"} 1"#,
+            r#"volume_health_controller_cycle_duration_seconds_bucket{le="0.5"} 2"#,
+            r#"volume_health_controller_cycle_duration_seconds_bucket{le="10.0"} 2"#,
+            r#"volume_health_controller_cycle_duration_seconds_bucket{le="15.0"} 3"#,
+            r#"volume_health_controller_cycle_duration_seconds_bucket{le="+Inf"} 3"#,
+        ] {
+            assert!(
+                duration.iter().any(|l| l == line),
+                "{line} in {duration:#?}"
+            );
+        }
         assert_eq!(
             samples(&m, "volume_health_controller_csi_calls_total"),
             [

@@ -33,7 +33,7 @@ mod tests;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::Context as _;
 use health_csi::{ControllerClient, CsiError, NodeClient};
@@ -249,9 +249,9 @@ impl Worker {
 
     /// One CSI cycle over the driver's PVs.
     pub async fn csi_cycle(&mut self, cluster: &dyn ClusterState) {
+        let started = Instant::now();
         let volumes = cluster.volumes();
         let probed = self.prober.cycle(&volumes, &self.metrics).await;
-        self.metrics.cycle(probed.result);
         // PVs deleted while the calls ran are dropped with their state.
         let current = cluster.volumes();
         {
@@ -259,6 +259,9 @@ impl Worker {
             self.pvs
                 .apply(probed.observations, &current, &mut r, SystemTime::now());
         }
+        // Counted once its changes are with the recorder: a reader that saw
+        // the count move can expect the cycle's Events to be on their way.
+        self.metrics.cycle(probed.result, started.elapsed());
         self.metrics.set_volumes(current.len(), self.pvs.abnormal());
         self.shared.wake();
     }

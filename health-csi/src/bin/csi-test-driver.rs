@@ -4,7 +4,13 @@
 //!
 //! ```text
 //! csi-test-driver --dir DIR [--name NAME] [--mode modern|legacy|legacy-no-condition|hang|unimplemented] [--volumes N]
+//!                 [--unimplemented RPC[,RPC...]]
 //! ```
+//!
+//! `--unimplemented` makes the named RPCs (names as `calls` prints them)
+//! answer UNIMPLEMENTED whatever the mode: `--unimplemented
+//! ControllerListVolumeHealth,ListVolumes` is a driver without any health
+//! list, which a controller must ask one volume at a time.
 //!
 //! Serves Identity, Node and Controller on `DIR/csi.sock` with `N` healthy
 //! volumes named `vol-000000`, `vol-000001`, ..., prints `ready <socket>`
@@ -50,10 +56,11 @@ struct Args {
     name: Option<String>,
     mode: DriverMode,
     volumes: usize,
+    unimplemented: Vec<Rpc>,
 }
 
 fn usage() -> String {
-    "usage: csi-test-driver --dir DIR [--name NAME] [--mode modern|legacy|legacy-no-condition|hang|unimplemented] [--volumes N]".to_string()
+    "usage: csi-test-driver --dir DIR [--name NAME] [--mode modern|legacy|legacy-no-condition|hang|unimplemented] [--volumes N] [--unimplemented RPC[,RPC...]]".to_string()
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -62,6 +69,7 @@ fn parse_args() -> Result<Args, String> {
     let mut name = None;
     let mut mode = DriverMode::Modern;
     let mut volumes = 0usize;
+    let mut unimplemented = Vec::new();
     while let Some(flag) = args.next() {
         let mut value = || {
             args.next()
@@ -86,6 +94,11 @@ fn parse_args() -> Result<Args, String> {
                     .parse()
                     .map_err(|_| format!("--volumes {v:?} is not a number"))?;
             }
+            "--unimplemented" => {
+                for name in value()?.split(',').filter(|n| !n.is_empty()) {
+                    unimplemented.push(rpc_named(name)?);
+                }
+            }
             "-h" | "--help" => return Err(usage()),
             other => return Err(format!("unknown argument {other:?}\n{}", usage())),
         }
@@ -96,7 +109,19 @@ fn parse_args() -> Result<Args, String> {
         name,
         mode,
         volumes,
+        unimplemented,
     })
+}
+
+/// The RPC `calls` names `name`.
+fn rpc_named(name: &str) -> Result<Rpc, String> {
+    RPCS.iter()
+        .copied()
+        .find(|rpc| format!("{rpc:?}") == name)
+        .ok_or_else(|| {
+            let known: Vec<String> = RPCS.iter().map(|rpc| format!("{rpc:?}")).collect();
+            format!("unknown RPC {name:?}; one of {}", known.join(", "))
+        })
 }
 
 /// The name of the `i`-th volume the driver starts with.
@@ -189,6 +214,9 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
+    for rpc in &args.unimplemented {
+        driver.set_unimplemented(*rpc);
+    }
     for i in 0..args.volumes {
         driver.set_volume_health(&volume_id(i), Vec::new());
     }

@@ -15,10 +15,15 @@ struct Driver {
 
 impl Driver {
     fn start(dir: &std::path::Path, volumes: usize) -> Driver {
+        Self::start_with(dir, volumes, &[])
+    }
+
+    fn start_with(dir: &std::path::Path, volumes: usize, extra: &[&str]) -> Driver {
         let mut child = Command::new(env!("CARGO_BIN_EXE_csi-test-driver"))
             .arg("--dir")
             .arg(dir)
             .args(["--volumes", &volumes.to_string()])
+            .args(extra)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
@@ -103,5 +108,61 @@ async fn stdin_commands_change_what_the_controller_service_answers() {
     assert!(
         matches!(gone, health_csi::CsiError::VolumeGone { .. }),
         "{gone:?}"
+    );
+}
+
+#[tokio::test]
+async fn unimplemented_flag_leaves_only_per_volume_gets() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut driver = Driver::start_with(
+        dir.path(),
+        2,
+        &["--unimplemented", "ControllerListVolumeHealth,ListVolumes"],
+    );
+    let client = ControllerClient::connect(&dir.path().join("csi.sock"), Duration::from_secs(5))
+        .await
+        .expect("connect");
+
+    // The 1.13 list first, then the legacy one: both UNIMPLEMENTED.
+    let no_list = client.list_volume_health(0, 10).await.unwrap_err();
+    assert!(
+        matches!(no_list, health_csi::CsiError::Unsupported { .. }),
+        "{no_list:?}"
+    );
+    assert_eq!(
+        driver.ask("health vol-000001 Degraded ReplicaLost replica 2 of 3 lost"),
+        "ok"
+    );
+    let report = client.get_volume_health("vol-000001").await.expect("get");
+    let entries = report.entries.expect("health entries");
+    assert_eq!(entries.len(), 1);
+    assert_eq!(entries[0].reason, "ReplicaLost");
+
+    let calls: serde_json::Value = serde_json::from_str(&driver.ask("calls")).unwrap();
+    assert_eq!(calls["ControllerListVolumeHealth"], 1);
+    assert_eq!(calls["ListVolumes"], 1);
+    assert_eq!(calls["ControllerGetVolumeHealth"], 1);
+}
+
+#[test]
+fn unknown_rpc_names_are_refused_with_the_known_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_csi-test-driver"))
+        .arg("--dir")
+        .arg(dir.path())
+        .args(["--unimplemented", "ListVolume"])
+        .output()
+        .expect("running csi-test-driver");
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.starts_with(
+            "unknown RPC \"ListVolume\"; one of GetPluginInfo, GetPluginCapabilities, "
+        ),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("ListVolumes, ControllerGetVolume, "),
+        "{stderr}"
     );
 }
