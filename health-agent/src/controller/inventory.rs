@@ -6,7 +6,7 @@
 //! listed for one node only when that node goes down (see `nodes`), so the
 //! controller's API load does not grow with the number of pods.
 //!
-//! PVs are decoded into [`SlimPv`], not k8s-openapi's `PersistentVolume`:
+//! PVs are decoded into [`SlimPv`] (shared with the node agent), not k8s-openapi's `PersistentVolume`:
 //! every PV of the cluster is held, and the full type is 3.5 KB before its
 //! strings (an inline field per volume source), which made 10,000 PVs
 //! ~50 MB of the controller's memory (BENCHMARKS.md, section 6).
@@ -17,46 +17,18 @@ use std::time::SystemTime;
 
 use futures_util::StreamExt as _;
 use k8s_openapi::api::core::v1::{Node, PersistentVolume};
-use kube::core::{ApiResource, NotUsed, Object};
+use kube::core::ApiResource;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{watcher, WatchStreamExt as _};
 use kube::{Api, Client, ResourceExt as _};
-use serde::Deserialize;
 
 use super::metrics::ControllerMetrics;
 use crate::k8s::events::{ObjectKind, ObjectRef};
+pub use crate::k8s::pv::{PvClaimRef, PvCsi, PvSpec, SlimPv};
 
 /// The taint the node lifecycle controller puts on a node whose kubelet
 /// stopped reporting.
 pub const UNREACHABLE_TAINT: &str = "node.kubernetes.io/unreachable";
-
-/// What the controller reads of a PV's spec; serde skips the rest.
-#[derive(Clone, Debug, Default, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct PvSpec {
-    pub csi: Option<PvCsi>,
-    pub claim_ref: Option<PvClaimRef>,
-}
-
-/// `spec.csi`: the driver and its id for the volume.
-#[derive(Clone, Debug, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct PvCsi {
-    pub driver: String,
-    pub volume_handle: String,
-}
-
-/// `spec.claimRef`: the claim bound to the PV.
-#[derive(Clone, Debug, Deserialize)]
-pub struct PvClaimRef {
-    pub namespace: Option<String>,
-    pub name: Option<String>,
-    pub uid: Option<String>,
-}
-
-/// A PersistentVolume as the PV reflector holds it: kube's typed object
-/// over the fields above (`Object` exists for exactly this).
-pub type SlimPv = Object<PvSpec, NotUsed>;
 
 /// One PV of this driver.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]

@@ -13,12 +13,14 @@ use std::sync::Arc;
 
 use futures_util::StreamExt as _;
 use k8s_openapi::api::core::v1::{PersistentVolume, Pod};
+use kube::core::ApiResource;
 use kube::runtime::reflector::{self, ObjectRef as StoreRef, Store};
 use kube::runtime::{watcher, WatchStreamExt as _};
 use kube::{Api, Client, ResourceExt as _};
 use tokio::sync::Notify;
 
 use super::events::{ObjectKind, ObjectRef, Targets};
+use super::pv::SlimPv;
 use super::writer::Observer;
 use crate::volumes::kubelet::{KubeletVolume, VolumeKind};
 
@@ -26,7 +28,9 @@ use crate::volumes::kubelet::{KubeletVolume, VolumeKind};
 #[derive(Clone)]
 pub struct ClusterView {
     pods: Store<Pod>,
-    pvs: Store<PersistentVolume>,
+    pvs: Store<SlimPv>,
+    /// What the PV store's keys are typed by (`SlimPv` is a dynamic object).
+    pv_resource: ApiResource,
     /// Notified on every change either store applies.
     changed: Arc<Notify>,
     /// Each store has completed a list.
@@ -45,14 +49,18 @@ impl ClusterView {
     ) -> (ClusterView, Vec<tokio::task::JoinHandle<()>>) {
         let changed = Arc::new(Notify::new());
         let (pods, pod_writer) = reflector::store::<Pod>();
-        let (pvs, pv_writer) = reflector::store::<PersistentVolume>();
+        // PVs decode into the slim type: the agent holds every PV of the
+        // cluster and reads only the claim reference.
+        let pv_resource = ApiResource::erase::<PersistentVolume>(&());
+        let pv_writer = reflector::store::Writer::<SlimPv>::new(pv_resource.clone());
+        let pvs = pv_writer.as_reader();
         let pod_config = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
         let pod_stream = watcher(Api::<Pod>::all(client.clone()), pod_config)
             .default_backoff()
             .modify(slim_pod)
             .reflect(pod_writer);
         let pv_stream = watcher(
-            Api::<PersistentVolume>::all(client),
+            Api::<SlimPv>::all_with(client, &pv_resource),
             watcher::Config::default(),
         )
         .default_backoff()
@@ -79,6 +87,7 @@ impl ClusterView {
         let view = ClusterView {
             pods,
             pvs,
+            pv_resource,
             changed,
             pods_ready,
             pvs_ready,
@@ -132,9 +141,10 @@ impl ClusterView {
             .state()
             .into_iter()
             .find(|p| p.metadata.uid.as_deref() == Some(v.pod_uid.as_str()))?;
-        let pv =
-            v.pv.as_deref()
-                .and_then(|name| self.pvs.get(&StoreRef::new(name)));
+        let pv = v.pv.as_deref().and_then(|name| {
+            self.pvs
+                .get(&StoreRef::new_with(name, self.pv_resource.clone()))
+        });
         Some(resolve(&pod, pv.as_deref(), v))
     }
 }
@@ -191,19 +201,16 @@ fn slim_pod(pod: &mut Pod) {
 }
 
 /// Keeps a PV's identity, claim reference and CSI source.
-fn slim_pv(pv: &mut PersistentVolume) {
+fn slim_pv(pv: &mut SlimPv) {
     pv.managed_fields_mut().clear();
     pv.annotations_mut().clear();
+    pv.labels_mut().clear();
     pv.status = None;
-    if let Some(spec) = pv.spec.as_mut() {
-        spec.node_affinity = None;
-        spec.mount_options = None;
-    }
 }
 
 /// The objects a kubelet volume reports to: its pod, the pod's name for the
 /// volume, and through the PV's claim reference the PVC.
-pub fn resolve(pod: &Pod, pv: Option<&PersistentVolume>, v: &KubeletVolume) -> Targets {
+pub fn resolve(pod: &Pod, pv: Option<&SlimPv>, v: &KubeletVolume) -> Targets {
     let pod_ref = ObjectRef {
         kind: ObjectKind::Pod,
         namespace: pod.namespace().unwrap_or_default(),
@@ -211,8 +218,7 @@ pub fn resolve(pod: &Pod, pv: Option<&PersistentVolume>, v: &KubeletVolume) -> T
         uid: pod.metadata.uid.clone().unwrap_or_default(),
     };
     let claim = pv
-        .and_then(|pv| pv.spec.as_ref())
-        .and_then(|s| s.claim_ref.as_ref())
+        .and_then(|pv| pv.spec.claim_ref.as_ref())
         .filter(|c| c.name.is_some());
     let pvc = claim.map(|c| ObjectRef {
         kind: ObjectKind::PersistentVolumeClaim,

@@ -47,6 +47,7 @@ pub const API_ACCESS: &[ApiAccess] = &[
 
 pub mod cluster;
 pub mod events;
+pub mod pv;
 pub mod report;
 pub mod writer;
 
