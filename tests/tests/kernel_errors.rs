@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use health_tests::agent::{tally, Agent, AgentRun, EventFilter};
+use health_tests::program_runs::{check_against_runs, ProgramRuns};
 use health_tests::{fs, kernel_alone, require_root, shared_kernel, FaultDisk, Mount, Op, Rule};
 use serde_json::Value;
 
@@ -543,6 +544,7 @@ fn errnos_pass_through_with_their_names() -> Result<()> {
 fn a_flood_of_errors_is_counted_exactly_despite_sampling() -> Result<()> {
     require_root()?;
     let _kernel = kernel_alone();
+    let runs = ProgramRuns::enable()?;
     let disk = FaultDisk::start(64 * MIB)?;
     let lo = disk.attach_loop(false)?;
     let mut agent = Agent::start(&["--device", lo.maj_min()])?;
@@ -567,10 +569,23 @@ fn a_flood_of_errors_is_counted_exactly_despite_sampling() -> Result<()> {
         injected,
         Duration::from_secs(30),
     );
+    // While the agent still holds its programs: how often the kernel ran
+    // the block_rq_error program (None where failed requests are counted
+    // on block_rq_complete, 5.10).
+    let ran = runs.block_rq_error_runs()?;
     let run = finish(&disk, agent)?;
 
-    let want: Tally = [(key(lo.maj_min(), "block_io_error", "write", EIO), injected)].into();
-    assert_eq!(tally(&run.events), want);
+    // Exactly what the program saw, every line's count added up; requests
+    // the kernel never ran it for (a known, rare loss on this VM kind,
+    // BENCHMARKS.md §3) are reported and bounded, not hidden.
+    let counted = tally(&run.events)
+        .get(&key(lo.maj_min(), "block_io_error", "write", EIO))
+        .copied()
+        .unwrap_or(0);
+    assert_eq!(tally(&run.events).len(), 1, "{:?}", tally(&run.events));
+    if let Err(e) = check_against_runs("flood", injected, counted, ran, injected / 100) {
+        panic!("{e}:\n{}", run.stderr);
+    }
     // Far fewer lines than errors: the kernel rate-limited the samples, and
     // the counts still add up.
     let lines = events_for(&run, lo.maj_min()).len() as u64;

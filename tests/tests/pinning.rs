@@ -15,7 +15,8 @@ use aya::programs::{loaded_programs, ProgramInfo};
 use health_common::{CounterKey, ErrorTimes};
 use health_tests::agent::{agent_bin, Agent, EventFilter};
 use health_tests::bpffs::Bpffs;
-use health_tests::{fs, require_root, shared_kernel, FaultDisk, Op, Rule};
+use health_tests::program_runs::{check_against_runs, ProgramRuns};
+use health_tests::{fs, kernel_alone, require_root, shared_kernel, FaultDisk, Op, Rule};
 
 const MIB: u64 = 1 << 20;
 const EIO: i32 = libc::EIO;
@@ -85,7 +86,10 @@ impl ErrorStream {
 #[test]
 fn a_killed_agent_restarts_and_every_error_is_reported_exactly_once() -> Result<()> {
     require_root()?;
-    let _kernel = shared_kernel();
+    // Alone: the program runs for every failed request of the machine, and
+    // its run count tells the kernel's loss from ours (below).
+    let _kernel = kernel_alone();
+    let runs = ProgramRuns::enable()?;
     let bpffs = Bpffs::mount()?;
     let pin = bpffs.pin_dir_arg();
     let disk = FaultDisk::start(64 * MIB)?;
@@ -127,12 +131,14 @@ fn a_killed_agent_restarts_and_every_error_is_reported_exactly_once() -> Result<
         "first run {before} + second run {after_sum} != the kernel's count {counted}:\n{}",
         after.stderr
     );
-    // And the kernel counted every injected error, the gap included.
-    assert_eq!(
-        counted, injected,
-        "the kernel counted {counted} of {injected} injected errors:\n{}",
-        after.stderr
-    );
+    // And the kernel counted every error its program ran for, the gap
+    // included; requests the kernel never ran the program for (a known,
+    // rare loss on this VM kind) are reported, bounded, not hidden.
+    let program = pinned_block_program(&bpffs.pin_dir())?;
+    let ran = runs.pinned_runs(&program)?;
+    if let Err(e) = check_against_runs("restart", injected, counted, Some(ran), injected / 100) {
+        panic!("{e}:\n{}", after.stderr);
+    }
     assert!(
         after.stderr.contains("adopting the pinned kernel state"),
         "{}",
@@ -162,6 +168,31 @@ fn final_total(stderr: &str, maj_min: &str) -> Result<u64> {
         .and_then(|l| l.rsplit(' ').next())
         .and_then(|n| n.parse().ok())
         .with_context(|| format!("no total for {maj_min} in:\n{totals}"))
+}
+
+/// The pinned `block_rq_error` program of the one layout under `pin_dir`.
+fn pinned_block_program(pin_dir: &Path) -> Result<std::path::PathBuf> {
+    let layouts: Vec<_> = std::fs::read_dir(pin_dir)
+        .with_context(|| format!("reading {}", pin_dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.is_dir())
+        .collect();
+    let [layout] = layouts.as_slice() else {
+        anyhow::bail!(
+            "expected one layout under {}: {layouts:?}",
+            pin_dir.display()
+        );
+    };
+    ["block_rq_error_btf", "block_rq_error"]
+        .iter()
+        .map(|name| layout.join("programs").join(name))
+        .find(|p| p.exists())
+        .with_context(|| {
+            format!(
+                "no block_rq_error program pinned under {}",
+                layout.display()
+            )
+        })
 }
 
 /// The kernel's id of the program pinned for `program` under `layout`.
