@@ -103,12 +103,32 @@ struct ControllerArgs {
         env = "HEALTH_METRICS_ADDR"
     )]
     metrics_addr: std::net::SocketAddr,
-    /// Hard cap on Event writes per PVC or pod per rolling minute.
+    #[command(flatten)]
+    events: EventArgs,
+}
+
+/// How Events are aggregated, the same for `run` and `controller`.
+#[derive(clap::Args)]
+struct EventArgs {
+    /// Hard cap on Event writes per pod or PVC per rolling minute.
     #[arg(long, value_name = "N", default_value_t = 6)]
     event_writes_per_minute: u32,
     /// Seconds between two updates of one aggregated Event.
     #[arg(long, value_name = "SECS", default_value_t = 10.0)]
     event_update_interval: f64,
+}
+
+impl EventArgs {
+    /// The cap and the update interval, checked.
+    fn checked(&self) -> anyhow::Result<(u32, Duration)> {
+        anyhow::ensure!(
+            self.event_writes_per_minute > 0,
+            "--event-writes-per-minute must be at least 1"
+        );
+        let update = seconds("event-update-interval", self.event_update_interval)
+            .map_err(anyhow::Error::msg)?;
+        Ok((self.event_writes_per_minute, update))
+    }
 }
 
 #[derive(clap::Args)]
@@ -134,12 +154,8 @@ struct RunArgs {
         env = "HEALTH_METRICS_ADDR"
     )]
     metrics_addr: std::net::SocketAddr,
-    /// Hard cap on Event writes per pod or PVC per rolling minute.
-    #[arg(long, value_name = "N", default_value_t = 6)]
-    event_writes_per_minute: u32,
-    /// Seconds between two updates of one aggregated Event.
-    #[arg(long, value_name = "SECS", default_value_t = 10.0)]
-    event_update_interval: f64,
+    #[command(flatten)]
+    events: EventArgs,
     #[command(flatten)]
     kernel: KernelArgs,
     #[command(flatten)]
@@ -344,10 +360,7 @@ fn controller_options(
         args.lease_duration >= 2,
         "--lease-duration must be at least 2 seconds"
     );
-    anyhow::ensure!(
-        args.event_writes_per_minute > 0,
-        "--event-writes-per-minute must be at least 1"
-    );
+    let (event_writes_per_minute, event_update_interval) = args.events.checked()?;
     let lease_namespace = args
         .lease_namespace
         .filter(|ns| !ns.is_empty())
@@ -374,8 +387,8 @@ fn controller_options(
         identity,
         lease_duration: Duration::from_secs(args.lease_duration),
         metrics_addr: args.metrics_addr,
-        event_writes_per_minute: args.event_writes_per_minute,
-        event_update_interval: secs("event-update-interval", args.event_update_interval)?,
+        event_writes_per_minute,
+        event_update_interval,
     })
 }
 
@@ -384,12 +397,7 @@ fn run_options(args: RunArgs, host: HostPaths) -> anyhow::Result<health_agent::k
         !args.node_name.is_empty(),
         "--node-name (NODE_NAME) is empty"
     );
-    anyhow::ensure!(
-        args.event_writes_per_minute > 0,
-        "--event-writes-per-minute must be at least 1"
-    );
-    let update =
-        seconds("event-update-interval", args.event_update_interval).map_err(anyhow::Error::msg)?;
+    let (writes_per_minute, update) = args.events.checked()?;
     let kubelet_root = args
         .volume
         .kubelet_root
@@ -411,7 +419,7 @@ fn run_options(args: RunArgs, host: HostPaths) -> anyhow::Result<health_agent::k
         volumes: Some(volumes),
     };
     let mut events = health_agent::k8s::events::RecorderConfig::new(&args.node_name);
-    events.writes_per_object_per_minute = args.event_writes_per_minute;
+    events.writes_per_object_per_minute = writes_per_minute;
     events.min_update_interval = update;
     events.unclaimed_clear_after = agent
         .volumes

@@ -64,6 +64,25 @@ pub enum Rpc {
 
 const RPC_COUNT: usize = 13;
 
+impl Rpc {
+    /// Every RPC, in declaration order (the order of the call counters).
+    pub const ALL: [Rpc; RPC_COUNT] = [
+        Rpc::GetPluginInfo,
+        Rpc::GetPluginCapabilities,
+        Rpc::Probe,
+        Rpc::NodeGetCapabilities,
+        Rpc::NodeGetInfo,
+        Rpc::NodeGetVolumeStats,
+        Rpc::NodeGetVolumeHealth,
+        Rpc::NodeGetStorageHealth,
+        Rpc::ControllerGetCapabilities,
+        Rpc::ListVolumes,
+        Rpc::ControllerGetVolume,
+        Rpc::ControllerListVolumeHealth,
+        Rpc::ControllerGetVolumeHealth,
+    ];
+}
+
 /// The arguments of the last node volume RPC (health or stats).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SeenNodeRequest {
@@ -740,5 +759,17 @@ impl Drop for TestDriverHandle {
         let _ = self.shutdown.send(true);
         // Best effort: the directory is usually a temp dir removed anyway.
         let _ = std::fs::remove_file(&self.socket);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Rpc;
+
+    #[test]
+    fn all_lists_every_rpc_at_its_counter_index() {
+        for (i, rpc) in Rpc::ALL.iter().enumerate() {
+            assert_eq!(*rpc as usize, i, "{rpc:?}");
+        }
     }
 }

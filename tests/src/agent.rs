@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
@@ -26,6 +26,20 @@ pub fn agent_bin() -> Result<PathBuf> {
         bail!("{} is missing: run the tests with `cargo xtask test` (it builds the agent with its kernel programs)", p.display());
     }
     Ok(p)
+}
+
+/// `bin` with the environment every test gives the agent: no proxy (the
+/// API servers of the tests are on loopback), `info` logs, no colour.
+pub fn agent_command(bin: &Path) -> Command {
+    let mut command = Command::new(bin);
+    command
+        .env_remove("HTTPS_PROXY")
+        .env_remove("https_proxy")
+        .env_remove("HTTP_PROXY")
+        .env_remove("http_proxy")
+        .env("HEALTH_LOG", "info")
+        .env("NO_COLOR", "1");
+    command
 }
 
 /// A running agent. Events are read on a thread as they arrive.
@@ -71,16 +85,10 @@ impl Agent {
         } else {
             &["--no-pin"]
         };
-        let mut child = Command::new(&bin)
+        let mut child = agent_command(&bin)
             .args(mode)
             .args(args)
             .args(no_pin)
-            .env_remove("HTTPS_PROXY")
-            .env_remove("https_proxy")
-            .env_remove("HTTP_PROXY")
-            .env_remove("http_proxy")
-            .env("HEALTH_LOG", "info")
-            .env("NO_COLOR", "1")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

@@ -529,3 +529,32 @@ async fn readyz(client: &kube::Client) -> Result<String, String> {
         Err(_) => Err("timed out".to_string()),
     }
 }
+
+/// The field manager of everything the tests apply.
+pub const FIELD_MANAGER: &str = "volume-health-tests";
+
+/// Server-side apply of one manifest (any kind the server knows) with
+/// `fieldValidation=Strict`, as `kubectl apply --server-side` does: the
+/// server decides what it accepts.
+pub async fn apply_manifest(
+    client: &kube::Client,
+    doc: &serde_json::Value,
+) -> Result<(), kube::Error> {
+    use kube::api::{Api, DynamicObject, Patch, PatchParams};
+    use kube::core::GroupVersionKind;
+    use kube::discovery::{pinned_kind, Scope};
+
+    let api_version = doc["apiVersion"].as_str().unwrap_or_default();
+    let kind = doc["kind"].as_str().unwrap_or_default();
+    let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
+    let gvk = GroupVersionKind::gvk(group, version, kind);
+    let (resource, caps) = pinned_kind(client, &gvk).await?;
+    let api: Api<DynamicObject> = match (caps.scope, doc["metadata"]["namespace"].as_str()) {
+        (Scope::Namespaced, Some(ns)) => Api::namespaced_with(client.clone(), ns, &resource),
+        _ => Api::all_with(client.clone(), &resource),
+    };
+    let name = doc["metadata"]["name"].as_str().unwrap_or_default();
+    let params = PatchParams::apply(FIELD_MANAGER).validation_strict();
+    api.patch(name, &params, &Patch::Apply(doc)).await?;
+    Ok(())
+}

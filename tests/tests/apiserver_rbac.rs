@@ -17,14 +17,12 @@ use std::time::Duration;
 
 use anyhow::{bail, ensure, Context, Result};
 use health_agent::k8s::ApiAccess;
-use health_tests::envtest::{Identity, Options, RealApiServer};
+use health_tests::envtest::{apply_manifest, Identity, Options, RealApiServer, FIELD_MANAGER};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
 };
-use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
-use kube::core::GroupVersionKind;
-use kube::discovery::{pinned_kind, Scope};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::Client;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -33,7 +31,6 @@ const AGENT_NS: &str = "volume-health";
 const AGENT_SA: &str = "volume-health";
 const DRIVER_NS: &str = "kube-system";
 const CONTROLLER_SA: &str = "volume-health-controller";
-const FIELD_MANAGER: &str = "volume-health-tests";
 /// Every verb RBAC knows for resources; what is not granted must be denied.
 const VERBS: &[&str] = &[
     "get",
@@ -93,30 +90,13 @@ fn describe(doc: &Value) -> String {
     )
 }
 
-/// Server-side apply of one document with `fieldValidation=Strict`.
-async fn apply(client: &Client, doc: &Value) -> Result<(), kube::Error> {
-    let api_version = doc["apiVersion"].as_str().unwrap_or_default();
-    let kind = doc["kind"].as_str().unwrap_or_default();
-    let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
-    let gvk = GroupVersionKind::gvk(group, version, kind);
-    let (resource, caps) = pinned_kind(client, &gvk).await?;
-    let api: Api<DynamicObject> = match (caps.scope, doc["metadata"]["namespace"].as_str()) {
-        (Scope::Namespaced, Some(ns)) => Api::namespaced_with(client.clone(), ns, &resource),
-        _ => Api::all_with(client.clone(), &resource),
-    };
-    let name = doc["metadata"]["name"].as_str().unwrap_or_default();
-    let params = PatchParams::apply(FIELD_MANAGER).validation_strict();
-    api.patch(name, &params, &Patch::Apply(doc)).await?;
-    Ok(())
-}
-
 /// Namespaces first, as `kubectl apply -k` orders them.
 async fn apply_all(client: &Client, docs: &[Value]) -> Vec<(String, kube::Error)> {
     let mut ordered: Vec<&Value> = docs.iter().filter(|d| d["kind"] == "Namespace").collect();
     ordered.extend(docs.iter().filter(|d| d["kind"] != "Namespace"));
     let mut refused = Vec::new();
     for doc in ordered {
-        if let Err(e) = apply(client, doc).await {
+        if let Err(e) = apply_manifest(client, doc).await {
             refused.push((describe(doc), e));
         }
     }
@@ -302,7 +282,7 @@ fn the_server_accepts_deploy_and_each_account_gets_exactly_its_access() -> Resul
             message.matches("field not declared in schema").count() == dropped.len(),
             "more refused than recursiveReadOnly: {message}"
         );
-        apply(&admin, &ds)
+        apply_manifest(&admin, &ds)
             .await
             .context("the DaemonSet without recursiveReadOnly")?;
 
@@ -417,7 +397,7 @@ fn the_sidecar_patches_apply_to_a_driver_statefulset() -> Result<()> {
                 "deploy/controller/example-hostpath/sidecar.yaml",
             ),
         ] {
-            apply(&admin, &driver(name))
+            apply_manifest(&admin, &driver(name))
                 .await
                 .with_context(|| format!("creating {name}"))?;
             let file = repo().join(patch);

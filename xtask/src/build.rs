@@ -1,6 +1,6 @@
 //! Building the kernel object and the agent, and running tests against them.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{bail, Context};
@@ -18,23 +18,31 @@ pub fn all() -> anyhow::Result<Built> {
     let toolchain = bootstrap::ensure()?;
     let ebpf_object = ebpf(&toolchain)?;
     say("building health-agent (release)");
-    run(cargo()
-        .current_dir(workspace_root())
-        .args([
-            "build",
-            "--release",
-            "--package",
-            "health-agent",
-            "--bin",
-            "health-agent",
-        ])
-        .env("HEALTH_EBPF_OBJECT", &ebpf_object))?;
-    let agent = target_dir().join("release/health-agent");
+    let agent = release_agent(Some(&ebpf_object))?;
     say(format!(
         "built {} (kernel programs embedded)",
         agent.display()
     ));
     Ok(Built { ebpf_object, agent })
+}
+
+/// Builds the release agent, embedding `ebpf_object` when given (without
+/// it the agent cannot attach, which a controller-only run does not need).
+pub fn release_agent(ebpf_object: Option<&Path>) -> anyhow::Result<PathBuf> {
+    let mut build = cargo();
+    build.current_dir(workspace_root()).args([
+        "build",
+        "--release",
+        "--package",
+        "health-agent",
+        "--bin",
+        "health-agent",
+    ]);
+    if let Some(object) = ebpf_object {
+        build.env("HEALTH_EBPF_OBJECT", object);
+    }
+    run(&mut build)?;
+    Ok(target_dir().join("release/health-agent"))
 }
 
 pub fn target_dir() -> PathBuf {

@@ -15,7 +15,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use futures_util::StreamExt as _;
 use k8s_openapi::api::core::v1::{Node, PersistentVolume};
 use kube::core::ApiResource;
 use kube::runtime::reflector::{self, Store};
@@ -23,8 +22,10 @@ use kube::runtime::{watcher, WatchStreamExt as _};
 use kube::{Api, Client, ResourceExt as _};
 
 use super::metrics::ControllerMetrics;
+use crate::k8s::cluster::drive;
 use crate::k8s::events::{ObjectKind, ObjectRef};
 pub use crate::k8s::pv::{PvClaimRef, PvCsi, PvSpec, SlimPv};
+use crate::k8s::writer::Observer;
 
 /// The taint the node lifecycle controller puts on a node whose kubelet
 /// stopped reporting.
@@ -107,14 +108,16 @@ impl Inventory {
             tokio::spawn(drive(
                 pv_stream,
                 "persistentvolumes",
+                None,
                 Arc::clone(&pvs_ready),
-                Arc::clone(&metrics),
+                Some(Arc::clone(&metrics) as Arc<dyn Observer>),
             )),
             tokio::spawn(drive(
                 node_stream,
                 "nodes",
+                None,
                 Arc::clone(&nodes_ready),
-                metrics,
+                Some(metrics as Arc<dyn Observer>),
             )),
         ];
         let inventory = Inventory {
@@ -146,46 +149,10 @@ impl Inventory {
     }
 }
 
-/// Consumes a reflector stream, counting failures (the watcher retries).
-async fn drive<S, K>(
-    stream: S,
-    what: &'static str,
-    ready: Arc<AtomicBool>,
-    metrics: Arc<ControllerMetrics>,
-) where
-    S: futures_util::Stream<Item = Result<watcher::Event<K>, watcher::Error>>,
-{
-    let mut stream = std::pin::pin!(stream);
-    while let Some(item) = stream.next().await {
-        match item {
-            Ok(watcher::Event::InitDone) => {
-                if !ready.swap(true, Ordering::AcqRel) {
-                    tracing::info!(what, "initial list from the API server complete");
-                }
-            }
-            Ok(_) => {}
-            Err(e) => {
-                tracing::warn!(what, "watching the API server failed, retrying: {e}");
-                let code = match &e {
-                    watcher::Error::InitialListFailed(kube::Error::Api(s))
-                    | watcher::Error::WatchStartFailed(kube::Error::Api(s))
-                    | watcher::Error::WatchFailed(kube::Error::Api(s)) => Some(s.code),
-                    watcher::Error::WatchError(s) => Some(s.code),
-                    _ => None,
-                };
-                metrics.api_request("watch", what, code);
-            }
-        }
-    }
-}
-
 /// Keeps a PV's name, claim reference and CSI source; a PV of another
 /// driver keeps only its name.
 fn slim_pv(pv: &mut SlimPv, driver: &str) {
-    pv.managed_fields_mut().clear();
-    pv.annotations_mut().clear();
-    pv.labels_mut().clear();
-    pv.status = None;
+    crate::k8s::pv::slim(pv);
     let ours = pv.spec.csi.as_ref().is_some_and(|csi| csi.driver == driver);
     if !ours {
         pv.spec = PvSpec::default();

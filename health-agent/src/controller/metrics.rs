@@ -15,6 +15,7 @@ use prometheus_client::registry::Registry;
 
 use crate::k8s::writer::Observer;
 use crate::report::http::Exposition;
+use crate::report::metrics::ApiMetrics;
 
 /// Upper bounds of the cycle duration histogram: a list walk over a few
 /// volumes takes milliseconds, tens of thousands of per-volume Gets take
@@ -33,19 +34,6 @@ struct CycleLabels {
 struct CsiLabels {
     rpc: String,
     code: String,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
-struct ApiLabels {
-    verb: String,
-    resource: String,
-    code: String,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
-struct EventLabels {
-    r#type: String,
-    reason: String,
 }
 
 /// How one cycle ended.
@@ -79,9 +67,8 @@ pub struct ControllerMetrics {
     volumes: Gauge,
     abnormal: Gauge,
     leader: Gauge,
-    api_requests: Family<ApiLabels, Counter>,
-    events_written: Family<EventLabels, Counter>,
-    event_writes_deferred: Counter,
+    /// The same API traffic families as the node agent's.
+    api: ApiMetrics,
 }
 
 impl Default for ControllerMetrics {
@@ -100,9 +87,7 @@ impl ControllerMetrics {
             volumes: Gauge::default(),
             abnormal: Gauge::default(),
             leader: Gauge::default(),
-            api_requests: Family::default(),
-            events_written: Family::default(),
-            event_writes_deferred: Counter::default(),
+            api: ApiMetrics::default(),
         };
         let mut r = Registry::with_prefix("volume_health_controller");
         r.register(
@@ -136,21 +121,7 @@ impl ControllerMetrics {
             "1 while this replica holds the lease and does the work",
             m.leader.clone(),
         );
-        r.register(
-            "api_requests",
-            "Kubernetes API requests, by verb, resource and HTTP status",
-            m.api_requests.clone(),
-        );
-        r.register(
-            "events_written",
-            "Events the API server accepted, by type and reason",
-            m.events_written.clone(),
-        );
-        r.register(
-            "event_writes_deferred",
-            "Event writes held back by the per-object cap",
-            m.event_writes_deferred.clone(),
-        );
+        m.api.register(&mut r);
         ControllerMetrics { registry: r, ..m }
     }
 
@@ -206,33 +177,22 @@ impl Exposition for ControllerMetrics {
 
 impl Observer for ControllerMetrics {
     fn api_request(&self, verb: &str, resource: &str, code: Option<u16>) {
-        self.api_requests
-            .get_or_create(&ApiLabels {
-                verb: verb.to_string(),
-                resource: resource.to_string(),
-                code: code.map_or_else(|| "error".to_string(), |c| c.to_string()),
-            })
-            .inc();
+        self.api.api_request(verb, resource, code);
     }
 
     fn event_written(&self, type_: &str, reason: &str) {
-        self.events_written
-            .get_or_create(&EventLabels {
-                r#type: type_.to_string(),
-                reason: reason.to_string(),
-            })
-            .inc();
+        self.api.event_written(type_, reason);
     }
 
     fn event_write_deferred(&self) {
-        self.event_writes_deferred.inc();
+        self.api.event_write_deferred();
     }
 }
 
 impl ControllerMetrics {
-    /// See [`Observer::api_request`]; for callers without the trait in scope.
+    /// See [`ApiMetrics::api_request`]; for callers without the trait in scope.
     pub fn api_request(&self, verb: &str, resource: &str, code: Option<u16>) {
-        Observer::api_request(self, verb, resource, code)
+        self.api.api_request(verb, resource, code);
     }
 }
 

@@ -149,19 +149,8 @@ impl NodeWatch {
         let Some(down) = self.down.get_mut(node) else {
             return;
         };
-        let condition = down.condition(node, now);
-        for a in &affected {
-            let objects: Vec<ObjectRef> = std::iter::once(a.pod.clone())
-                .chain(a.pvcs.iter().cloned())
-                .collect();
-            recorder.observe_on(
-                &contributor(node),
-                &subject(node),
-                &objects,
-                &[Change::Raised(condition.clone())],
-                now,
-            );
-        }
+        let raised = Change::Raised(down.condition(node, now));
+        observe_all(node, &affected, &raised, recorder, now);
         tracing::warn!(
             node,
             pods = affected.len(),
@@ -204,7 +193,19 @@ fn recovered(node: &str, down: &Down, recorder: &mut Recorder, now: SystemTime) 
     let Some(affected) = &down.reported else {
         return;
     };
-    let condition = down.condition(node, now);
+    let cleared = Change::Cleared(down.condition(node, now));
+    observe_all(node, affected, &cleared, recorder, now);
+    tracing::info!(node, "node Ready again");
+}
+
+/// Records `change` on each affected pod and on its claims.
+fn observe_all(
+    node: &str,
+    affected: &[Affected],
+    change: &Change,
+    recorder: &mut Recorder,
+    now: SystemTime,
+) {
     for a in affected {
         let objects: Vec<ObjectRef> = std::iter::once(a.pod.clone())
             .chain(a.pvcs.iter().cloned())
@@ -213,11 +214,10 @@ fn recovered(node: &str, down: &Down, recorder: &mut Recorder, now: SystemTime) 
             &contributor(node),
             &subject(node),
             &objects,
-            &[Change::Cleared(condition.clone())],
+            std::slice::from_ref(change),
             now,
         );
     }
-    tracing::info!(node, "node Ready again");
 }
 
 /// Why a node's pods could not be listed.

@@ -64,7 +64,7 @@ impl ClusterView {
             watcher::Config::default(),
         )
         .default_backoff()
-        .modify(slim_pv)
+        .modify(super::pv::slim)
         .reflect(pv_writer);
         let pods_ready = Arc::new(AtomicBool::new(false));
         let pvs_ready = Arc::new(AtomicBool::new(false));
@@ -72,14 +72,14 @@ impl ClusterView {
             tokio::spawn(drive(
                 pod_stream,
                 "pods",
-                Arc::clone(&changed),
+                Some(Arc::clone(&changed)),
                 Arc::clone(&pods_ready),
                 observer.clone(),
             )),
             tokio::spawn(drive(
                 pv_stream,
                 "persistentvolumes",
-                Arc::clone(&changed),
+                Some(Arc::clone(&changed)),
                 Arc::clone(&pvs_ready),
                 observer,
             )),
@@ -149,11 +149,14 @@ impl ClusterView {
     }
 }
 
-/// Consumes a reflector stream, logging failures (the watcher retries them).
-async fn drive<S, K>(
+/// Drives one reflector's watch stream for its whole life: says when the
+/// first list is in (`ready`), wakes `changed` (if any) on every event, and
+/// counts failed requests on `observer`. The agent and the controller both
+/// run their reflectors this way.
+pub(crate) async fn drive<S, K>(
     stream: S,
     what: &'static str,
-    changed: Arc<Notify>,
+    changed: Option<Arc<Notify>>,
     ready: Arc<AtomicBool>,
     observer: Option<Arc<dyn Observer>>,
 ) where
@@ -167,7 +170,9 @@ async fn drive<S, K>(
                 {
                     tracing::info!(what, "initial list from the API server complete");
                 }
-                changed.notify_one();
+                if let Some(changed) = &changed {
+                    changed.notify_one();
+                }
             }
             Err(e) => {
                 tracing::warn!(what, "watching the API server failed, retrying: {e}");
@@ -198,14 +203,6 @@ fn slim_pod(pod: &mut Pod) {
         spec.affinity = None;
         spec.tolerations = None;
     }
-}
-
-/// Keeps a PV's identity, claim reference and CSI source.
-fn slim_pv(pv: &mut SlimPv) {
-    pv.managed_fields_mut().clear();
-    pv.annotations_mut().clear();
-    pv.labels_mut().clear();
-    pv.status = None;
 }
 
 /// The objects a kubelet volume reports to: its pod, the pod's name for the

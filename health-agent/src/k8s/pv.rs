@@ -5,6 +5,7 @@
 //! `Object` over the few fields read here decodes only those.
 
 use kube::core::{NotUsed, Object};
+use kube::ResourceExt as _;
 use serde::Deserialize;
 
 /// What the agent and the controller read of a PV's spec; serde skips the rest.
@@ -34,3 +35,12 @@ pub struct PvClaimRef {
 /// A PersistentVolume as the PV reflector holds it: kube's typed object
 /// over the fields above (`Object` exists for exactly this).
 pub type SlimPv = Object<PvSpec, NotUsed>;
+
+/// Drops what neither reads of a PV (it is all kept for every PV of the
+/// cluster): managed fields, annotations, labels, status.
+pub fn slim(pv: &mut SlimPv) {
+    pv.managed_fields_mut().clear();
+    pv.annotations_mut().clear();
+    pv.labels_mut().clear();
+    pv.status = None;
+}

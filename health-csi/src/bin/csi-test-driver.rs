@@ -34,23 +34,6 @@ use std::path::PathBuf;
 use health_csi::testing::{DriverMode, Rpc, TestDriver, TestDriverHandle};
 use health_csi::{HealthEntry, HealthStatus};
 
-/// Every RPC, for `calls` (the test driver counts each).
-const RPCS: [Rpc; 13] = [
-    Rpc::GetPluginInfo,
-    Rpc::GetPluginCapabilities,
-    Rpc::Probe,
-    Rpc::NodeGetCapabilities,
-    Rpc::NodeGetInfo,
-    Rpc::NodeGetVolumeStats,
-    Rpc::NodeGetVolumeHealth,
-    Rpc::NodeGetStorageHealth,
-    Rpc::ControllerGetCapabilities,
-    Rpc::ListVolumes,
-    Rpc::ControllerGetVolume,
-    Rpc::ControllerListVolumeHealth,
-    Rpc::ControllerGetVolumeHealth,
-];
-
 struct Args {
     dir: PathBuf,
     name: Option<String>,
@@ -115,11 +98,12 @@ fn parse_args() -> Result<Args, String> {
 
 /// The RPC `calls` names `name`.
 fn rpc_named(name: &str) -> Result<Rpc, String> {
-    RPCS.iter()
+    Rpc::ALL
+        .iter()
         .copied()
         .find(|rpc| format!("{rpc:?}") == name)
         .ok_or_else(|| {
-            let known: Vec<String> = RPCS.iter().map(|rpc| format!("{rpc:?}")).collect();
+            let known: Vec<String> = Rpc::ALL.iter().map(|rpc| format!("{rpc:?}")).collect();
             format!("unknown RPC {name:?}; one of {}", known.join(", "))
         })
 }
@@ -167,7 +151,7 @@ fn command(driver: &TestDriverHandle, line: &str) -> Result<Option<String>, Stri
             Ok(Some("ok".into()))
         }
         Some("calls") => {
-            let counts: serde_json::Map<String, serde_json::Value> = RPCS
+            let counts: serde_json::Map<String, serde_json::Value> = Rpc::ALL
                 .iter()
                 .map(|rpc| (format!("{rpc:?}"), driver.calls(*rpc).into()))
                 .collect();

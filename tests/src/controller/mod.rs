@@ -28,14 +28,12 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{
     Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod, ServiceAccount,
 };
-use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
-use kube::core::GroupVersionKind;
-use kube::discovery::{pinned_kind, Scope};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::Client;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::envtest::{Options, RealApiServer};
+use crate::envtest::{apply_manifest, Options, RealApiServer};
 
 mod events;
 mod process;
@@ -52,7 +50,6 @@ pub const APP_NS: &str = "shop";
 pub const CONTROLLER_SA: &str = "volume-health-controller";
 /// `reportingComponent` of the controller's Events.
 pub const COMPONENT: &str = "volume-health-controller";
-const FIELD_MANAGER: &str = "volume-health-tests";
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -109,7 +106,7 @@ impl ControllerEnv {
             .await
             .context("creating ServiceAccount default")?;
         for doc in rbac_manifests(CSI_NS)? {
-            apply(&admin, &doc)
+            apply_manifest(&admin, &doc)
                 .await
                 .with_context(|| format!("applying {}", doc["kind"]))?;
         }
@@ -402,23 +399,6 @@ pub fn rbac_manifests(namespace: &str) -> Result<Vec<Value>> {
         docs.len()
     );
     Ok(docs)
-}
-
-/// Server-side apply of one manifest, strict field validation.
-async fn apply(client: &Client, doc: &Value) -> Result<()> {
-    let api_version = doc["apiVersion"].as_str().unwrap_or_default();
-    let kind = doc["kind"].as_str().unwrap_or_default();
-    let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
-    let gvk = GroupVersionKind::gvk(group, version, kind);
-    let (resource, caps) = pinned_kind(client, &gvk).await?;
-    let api: Api<DynamicObject> = match (caps.scope, doc["metadata"]["namespace"].as_str()) {
-        (Scope::Namespaced, Some(ns)) => Api::namespaced_with(client.clone(), ns, &resource),
-        _ => Api::all_with(client.clone(), &resource),
-    };
-    let name = doc["metadata"]["name"].as_str().unwrap_or_default();
-    let params = PatchParams::apply(FIELD_MANAGER).validation_strict();
-    api.patch(name, &params, &Patch::Apply(doc)).await?;
-    Ok(())
 }
 
 /// Polls `check` every 100 ms until it gives `Some`, or fails after `within`.

@@ -4,7 +4,7 @@
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -87,15 +87,8 @@ pub struct Exited {
 impl ControllerProcess {
     pub(super) fn start(replica: &Replica, kubeconfig: &Path) -> Result<ControllerProcess> {
         let bin = crate::agent::agent_bin()?;
-        let mut child = Command::new(&bin)
+        let mut child = crate::agent::agent_command(&bin)
             .args(replica.args(kubeconfig))
-            // The API server is on loopback.
-            .env_remove("HTTPS_PROXY")
-            .env_remove("https_proxy")
-            .env_remove("HTTP_PROXY")
-            .env_remove("http_proxy")
-            .env("HEALTH_LOG", "info")
-            .env("NO_COLOR", "1")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())

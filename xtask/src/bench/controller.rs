@@ -98,23 +98,11 @@ pub fn prepare() -> Result<Tools> {
         return Ok(tools);
     }
     say("building health-agent and csi-test-driver (release)");
-    let mut agent = cargo();
-    agent.current_dir(workspace_root()).args([
-        "build",
-        "--release",
-        "--package",
-        "health-agent",
-        "--bin",
-        "health-agent",
-    ]);
     // The same build as `build::all` when the kernel object is there, so
     // that neither build invalidates the other; the controller itself
     // never loads it.
     let object = workspace_root().join("target/bpfel-unknown-none/release/health-ebpf");
-    if object.is_file() {
-        agent.env("HEALTH_EBPF_OBJECT", &object);
-    }
-    util::run(&mut agent)?;
+    let agent = build::release_agent(object.is_file().then_some(object.as_path()))?;
     // Its own build: the `testing` feature adds tonic's server side, which
     // the agent measured here must not be built with.
     util::run(cargo().current_dir(workspace_root()).args([
@@ -129,7 +117,7 @@ pub fn prepare() -> Result<Tools> {
     ]))?;
     let release = build::target_dir().join("release");
     Ok(Tools {
-        agent: release.join("health-agent"),
+        agent,
         driver: release.join("csi-test-driver"),
     })
 }

@@ -2,23 +2,54 @@
 //! status, Events written, and Event writes the per-object budget held back.
 
 use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::registry::Registry;
 
 use super::Metrics;
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
-pub(super) struct ApiLabels {
+struct ApiLabels {
     verb: String,
     resource: String,
     code: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
-pub(super) struct EventLabels {
+struct EventLabels {
     r#type: String,
     reason: String,
 }
 
-impl Metrics {
+/// The API traffic families, the same for the node agent and the
+/// controller (each registers them under its own prefix).
+#[derive(Clone, Debug, Default)]
+pub struct ApiMetrics {
+    api_requests: Family<ApiLabels, Counter>,
+    events_written: Family<EventLabels, Counter>,
+    event_writes_deferred: Counter,
+}
+
+impl ApiMetrics {
+    /// Families are handles: the registry's clones and ours share state.
+    pub fn register(&self, r: &mut Registry) {
+        r.register(
+            "api_requests",
+            "Kubernetes API requests by verb, resource and HTTP status (\"error\": no response)",
+            self.api_requests.clone(),
+        );
+        r.register(
+            "events_written",
+            "Kubernetes Events written (created or aggregated) by type and reason",
+            self.events_written.clone(),
+        );
+        r.register(
+            "event_writes_deferred",
+            "Event writes held back by the per-object budget",
+            self.event_writes_deferred.clone(),
+        );
+    }
+
     /// One Kubernetes API request: `code` is the HTTP status, None when no
     /// response came (connection refused, timeout).
     pub fn api_request(&self, verb: &str, resource: &str, code: Option<u16>) {
@@ -44,6 +75,23 @@ impl Metrics {
     /// One Event write held back by the per-object budget.
     pub fn event_write_deferred(&self) {
         self.event_writes_deferred.inc();
+    }
+}
+
+impl Metrics {
+    /// See [`ApiMetrics::api_request`].
+    pub fn api_request(&self, verb: &str, resource: &str, code: Option<u16>) {
+        self.api.api_request(verb, resource, code);
+    }
+
+    /// See [`ApiMetrics::event_written`].
+    pub fn event_written(&self, type_: &str, reason: &str) {
+        self.api.event_written(type_, reason);
+    }
+
+    /// See [`ApiMetrics::event_write_deferred`].
+    pub fn event_write_deferred(&self) {
+        self.api.event_write_deferred();
     }
 }
 

@@ -31,7 +31,7 @@ mod csi;
 mod kernel;
 mod volumes;
 
-use api::{ApiLabels, EventLabels};
+pub use api::ApiMetrics;
 use csi::{csi_histogram, CsiLabels, DriverLabels, StorageLabels};
 pub use kernel::ErrorLabels;
 use kernel::KernelSeries;
@@ -78,9 +78,7 @@ pub struct Metrics {
     /// The last cumulative stats seen, for deltas.
     last_stats: Mutex<Option<KernelStats>>,
 
-    api_requests: Family<ApiLabels, Counter>,
-    events_written: Family<EventLabels, Counter>,
-    event_writes_deferred: Counter,
+    api: ApiMetrics,
     csi_probes: Family<CsiLabels, Counter>,
     csi_probe_duration: Family<DriverLabels, Histogram, fn() -> Histogram>,
     csi_storage_probes: Family<StorageLabels, Counter>,
@@ -129,9 +127,7 @@ impl Metrics {
             kernel_program_misses: Counter::default(),
             bio_errors_passed_up: Counter::default(),
             last_stats: Mutex::default(),
-            api_requests: Family::default(),
-            events_written: Family::default(),
-            event_writes_deferred: Counter::default(),
+            api: ApiMetrics::default(),
             csi_probes: Family::default(),
             csi_probe_duration: Family::new_with_constructor(csi_histogram),
             csi_storage_probes: Family::default(),
@@ -189,21 +185,7 @@ impl Metrics {
             "Failed bios of a dm/md device that carried up the failure of a request below, counted there and not again",
             self.bio_errors_passed_up.clone(),
         );
-        r.register(
-            "api_requests",
-            "Kubernetes API requests by verb, resource and HTTP status (\"error\": no response)",
-            self.api_requests.clone(),
-        );
-        r.register(
-            "events_written",
-            "Kubernetes Events written (created or aggregated) by type and reason",
-            self.events_written.clone(),
-        );
-        r.register(
-            "event_writes_deferred",
-            "Event writes held back by the per-object budget",
-            self.event_writes_deferred.clone(),
-        );
+        self.api.register(&mut r);
         r.register(
             "csi_probes",
             "CSI node health probes by driver, RPC and result",
