@@ -42,6 +42,17 @@ pub fn agent_command(bin: &Path) -> Command {
     command
 }
 
+/// Runs the agent to its end with `args`: exit code (-1 when killed by a
+/// signal), stdout, stderr.
+pub fn agent_output(args: &[&str]) -> Result<(i32, String, String)> {
+    let out = agent_command(&agent_bin()?).args(args).output()?;
+    Ok((
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    ))
+}
+
 /// A running agent. Events are read on a thread as they arrive.
 pub struct Agent {
     child: Child,

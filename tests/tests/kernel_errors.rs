@@ -629,13 +629,8 @@ fn flush_errors_are_caught_with_the_option() -> Result<()> {
 }
 
 fn agent_exit(args: &[&str]) -> Result<(i32, String)> {
-    let out = Command::new(health_tests::agent::agent_bin()?)
-        .args(args)
-        .output()?;
-    Ok((
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    ))
+    let (code, _, stderr) = health_tests::agent::agent_output(args)?;
+    Ok((code, stderr))
 }
 
 #[test]

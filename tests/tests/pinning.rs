@@ -13,7 +13,7 @@ use anyhow::{Context, Result};
 use aya::maps::{Map, MapData, PerCpuHashMap};
 use aya::programs::{loaded_programs, ProgramInfo};
 use health_common::{CounterKey, ErrorTimes};
-use health_tests::agent::{agent_bin, Agent, EventFilter};
+use health_tests::agent::{agent_bin, agent_output, Agent, EventFilter};
 use health_tests::bpffs::Bpffs;
 use health_tests::program_runs::{check_against_runs, ProgramRuns};
 use health_tests::{fs, kernel_alone, require_root, shared_kernel, FaultDisk, Op, Rule};
@@ -221,15 +221,6 @@ fn wait_unloaded(id: u32) -> bool {
     true
 }
 
-fn run_agent(args: &[&str]) -> Result<(i32, String, String)> {
-    let out = Command::new(agent_bin()?).args(args).output()?;
-    Ok((
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    ))
-}
-
 #[test]
 fn pins_are_adopted_replaced_on_a_new_layout_and_uninstalled() -> Result<()> {
     require_root()?;
@@ -291,10 +282,10 @@ fn pins_are_adopted_replaced_on_a_new_layout_and_uninstalled() -> Result<()> {
     let c = Agent::start(&[&quiet[..], &["--pin-dir", &pin, "--sample-rate", "50"]].concat())?;
     // While it runs, the pins are its own: no second agent, no uninstall.
     let held = format!("another agent holds the pinned kernel state at {pin}");
-    let (code, _, stderr) = run_agent(&["watch", "--duration", "1", "--pin-dir", &pin])?;
+    let (code, _, stderr) = agent_output(&["watch", "--duration", "1", "--pin-dir", &pin])?;
     assert_eq!(code, 1, "{stderr}");
     assert!(stderr.contains(&held), "{stderr}");
-    let (code, _, stderr) = run_agent(&["uninstall", "--pin-dir", &pin])?;
+    let (code, _, stderr) = agent_output(&["uninstall", "--pin-dir", &pin])?;
     assert_eq!(code, 1, "{stderr}");
     assert!(stderr.contains(&held), "{stderr}");
     let run = c.stop_cleanly()?;
@@ -324,7 +315,7 @@ fn pins_are_adopted_replaced_on_a_new_layout_and_uninstalled() -> Result<()> {
     assert!(stderr.contains("needs root"), "{stderr}");
     assert_eq!(bpffs.entries(""), second);
 
-    let (code, stdout, stderr) = run_agent(&["uninstall", "--pin-dir", &pin])?;
+    let (code, stdout, stderr) = agent_output(&["uninstall", "--pin-dir", &pin])?;
     assert_eq!(code, 0, "{stderr}");
     assert_eq!(
         stdout,
@@ -336,7 +327,7 @@ fn pins_are_adopted_replaced_on_a_new_layout_and_uninstalled() -> Result<()> {
     );
     assert!(!bpffs.pin_dir().exists());
     assert!(wait_unloaded(new_id), "program {new_id} is still loaded");
-    let (code, stdout, _) = run_agent(&["uninstall", "--pin-dir", &pin])?;
+    let (code, stdout, _) = agent_output(&["uninstall", "--pin-dir", &pin])?;
     assert_eq!(code, 0);
     assert_eq!(stdout, format!("nothing pinned at {pin}\n"));
     Ok(())

@@ -662,6 +662,24 @@ const LEGACY: &str = "legacy.csi.volume-health.test";
 const HANG: &str = "hang.csi.volume-health.test";
 const UNIMPL: &str = "unimpl.csi.volume-health.test";
 
+/// CSI node plugins of the given names and generations, each on its
+/// socket under `root/plugins/<name>/`, served by `rt`.
+fn start_drivers(
+    rt: &tokio::runtime::Runtime,
+    root: &Path,
+    drivers: &[(&str, DriverMode)],
+) -> Result<Vec<TestDriverHandle>> {
+    rt.block_on(async {
+        let mut out = Vec::new();
+        for &(name, mode) in drivers {
+            let dir = root.join("plugins").join(name);
+            std::fs::create_dir_all(&dir)?;
+            out.push(TestDriver::start_named(&dir, name, mode).await?);
+        }
+        Ok(out)
+    })
+}
+
 #[test]
 fn one_shot_view_shows_each_volume_and_its_conditions() -> Result<()> {
     require_env(&[])?;
@@ -725,20 +743,16 @@ fn one_shot_view_shows_each_volume_and_its_conditions() -> Result<()> {
         .worker_threads(2)
         .enable_all()
         .build()?;
-    let drivers: Vec<TestDriverHandle> = rt.block_on(async {
-        let mut out = Vec::new();
-        for (name, mode) in [
+    let drivers = start_drivers(
+        &rt,
+        tree.root(),
+        &[
             (MODERN, DriverMode::Modern),
             (LEGACY, DriverMode::LegacyOnly),
             (HANG, DriverMode::Hang),
             (UNIMPL, DriverMode::Unimplemented),
-        ] {
-            let dir = tree.root().join("plugins").join(name);
-            std::fs::create_dir_all(&dir)?;
-            out.push(TestDriver::start_named(&dir, name, mode).await?);
-        }
-        Ok::<_, anyhow::Error>(out)
-    })?;
+        ],
+    )?;
     let sick = vec![HealthEntry::new(
         HealthStatus::DataLoss,
         "ChecksumMismatch",
@@ -956,19 +970,15 @@ fn one_shot_view_spreads_storage_health_over_the_drivers_volumes() -> Result<()>
         .worker_threads(2)
         .enable_all()
         .build()?;
-    let drivers: Vec<TestDriverHandle> = rt.block_on(async {
-        let mut out = Vec::new();
-        for (name, mode) in [
+    let drivers = start_drivers(
+        &rt,
+        tree.root(),
+        &[
             (STORAGE, DriverMode::Modern),
             (NEIGHBOUR, DriverMode::Modern),
             (LEGACY, DriverMode::LegacyOnly),
-        ] {
-            let dir = tree.root().join("plugins").join(name);
-            std::fs::create_dir_all(&dir)?;
-            out.push(TestDriver::start_named(&dir, name, mode).await?);
-        }
-        Ok::<_, anyhow::Error>(out)
-    })?;
+        ],
+    )?;
     let (storage, neighbour, legacy) = (&drivers[0], &drivers[1], &drivers[2]);
     // The array behind every volume is unreachable; the block pool is
     // rebuilding as well.
