@@ -30,6 +30,7 @@
 //! ServiceAccounts get no token Secrets, nothing is garbage-collected).
 
 mod identity;
+mod impersonate;
 mod process;
 
 use std::path::{Path, PathBuf};
@@ -40,6 +41,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 
 pub use self::identity::{service_account_user, Identity};
+pub use self::impersonate::{Impersonation, NODE_NAME_EXTRA};
 use self::process::{exited, free_port, kill_group, Keeper};
 
 /// Names the directory holding `kube-apiserver` (and optionally `etcd`).

@@ -193,7 +193,7 @@ async fn agent_loop<R: Reporter>(
             }
             w = reporter.wake() => {
                 let bulk = prio.bulk();
-                reporter.handle(w, vols.as_ref().map(LiveVolumes::index));
+                reporter.handle(w, vols.as_ref());
                 Some(bulk)
             }
             _ = totals.tick() => {

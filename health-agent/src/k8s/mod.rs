@@ -26,7 +26,12 @@ pub struct ApiAccess {
 /// - events (core/v1, which the Node authorizer also allows): created, then
 ///   aggregated by patching `count`, `lastTimestamp` and `message`; listed
 ///   once at start (`fieldSelector=reportingComponent=volume-health-agent`)
-///   to continue the episodes open across a restart.
+///   to continue the episodes open across a restart;
+/// - volumehealths (the project's CRD): read, created by server-side apply
+///   (patch), listed once at start to continue this node's entries;
+///   volumehealths/status: this node's entries by server-side apply;
+/// - persistentvolumeclaims: patch, for the label `volume-health.io/health`
+///   only (the admission policy in deploy/ holds the agent to that).
 pub const API_ACCESS: &[ApiAccess] = &[
     ApiAccess {
         group: "",
@@ -43,12 +48,28 @@ pub const API_ACCESS: &[ApiAccess] = &[
         resource: "events",
         verbs: &["list", "create", "patch"],
     },
+    ApiAccess {
+        group: "",
+        resource: "persistentvolumeclaims",
+        verbs: &["patch"],
+    },
+    ApiAccess {
+        group: status::types::GROUP,
+        resource: "volumehealths",
+        verbs: &["get", "list", "create", "patch"],
+    },
+    ApiAccess {
+        group: status::types::GROUP,
+        resource: "volumehealths/status",
+        verbs: &["patch"],
+    },
 ];
 
 pub mod cluster;
 pub mod events;
 pub mod pv;
 pub mod report;
+pub mod status;
 pub mod writer;
 
 use std::net::SocketAddr;
@@ -92,8 +113,28 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
     let (view, watchers) =
         cluster::ClusterView::start(client.clone(), &opts.node, Some(Arc::clone(&observer)));
     let shared = writer::Shared::new(events::Recorder::new(opts.events.clone()));
-    let writer = tokio::spawn(writer::run(client, Arc::clone(&shared), Some(observer)));
-    let reporter = report::ClusterReporter::new(view, Arc::clone(&shared), metrics, health);
+    let writer = tokio::spawn(writer::run(
+        client.clone(),
+        Arc::clone(&shared),
+        Some(Arc::clone(&observer)),
+    ));
+    let board = status::SharedBoard::new(status::Board::new(
+        opts.events.min_update_interval,
+        opts.events.unclaimed_clear_after,
+    ));
+    let status_api = status::StatusApi::new(
+        client.clone(),
+        status::node_manager(&opts.node),
+        status::node_entry_names(&opts.node),
+        Some(Arc::clone(&observer)),
+    );
+    let status_writer = tokio::spawn(status::run(status_api, Arc::clone(&board), client.clone()));
+    let sink = report::StatusSink {
+        node: opts.node.clone(),
+        board,
+    };
+    let reporter =
+        report::ClusterReporter::new(view, Arc::clone(&shared), metrics, health, Some(sink));
     let result = agent::run(opts.agent, reporter).await;
 
     // Give Events recorded at the end (the final reconcile) a moment.
@@ -106,6 +147,7 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
         tracing::warn!("stopping with Events not yet written (API server slow or away)");
     }
     writer.abort();
+    status_writer.abort();
     server.abort();
     for w in watchers {
         w.abort();

@@ -11,6 +11,7 @@ use health_common::CounterKey;
 
 use super::cluster::ClusterView;
 use super::events::Targets;
+use super::status::{self, Claim, SharedBoard};
 use super::writer::Shared;
 use crate::dev::Dev;
 use crate::kernel::clock::Clock;
@@ -38,6 +39,14 @@ pub struct ClusterReporter {
     parked: BTreeMap<VolumeKey, Vec<Change>>,
     /// Programs attached; readiness also waits for the first lists.
     attached: bool,
+    /// The `VolumeHealth` entries of this node (`None`: not written).
+    status: Option<StatusSink>,
+}
+
+/// Where this node's `VolumeHealth` entries go.
+pub struct StatusSink {
+    pub node: String,
+    pub board: Arc<SharedBoard>,
 }
 
 impl ClusterReporter {
@@ -46,6 +55,7 @@ impl ClusterReporter {
         shared: Arc<Shared>,
         metrics: Arc<Metrics>,
         health: Health,
+        status: Option<StatusSink>,
     ) -> Self {
         ClusterReporter {
             view,
@@ -55,7 +65,59 @@ impl ClusterReporter {
             known: HashMap::new(),
             parked: BTreeMap::new(),
             attached: false,
+            status,
         }
+    }
+
+    /// Hands the board this node's entries for `claims` (every claim a
+    /// volume here uses when `None`), from the conditions of all pod volumes
+    /// here on each. A claim none of them uses any more is released.
+    fn sync_status(&mut self, volumes: &LiveVolumes, claims: Option<&[Claim]>) {
+        if self.status.is_none() || !self.view.is_ready() {
+            return;
+        }
+        let index = volumes.index();
+        let keys: Vec<VolumeKey> = index.volumes().iter().map(|v| v.key.clone()).collect();
+        let mut by_claim: BTreeMap<Claim, Vec<VolumeKey>> = BTreeMap::new();
+        for key in keys {
+            let Some(t) = self.known.get(&key).cloned().or_else(|| self.targets(&key, index)) else {
+                continue;
+            };
+            if let Some(claim) = claim_of(&t) {
+                by_claim.entry(claim).or_default().push(key);
+            }
+        }
+        let Some(sink) = &self.status else { return };
+        let now = SystemTime::now();
+        let mut board = sink.board.lock();
+        let wanted: Vec<Claim> = match claims {
+            Some(c) => c.to_vec(),
+            None => by_claim.keys().cloned().collect(),
+        };
+        for claim in &wanted {
+            let Some(keys) = by_claim.get(claim) else {
+                board.release(&claim.namespace, &claim.name);
+                continue;
+            };
+            let members: Vec<status::Member<'_>> = keys
+                .iter()
+                .filter_map(|k| {
+                    let t = self.known.get(k)?;
+                    Some(status::Member {
+                        pod: format!("{}/{}", t.pod.namespace, t.pod.name),
+                        driver: index.get(k).and_then(|v| v.volume.driver.as_deref()),
+                        conditions: volumes.health(k).map(|h| h.conditions()).unwrap_or_default(),
+                    })
+                })
+                .collect();
+            board.set(claim, status::entries_for_node(&sink.node, &members, now));
+        }
+        if claims.is_none() {
+            board.release_others(&wanted);
+            board.set_ready();
+        }
+        drop(board);
+        sink.board.wake();
     }
 
     fn targets(&mut self, key: &VolumeKey, volumes: &VolumeIndex) -> Option<Targets> {
@@ -149,6 +211,21 @@ fn park(parked: &mut BTreeMap<VolumeKey, Vec<Change>>, key: &VolumeKey, changes:
     }
 }
 
+/// The claim a volume's conditions go to, when it has one with a uid (an
+/// owner reference needs it).
+fn claim_of(t: &Targets) -> Option<Claim> {
+    let pvc = t.pvc.as_ref()?;
+    if pvc.uid.is_empty() {
+        return None;
+    }
+    Some(Claim {
+        namespace: pvc.namespace.clone(),
+        name: pvc.name.clone(),
+        uid: pvc.uid.clone(),
+        pv: t.pv.clone(),
+    })
+}
+
 fn volume_ref(t: &Targets) -> VolumeRef {
     VolumeRef {
         namespace: t.pod.namespace.clone(),
@@ -229,9 +306,11 @@ impl Reporter for ClusterReporter {
         let index = volumes.index();
         let now = SystemTime::now();
         let mut wrote = false;
+        let mut claims: Vec<Claim> = Vec::new();
         for vc in &handled.changes {
             match self.targets(&vc.key, index) {
                 Some(t) if !self.parked.contains_key(&vc.key) => {
+                    claims.extend(claim_of(&t));
                     self.shared.lock().observe(&vc.key, &t, &vc.changes, now);
                     wrote = true;
                     if let Some(h) = volumes.health(&vc.key) {
@@ -253,6 +332,7 @@ impl Reporter for ClusterReporter {
             self.parked.remove(key);
             self.shared.lock().forget_volume(key);
             if let Some(t) = self.known.remove(key) {
+                claims.extend(claim_of(&t));
                 let r = volume_ref(&t);
                 self.metrics.remove_volume(&r);
                 // The claim's error counters go when no pod here uses it:
@@ -272,6 +352,11 @@ impl Reporter for ClusterReporter {
         if wrote {
             self.shared.wake();
         }
+        if !claims.is_empty() {
+            claims.sort();
+            claims.dedup();
+            self.sync_status(volumes, Some(&claims));
+        }
     }
 
     fn kernel_stats(&mut self, stats: &KernelStats) {
@@ -285,10 +370,13 @@ impl Reporter for ClusterReporter {
         self.view.changed().await
     }
 
-    fn handle(&mut self, _wake: (), volumes: Option<&VolumeIndex>) {
+    fn handle(&mut self, _wake: (), volumes: Option<&LiveVolumes>) {
         self.update_readiness();
-        if let Some(ix) = volumes {
-            self.unpark(ix);
+        if let Some(v) = volumes {
+            self.unpark(v.index());
+            // Pods came or went: every claim's entries (pods named, claims
+            // no longer used here released).
+            self.sync_status(v, None);
         }
     }
 

@@ -52,7 +52,7 @@ pub trait Reporter {
     async fn wake(&mut self) -> Self::Wake {
         std::future::pending().await
     }
-    fn handle(&mut self, _wake: Self::Wake, _volumes: Option<&VolumeIndex>) {}
+    fn handle(&mut self, _wake: Self::Wake, _volumes: Option<&LiveVolumes>) {}
     /// After detaching: the exact totals and what the kernel side dropped.
     fn finish(
         &mut self,

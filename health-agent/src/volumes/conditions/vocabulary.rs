@@ -4,13 +4,13 @@
 use std::fmt;
 use std::time::SystemTime;
 
-use serde::{Serialize, Serializer};
+use serde::{Deserialize, Serialize, Serializer};
 
 use super::format::serialize_time;
 
 /// KEP-1432 volume status. `Ord` sorts worst first:
 /// `Inaccessible < DataLoss < Degraded`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub enum Status {
     Inaccessible,
     DataLoss,

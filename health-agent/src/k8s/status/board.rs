@@ -1,0 +1,316 @@
+//! What one writer (a node's agent, the controller) should have written on
+//! each claim's `VolumeHealth`, what it last wrote, and when the next write
+//! is due. Write on change only: a new or cleared `(status, reason)` goes
+//! out at once, a new count or message at most every update interval, an
+//! unchanged assertion never. The lock is held for bookkeeping only.
+
+use std::collections::BTreeMap;
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, SystemTime};
+
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use super::api::Claim;
+use super::types::{parse_time, SourceEntry, VolumeHealth};
+
+const BACKOFF_MIN: Duration = Duration::from_millis(500);
+const BACKOFF_MAX: Duration = Duration::from_secs(30);
+/// After a refusal no retry would change (RBAC, schema): try again this
+/// much later, the error logged once per claim.
+const REFUSED_RETRY: Duration = Duration::from_secs(300);
+/// How long a condition taken over from before a restart is kept when the
+/// new process does not assert it, unless it is a kernel condition (kept
+/// until the quiet window after it was last seen): long enough for the
+/// checks and the CSI probes to have run once.
+pub const STARTUP_GRACE: Duration = Duration::from_secs(60);
+
+type Key = (String, String);
+
+#[derive(Debug)]
+struct ClaimState {
+    claim: Claim,
+    /// The entries as they should be, `None` when no pod here uses the claim.
+    desired: Option<Vec<SourceEntry>>,
+    /// As the server has them from this writer (listed at start, or written).
+    written: Vec<SourceEntry>,
+    /// Conditions taken over from before a restart, and until when they are
+    /// kept unless the new process asserts them.
+    carried: Vec<(String, super::types::EntryCondition, SystemTime)>,
+    last_write: Option<Instant>,
+    retry_at: Option<Instant>,
+    backoff: Duration,
+}
+
+pub enum Next {
+    Write(Claim, Vec<SourceEntry>),
+    /// Nothing due before this (`None`: until told).
+    Idle(Option<Instant>),
+}
+
+/// Why a write ended.
+pub enum Done {
+    Written,
+    /// Worth retrying soon.
+    Failed,
+    /// Refused; retried much later.
+    Refused,
+}
+
+#[derive(Debug)]
+pub struct Board {
+    states: BTreeMap<Key, ClaimState>,
+    update_interval: Duration,
+    /// Kernel conditions carried across a restart stay this long after
+    /// they were last seen.
+    quiet_window: Duration,
+    /// Until the writer's view of pods is complete, an entry of a claim it
+    /// does not know yet is not removed.
+    ready: bool,
+}
+
+impl Board {
+    pub fn new(update_interval: Duration, quiet_window: Duration) -> Self {
+        Board {
+            states: BTreeMap::new(),
+            update_interval,
+            quiet_window,
+            ready: false,
+        }
+    }
+
+    /// The caller's view of which claims it uses is complete.
+    pub fn set_ready(&mut self) {
+        self.ready = true;
+    }
+
+    fn state(&mut self, claim: &Claim) -> &mut ClaimState {
+        let key = (claim.namespace.clone(), claim.name.clone());
+        let s = self.states.entry(key).or_insert_with(|| ClaimState {
+            claim: claim.clone(),
+            desired: None,
+            written: Vec::new(),
+            carried: Vec::new(),
+            last_write: None,
+            retry_at: None,
+            backoff: BACKOFF_MIN,
+        });
+        s.claim = claim.clone();
+        s
+    }
+
+    /// What this writer asserts on `claim` now (entries sorted by name).
+    pub fn set(&mut self, claim: &Claim, mut entries: Vec<SourceEntry>) {
+        entries.sort_by(|a, b| a.name.cmp(&b.name));
+        self.state(claim).desired = Some(entries);
+    }
+
+    /// No pod here uses `claim` any more: its entries go (not a recovery).
+    pub fn release(&mut self, namespace: &str, name: &str) {
+        if let Some(s) = self
+            .states
+            .get_mut(&(namespace.to_string(), name.to_string()))
+        {
+            s.desired = None;
+            s.carried.clear();
+        }
+    }
+
+    /// Releases every claim but `used` (the complete list of claims in use).
+    pub fn release_others(&mut self, used: &[Claim]) {
+        let others: Vec<Key> = self
+            .states
+            .keys()
+            .filter(|k| !used.iter().any(|c| c.namespace == k.0 && c.name == k.1))
+            .cloned()
+            .collect();
+        for (ns, name) in others {
+            self.release(&ns, &name);
+        }
+    }
+
+    /// Takes over this writer's entries from before a restart.
+    pub fn adopt(&mut self, objects: &[VolumeHealth], owned: &[String], started: SystemTime) -> usize {
+        let mut adopted = 0;
+        for o in objects {
+            let Some(status) = &o.status else { continue };
+            let mine: Vec<SourceEntry> = status
+                .sources
+                .iter()
+                .filter(|e| owned.contains(&e.name))
+                .cloned()
+                .collect();
+            if mine.is_empty() {
+                continue;
+            }
+            let claim = Claim {
+                namespace: o.metadata.namespace.clone().unwrap_or_default(),
+                name: o.spec.persistent_volume_claim_name.clone(),
+                uid: o
+                    .metadata
+                    .owner_references
+                    .iter()
+                    .flatten()
+                    .find(|r| r.kind == "PersistentVolumeClaim")
+                    .map(|r| r.uid.clone())
+                    .unwrap_or_default(),
+                pv: o.spec.persistent_volume_name.clone(),
+            };
+            let quiet = self.quiet_window;
+            let s = self.state(&claim);
+            s.carried = mine
+                .iter()
+                .flat_map(|e| e.conditions.iter().map(move |c| (e.name.clone(), c.clone())))
+                .map(|(name, c)| {
+                    let until = if c.origin == "kernel" {
+                        let seen = c.last_seen.as_deref().unwrap_or(&c.since);
+                        parse_time(seen).unwrap_or(started) + quiet
+                    } else {
+                        started + STARTUP_GRACE
+                    };
+                    (name, c, until)
+                })
+                .collect();
+            s.written = mine;
+            adopted += 1;
+        }
+        adopted
+    }
+
+    /// The next write due, or when to look again.
+    pub fn next(&mut self, now: Instant, wall: SystemTime) -> Next {
+        let mut wake: Option<Instant> = None;
+        let mut soonest = |at: Instant| wake = Some(wake.map_or(at, |w: Instant| w.min(at)));
+        for s in self.states.values_mut() {
+            if s.desired.is_none() && !self.ready {
+                continue;
+            }
+            s.carried.retain(|(_, _, until)| *until > wall);
+            let effective = effective(s);
+            if effective.len() == s.written.len()
+                && effective.iter().zip(&s.written).all(|(a, b)| a.same_assertions(b))
+            {
+                if let Some(until) = s.carried.iter().map(|c| c.2).min() {
+                    let left = until.duration_since(wall).unwrap_or_default();
+                    soonest(now + left);
+                }
+                continue;
+            }
+            let major = effective.len() != s.written.len()
+                || effective
+                    .iter()
+                    .zip(&s.written)
+                    .any(|(a, b)| a.name != b.name || a.keys() != b.keys());
+            let mut due = if major {
+                now
+            } else {
+                s.last_write.map_or(now, |t| t + self.update_interval)
+            };
+            if let Some(r) = s.retry_at {
+                due = due.max(r);
+            }
+            if due <= now {
+                return Next::Write(s.claim.clone(), effective);
+            }
+            soonest(due);
+        }
+        Next::Idle(wake)
+    }
+
+    /// Records how a write from [`Board::next`] ended.
+    pub fn finish(&mut self, claim: &Claim, entries: Vec<SourceEntry>, done: Done, now: Instant) {
+        let key = (claim.namespace.clone(), claim.name.clone());
+        let Some(s) = self.states.get_mut(&key) else {
+            return;
+        };
+        match done {
+            Done::Written => {
+                s.written = entries;
+                s.last_write = Some(now);
+                s.retry_at = None;
+                s.backoff = BACKOFF_MIN;
+                if s.desired.is_none() && s.written.is_empty() {
+                    self.states.remove(&key);
+                }
+            }
+            Done::Failed => {
+                s.retry_at = Some(now + s.backoff);
+                s.backoff = (s.backoff * 2).min(BACKOFF_MAX);
+            }
+            Done::Refused => s.retry_at = Some(now + REFUSED_RETRY),
+        }
+    }
+
+    /// Claims with state (for metrics and tests).
+    pub fn len(&self) -> usize {
+        self.states.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.states.is_empty()
+    }
+}
+
+/// What should be on the server: the desired entries, with conditions
+/// carried over from before a restart added, and an entry that asserted
+/// something before kept with no conditions (the volume had a condition
+/// here and is healthy now) until no pod here uses the claim.
+fn effective(s: &ClaimState) -> Vec<SourceEntry> {
+    let Some(desired) = &s.desired else {
+        return Vec::new();
+    };
+    let mut out = desired.clone();
+    for w in &s.written {
+        if !out.iter().any(|e| e.name == w.name) {
+            let mut kept = w.clone();
+            kept.conditions.clear();
+            out.push(kept);
+        }
+    }
+    for (name, c, _) in &s.carried {
+        let Some(e) = out.iter_mut().find(|e| &e.name == name) else {
+            continue;
+        };
+        if !e
+            .conditions
+            .iter()
+            .any(|d| d.status == c.status && d.reason == c.reason)
+        {
+            e.conditions.push(c.clone());
+        }
+    }
+    for e in &mut out {
+        e.conditions
+            .sort_by(|a, b| (a.status, &a.reason).cmp(&(b.status, &b.reason)));
+    }
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    out
+}
+
+/// The board shared by the code that decides (the agent loop, the
+/// controller's cycle) and the writer task.
+pub struct SharedBoard {
+    board: Mutex<Board>,
+    notify: Notify,
+}
+
+impl SharedBoard {
+    pub fn new(board: Board) -> std::sync::Arc<SharedBoard> {
+        std::sync::Arc::new(SharedBoard {
+            board: Mutex::new(board),
+            notify: Notify::new(),
+        })
+    }
+
+    pub fn lock(&self) -> MutexGuard<'_, Board> {
+        self.board.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn wake(&self) {
+        self.notify.notify_one();
+    }
+
+    pub async fn notified(&self) {
+        self.notify.notified().await
+    }
+}
