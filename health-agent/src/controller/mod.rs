@@ -26,6 +26,7 @@ pub mod leader;
 pub mod metrics;
 pub mod nodes;
 pub mod pvs;
+pub mod status;
 
 #[cfg(test)]
 mod tests;
@@ -62,7 +63,13 @@ pub const COMPONENT: &str = "volume-health-controller";
 /// - pods: listed on demand for ONE node that went down
 ///   (`fieldSelector=spec.nodeName=NODE`); never watched;
 /// - events: created, patched to aggregate, listed on taking the lead
-///   (`fieldSelector=reportingComponent=volume-health-controller`).
+///   (`fieldSelector=reportingComponent=volume-health-controller`);
+/// - volumehealths: the entries `CSIDriver` and `Controller` of each claim
+///   with a condition (read, created and updated by server-side apply,
+///   listed on taking the lead); volumehealths/status;
+/// - persistentvolumeclaims: patch, the label `volume-health.io/health`;
+///   persistentvolumeclaims/status: patch, `healthStatus` where the server
+///   has it.
 pub const API_ACCESS: &[ApiAccess] = &[
     ApiAccess {
         group: "",
@@ -83,6 +90,26 @@ pub const API_ACCESS: &[ApiAccess] = &[
         group: "",
         resource: "events",
         verbs: &["create", "patch", "list"],
+    },
+    ApiAccess {
+        group: "",
+        resource: "persistentvolumeclaims",
+        verbs: &["patch"],
+    },
+    ApiAccess {
+        group: "",
+        resource: "persistentvolumeclaims/status",
+        verbs: &["patch"],
+    },
+    ApiAccess {
+        group: crate::k8s::status::types::GROUP,
+        resource: "volumehealths",
+        verbs: &["get", "list", "create", "patch"],
+    },
+    ApiAccess {
+        group: crate::k8s::status::types::GROUP,
+        resource: "volumehealths/status",
+        verbs: &["patch"],
     },
 ];
 
@@ -184,6 +211,8 @@ pub struct Worker {
     metrics: Arc<ControllerMetrics>,
     call_timeout: Duration,
     writer: tokio::task::JoinHandle<()>,
+    /// `VolumeHealth` entries and `pvc.status.healthStatus` (`None`: Events only).
+    status: Option<status::StatusWriter>,
 }
 
 impl Drop for Worker {
@@ -240,7 +269,31 @@ impl Worker {
             metrics,
             call_timeout,
             writer,
+            status: None,
         }
+    }
+
+    /// Also writes the claims' `VolumeHealth` entries from now on.
+    pub fn with_status(mut self, status: status::StatusWriter) -> Self {
+        self.status = Some(status);
+        self
+    }
+
+    /// Hands the status writer the conditions as they are now.
+    async fn sync_status(&mut self, cluster: &dyn ClusterState) {
+        let Some(status) = self.status.as_mut() else {
+            return;
+        };
+        let now = SystemTime::now();
+        let volumes = cluster.volumes();
+        status
+            .sync(
+                self.pvs.claim_conditions(),
+                self.nodes.claim_conditions(now),
+                &volumes,
+                now,
+            )
+            .await;
     }
 
     pub fn shared(&self) -> &Arc<Shared> {
@@ -264,6 +317,7 @@ impl Worker {
         self.metrics.cycle(probed.result, started.elapsed());
         self.metrics.set_volumes(current.len(), self.pvs.abnormal());
         self.shared.wake();
+        self.sync_status(cluster).await;
     }
 
     /// Node-down: recoveries, and the pods of nodes down past the grace.
@@ -296,6 +350,7 @@ impl Worker {
             }
         }
         self.shared.wake();
+        self.sync_status(cluster).await;
     }
 
     /// Gives Events not yet written a moment (on shutdown).
@@ -412,7 +467,13 @@ pub async fn run(opts: ControllerOptions) -> anyhow::Result<()> {
             Arc::clone(&metrics),
             &inventory,
         )
-        .await;
+        .await
+        .with_status(status::StatusWriter::start(
+            client.clone(),
+            &driver,
+            opts.event_update_interval,
+            metrics.clone(),
+        ));
         let mut csi_tick = tokio::time::interval(opts.monitor_interval);
         csi_tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
         let mut node_tick = tokio::time::interval(NODE_CHECK_EVERY);

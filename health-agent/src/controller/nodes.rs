@@ -137,6 +137,20 @@ impl NodeWatch {
         due
     }
 
+    /// The claims of pods on nodes down past the grace, with the condition
+    /// each is in.
+    pub fn claim_conditions(&self, now: SystemTime) -> Vec<(ObjectRef, Condition)> {
+        let mut out = Vec::new();
+        for (node, down) in &self.down {
+            for a in down.reported.iter().flatten() {
+                for pvc in &a.pvcs {
+                    out.push((pvc.clone(), down.condition(node, now)));
+                }
+            }
+        }
+        out
+    }
+
     /// Raises the condition on every pod of `node` listed by
     /// [`affected_pods`] and on its claims.
     pub fn report(

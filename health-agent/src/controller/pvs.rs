@@ -83,6 +83,24 @@ impl PvHealth {
             .count()
     }
 
+    /// The claims this PV state reports to, with their PV and the
+    /// conditions the driver's controller service asserts now.
+    pub fn claim_conditions(
+        &self,
+    ) -> Vec<(
+        ObjectRef,
+        String,
+        Vec<crate::volumes::conditions::Condition>,
+    )> {
+        self.states
+            .iter()
+            .filter_map(|(key, s)| {
+                let claim = s.reported_to.clone()?;
+                Some((claim, key.pv.clone(), s.health.conditions()))
+            })
+            .collect()
+    }
+
     /// Applies one cycle. `current` is the inventory as it is now, after
     /// the calls: a PV no longer there was deleted meanwhile, and its
     /// observation is dropped with its state.

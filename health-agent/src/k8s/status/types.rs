@@ -194,6 +194,21 @@ pub struct EntryCondition {
     pub origin: String,
 }
 
+impl EntryCondition {
+    /// A condition of the agent's state machine as an entry shows it.
+    pub fn from_condition(c: &crate::volumes::conditions::Condition) -> Self {
+        EntryCondition {
+            status: c.status,
+            reason: c.reason.clone(),
+            message: bounded(c.message.clone(), MAX_MESSAGE),
+            since: time(c.since),
+            last_seen: Some(time(c.last_probe)),
+            count: c.occurrences,
+            origin: c.source.to_string(),
+        }
+    }
+}
+
 /// The schema's bound on messages; longer ones are cut at a char boundary.
 pub const MAX_MESSAGE: usize = 4096;
 
