@@ -38,6 +38,7 @@ pub mod devices;
 pub mod envtest;
 pub mod faultdisk;
 pub mod fs;
+pub mod k8s_tools;
 pub mod program_runs;
 pub mod protocol;
 pub mod sys;
