@@ -20,8 +20,8 @@ mod common;
 
 use common::agent_objects::{
     agent, by_key, deploy, deploy_objects, env_value, manifest_files, mount_path_of_host_path,
-    name, namespace_of, parse_documents, pod_spec, CLUSTER_ROLE, DAEMON_SET, IMAGE, MOUNTS,
-    METRICS_SERVICE, NAMESPACE, SERVICE_ACCOUNT,
+    name, namespace_of, parse_documents, pod_spec, CLUSTER_ROLE, DAEMON_SET, IMAGE,
+    METRICS_SERVICE, MOUNTS, NAMESPACE, SERVICE_ACCOUNT,
 };
 use common::{chart_dir, deploy_dir, json, read};
 use health_agent::k8s::API_ACCESS;

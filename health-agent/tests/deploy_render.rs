@@ -99,8 +99,7 @@ fn take_recursive(objects: &[Parsed], origin: &str) -> (BTreeSet<String>, Object
                 .and_then(Value::as_array_mut);
             for mount in mounts.into_iter().flatten() {
                 let path = mount["mountPath"].as_str().unwrap_or_default().to_string();
-                let Some(value) = mount.as_object_mut().unwrap().remove("recursiveReadOnly")
-                else {
+                let Some(value) = mount.as_object_mut().unwrap().remove("recursiveReadOnly") else {
                     continue;
                 };
                 assert_eq!(value, RECURSIVE, "{origin}: {path}");
@@ -119,7 +118,11 @@ fn files() -> Objects {
 /// The objects of deploy/, no mount recursively read-only.
 fn assert_old(objects: &[Parsed], origin: &str) {
     let (recursive, rest) = take_recursive(objects, origin);
-    assert_eq!(recursive, BTreeSet::new(), "{origin}: recursiveReadOnly mounts");
+    assert_eq!(
+        recursive,
+        BTreeSet::new(),
+        "{origin}: recursiveReadOnly mounts"
+    );
     assert_objects(&rest, origin);
 }
 
@@ -145,7 +148,10 @@ fn assert_objects(rendered: &Objects, origin: &str) {
         "{origin}: objects"
     );
     for (key, value) in &files {
-        assert_eq!(&rendered[key], value, "{key:?} differs between {origin} and deploy/");
+        assert_eq!(
+            &rendered[key], value,
+            "{key:?} differs between {origin} and deploy/"
+        );
     }
 }
 
@@ -240,7 +246,10 @@ fn helm_renders_for_its_own_kube_version_by_default() {
         .and_then(|m| m.parse().ok())
         .unwrap_or_else(|| panic!("helm's Kubernetes version: {version:?}"));
     let rendered = helm_template(&[]);
-    let origin = format!("helm template (helm's default, Kubernetes {})", version.trim());
+    let origin = format!(
+        "helm template (helm's default, Kubernetes {})",
+        version.trim()
+    );
     if minor >= 31 {
         assert_new(&rendered, &origin);
     } else {
@@ -251,11 +260,21 @@ fn helm_renders_for_its_own_kube_version_by_default() {
 #[test]
 fn the_recursive_read_only_value_overrides_the_version() {
     assert_new(
-        &helm_template(&["--kube-version", "1.26.1", "--set", "recursiveReadOnly=enabled"]),
+        &helm_template(&[
+            "--kube-version",
+            "1.26.1",
+            "--set",
+            "recursiveReadOnly=enabled",
+        ]),
         "helm template --kube-version 1.26.1 recursiveReadOnly=enabled",
     );
     assert_old(
-        &helm_template(&["--kube-version", "1.33.0", "--set", "recursiveReadOnly=disabled"]),
+        &helm_template(&[
+            "--kube-version",
+            "1.33.0",
+            "--set",
+            "recursiveReadOnly=disabled",
+        ]),
         "helm template --kube-version 1.33.0 recursiveReadOnly=disabled",
     );
     let refused = helm_template_refused(&["--set", "recursiveReadOnly=yes"]);

@@ -39,6 +39,7 @@ pub mod envtest;
 pub mod faultdisk;
 pub mod fs;
 pub mod k8s_tools;
+pub mod manifests;
 pub mod program_runs;
 pub mod protocol;
 pub mod sys;

@@ -6,9 +6,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{
-    Container, Namespace, PodSpec, Service, ServiceAccount, Volume,
-};
+use k8s_openapi::api::core::v1::{Container, Namespace, PodSpec, Service, ServiceAccount, Volume};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use serde_json::Value;
 
@@ -20,7 +18,6 @@ pub const CLUSTER_ROLE: &str = "volume-health";
 pub const DAEMON_SET: &str = "volume-health-agent";
 pub const METRICS_SERVICE: &str = "volume-health-metrics";
 pub const IMAGE: &str = "volume-health-agent:0.1.0";
-
 
 /// One host path the agent needs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -241,7 +238,6 @@ pub fn namespace_of(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Objec
     meta.namespace.as_deref().unwrap_or_default()
 }
 
-
 pub fn host_path_volume<'a>(ds: &'a DaemonSet, host: &str) -> &'a Volume {
     pod_spec(ds)
         .volumes
@@ -262,4 +258,3 @@ pub fn mount_path_of_host_path(ds: &DaemonSet, host: &str) -> String {
     assert_eq!(mounts.len(), 1, "{host} mounted once");
     mounts[0].mount_path.clone()
 }
-
