@@ -6,18 +6,11 @@
 //! the type does not know (the typed object is serialized again and must
 //! equal the document, so a misspelt key cannot be dropped silently).
 //!
-//! The Helm chart is checked twice:
-//! - without any tool: every object of `deploy/` is named in the templates,
-//!   the fixed lines that matter (RBAC rules, capabilities, mounts, env) are
-//!   literally there, and `values.yaml` holds the values `deploy/` uses. This
-//!   reads text; it does not evaluate the templates.
-//! - with `helm` (HELM_BIN, the xtask tools cache, or PATH; `cargo xtask
-//!   tools` installs it): `helm lint --strict`, then `helm template` with the
-//!   default values must give the very objects of `deploy/`, and non-default
-//!   values must change what they claim to change.
-//!
-//! `kubectl kustomize deploy/` (same lookup, KUBECTL_BIN) must render the
-//! same objects as the files.
+//! The Helm chart is read as text here, without any tool: every object of
+//! `deploy/` is named in the templates, the fixed lines that matter (RBAC
+//! rules, capabilities, mounts, env) are literally there, and `values.yaml`
+//! holds the values `deploy/` uses. Rendering it, and the kustomizations,
+//! with the real tools is deploy_render.rs.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -25,23 +18,17 @@ use std::process::Command;
 
 mod common;
 
-use common::{chart_dir, deploy_dir, json, read, run_tool, tool, typed, yaml_documents};
-use health_agent::k8s::API_ACCESS;
-use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{
-    Container, Namespace, PodSpec, Probe, Service, ServiceAccount, Volume,
+use common::agent_objects::{
+    agent, by_key, deploy, deploy_objects, env_value, manifest_files, mount_path_of_host_path,
+    name, namespace_of, parse_documents, pod_spec, CLUSTER_ROLE, DAEMON_SET, IMAGE,
+    METRICS_SERVICE, MOUNTS, NAMESPACE, SERVICE_ACCOUNT,
 };
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use common::{chart_dir, deploy_dir, json, read};
+use health_agent::k8s::API_ACCESS;
+use k8s_openapi::api::core::v1::{Probe, Volume};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde::Deserialize;
 use serde_json::Value;
-
-const NAMESPACE: &str = "volume-health";
-const SERVICE_ACCOUNT: &str = "volume-health";
-const CLUSTER_ROLE: &str = "volume-health";
-const DAEMON_SET: &str = "volume-health-agent";
-const METRICS_SERVICE: &str = "volume-health-metrics";
-const IMAGE: &str = "volume-health-agent:0.1.0";
 
 /// The default of `health-agent run --metrics-addr` (env HEALTH_METRICS_ADDR).
 /// Keep in sync with the CLI in src/main.rs.
@@ -56,224 +43,6 @@ const CAPABILITIES: [&str; 5] = [
     "DAC_READ_SEARCH",
     "SYS_NICE",
 ];
-
-/// One host path the agent needs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-struct HostMount {
-    host: &'static str,
-    mount: &'static str,
-    read_only: bool,
-    /// recursiveReadOnly: IfPossible (submounts of the host's /proc, /sys
-    /// and /dev must not be writable either).
-    recursive: bool,
-    propagation: Option<&'static str>,
-}
-
-const fn host_mount(
-    host: &'static str,
-    mount: &'static str,
-    read_only: bool,
-    recursive: bool,
-    propagation: Option<&'static str>,
-) -> HostMount {
-    HostMount {
-        host,
-        mount,
-        read_only,
-        recursive,
-        propagation,
-    }
-}
-
-/// Every host path the agent needs, and nothing else.
-const MOUNTS: [HostMount; 6] = [
-    host_mount("/proc", "/host/proc", true, true, None),
-    host_mount("/sys", "/sys", true, true, None),
-    host_mount(
-        "/sys/kernel/tracing",
-        "/sys/kernel/tracing",
-        true,
-        false,
-        None,
-    ),
-    host_mount("/sys/fs/bpf", "/sys/fs/bpf", false, false, None),
-    host_mount(
-        "/var/lib/kubelet",
-        "/var/lib/kubelet",
-        true,
-        false,
-        Some("HostToContainer"),
-    ),
-    host_mount("/dev", "/dev", true, true, None),
-];
-
-// ---------------------------------------------------------------------------
-// Parsing
-
-/// One object of a manifest, typed.
-#[derive(Clone, Debug)]
-enum Object {
-    Namespace(Namespace),
-    ServiceAccount(ServiceAccount),
-    ClusterRole(ClusterRole),
-    ClusterRoleBinding(ClusterRoleBinding),
-    DaemonSet(Box<DaemonSet>),
-    Service(Box<Service>),
-}
-
-/// An object with the document it came from (as JSON).
-#[derive(Clone, Debug)]
-struct Parsed {
-    object: Object,
-    json: Value,
-}
-
-impl Parsed {
-    /// (kind, namespace, name): what identifies an object in a cluster.
-    fn key(&self) -> (String, String, String) {
-        let s = |v: &Value| v.as_str().unwrap_or_default().to_string();
-        (
-            s(&self.json["kind"]),
-            s(&self.json["metadata"]["namespace"]),
-            s(&self.json["metadata"]["name"]),
-        )
-    }
-}
-
-fn to_object(json: &Value, origin: &str) -> Object {
-    let kind = json["kind"].as_str().unwrap_or_default();
-    let api_version = json["apiVersion"].as_str().unwrap_or_default();
-    match (api_version, kind) {
-        ("v1", "Namespace") => Object::Namespace(typed(json, origin)),
-        ("v1", "ServiceAccount") => Object::ServiceAccount(typed(json, origin)),
-        ("v1", "Service") => Object::Service(Box::new(typed(json, origin))),
-        ("rbac.authorization.k8s.io/v1", "ClusterRole") => Object::ClusterRole(typed(json, origin)),
-        ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding") => {
-            Object::ClusterRoleBinding(typed(json, origin))
-        }
-        ("apps/v1", "DaemonSet") => Object::DaemonSet(Box::new(typed(json, origin))),
-        _ => panic!("{origin}: unexpected object {api_version} {kind}"),
-    }
-}
-
-/// Every document of a multi-document YAML text (empty documents skipped).
-fn parse_documents(text: &str, origin: &str) -> Vec<Parsed> {
-    yaml_documents(text, origin)
-        .into_iter()
-        .map(|json| Parsed {
-            object: to_object(&json, origin),
-            json,
-        })
-        .collect()
-}
-
-/// The manifest files of deploy/ (the kustomization itself aside).
-fn manifest_files() -> Vec<String> {
-    let mut names: Vec<String> = std::fs::read_dir(deploy_dir())
-        .expect("deploy/ exists")
-        .map(|e| e.expect("listing deploy/").file_name())
-        .map(|n| n.to_string_lossy().into_owned())
-        .filter(|n| n.ends_with(".yaml") || n.ends_with(".yml"))
-        .filter(|n| n != "kustomization.yaml")
-        .collect();
-    names.sort();
-    names
-}
-
-fn deploy_objects() -> Vec<Parsed> {
-    manifest_files()
-        .iter()
-        .flat_map(|name| parse_documents(&read(&deploy_dir().join(name)), name))
-        .collect()
-}
-
-/// The objects keyed by (kind, namespace, name); a key seen twice fails.
-fn by_key(objects: &[Parsed], origin: &str) -> BTreeMap<(String, String, String), Value> {
-    let mut map = BTreeMap::new();
-    for p in objects {
-        let previous = map.insert(p.key(), p.json.clone());
-        assert!(previous.is_none(), "{origin}: {:?} twice", p.key());
-    }
-    map
-}
-
-struct Deploy {
-    namespace: Namespace,
-    service_account: ServiceAccount,
-    role: ClusterRole,
-    binding: ClusterRoleBinding,
-    daemon_set: DaemonSet,
-    service: Service,
-}
-
-/// The one object of each kind that deploy/ must have.
-fn deploy() -> Deploy {
-    split(&deploy_objects(), "deploy/")
-}
-
-fn split(objects: &[Parsed], origin: &str) -> Deploy {
-    fn one<T: Clone>(found: &[T], what: &str, origin: &str) -> T {
-        assert_eq!(found.len(), 1, "{origin}: expected exactly one {what}");
-        found[0].clone()
-    }
-    let mut ns = vec![];
-    let mut sa = vec![];
-    let mut role = vec![];
-    let mut binding = vec![];
-    let mut ds = vec![];
-    let mut svc = vec![];
-    for p in objects {
-        match &p.object {
-            Object::Namespace(o) => ns.push(o.clone()),
-            Object::ServiceAccount(o) => sa.push(o.clone()),
-            Object::ClusterRole(o) => role.push(o.clone()),
-            Object::ClusterRoleBinding(o) => binding.push(o.clone()),
-            Object::DaemonSet(o) => ds.push((**o).clone()),
-            Object::Service(o) => svc.push((**o).clone()),
-        }
-    }
-    Deploy {
-        namespace: one(&ns, "Namespace", origin),
-        service_account: one(&sa, "ServiceAccount", origin),
-        role: one(&role, "ClusterRole", origin),
-        binding: one(&binding, "ClusterRoleBinding", origin),
-        daemon_set: one(&ds, "DaemonSet", origin),
-        service: one(&svc, "Service", origin),
-    }
-}
-
-fn pod_spec(ds: &DaemonSet) -> &PodSpec {
-    ds.spec
-        .as_ref()
-        .and_then(|s| s.template.spec.as_ref())
-        .expect("the DaemonSet has a pod spec")
-}
-
-fn agent(ds: &DaemonSet) -> &Container {
-    let containers = &pod_spec(ds).containers;
-    assert_eq!(containers.len(), 1, "one container, the agent");
-    &containers[0]
-}
-
-fn env_value<'a>(c: &'a Container, name: &str) -> &'a str {
-    let var = c
-        .env
-        .iter()
-        .flatten()
-        .find(|e| e.name == name)
-        .unwrap_or_else(|| panic!("env {name} is not set"));
-    var.value
-        .as_deref()
-        .unwrap_or_else(|| panic!("env {name} has no literal value"))
-}
-
-fn name(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> &str {
-    meta.name.as_deref().unwrap_or_default()
-}
-
-fn namespace_of(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> &str {
-    meta.namespace.as_deref().unwrap_or_default()
-}
 
 fn metrics_port() -> i32 {
     DEFAULT_METRICS_ADDR
@@ -486,27 +255,6 @@ fn env_names_the_node_and_the_mounted_host_paths() {
     );
 }
 
-fn host_path_volume<'a>(ds: &'a DaemonSet, host: &str) -> &'a Volume {
-    pod_spec(ds)
-        .volumes
-        .iter()
-        .flatten()
-        .find(|v| v.host_path.as_ref().is_some_and(|h| h.path == host))
-        .unwrap_or_else(|| panic!("no hostPath volume for {host}"))
-}
-
-fn mount_path_of_host_path(ds: &DaemonSet, host: &str) -> String {
-    let volume = host_path_volume(ds, host);
-    let mounts: Vec<_> = agent(ds)
-        .volume_mounts
-        .iter()
-        .flatten()
-        .filter(|m| m.name == volume.name)
-        .collect();
-    assert_eq!(mounts.len(), 1, "{host} mounted once");
-    mounts[0].mount_path.clone()
-}
-
 #[test]
 fn every_host_path_is_mounted_as_documented() {
     let ds = deploy().daemon_set;
@@ -525,16 +273,14 @@ fn every_host_path_is_mounted_as_documented() {
             .unwrap_or_else(|| panic!("volumeMount {} has no volume", m.name));
         let host = v.host_path.as_ref().expect("only hostPath volumes");
         assert_eq!(host.type_.as_deref(), Some("Directory"), "{}", m.name);
-        let recursive = match m.recursive_read_only.as_deref() {
-            None => false,
-            Some("IfPossible") => true,
-            Some(other) => panic!("{}: recursiveReadOnly {other}", m.name),
-        };
+        // Every supported API server must take these files: recursive
+        // read-only mounts come from deploy/components/recursive-read-only
+        // (deploy_render.rs checks where it puts them).
+        assert_eq!(m.recursive_read_only, None, "{}", m.name);
         seen.push((
             host.path.clone(),
             m.mount_path.clone(),
             m.read_only == Some(true),
-            recursive,
             m.mount_propagation.clone(),
         ));
         assert!(m.sub_path.is_none() && m.sub_path_expr.is_none());
@@ -547,7 +293,6 @@ fn every_host_path_is_mounted_as_documented() {
                 m.host.to_string(),
                 m.mount.to_string(),
                 m.read_only,
-                m.recursive,
                 m.propagation.map(String::from),
             )
         })
@@ -849,121 +594,4 @@ fn the_chart_defaults_are_the_values_of_deploy() {
     );
     assert_eq!(values["nodeSelector"], serde_json::json!({}));
     assert!(pod.node_selector.is_none());
-}
-
-// ---------------------------------------------------------------------------
-// Rendering with the real tools
-
-fn helm_template(extra: &[&str]) -> Vec<Parsed> {
-    let home = tempfile::tempdir().unwrap();
-    let chart = chart_dir();
-    let chart = chart.to_str().unwrap();
-    let mut args = vec!["template", "volume-health", chart];
-    args.extend_from_slice(extra);
-    let text = run_tool(&tool("HELM_BIN", "helm"), &args, home.path());
-    parse_documents(&text, "helm template")
-}
-
-#[test]
-fn helm_lints_and_renders_the_objects_of_deploy() {
-    let home = tempfile::tempdir().unwrap();
-    let chart = chart_dir();
-    run_tool(
-        &tool("HELM_BIN", "helm"),
-        &["lint", "--strict", chart.to_str().unwrap()],
-        home.path(),
-    );
-    let rendered = by_key(&helm_template(&[]), "helm template");
-    let files = by_key(&deploy_objects(), "deploy/");
-    assert_eq!(
-        rendered.keys().collect::<Vec<_>>(),
-        files.keys().collect::<Vec<_>>()
-    );
-    for (key, value) in &files {
-        assert_eq!(
-            &rendered[key], value,
-            "{key:?} differs between the chart and deploy/"
-        );
-    }
-}
-
-#[test]
-fn helm_values_change_what_they_claim_to() {
-    let objects = helm_template(&[
-        "--set",
-        "privileged=true",
-        "--set",
-        "extraArgs={--flush-errors,--event-writes-per-minute=10}",
-        "--set",
-        "namespace.name=storage-watch",
-        "--set",
-        "metrics.port=9900",
-        "--set",
-        "kubeletRoot=/data/kubelet",
-        "--set",
-        "image.repository=registry.example/vh,image.tag=1.2.3",
-        "--set",
-        "nodeSelector.disk=ssd",
-    ]);
-    let d = split(&objects, "helm template --set ...");
-    let ds = &d.daemon_set;
-    let c = agent(ds);
-    assert_eq!(c.image.as_deref(), Some("registry.example/vh:1.2.3"));
-    assert_eq!(
-        c.args.clone().unwrap(),
-        ["run", "--flush-errors", "--event-writes-per-minute=10"]
-    );
-    let sc = c.security_context.clone().unwrap();
-    assert_eq!(sc.privileged, Some(true));
-    assert!(sc.capabilities.is_none() && sc.allow_privilege_escalation.is_none());
-    assert_eq!(env_value(c, "HEALTH_METRICS_ADDR"), "0.0.0.0:9900");
-    assert_eq!(c.ports.as_ref().unwrap()[0].container_port, 9900);
-    assert_eq!(d.service.spec.unwrap().ports.unwrap()[0].port, 9900);
-    assert_eq!(env_value(c, "HEALTH_KUBELET_ROOT"), "/data/kubelet");
-    assert_eq!(
-        mount_path_of_host_path(ds, "/data/kubelet"),
-        "/data/kubelet"
-    );
-    let selector = pod_spec(ds).node_selector.clone().unwrap();
-    assert_eq!(selector.get("disk").map(String::as_str), Some("ssd"));
-    assert_eq!(name(&d.namespace.metadata), "storage-watch");
-    for ns in [
-        namespace_of(&ds.metadata),
-        namespace_of(&d.service_account.metadata),
-        namespace_of(&d.service.metadata),
-        d.binding.subjects.as_ref().unwrap()[0]
-            .namespace
-            .as_deref()
-            .unwrap(),
-    ] {
-        assert_eq!(ns, "storage-watch");
-    }
-    // Without the namespace and the Service, the rest stays.
-    let fewer = helm_template(&["--set", "namespace.create=false,metrics.service=false"]);
-    let kinds: BTreeSet<String> = fewer.iter().map(|p| p.key().0).collect();
-    let expected: BTreeSet<String> = [
-        "ClusterRole",
-        "ClusterRoleBinding",
-        "DaemonSet",
-        "ServiceAccount",
-    ]
-    .map(String::from)
-    .into();
-    assert_eq!(kinds, expected);
-}
-
-#[test]
-fn kustomize_renders_the_files_unchanged() {
-    let home = tempfile::tempdir().unwrap();
-    let dir = deploy_dir();
-    let text = run_tool(
-        &tool("KUBECTL_BIN", "kubectl"),
-        &["kustomize", dir.to_str().unwrap()],
-        home.path(),
-    );
-    let rendered = by_key(
-        &parse_documents(&text, "kubectl kustomize"),
-        "kubectl kustomize",
-    );
-    assert_eq!(rendered, by_key(&deploy_objects(), "deploy/"));
 }

@@ -532,6 +532,14 @@ async fn readyz(client: &kube::Client) -> Result<String, String> {
     }
 }
 
+/// A current-thread tokio runtime for a test that talks to the server.
+pub fn runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("building the test's tokio runtime")
+}
+
 /// The field manager of everything the tests apply.
 pub const FIELD_MANAGER: &str = "volume-health-tests";
 

@@ -38,6 +38,8 @@ pub mod devices;
 pub mod envtest;
 pub mod faultdisk;
 pub mod fs;
+pub mod k8s_tools;
+pub mod manifests;
 pub mod program_runs;
 pub mod protocol;
 pub mod sys;

@@ -5,26 +5,28 @@
 //! exactly what its code declares (`health_agent::k8s::API_ACCESS`,
 //! `health_agent::controller::{API_ACCESS, LEASE_ACCESS}`) and nothing more.
 //!
-//! The server is v1.26 (the oldest the manifests should apply to); the node
-//! agent's DaemonSet needs 1.33 (`recursiveReadOnly`), and the test holds it to
-//! exactly that difference.
+//! The server is v1.26, the oldest Kubernetes the manifests support; that
+//! every file and rendering for such a cluster passes `kubectl apply
+//! --dry-run=server` is apiserver_deploy.rs.
 //!
 //! No root, no BPF; needs HEALTH_K8S_ASSETS (see the harness).
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Context, Result};
 use health_agent::k8s::ApiAccess;
-use health_tests::envtest::{apply_manifest, Identity, Options, RealApiServer, FIELD_MANAGER};
+use health_tests::envtest::{
+    apply_manifest, runtime, Identity, Options, RealApiServer, FIELD_MANAGER,
+};
+use health_tests::manifests::{apply_all, manifests, repo_root};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
 };
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::Client;
-use serde::Deserialize;
 use serde_json::{json, Value};
 
 const AGENT_NS: &str = "volume-health";
@@ -42,92 +44,6 @@ const VERBS: &[&str] = &[
     "delete",
     "deletecollection",
 ];
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("tests/ sits in the workspace")
-        .to_path_buf()
-}
-
-/// The documents of every `*.yaml` in `dir` but its kustomization, in name order.
-fn manifests(dir: &Path) -> Result<Vec<Value>> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
-        .with_context(|| format!("listing {}", dir.display()))?
-        .map(|e| e.map(|e| e.path()))
-        .collect::<std::io::Result<_>>()?;
-    files.retain(|p| {
-        p.extension().is_some_and(|e| e == "yaml")
-            && p.file_name().is_some_and(|n| n != "kustomization.yaml")
-    });
-    files.sort();
-    let mut docs = Vec::new();
-    for file in files {
-        let text = std::fs::read_to_string(&file)?;
-        for doc in serde_yaml::Deserializer::from_str(&text) {
-            let value = Value::deserialize(doc).with_context(|| file.display().to_string())?;
-            if !value.is_null() {
-                docs.push(value);
-            }
-        }
-    }
-    Ok(docs)
-}
-
-fn runtime() -> Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("building the test's tokio runtime")
-}
-
-fn describe(doc: &Value) -> String {
-    format!(
-        "{} {}/{}",
-        doc["kind"].as_str().unwrap_or("?"),
-        doc["metadata"]["namespace"].as_str().unwrap_or(""),
-        doc["metadata"]["name"].as_str().unwrap_or("?")
-    )
-}
-
-/// Namespaces first, as `kubectl apply -k` orders them.
-async fn apply_all(client: &Client, docs: &[Value]) -> Vec<(String, kube::Error)> {
-    let mut ordered: Vec<&Value> = docs.iter().filter(|d| d["kind"] == "Namespace").collect();
-    ordered.extend(docs.iter().filter(|d| d["kind"] != "Namespace"));
-    let mut refused = Vec::new();
-    for doc in ordered {
-        if let Err(e) = apply_manifest(client, doc).await {
-            refused.push((describe(doc), e));
-        }
-    }
-    refused
-}
-
-/// Drops every `recursiveReadOnly` of the DaemonSet's mounts; the fields
-/// dropped, named as server-side apply names fields it does not know.
-fn without_recursive_read_only(ds: &mut Value) -> Vec<String> {
-    let mut dropped = Vec::new();
-    let containers = ds["spec"]["template"]["spec"]["containers"]
-        .as_array_mut()
-        .expect("containers");
-    for container in containers {
-        let name = container["name"].as_str().unwrap_or_default().to_string();
-        let mounts = container["volumeMounts"].as_array_mut();
-        for mount in mounts.into_iter().flatten() {
-            let path = mount["mountPath"].as_str().unwrap_or_default().to_string();
-            if mount
-                .as_object_mut()
-                .and_then(|o| o.remove("recursiveReadOnly"))
-                .is_some()
-            {
-                dropped.push(format!(
-                    ".spec.template.spec.containers[name=\"{name}\"].volumeMounts[mountPath=\"{path}\"].recursiveReadOnly: field not declared in schema"
-                ));
-            }
-        }
-    }
-    dropped
-}
 
 async fn may(admin: &Client, who: &Identity, attributes: ResourceAttributes) -> Result<bool> {
     let review = SubjectAccessReview {
@@ -233,8 +149,8 @@ fn start() -> Option<RealApiServer> {
 #[test]
 fn the_server_accepts_deploy_and_each_account_gets_exactly_its_access() -> Result<()> {
     let Some(server) = start() else { return Ok(()) };
-    let agent_docs = manifests(&repo().join("deploy"))?;
-    let controller_docs = manifests(&repo().join("deploy/controller/rbac"))?;
+    let agent_docs = manifests(&repo_root().join("deploy"))?;
+    let controller_docs = manifests(&repo_root().join("deploy/controller/rbac"))?;
     ensure!(
         agent_docs.len() == 6 && controller_docs.len() == 5,
         "manifests read: {} + {}",
@@ -252,39 +168,9 @@ fn the_server_accepts_deploy_and_each_account_gets_exactly_its_access() -> Resul
             "deploy/controller/rbac refused: {refused:#?}"
         );
 
-        // The node agent: everything but the DaemonSet as it is; the DaemonSet
-        // is refused by this v1.26 server for its recursiveReadOnly mounts and
-        // nothing else (README: Kubernetes 1.33 or newer).
+        // The node agent: accepted as it is (no recursiveReadOnly before 1.30).
         let refused = apply_all(&admin, &agent_docs).await;
-        let names: Vec<&str> = refused.iter().map(|(n, _)| n.as_str()).collect();
-        ensure!(
-            names == ["DaemonSet volume-health/volume-health-agent"],
-            "deploy/ refused: {refused:#?}"
-        );
-        let mut ds = agent_docs
-            .iter()
-            .find(|d| d["kind"] == "DaemonSet")
-            .cloned()
-            .context("a DaemonSet")?;
-        let dropped = without_recursive_read_only(&mut ds);
-        ensure!(dropped.len() == 3, "recursiveReadOnly mounts: {dropped:?}");
-        let message = match &refused[0].1 {
-            kube::Error::Api(s) => s.message.clone(),
-            other => bail!("DaemonSet refused otherwise: {other:?}"),
-        };
-        for field in &dropped {
-            ensure!(
-                message.contains(field.as_str()),
-                "{field:?} not in: {message}"
-            );
-        }
-        ensure!(
-            message.matches("field not declared in schema").count() == dropped.len(),
-            "more refused than recursiveReadOnly: {message}"
-        );
-        apply_manifest(&admin, &ds)
-            .await
-            .context("the DaemonSet without recursiveReadOnly")?;
+        ensure!(refused.is_empty(), "deploy/ refused: {refused:#?}");
 
         let agent = server
             .service_account(AGENT_NS, AGENT_SA)
@@ -400,7 +286,7 @@ fn the_sidecar_patches_apply_to_a_driver_statefulset() -> Result<()> {
             apply_manifest(&admin, &driver(name))
                 .await
                 .with_context(|| format!("creating {name}"))?;
-            let file = repo().join(patch);
+            let file = repo_root().join(patch);
             let patched = strategic_patch(&admin, name, &file).await.context(patch)?;
             let pod = patched
                 .spec

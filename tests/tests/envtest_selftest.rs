@@ -8,18 +8,11 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Context, Result};
-use health_tests::envtest::{skip_missing, EnvtestError, Options};
+use health_tests::envtest::{runtime, skip_missing, EnvtestError, Options};
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use kube::api::{Api, ListParams, PostParams};
 use serde_json::json;
-
-fn runtime() -> Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("building the test's tokio runtime")
-}
 
 /// Pids of processes whose command line mentions `dir` (the server's data dir is
 /// in every flag list): what would be left behind.

@@ -5,8 +5,9 @@
 //! Each test binary uses its own subset, hence the allowance below.
 #![allow(dead_code)]
 
+pub mod agent_objects;
+
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -48,68 +49,16 @@ pub fn json<T: Serialize>(v: &T) -> Value {
     serde_json::to_value(v).expect("serializing")
 }
 
-/// `env` if set, else the copy `cargo xtask tools` put in the tools cache,
-/// else `name` on PATH. Fails (never skips) when there is none.
+/// helm or kubectl (`env`, the tools cache, PATH); fails, never skips, when
+/// there is none.
 pub fn tool(env: &str, name: &str) -> PathBuf {
-    if let Some(p) = std::env::var_os(env) {
-        return PathBuf::from(p);
-    }
-    if let Some(p) = cached_tool(name) {
-        return p;
-    }
-    if let Some(p) = on_path(name) {
-        return p;
-    }
-    panic!(
-        "{name} not found (looked at ${env}, the tools cache, PATH): `cargo xtask tools` \
-         installs it (and `cargo xtask test` does so by itself)"
-    )
+    health_tests::k8s_tools::find(env, name).unwrap_or_else(|e| panic!("{e:#}"))
 }
 
-fn cached_tool(name: &str) -> Option<PathBuf> {
-    let cache = std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
-    let tools = cache.join("volume-health/tools");
-    let mut dirs: Vec<PathBuf> = std::fs::read_dir(tools)
-        .ok()?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| {
-            p.file_name()
-                .is_some_and(|n| n.to_string_lossy().starts_with("k8s-tools-"))
-        })
-        .collect();
-    dirs.sort();
-    dirs.into_iter()
-        .rev()
-        .map(|d| d.join(name))
-        .find(|p| p.is_file())
-}
-
-fn on_path(name: &str) -> Option<PathBuf> {
-    std::env::split_paths(&std::env::var_os("PATH")?)
-        .map(|d| d.join(name))
-        .find(|p| p.is_file())
-}
-
+/// `program args` with helm's and kubectl's configuration under `home`; its
+/// stdout, or a panic with its output.
 pub fn run_tool(program: &Path, args: &[&str], home: &Path) -> String {
-    let out = Command::new(program)
-        .args(args)
-        // helm keeps config and caches there; nothing of the user's is read.
-        .env("HELM_CONFIG_HOME", home.join("config"))
-        .env("HELM_CACHE_HOME", home.join("cache"))
-        .env("HELM_DATA_HOME", home.join("data"))
-        .env("KUBECONFIG", home.join("kubeconfig"))
-        .output()
-        .unwrap_or_else(|e| panic!("running {}: {e}", program.display()));
-    assert!(
-        out.status.success(),
-        "{} {args:?} failed: {}{}",
-        program.display(),
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).expect("UTF-8 output")
+    health_tests::k8s_tools::run(program, args, home).unwrap_or_else(|e| panic!("{e:#}"))
 }
 
 /// Every document of a multi-document YAML text as JSON (empty documents skipped).

@@ -16,7 +16,7 @@
 //! ```
 
 use std::future::Future;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -30,7 +30,6 @@ use k8s_openapi::api::core::v1::{
 };
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::Client;
-use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::envtest::{apply_manifest, Options, RealApiServer};
@@ -50,13 +49,6 @@ pub const APP_NS: &str = "shop";
 pub const CONTROLLER_SA: &str = "volume-health-controller";
 /// `reportingComponent` of the controller's Events.
 pub const COMPONENT: &str = "volume-health-controller";
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("tests/ sits in the workspace")
-        .to_path_buf()
-}
 
 /// A real API server prepared for the controller: its RBAC applied and
 /// effective, the namespaces and the `default` ServiceAccount created (no
@@ -366,7 +358,7 @@ pub fn rfc3339(t: SystemTime) -> String {
 /// lists it) with every namespace it names moved to `namespace`, as a
 /// kustomization of the user's would.
 pub fn rbac_manifests(namespace: &str) -> Result<Vec<Value>> {
-    let dir = repo().join("deploy/controller/rbac");
+    let dir = crate::manifests::repo_root().join("deploy/controller/rbac");
     let kustomization: Value = serde_yaml::from_str(
         &std::fs::read_to_string(dir.join("kustomization.yaml")).context("kustomization")?,
     )?;
@@ -377,11 +369,7 @@ pub fn rbac_manifests(namespace: &str) -> Result<Vec<Value>> {
     for file in files {
         let file = dir.join(file.as_str().context("a resource path")?);
         let text = std::fs::read_to_string(&file).with_context(|| file.display().to_string())?;
-        for doc in serde_yaml::Deserializer::from_str(&text) {
-            let mut value = Value::deserialize(doc).with_context(|| file.display().to_string())?;
-            if value.is_null() {
-                continue;
-            }
+        for mut value in crate::manifests::documents(&text, &file.display().to_string())? {
             if value["metadata"].get("namespace").is_some() {
                 value["metadata"]["namespace"] = json!(namespace);
             }

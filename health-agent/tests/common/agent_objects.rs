@@ -1,0 +1,260 @@
+//! The node agent's objects as deploy/ and its renderings give them, typed:
+//! parsing (strict: a field a type does not know fails), the objects by key,
+//! the DaemonSet's pod and container, and the host paths it must mount.
+//! Shared by deploy.rs (the files) and deploy_render.rs (kustomize and helm).
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{Container, Namespace, PodSpec, Service, ServiceAccount, Volume};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use serde_json::Value;
+
+use super::{deploy_dir, read, typed, yaml_documents};
+
+pub const NAMESPACE: &str = "volume-health";
+pub const SERVICE_ACCOUNT: &str = "volume-health";
+pub const CLUSTER_ROLE: &str = "volume-health";
+pub const DAEMON_SET: &str = "volume-health-agent";
+pub const METRICS_SERVICE: &str = "volume-health-metrics";
+pub const IMAGE: &str = "volume-health-agent:0.1.0";
+
+/// One host path the agent needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct HostMount {
+    pub host: &'static str,
+    pub mount: &'static str,
+    pub read_only: bool,
+    /// recursiveReadOnly: IfPossible where the cluster has it (1.31+): the
+    /// host's mounts below /proc, /sys and /dev read-only too. deploy/ has
+    /// it on none; deploy/components/recursive-read-only adds it.
+    pub recursive: bool,
+    pub propagation: Option<&'static str>,
+}
+
+pub const fn host_mount(
+    host: &'static str,
+    mount: &'static str,
+    read_only: bool,
+    recursive: bool,
+    propagation: Option<&'static str>,
+) -> HostMount {
+    HostMount {
+        host,
+        mount,
+        read_only,
+        recursive,
+        propagation,
+    }
+}
+
+/// Every host path the agent needs, and nothing else.
+pub const MOUNTS: [HostMount; 6] = [
+    host_mount("/proc", "/host/proc", true, true, None),
+    host_mount("/sys", "/sys", true, true, None),
+    host_mount(
+        "/sys/kernel/tracing",
+        "/sys/kernel/tracing",
+        true,
+        false,
+        None,
+    ),
+    host_mount("/sys/fs/bpf", "/sys/fs/bpf", false, false, None),
+    host_mount(
+        "/var/lib/kubelet",
+        "/var/lib/kubelet",
+        true,
+        false,
+        Some("HostToContainer"),
+    ),
+    host_mount("/dev", "/dev", true, true, None),
+];
+
+// ---------------------------------------------------------------------------
+// Parsing
+
+/// One object of a manifest, typed.
+#[derive(Clone, Debug)]
+pub enum Object {
+    Namespace(Namespace),
+    ServiceAccount(ServiceAccount),
+    ClusterRole(ClusterRole),
+    ClusterRoleBinding(ClusterRoleBinding),
+    DaemonSet(Box<DaemonSet>),
+    Service(Box<Service>),
+}
+
+/// An object with the document it came from (as JSON).
+#[derive(Clone, Debug)]
+pub struct Parsed {
+    pub object: Object,
+    pub json: Value,
+}
+
+impl Parsed {
+    /// (kind, namespace, name): what identifies an object in a cluster.
+    pub fn key(&self) -> (String, String, String) {
+        let s = |v: &Value| v.as_str().unwrap_or_default().to_string();
+        (
+            s(&self.json["kind"]),
+            s(&self.json["metadata"]["namespace"]),
+            s(&self.json["metadata"]["name"]),
+        )
+    }
+}
+
+pub fn to_object(json: &Value, origin: &str) -> Object {
+    let kind = json["kind"].as_str().unwrap_or_default();
+    let api_version = json["apiVersion"].as_str().unwrap_or_default();
+    match (api_version, kind) {
+        ("v1", "Namespace") => Object::Namespace(typed(json, origin)),
+        ("v1", "ServiceAccount") => Object::ServiceAccount(typed(json, origin)),
+        ("v1", "Service") => Object::Service(Box::new(typed(json, origin))),
+        ("rbac.authorization.k8s.io/v1", "ClusterRole") => Object::ClusterRole(typed(json, origin)),
+        ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding") => {
+            Object::ClusterRoleBinding(typed(json, origin))
+        }
+        ("apps/v1", "DaemonSet") => Object::DaemonSet(Box::new(typed(json, origin))),
+        _ => panic!("{origin}: unexpected object {api_version} {kind}"),
+    }
+}
+
+/// Every document of a multi-document YAML text (empty documents skipped).
+pub fn parse_documents(text: &str, origin: &str) -> Vec<Parsed> {
+    yaml_documents(text, origin)
+        .into_iter()
+        .map(|json| Parsed {
+            object: to_object(&json, origin),
+            json,
+        })
+        .collect()
+}
+
+/// The manifest files of deploy/ (the kustomization itself aside).
+pub fn manifest_files() -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(deploy_dir())
+        .expect("deploy/ exists")
+        .map(|e| e.expect("listing deploy/").file_name())
+        .map(|n| n.to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".yaml") || n.ends_with(".yml"))
+        .filter(|n| n != "kustomization.yaml")
+        .collect();
+    names.sort();
+    names
+}
+
+pub fn deploy_objects() -> Vec<Parsed> {
+    manifest_files()
+        .iter()
+        .flat_map(|name| parse_documents(&read(&deploy_dir().join(name)), name))
+        .collect()
+}
+
+/// The objects keyed by (kind, namespace, name); a key seen twice fails.
+pub fn by_key(objects: &[Parsed], origin: &str) -> BTreeMap<(String, String, String), Value> {
+    let mut map = BTreeMap::new();
+    for p in objects {
+        let previous = map.insert(p.key(), p.json.clone());
+        assert!(previous.is_none(), "{origin}: {:?} twice", p.key());
+    }
+    map
+}
+
+pub struct Deploy {
+    pub namespace: Namespace,
+    pub service_account: ServiceAccount,
+    pub role: ClusterRole,
+    pub binding: ClusterRoleBinding,
+    pub daemon_set: DaemonSet,
+    pub service: Service,
+}
+
+/// The one object of each kind that deploy/ must have.
+pub fn deploy() -> Deploy {
+    split(&deploy_objects(), "deploy/")
+}
+
+pub fn split(objects: &[Parsed], origin: &str) -> Deploy {
+    fn one<T: Clone>(found: &[T], what: &str, origin: &str) -> T {
+        assert_eq!(found.len(), 1, "{origin}: expected exactly one {what}");
+        found[0].clone()
+    }
+    let mut ns = vec![];
+    let mut sa = vec![];
+    let mut role = vec![];
+    let mut binding = vec![];
+    let mut ds = vec![];
+    let mut svc = vec![];
+    for p in objects {
+        match &p.object {
+            Object::Namespace(o) => ns.push(o.clone()),
+            Object::ServiceAccount(o) => sa.push(o.clone()),
+            Object::ClusterRole(o) => role.push(o.clone()),
+            Object::ClusterRoleBinding(o) => binding.push(o.clone()),
+            Object::DaemonSet(o) => ds.push((**o).clone()),
+            Object::Service(o) => svc.push((**o).clone()),
+        }
+    }
+    Deploy {
+        namespace: one(&ns, "Namespace", origin),
+        service_account: one(&sa, "ServiceAccount", origin),
+        role: one(&role, "ClusterRole", origin),
+        binding: one(&binding, "ClusterRoleBinding", origin),
+        daemon_set: one(&ds, "DaemonSet", origin),
+        service: one(&svc, "Service", origin),
+    }
+}
+
+pub fn pod_spec(ds: &DaemonSet) -> &PodSpec {
+    ds.spec
+        .as_ref()
+        .and_then(|s| s.template.spec.as_ref())
+        .expect("the DaemonSet has a pod spec")
+}
+
+pub fn agent(ds: &DaemonSet) -> &Container {
+    let containers = &pod_spec(ds).containers;
+    assert_eq!(containers.len(), 1, "one container, the agent");
+    &containers[0]
+}
+
+pub fn env_value<'a>(c: &'a Container, name: &str) -> &'a str {
+    let var = c
+        .env
+        .iter()
+        .flatten()
+        .find(|e| e.name == name)
+        .unwrap_or_else(|| panic!("env {name} is not set"));
+    var.value
+        .as_deref()
+        .unwrap_or_else(|| panic!("env {name} has no literal value"))
+}
+
+pub fn name(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> &str {
+    meta.name.as_deref().unwrap_or_default()
+}
+
+pub fn namespace_of(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> &str {
+    meta.namespace.as_deref().unwrap_or_default()
+}
+
+pub fn host_path_volume<'a>(ds: &'a DaemonSet, host: &str) -> &'a Volume {
+    pod_spec(ds)
+        .volumes
+        .iter()
+        .flatten()
+        .find(|v| v.host_path.as_ref().is_some_and(|h| h.path == host))
+        .unwrap_or_else(|| panic!("no hostPath volume for {host}"))
+}
+
+pub fn mount_path_of_host_path(ds: &DaemonSet, host: &str) -> String {
+    let volume = host_path_volume(ds, host);
+    let mounts: Vec<_> = agent(ds)
+        .volume_mounts
+        .iter()
+        .flatten()
+        .filter(|m| m.name == volume.name)
+        .collect();
+    assert_eq!(mounts.len(), 1, "{host} mounted once");
+    mounts[0].mount_path.clone()
+}
