@@ -65,7 +65,8 @@ fn helm_template(extra: &[&str]) -> Vec<Parsed> {
     let home = tempfile::tempdir().unwrap();
     let chart = chart_dir();
     let chart = chart.to_str().unwrap();
-    let mut args = vec!["template", "volume-health", chart];
+    // crds/ too: the CRD is part of what deploy/ holds.
+    let mut args = vec!["template", "volume-health", chart, "--include-crds"];
     args.extend_from_slice(extra);
     let text = run_tool(&tool("HELM_BIN", "helm"), &args, home.path());
     parse_documents(&text, &format!("helm template {extra:?}"))
@@ -341,6 +342,7 @@ fn helm_values_change_what_they_claim_to() {
     let expected: BTreeSet<String> = [
         "ClusterRole",
         "ClusterRoleBinding",
+        "CustomResourceDefinition",
         "DaemonSet",
         "ServiceAccount",
     ]

@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Container, Namespace, PodSpec, Service, ServiceAccount, Volume};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use serde_json::Value;
 
 use super::{deploy_dir, read, typed, yaml_documents};
@@ -82,6 +83,7 @@ pub enum Object {
     ClusterRoleBinding(ClusterRoleBinding),
     DaemonSet(Box<DaemonSet>),
     Service(Box<Service>),
+    Crd(Box<CustomResourceDefinition>),
 }
 
 /// An object with the document it came from (as JSON).
@@ -115,6 +117,9 @@ pub fn to_object(json: &Value, origin: &str) -> Object {
             Object::ClusterRoleBinding(typed(json, origin))
         }
         ("apps/v1", "DaemonSet") => Object::DaemonSet(Box::new(typed(json, origin))),
+        ("apiextensions.k8s.io/v1", "CustomResourceDefinition") => {
+            Object::Crd(Box::new(typed(json, origin)))
+        }
         _ => panic!("{origin}: unexpected object {api_version} {kind}"),
     }
 }
@@ -193,6 +198,8 @@ pub fn split(objects: &[Parsed], origin: &str) -> Deploy {
             Object::ClusterRoleBinding(o) => binding.push(o.clone()),
             Object::DaemonSet(o) => ds.push((**o).clone()),
             Object::Service(o) => svc.push((**o).clone()),
+            // Checked on its own (deploy.rs: the_crd_is_the_charts_...).
+            Object::Crd(_) => {}
         }
     }
     Deploy {
