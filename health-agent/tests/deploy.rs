@@ -77,7 +77,11 @@ fn deploy_has_exactly_the_expected_objects() {
     let expected = vec![
         k("ClusterRole", "", CLUSTER_ROLE),
         k("ClusterRoleBinding", "", CLUSTER_ROLE),
-        k("CustomResourceDefinition", "", "volumehealths.volume-health.io"),
+        k(
+            "CustomResourceDefinition",
+            "",
+            "volumehealths.volume-health.io",
+        ),
         k("DaemonSet", NAMESPACE, DAEMON_SET),
         k("Namespace", "", NAMESPACE),
         k("Service", NAMESPACE, METRICS_SERVICE),

@@ -57,9 +57,15 @@ fn the_admission_policy_component_names_the_agents_service_account() {
         let text = read(&dir.join(f));
         let docs = common::yaml_documents(&text, f);
         assert_eq!(docs.len(), 1, "{f}");
-        assert_eq!(docs[0]["apiVersion"], "admissionregistration.k8s.io/v1", "{f}");
+        assert_eq!(
+            docs[0]["apiVersion"], "admissionregistration.k8s.io/v1",
+            "{f}"
+        );
         assert_eq!(docs[0]["spec"]["failurePolicy"], "Fail", "{f}");
-        for v in docs[0]["spec"]["validations"].as_array().expect("validations") {
+        for v in docs[0]["spec"]["validations"]
+            .as_array()
+            .expect("validations")
+        {
             let e = v["expression"].as_str().expect("expression");
             assert!(
                 e.starts_with(&format!("request.userInfo.username != '{user}' ||")),
@@ -69,7 +75,10 @@ fn the_admission_policy_component_names_the_agents_service_account() {
     }
     // The ServiceAccount the policies name is the one deploy/ binds.
     let sa = read(&deploy_dir().join("serviceaccount.yaml"));
-    assert!(sa.contains("name: volume-health\n") && sa.contains("namespace: volume-health\n"), "{sa}");
+    assert!(
+        sa.contains("name: volume-health\n") && sa.contains("namespace: volume-health\n"),
+        "{sa}"
+    );
     let rendered = common::run_tool(
         &tool("KUBECTL_BIN", "kubectl"),
         &["kustomize", dir.to_str().unwrap()],

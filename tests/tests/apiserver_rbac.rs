@@ -152,7 +152,7 @@ fn the_server_accepts_deploy_and_each_account_gets_exactly_its_access() -> Resul
     let agent_docs = manifests(&repo_root().join("deploy"))?;
     let controller_docs = manifests(&repo_root().join("deploy/controller/rbac"))?;
     ensure!(
-        agent_docs.len() == 6 && controller_docs.len() == 5,
+        agent_docs.len() == 7 && controller_docs.len() == 5,
         "manifests read: {} + {}",
         agent_docs.len(),
         controller_docs.len()
