@@ -1,6 +1,7 @@
 //! Helpers shared by the manifest tests (deploy.rs for the node agent,
-//! deploy_controller.rs for the controller): where the manifests are, strict
-//! typed parsing, and running helm and kubectl.
+//! deploy_controller.rs for the controller, deploy_monitoring.rs for the
+//! dashboard and alerts): where the manifests are, strict typed parsing, and
+//! running helm, kubectl and promtool.
 //!
 //! Each test binary uses its own subset, hence the allowance below.
 #![allow(dead_code)]
@@ -74,9 +75,13 @@ fn cached_tool(name: &str) -> Option<PathBuf> {
     let mut dirs: Vec<PathBuf> = std::fs::read_dir(tools)
         .ok()?
         .filter_map(|e| e.ok().map(|e| e.path()))
+        // helm and kubectl share one folder; other tools (promtool) have
+        // their own, named after them.
         .filter(|p| {
-            p.file_name()
-                .is_some_and(|n| n.to_string_lossy().starts_with("k8s-tools-"))
+            p.file_name().is_some_and(|n| {
+                let n = n.to_string_lossy();
+                n.starts_with("k8s-tools-") || n.starts_with(&format!("{name}-"))
+            })
         })
         .collect();
     dirs.sort();
@@ -93,6 +98,12 @@ fn on_path(name: &str) -> Option<PathBuf> {
 }
 
 pub fn run_tool(program: &Path, args: &[&str], home: &Path) -> String {
+    try_run_tool(program, args, home)
+        .unwrap_or_else(|e| panic!("{} {args:?} failed: {e}", program.display()))
+}
+
+/// [`run_tool`] for runs that may fail: `Err` with the tool's output.
+pub fn try_run_tool(program: &Path, args: &[&str], home: &Path) -> Result<String, String> {
     let out = Command::new(program)
         .args(args)
         // helm keeps config and caches there; nothing of the user's is read.
@@ -102,14 +113,14 @@ pub fn run_tool(program: &Path, args: &[&str], home: &Path) -> String {
         .env("KUBECONFIG", home.join("kubeconfig"))
         .output()
         .unwrap_or_else(|e| panic!("running {}: {e}", program.display()));
-    assert!(
-        out.status.success(),
-        "{} {args:?} failed: {}{}",
-        program.display(),
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).expect("UTF-8 output")
+    if !out.status.success() {
+        return Err(format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    Ok(String::from_utf8(out.stdout).expect("UTF-8 output"))
 }
 
 /// Every document of a multi-document YAML text as JSON (empty documents skipped).
