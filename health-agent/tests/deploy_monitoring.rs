@@ -309,6 +309,10 @@ fn every_dashboard_query_selects_exported_series_and_their_labels() {
         let query = v.query["query"].as_str().unwrap_or_default();
         assert_eq!(Some(query), v.definition.as_deref(), "variable {}", v.name);
         let origin = format!("variable {}", v.name);
+        // Queries match variables with =~: "All" must match every value,
+        // the empty one too (a device no volume uses has no claim).
+        assert!(v.include_all && v.multi, "{origin}");
+        assert_eq!(v.all_value.as_deref(), Some(".*"), "{origin}");
         let Some((selector, label)) = label_values(query) else {
             panic!("{origin}: not label_values(...): {query}")
         };
@@ -328,6 +332,19 @@ fn every_dashboard_query_selects_exported_series_and_their_labels() {
         }
         assert_eq!(p.datasource.as_ref(), Some(&ours), "panel {}", p.title);
         assert!(!p.targets.is_empty(), "panel {} has no query", p.title);
+        assert!(
+            p.description.as_ref().is_some_and(|d| !d.is_empty()),
+            "panel {} says nothing about itself",
+            p.title
+        );
+        // Tables and stats show the present (one instant query), graphs a range.
+        let instant = matches!(p.kind.as_str(), "table" | "stat");
+        for t in &p.targets {
+            assert_eq!(t.instant, instant.then_some(true), "panel {}", p.title);
+            assert_eq!(t.range, instant.then_some(false), "panel {}", p.title);
+            let format = (p.kind == "table").then_some("table");
+            assert_eq!(t.format.as_deref(), format, "panel {}", p.title);
+        }
         for t in &p.targets {
             let origin = format!("panel {:?} query {}", p.title, t.ref_id);
             assert_eq!(t.datasource, ours, "{origin}");
