@@ -11,10 +11,10 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use anyhow::{bail, Context};
+use anyhow::Context;
 
 use crate::bootstrap::cache_dir;
-use crate::util::{output, run, say};
+use crate::util::{output, replace_dir, run, say, single_file};
 
 const PACKAGE: &str = "prometheus";
 /// Cache folders are `promtool-<Debian version>`; any one of them will do.
@@ -74,7 +74,7 @@ fn install() -> anyhow::Result<PathBuf> {
         run(Command::new("apt-get").args(["update", "-qq"]))?;
         download(work.path())?;
     }
-    let deb = single_deb(work.path())?;
+    let deb = single_file(work.path(), "deb", "apt-get download")?;
     let version = output(
         Command::new("dpkg-deb")
             .args(["-f"])
@@ -88,11 +88,7 @@ fn install() -> anyhow::Result<PathBuf> {
     fs::create_dir(&staged)?;
     fs::rename(unpacked.join("usr/bin/promtool"), staged.join("promtool"))
         .with_context(|| format!("no usr/bin/promtool in {}", deb.display()))?;
-    if dir.exists() {
-        fs::remove_dir_all(&dir).with_context(|| format!("removing {}", dir.display()))?;
-    }
-    // Renamed into place whole: never half a tool.
-    fs::rename(&staged, &dir).with_context(|| format!("moving promtool to {}", dir.display()))?;
+    replace_dir(&staged, &dir)?;
     Ok(dir.join("promtool"))
 }
 
@@ -106,19 +102,4 @@ fn download(into: &Path) -> anyhow::Result<()> {
     run(Command::new("apt-get")
         .args(["download", "-qq", PACKAGE])
         .current_dir(into))
-}
-
-fn single_deb(dir: &Path) -> anyhow::Result<PathBuf> {
-    let found: Vec<PathBuf> = fs::read_dir(dir)?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|e| e == "deb"))
-        .collect();
-    match found.as_slice() {
-        [one] => Ok(one.clone()),
-        _ => bail!(
-            "apt-get download left {} packages in {}",
-            found.len(),
-            dir.display()
-        ),
-    }
 }
