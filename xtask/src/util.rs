@@ -63,3 +63,31 @@ pub fn on_path(name: &str) -> Option<PathBuf> {
                 .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
         })
 }
+
+/// The one file ending in `.extension` that `what` left in `dir` (a download
+/// or an unpacking); any other number is an error.
+pub fn single_file(dir: &std::path::Path, extension: &str, what: &str) -> anyhow::Result<PathBuf> {
+    let found: Vec<PathBuf> = std::fs::read_dir(dir)
+        .with_context(|| format!("listing {}", dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == extension))
+        .collect();
+    match found.as_slice() {
+        [one] => Ok(one.clone()),
+        _ => bail!(
+            "{what} left {} .{extension} files in {}",
+            found.len(),
+            dir.display()
+        ),
+    }
+}
+
+/// Moves the folder `staged` to `dir`, replacing what was there: a tool in
+/// the cache is either whole or absent, never half unpacked.
+pub fn replace_dir(staged: &std::path::Path, dir: &std::path::Path) -> anyhow::Result<()> {
+    if dir.exists() {
+        std::fs::remove_dir_all(dir).with_context(|| format!("removing {}", dir.display()))?;
+    }
+    std::fs::rename(staged, dir)
+        .with_context(|| format!("moving {} to {}", staged.display(), dir.display()))
+}

@@ -132,11 +132,21 @@ impl Health {
 pub trait Exposition: Send + Sync + 'static {
     /// The whole exposition in the OpenMetrics text format.
     fn try_encode(&self) -> Result<String, std::fmt::Error>;
+
+    /// Called before each encoding with the probes' state, for expositions
+    /// that export it; the default exports nothing.
+    fn observe_health(&self, _health: &Health) {}
 }
 
 impl Exposition for Metrics {
     fn try_encode(&self) -> Result<String, std::fmt::Error> {
         Metrics::try_encode(self)
+    }
+
+    /// Taken at the scrape, so the series says exactly what the probes
+    /// would answer at that moment, with no state kept in step elsewhere.
+    fn observe_health(&self, health: &Health) {
+        self.set_health(health.liveness().is_ok(), health.readiness().is_ok());
     }
 }
 
@@ -281,6 +291,7 @@ fn respond(
     }
     let verdict = match route {
         Route::Metrics => {
+            metrics.observe_health(health);
             return match metrics.try_encode() {
                 Ok(body) => {
                     let mut r = Response::new(Full::new(Bytes::from(body)));
@@ -292,7 +303,7 @@ fn respond(
                     StatusCode::INTERNAL_SERVER_ERROR,
                     format!("encoding metrics: {e}"),
                 ),
-            }
+            };
         }
         Route::Healthz => health.liveness(),
         Route::Readyz => health.readiness(),
@@ -432,6 +443,46 @@ mod tests {
         assert_eq!((r.status, r.body.as_str()), (503, "not ready"));
         // Readiness is not liveness.
         assert_eq!(request(addr, "GET", "/healthz").await.status, 200);
+    }
+
+    /// The `volume_health_ready` and `volume_health_live` samples of a scrape.
+    async fn scraped_health(addr: SocketAddr) -> Vec<String> {
+        let r = request(addr, "GET", "/metrics").await;
+        assert_eq!(r.status, 200);
+        r.body
+            .lines()
+            .filter(|l| {
+                l.starts_with("volume_health_ready ") || l.starts_with("volume_health_live ")
+            })
+            .map(str::to_string)
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn metrics_say_what_the_probes_would_answer_at_the_scrape() {
+        let health = Health::new(Duration::from_millis(200));
+        let (addr, _) = start(health.clone()).await;
+        assert_eq!(
+            scraped_health(addr).await,
+            ["volume_health_ready 0", "volume_health_live 1"]
+        );
+        health.set_ready(true);
+        assert_eq!(
+            scraped_health(addr).await,
+            ["volume_health_ready 1", "volume_health_live 1"]
+        );
+        tokio::time::sleep(Duration::from_millis(350)).await;
+        assert_eq!(request(addr, "GET", "/healthz").await.status, 503);
+        assert_eq!(
+            scraped_health(addr).await,
+            ["volume_health_ready 1", "volume_health_live 0"]
+        );
+        health.beat();
+        health.set_not_ready("pod informer not synced".to_string());
+        assert_eq!(
+            scraped_health(addr).await,
+            ["volume_health_ready 0", "volume_health_live 1"]
+        );
     }
 
     #[tokio::test]

@@ -1,6 +1,7 @@
 //! Helpers shared by the manifest tests (deploy.rs for the node agent,
-//! deploy_controller.rs for the controller): where the manifests are, strict
-//! typed parsing, and running helm and kubectl.
+//! deploy_controller.rs for the controller, deploy_monitoring.rs for the
+//! dashboard and alerts): where the manifests are, strict typed parsing, and
+//! running helm, kubectl and promtool.
 //!
 //! Each test binary uses its own subset, hence the allowance below.
 #![allow(dead_code)]
@@ -59,6 +60,19 @@ pub fn tool(env: &str, name: &str) -> PathBuf {
 /// stdout, or a panic with its output.
 pub fn run_tool(program: &Path, args: &[&str], home: &Path) -> String {
     health_tests::k8s_tools::run(program, args, home).unwrap_or_else(|e| panic!("{e:#}"))
+}
+
+/// [`run_tool`] for runs that may fail: `Err` with the tool's output.
+pub fn try_run_tool(program: &Path, args: &[&str], home: &Path) -> Result<String, String> {
+    let out = health_tests::k8s_tools::output(program, args, home).map_err(|e| format!("{e:#}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    String::from_utf8(out.stdout).map_err(|e| e.to_string())
 }
 
 /// Every document of a multi-document YAML text as JSON (empty documents skipped).

@@ -83,6 +83,9 @@ pub struct Metrics {
     csi_probe_duration: Family<DriverLabels, Histogram, fn() -> Histogram>,
     csi_storage_probes: Family<StorageLabels, Counter>,
     volumes: Gauge,
+    /// `/readyz` and `/healthz` as of the last scrape ([`Metrics::set_health`]).
+    ready: Gauge,
+    live: Gauge,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -132,6 +135,8 @@ impl Metrics {
             csi_probe_duration: Family::new_with_constructor(csi_histogram),
             csi_storage_probes: Family::default(),
             volumes: Gauge::default(),
+            ready: Gauge::default(),
+            live: Gauge::default(),
         };
         // Families are handles: the registry's clones and ours share state.
         let registry = m.build_registry();
@@ -207,6 +212,18 @@ impl Metrics {
             "Pod volumes on this node the agent watches",
             self.volumes.clone(),
         );
+        // Readiness as a series, so that an alert can say which agent is not
+        // ready: the kubelet's probe results are not metrics of their own.
+        r.register(
+            "ready",
+            "1 when /readyz succeeds (kernel programs attached, first pod and PV lists in), else 0; as of the scrape",
+            self.ready.clone(),
+        );
+        r.register(
+            "live",
+            "1 when /healthz succeeds (the main loop turned recently), else 0; as of the scrape",
+            self.live.clone(),
+        );
         let build_info: Family<VersionLabels, Gauge> = Family::default();
         build_info
             .get_or_create(&VersionLabels {
@@ -232,6 +249,14 @@ impl Metrics {
             tracing::error!(error = %e, "encoding metrics failed");
             "# EOF\n".to_string()
         })
+    }
+
+    /// What `/healthz` (`live`) and `/readyz` (`ready`) would answer now;
+    /// the HTTP server calls it before each scrape
+    /// ([`crate::report::http::Exposition::observe_health`]).
+    pub fn set_health(&self, live: bool, ready: bool) {
+        self.live.set(i64::from(live));
+        self.ready.set(i64::from(ready));
     }
 
     fn dropped(&self, metric: &str) {
