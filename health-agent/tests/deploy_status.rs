@@ -86,3 +86,79 @@ fn the_admission_policy_component_names_the_agents_service_account() {
     );
     assert!(rendered.is_empty() || rendered.contains("ValidatingAdmissionPolicy"));
 }
+
+#[test]
+fn the_chart_renders_the_components_policies_on_request_only() {
+    let chart = chart_dir();
+    let helm = |extra: &[&str]| {
+        let mut args = vec!["template", "volume-health", chart.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        common::try_run_tool(
+            &tool("HELM_BIN", "helm"),
+            &args,
+            tempfile::tempdir().unwrap().path(),
+        )
+    };
+    let kinds = |text: &str| -> Vec<String> {
+        common::yaml_documents(text, "helm")
+            .iter()
+            .map(|d| d["kind"].as_str().unwrap_or_default().to_string())
+            .filter(|k| k.starts_with("ValidatingAdmission"))
+            .collect()
+    };
+    let default = helm(&["--kube-version", "1.33.0"]).expect("renders");
+    assert!(kinds(&default).is_empty(), "off by default");
+    let on = helm(&[
+        "--kube-version",
+        "1.33.0",
+        "--set",
+        "admissionPolicy.enabled=true",
+    ])
+    .expect("renders");
+    let mut rendered: Vec<serde_json::Value> = common::yaml_documents(&on, "helm")
+        .into_iter()
+        .filter(|d| {
+            d["kind"]
+                .as_str()
+                .unwrap_or_default()
+                .starts_with("ValidatingAdmission")
+        })
+        .collect();
+    let dir = deploy_dir().join("components/admission-policy");
+    let mut files: Vec<serde_json::Value> = [
+        "volumehealth-policy.yaml",
+        "volumehealth-policybinding.yaml",
+        "pvc-label-policy.yaml",
+        "pvc-label-policybinding.yaml",
+    ]
+    .iter()
+    .flat_map(|f| common::yaml_documents(&read(&dir.join(f)), f))
+    .collect();
+    let key = |d: &serde_json::Value| format!("{}/{}", d["kind"], d["metadata"]["name"]);
+    rendered.sort_by_key(key);
+    files.sort_by_key(key);
+    assert_eq!(rendered, files, "the chart's policies are the Component's");
+    // Another namespace is the ServiceAccount the policies name.
+    let other = helm(&[
+        "--kube-version",
+        "1.33.0",
+        "--set",
+        "admissionPolicy.enabled=true",
+        "--set",
+        "namespace.name=storage-watch",
+    ])
+    .expect("renders");
+    assert!(other.contains("system:serviceaccount:storage-watch:volume-health"));
+    assert!(!other.contains("system:serviceaccount:volume-health:volume-health"));
+    let refused = helm(&[
+        "--kube-version",
+        "1.29.0",
+        "--set",
+        "admissionPolicy.enabled=true",
+    ])
+    .expect_err("refused");
+    assert!(
+        refused.contains("admissionPolicy.enabled needs Kubernetes 1.30 or newer"),
+        "{refused}"
+    );
+}
