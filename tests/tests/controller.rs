@@ -225,6 +225,27 @@ async fn node_down(env: &ControllerEnv) -> Result<()> {
         );
         w.check_origin(&["ctl-a"])?;
     }
+    // The claim's VolumeHealth: the controller's entry, Inaccessible, and the label.
+    let vh = wait_for("the Controller entry", SOON, || async {
+        Ok(env
+            .volume_health("data-1")
+            .await?
+            .filter(|o| o["status"]["health"] == "Inaccessible"))
+    })
+    .await?;
+    ensure!(
+        vh["status"]["sources"].as_array().map(Vec::len) == Some(1)
+            && vh["status"]["sources"][0]["name"] == "Controller"
+            && vh["status"]["sources"][0]["conditions"][0]["reason"] == "NodeNotReady"
+            && vh["status"]["sources"][0]["conditions"][0]["origin"] == "node-ready"
+            && vh["status"]["sources"][0]["conditions"][0]["message"] == condition.as_str(),
+        "{vh:#}"
+    );
+    ensure!(env.health_label("data-1").await?.as_deref() == Some("Inaccessible"));
+    ensure!(
+        env.volume_health("other-1").await?.is_none(),
+        "another driver's claim"
+    );
     // Still down for two more node checks: nothing more is written.
     tokio::time::sleep(Duration::from_millis(2500)).await;
     let still = env.events().await?;
@@ -254,6 +275,18 @@ async fn node_down(env: &ControllerEnv) -> Result<()> {
     ];
     // Nothing on app-0 or other-1: their volume is another driver's.
     ensure!(all == want.into(), "{back:#?}");
+    wait_for(
+        "the VolumeHealth back to Healthy, the label gone",
+        SOON,
+        || async {
+            let vh = env.volume_health("data-1").await?;
+            let healthy = vh
+                .as_ref()
+                .is_some_and(|o| o["status"]["health"] == "Healthy");
+            Ok((healthy && env.health_label("data-1").await?.is_none()).then_some(()))
+        },
+    )
+    .await?;
     stop(ctl)?;
     ensure_released(env).await
 }

@@ -97,6 +97,14 @@ impl ControllerEnv {
             )
             .await
             .context("creating ServiceAccount default")?;
+        // The VolumeHealth CRD, as deploy/ installs it.
+        let crd = crate::manifests::repo_root().join("deploy/volumehealth-crd.yaml");
+        let text = std::fs::read_to_string(&crd).with_context(|| crd.display().to_string())?;
+        for doc in crate::manifests::documents(&text, "volumehealth-crd.yaml")? {
+            apply_manifest(&admin, &doc)
+                .await
+                .context("applying the VolumeHealth CRD")?;
+        }
         for doc in rbac_manifests(CSI_NS)? {
             apply_manifest(&admin, &doc)
                 .await
@@ -148,6 +156,36 @@ impl ControllerEnv {
             },
         )
         .await
+    }
+
+    /// The `VolumeHealth` of PVC `name` in [`APP_NS`] as JSON, if any.
+    pub async fn volume_health(&self, name: &str) -> Result<Option<Value>> {
+        let resource = kube::core::ApiResource {
+            group: "volume-health.io".into(),
+            version: "v1alpha1".into(),
+            api_version: "volume-health.io/v1alpha1".into(),
+            kind: "VolumeHealth".into(),
+            plural: "volumehealths".into(),
+        };
+        let api: Api<kube::core::DynamicObject> =
+            Api::namespaced_with(self.admin.clone(), APP_NS, &resource);
+        match api.get_opt(name).await? {
+            Some(o) => Ok(Some(serde_json::to_value(&o)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// The `volume-health.io/health` label of PVC `name` in [`APP_NS`].
+    pub async fn health_label(&self, name: &str) -> Result<Option<String>> {
+        let pvc = Api::<PersistentVolumeClaim>::namespaced(self.admin.clone(), APP_NS)
+            .get(name)
+            .await?;
+        Ok(pvc
+            .metadata
+            .labels
+            .unwrap_or_default()
+            .get("volume-health.io/health")
+            .cloned())
     }
 
     /// The kubeconfig of the controller's ServiceAccount.

@@ -146,6 +146,32 @@ impl Episode<'_> {
             warning.uid == env.claim_uid(self.pvc).await?,
             "not about the PVC's uid: {warning:#?}"
         );
+        // The claim's VolumeHealth: the driver's entry, the union, the label.
+        let vh = wait_for("the VolumeHealth entry", SOON, || async {
+            Ok(env
+                .volume_health(self.pvc)
+                .await?
+                .filter(|o| o["status"]["health"] == "Degraded"))
+        })
+        .await?;
+        let sources = &vh["status"]["sources"];
+        ensure!(
+            sources.as_array().map(Vec::len) == Some(1)
+                && sources[0]["name"] == "CSIDriver"
+                && sources[0]["driver"] == DRIVER
+                && sources[0]["conditions"][0]["reason"] == self.reason
+                && sources[0]["conditions"][0]["origin"] == "csi-controller"
+                && vh["status"]["reason"] == self.reason,
+            "the VolumeHealth: {vh:#}"
+        );
+        ensure!(
+            vh["metadata"]["ownerReferences"][0]["uid"] == env.claim_uid(self.pvc).await?.as_str(),
+            "not owned by the PVC: {vh:#}"
+        );
+        ensure!(
+            env.health_label(self.pvc).await?.as_deref() == Some("Degraded"),
+            "label"
+        );
 
         // Abnormal for three more cycles: not one write (same object, same
         // resourceVersion).
@@ -176,6 +202,26 @@ impl Episode<'_> {
         })
         .await?;
         let normal = of_type(&done, "Normal")[0].clone();
+        let vh = wait_for("the VolumeHealth recovered", SOON, || async {
+            Ok(env
+                .volume_health(self.pvc)
+                .await?
+                .filter(|o| o["status"]["health"] == "Healthy"))
+        })
+        .await?;
+        ensure!(
+            vh["status"]["conditions"][0]["status"] == "False"
+                && vh["status"]["conditions"][0]["reason"] == cleared.as_str()
+                && vh["status"]["sources"][0]["conditions"]
+                    .as_array()
+                    .is_none_or(Vec::is_empty),
+            "the VolumeHealth after recovery: {vh:#}"
+        );
+        let label = wait_for("the label removed", SOON, || async {
+            Ok(env.health_label(self.pvc).await?.is_none().then_some(()))
+        })
+        .await;
+        label?;
         ensure!(
             normal.reason == cleared
                 && normal.count == 1
