@@ -152,10 +152,11 @@ mod tests {
     use super::*;
     use crate::volumes::conditions::{Source, Status};
 
-    /// Answers every request with `answer(body)`; records (method, uri, body).
-    fn server(
-        answer: fn(&Value) -> (u16, Value),
-    ) -> (Client, Arc<Mutex<Vec<(String, String, Value)>>>) {
+    /// (method, uri, body) of each request.
+    type Seen = Arc<Mutex<Vec<(String, String, Value)>>>;
+
+    /// Answers every request with `answer(body)`; records them.
+    fn server(answer: fn(&Value) -> (u16, Value)) -> (Client, Seen) {
         let (service, mut handle) = mock::pair::<Request<Body>, Response<Body>>();
         let seen = Arc::new(Mutex::new(Vec::new()));
         let log = Arc::clone(&seen);
