@@ -68,11 +68,18 @@ fn policies_for_1_26() -> Result<Vec<Value>> {
         "pvc-label-policybinding.yaml",
     ] {
         for mut d in documents(&dir.join(f))? {
-            ensure!(d["apiVersion"] == "admissionregistration.k8s.io/v1", "{f}: {}", d["apiVersion"]);
+            ensure!(
+                d["apiVersion"] == "admissionregistration.k8s.io/v1",
+                "{f}: {}",
+                d["apiVersion"]
+            );
             d["apiVersion"] = json!("admissionregistration.k8s.io/v1alpha1");
             if d["kind"] == "ValidatingAdmissionPolicyBinding" {
                 let spec = d["spec"].as_object_mut().context("binding spec")?;
-                ensure!(spec.remove("validationActions") == Some(json!(["Deny"])), "{f}");
+                ensure!(
+                    spec.remove("validationActions") == Some(json!(["Deny"])),
+                    "{f}"
+                );
             }
             out.push(d);
         }
@@ -110,10 +117,15 @@ impl Env {
             }
         }
         for d in policies_for_1_26()? {
-            apply_manifest(&admin, &d).await.context("applying the admission policies")?;
+            apply_manifest(&admin, &d)
+                .await
+                .context("applying the admission policies")?;
         }
         Api::<Namespace>::all(admin.clone())
-            .create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": NS}}))?)
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({"metadata": {"name": NS}}))?,
+            )
             .await?;
         let pvc: PersistentVolumeClaim = serde_json::from_value(json!({
             "metadata": {"name": PVC, "namespace": NS, "labels": {"app": "shop"}},
@@ -129,7 +141,11 @@ impl Env {
             uid: pvc.metadata.uid.clone().context("pvc uid")?,
             pv: Some("pv-1".into()),
         };
-        let env = Env { server, admin, claim };
+        let env = Env {
+            server,
+            admin,
+            claim,
+        };
         env.wait_for_crd().await?;
         Ok(Some(env))
     }
@@ -148,7 +164,9 @@ impl Env {
 
     async fn node_client(&self, node: &str) -> Result<Client> {
         self.server
-            .impersonating_client(&Impersonation::service_account_on_node(AGENT_NS, AGENT_SA, node))
+            .impersonating_client(&Impersonation::service_account_on_node(
+                AGENT_NS, AGENT_SA, node,
+            ))
             .await
     }
 
@@ -162,12 +180,21 @@ impl Env {
     }
 
     async fn object(&self) -> Result<VolumeHealth> {
-        Ok(Api::<VolumeHealth>::namespaced(self.admin.clone(), NS).get(PVC).await?)
+        Ok(Api::<VolumeHealth>::namespaced(self.admin.clone(), NS)
+            .get(PVC)
+            .await?)
     }
 
     async fn label(&self) -> Result<Option<String>> {
-        let pvc = Api::<PersistentVolumeClaim>::namespaced(self.admin.clone(), NS).get(PVC).await?;
-        Ok(pvc.metadata.labels.unwrap_or_default().get(status::HEALTH_LABEL).cloned())
+        let pvc = Api::<PersistentVolumeClaim>::namespaced(self.admin.clone(), NS)
+            .get(PVC)
+            .await?;
+        Ok(pvc
+            .metadata
+            .labels
+            .unwrap_or_default()
+            .get(status::HEALTH_LABEL)
+            .cloned())
     }
 
     fn kubectl(&self, args: &[&str]) -> Result<String> {
@@ -177,7 +204,11 @@ impl Env {
             .args(args)
             .output()
             .context("running kubectl")?;
-        ensure!(out.status.success(), "kubectl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        ensure!(
+            out.status.success(),
+            "kubectl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         Ok(String::from_utf8(out.stdout)?)
     }
 }
@@ -195,7 +226,9 @@ fn kubectl() -> Result<PathBuf> {
         .filter(|p| p.is_file())
         .collect();
     found.sort();
-    found.pop().context("no kubectl under the tools cache; run `cargo xtask tools`")
+    found
+        .pop()
+        .context("no kubectl under the tools cache; run `cargo xtask tools`")
 }
 
 fn cond(status: Status, reason: &str, count: Option<u64>) -> EntryCondition {
@@ -224,7 +257,11 @@ fn node_entry(node: &str, conditions: Vec<EntryCondition>) -> SourceEntry {
 }
 
 fn names(o: &VolumeHealth) -> Vec<String> {
-    o.status.iter().flat_map(|s| &s.sources).map(|e| e.name.clone()).collect()
+    o.status
+        .iter()
+        .flat_map(|s| &s.sources)
+        .map(|e| e.name.clone())
+        .collect()
 }
 
 fn true_conditions(o: &VolumeHealth) -> Vec<(String, String)> {
@@ -255,7 +292,9 @@ fn denied_with(r: Result<impl std::fmt::Debug, kube::Error>, message: &str) -> R
 #[test]
 fn two_nodes_write_their_own_entries_and_the_union_follows() -> Result<()> {
     runtime()?.block_on(async {
-        let Some(env) = Env::start().await? else { return Ok(()) };
+        let Some(env) = Env::start().await? else {
+            return Ok(());
+        };
         let a = env.node_api("node-a").await?;
         let b = env.node_api("node-b").await?;
         let now = SystemTime::now();
@@ -264,18 +303,39 @@ fn two_nodes_write_their_own_entries_and_the_union_follows() -> Result<()> {
         assert_eq!(a.put(&env.claim, &[], now).await?, Put::NoObject);
 
         let put = a
-            .put(&env.claim, &[node_entry("node-a", vec![cond(Status::Degraded, "BlockIOErrors", Some(25))])], now)
+            .put(
+                &env.claim,
+                &[node_entry(
+                    "node-a",
+                    vec![cond(Status::Degraded, "BlockIOErrors", Some(25))],
+                )],
+                now,
+            )
             .await?;
-        assert_eq!(put, Put::Written { health: "Degraded".into() });
+        assert_eq!(
+            put,
+            Put::Written {
+                health: "Degraded".into()
+            }
+        );
         let o = env.object().await?;
         assert_eq!(names(&o), ["Node/node-a"]);
-        assert_eq!(true_conditions(&o), [("Degraded".to_string(), "BlockIOErrors".to_string())]);
+        assert_eq!(
+            true_conditions(&o),
+            [("Degraded".to_string(), "BlockIOErrors".to_string())]
+        );
         let owner = &o.metadata.owner_references.as_ref().context("owner")?[0];
-        assert_eq!((owner.kind.as_str(), owner.name.as_str(), owner.uid.as_str()), ("PersistentVolumeClaim", PVC, env.claim.uid.as_str()));
+        assert_eq!(
+            (owner.kind.as_str(), owner.name.as_str(), owner.uid.as_str()),
+            ("PersistentVolumeClaim", PVC, env.claim.uid.as_str())
+        );
         assert_eq!(env.label().await?.as_deref(), Some("Degraded"));
 
         // The same assertion again (only lastSeen and updateTime differ): no write.
-        let mut again = node_entry("node-a", vec![cond(Status::Degraded, "BlockIOErrors", Some(25))]);
+        let mut again = node_entry(
+            "node-a",
+            vec![cond(Status::Degraded, "BlockIOErrors", Some(25))],
+        );
         again.update_time = "2026-11-24T11:00:00Z".into();
         again.conditions[0].last_seen = Some("2026-11-24T11:00:00Z".into());
         let rv = o.metadata.resource_version.clone();
@@ -283,44 +343,126 @@ fn two_nodes_write_their_own_entries_and_the_union_follows() -> Result<()> {
         assert_eq!(env.object().await?.metadata.resource_version, rv);
 
         // node-b: worse; both entries, both conditions, the label follows the worst.
-        b.put(&env.claim, &[node_entry("node-b", vec![cond(Status::Inaccessible, "PathHung", None)])], now)
-            .await?;
+        b.put(
+            &env.claim,
+            &[node_entry(
+                "node-b",
+                vec![cond(Status::Inaccessible, "PathHung", None)],
+            )],
+            now,
+        )
+        .await?;
         let o = env.object().await?;
         assert_eq!(names(&o), ["Node/node-a", "Node/node-b"]);
         assert_eq!(
             true_conditions(&o),
-            [("Inaccessible".to_string(), "PathHung".to_string()), ("Degraded".to_string(), "BlockIOErrors".to_string())]
+            [
+                ("Inaccessible".to_string(), "PathHung".to_string()),
+                ("Degraded".to_string(), "BlockIOErrors".to_string())
+            ]
         );
         let st = o.status.clone().context("status")?;
-        assert_eq!((st.health.as_deref(), st.reason.as_deref(), st.nodes.as_deref()), (Some("Inaccessible"), Some("PathHung"), Some("node-a,node-b")));
+        assert_eq!(
+            (
+                st.health.as_deref(),
+                st.reason.as_deref(),
+                st.nodes.as_deref()
+            ),
+            (
+                Some("Inaccessible"),
+                Some("PathHung"),
+                Some("node-a,node-b")
+            )
+        );
         assert_eq!(env.label().await?.as_deref(), Some("Inaccessible"));
         assert_eq!(
-            env.kubectl(&["get", "pvc", "-A", "-l", "volume-health.io/health=Inaccessible", "-o", "name"])?.trim(),
+            env.kubectl(&[
+                "get",
+                "pvc",
+                "-A",
+                "-l",
+                "volume-health.io/health=Inaccessible",
+                "-o",
+                "name"
+            ])?
+            .trim(),
             "persistentvolumeclaim/data"
         );
         let table = env.kubectl(&["get", "volumehealth", "-A"])?;
-        let lines: Vec<Vec<&str>> = table.lines().map(|l| l.split_whitespace().collect()).collect();
-        assert_eq!(lines[0], ["NAMESPACE", "NAME", "PVC", "STATUS", "REASON", "SINCE", "NODES"]);
+        let lines: Vec<Vec<&str>> = table
+            .lines()
+            .map(|l| l.split_whitespace().collect())
+            .collect();
+        assert_eq!(
+            lines[0],
+            [
+                "NAMESPACE",
+                "NAME",
+                "PVC",
+                "STATUS",
+                "REASON",
+                "SINCE",
+                "NODES"
+            ]
+        );
         assert_eq!(lines[1][..5], [NS, PVC, PVC, "Inaccessible", "PathHung"]);
         assert_eq!(lines[1][6], "node-a,node-b");
 
         // node-b recovers: its entry stays, empty; Inaccessible goes False.
-        b.put(&env.claim, &[node_entry("node-b", vec![])], now).await?;
+        b.put(&env.claim, &[node_entry("node-b", vec![])], now)
+            .await?;
         let o = env.object().await?;
         assert_eq!(names(&o), ["Node/node-a", "Node/node-b"]);
-        let inacc = o.status.as_ref().unwrap().conditions.iter().find(|c| c.type_ == Status::Inaccessible).cloned().context("Inaccessible")?;
-        assert_eq!((inacc.status.as_str(), inacc.reason.as_str()), ("False", "PathHungCleared"));
+        let inacc = o
+            .status
+            .as_ref()
+            .unwrap()
+            .conditions
+            .iter()
+            .find(|c| c.type_ == Status::Inaccessible)
+            .cloned()
+            .context("Inaccessible")?;
+        assert_eq!(
+            (inacc.status.as_str(), inacc.reason.as_str()),
+            ("False", "PathHungCleared")
+        );
         assert_eq!(env.label().await?.as_deref(), Some("Degraded"));
 
         // node-a recovers: Healthy, label gone.
-        a.put(&env.claim, &[node_entry("node-a", vec![])], now).await?;
+        a.put(&env.claim, &[node_entry("node-a", vec![])], now)
+            .await?;
         let o = env.object().await?;
-        assert_eq!(o.status.as_ref().unwrap().health.as_deref(), Some("Healthy"));
+        assert_eq!(
+            o.status.as_ref().unwrap().health.as_deref(),
+            Some("Healthy")
+        );
         assert!(true_conditions(&o).is_empty());
         assert_eq!(env.label().await?, None);
-        assert_eq!(env.kubectl(&["get", "pvc", "-A", "-l", "volume-health.io/health", "-o", "name"])?.trim(), "");
-        let pvc = Api::<PersistentVolumeClaim>::namespaced(env.admin.clone(), NS).get(PVC).await?;
-        assert_eq!(pvc.metadata.labels.unwrap_or_default().get("app").map(String::as_str), Some("shop"), "other labels untouched");
+        assert_eq!(
+            env.kubectl(&[
+                "get",
+                "pvc",
+                "-A",
+                "-l",
+                "volume-health.io/health",
+                "-o",
+                "name"
+            ])?
+            .trim(),
+            ""
+        );
+        let pvc = Api::<PersistentVolumeClaim>::namespaced(env.admin.clone(), NS)
+            .get(PVC)
+            .await?;
+        assert_eq!(
+            pvc.metadata
+                .labels
+                .unwrap_or_default()
+                .get("app")
+                .map(String::as_str),
+            Some("shop"),
+            "other labels untouched"
+        );
 
         // The pod left node-b: its entry goes (not a recovery).
         b.put(&env.claim, &[], now).await?;

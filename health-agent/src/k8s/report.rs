@@ -80,7 +80,12 @@ impl ClusterReporter {
         let keys: Vec<VolumeKey> = index.volumes().iter().map(|v| v.key.clone()).collect();
         let mut by_claim: BTreeMap<Claim, Vec<VolumeKey>> = BTreeMap::new();
         for key in keys {
-            let Some(t) = self.known.get(&key).cloned().or_else(|| self.targets(&key, index)) else {
+            let Some(t) = self
+                .known
+                .get(&key)
+                .cloned()
+                .or_else(|| self.targets(&key, index))
+            else {
                 continue;
             };
             if let Some(claim) = claim_of(&t) {
@@ -106,7 +111,10 @@ impl ClusterReporter {
                     Some(status::Member {
                         pod: format!("{}/{}", t.pod.namespace, t.pod.name),
                         driver: index.get(k).and_then(|v| v.volume.driver.as_deref()),
-                        conditions: volumes.health(k).map(|h| h.conditions()).unwrap_or_default(),
+                        conditions: volumes
+                            .health(k)
+                            .map(|h| h.conditions())
+                            .unwrap_or_default(),
                     })
                 })
                 .collect();

@@ -158,18 +158,31 @@ mod tests {
 
     #[test]
     fn the_union_of_entries_with_the_oldest_assertion_speaking() {
-        let a = entry(EntryKind::Node, Some("node-a"), &[(Status::Degraded, "BlockIOErrors", T1)]);
+        let a = entry(
+            EntryKind::Node,
+            Some("node-a"),
+            &[(Status::Degraded, "BlockIOErrors", T1)],
+        );
         let b = entry(
             EntryKind::Node,
             Some("node-b"),
-            &[(Status::Degraded, "WritebackErrors", T0), (Status::Inaccessible, "PathHung", T1)],
+            &[
+                (Status::Degraded, "WritebackErrors", T0),
+                (Status::Inaccessible, "PathHung", T1),
+            ],
         );
         let c = conditions(&[a.clone(), b.clone()], &[], Some(1), T2);
         assert_eq!(c.len(), 2);
-        assert_eq!((c[0].type_, c[0].reason.as_str(), c[0].status.as_str()), (Status::Inaccessible, "PathHung", "True"));
+        assert_eq!(
+            (c[0].type_, c[0].reason.as_str(), c[0].status.as_str()),
+            (Status::Inaccessible, "PathHung", "True")
+        );
         assert_eq!(c[0].message, "Node/node-b: PathHung seen");
         assert_eq!(c[1].reason, "WritebackErrors");
-        assert_eq!(c[1].message, "Node/node-b: WritebackErrors seen (also asserted by Node/node-a)");
+        assert_eq!(
+            c[1].message,
+            "Node/node-b: WritebackErrors seen (also asserted by Node/node-a)"
+        );
         assert_eq!(c[1].last_transition_time, T2);
         assert_eq!(c[1].observed_generation, Some(1));
         let s = summary(&[a, b], &c);
@@ -186,7 +199,11 @@ mod tests {
 
     #[test]
     fn true_keeps_its_transition_time_and_clearing_goes_false_once() {
-        let a = entry(EntryKind::Node, Some("node-a"), &[(Status::Degraded, "BlockIOErrors", T0)]);
+        let a = entry(
+            EntryKind::Node,
+            Some("node-a"),
+            &[(Status::Degraded, "BlockIOErrors", T0)],
+        );
         let first = conditions(std::slice::from_ref(&a), &[], Some(1), T0);
         let again = conditions(std::slice::from_ref(&a), &first, Some(1), T2);
         assert_eq!(again, first, "no change, no new transition time");
@@ -204,12 +221,24 @@ mod tests {
         let later = conditions(std::slice::from_ref(&healthy), &cleared, Some(1), T2);
         assert_eq!(later, cleared, "False stays as it was");
         let s = summary(&[healthy], &later);
-        assert_eq!((s.health.as_str(), s.reason.as_str(), s.since.as_deref(), s.nodes.as_str()), ("Healthy", "", Some(T1), ""));
+        assert_eq!(
+            (
+                s.health.as_str(),
+                s.reason.as_str(),
+                s.since.as_deref(),
+                s.nodes.as_str()
+            ),
+            ("Healthy", "", Some(T1), "")
+        );
     }
 
     #[test]
     fn entries_without_a_node_count_but_name_no_node() {
-        let csi = entry(EntryKind::CsiDriver, None, &[(Status::DataLoss, "VolumeCorrupt", T0)]);
+        let csi = entry(
+            EntryKind::CsiDriver,
+            None,
+            &[(Status::DataLoss, "VolumeCorrupt", T0)],
+        );
         let c = conditions(std::slice::from_ref(&csi), &[], None, T0);
         assert_eq!(c[0].message, "CSIDriver: VolumeCorrupt seen");
         assert_eq!(summary(&[csi], &c).nodes, "");

@@ -197,7 +197,12 @@ impl StatusApi {
     async fn get(&self, claim: &Claim) -> Result<Option<VolumeHealth>, StatusError> {
         let api: Api<VolumeHealth> = Api::namespaced(self.client.clone(), &claim.namespace);
         let r = self
-            .call("get", "volumehealths", &claim.name, api.get_opt(&claim.name))
+            .call(
+                "get",
+                "volumehealths",
+                &claim.name,
+                api.get_opt(&claim.name),
+            )
             .await?;
         Ok(r)
     }

@@ -130,7 +130,12 @@ impl Board {
     }
 
     /// Takes over this writer's entries from before a restart.
-    pub fn adopt(&mut self, objects: &[VolumeHealth], owned: &[String], started: SystemTime) -> usize {
+    pub fn adopt(
+        &mut self,
+        objects: &[VolumeHealth],
+        owned: &[String],
+        started: SystemTime,
+    ) -> usize {
         let mut adopted = 0;
         for o in objects {
             let Some(status) = &o.status else { continue };
@@ -160,7 +165,11 @@ impl Board {
             let s = self.state(&claim);
             s.carried = mine
                 .iter()
-                .flat_map(|e| e.conditions.iter().map(move |c| (e.name.clone(), c.clone())))
+                .flat_map(|e| {
+                    e.conditions
+                        .iter()
+                        .map(move |c| (e.name.clone(), c.clone()))
+                })
                 .map(|(name, c)| {
                     let until = if c.origin == "kernel" {
                         let seen = c.last_seen.as_deref().unwrap_or(&c.since);
@@ -188,7 +197,10 @@ impl Board {
             s.carried.retain(|(_, _, until)| *until > wall);
             let effective = effective(s);
             if effective.len() == s.written.len()
-                && effective.iter().zip(&s.written).all(|(a, b)| a.same_assertions(b))
+                && effective
+                    .iter()
+                    .zip(&s.written)
+                    .all(|(a, b)| a.same_assertions(b))
             {
                 if let Some(until) = s.carried.iter().map(|c| c.2).min() {
                     let left = until.duration_since(wall).unwrap_or_default();

@@ -87,8 +87,10 @@ pub struct Member<'a> {
 pub fn entries_for_node(node: &str, members: &[Member<'_>], now: SystemTime) -> Vec<SourceEntry> {
     let pods: BTreeSet<&str> = members.iter().map(|m| m.pod.as_str()).collect();
     let driver = members.iter().find_map(|m| m.driver).map(String::from);
-    let mut by_kind: BTreeMap<EntryKind, BTreeMap<(crate::volumes::conditions::Status, String), EntryCondition>> =
-        BTreeMap::new();
+    let mut by_kind: BTreeMap<
+        EntryKind,
+        BTreeMap<(crate::volumes::conditions::Status, String), EntryCondition>,
+    > = BTreeMap::new();
     for c in members.iter().flat_map(|m| &m.conditions) {
         let kind = match c.source {
             Source::Kernel | Source::Check(_) => EntryKind::Node,
@@ -211,7 +213,9 @@ pub async fn run(api: StatusApi, board: Arc<SharedBoard>, client: kube::Client) 
                         Done::Failed
                     }
                     Err(e) => {
-                        tracing::error!("VolumeHealth write refused (check the RBAC and the CRD): {e}");
+                        tracing::error!(
+                            "VolumeHealth write refused (check the RBAC and the CRD): {e}"
+                        );
                         Done::Refused
                     }
                 };
