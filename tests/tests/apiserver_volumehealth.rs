@@ -211,6 +211,24 @@ fn the_agents_writer_keeps_entries_the_union_and_the_label() -> Result<()> {
         let listed = status::list_all(&client).await?;
         assert_eq!(listed.len(), 1);
         assert_eq!(listed[0].spec.persistent_volume_claim_name, PVC);
+
+        // What RBAC sees of these requests: the agent's VolumeHealth access.
+        let asked: std::collections::BTreeSet<_> = server
+            .requests()
+            .iter()
+            .filter_map(|r| r.access())
+            .collect();
+        let want: std::collections::BTreeSet<_> = [
+            ("", "persistentvolumeclaims", "patch"),
+            ("volume-health.io", "volumehealths", "get"),
+            ("volume-health.io", "volumehealths", "list"),
+            ("volume-health.io", "volumehealths", "patch"),
+            ("volume-health.io", "volumehealths/status", "patch"),
+        ]
+        .into_iter()
+        .map(|(g, r, v)| (g.to_string(), r.to_string(), v))
+        .collect();
+        assert_eq!(asked, want);
         Ok(())
     })
 }

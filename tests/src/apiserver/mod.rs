@@ -142,6 +142,40 @@ impl Recorded {
     pub fn is_watch(&self) -> bool {
         is_watch(&self.query)
     }
+
+    /// What RBAC would check for this request: (API group, resource with its
+    /// subresource as in `volumehealths/status`, verb); `None` for a path that
+    /// names no resource (`/version`).
+    pub fn access(&self) -> Option<(String, String, &'static str)> {
+        let segments: Vec<&str> = self.path.trim_matches('/').split('/').collect();
+        let (group, rest) = match segments.as_slice() {
+            ["api", "v1", rest @ ..] => ("", rest),
+            ["apis", group, _version, rest @ ..] => (*group, rest),
+            _ => return None,
+        };
+        let rest = match rest {
+            ["namespaces", _, rest @ ..] if !rest.is_empty() => rest,
+            rest => rest,
+        };
+        let (resource, named) = match rest {
+            [resource] => (resource.to_string(), false),
+            [resource, _name] => (resource.to_string(), true),
+            [resource, _name, sub] => (format!("{resource}/{sub}"), true),
+            _ => return None,
+        };
+        let verb = match (self.method.as_str(), named) {
+            ("GET", _) if self.is_watch() => "watch",
+            ("GET", true) => "get",
+            ("GET", false) => "list",
+            ("POST", _) => "create",
+            ("PUT", _) => "update",
+            ("PATCH", _) => "patch",
+            ("DELETE", true) => "delete",
+            ("DELETE", false) => "deletecollection",
+            _ => return None,
+        };
+        Some((group.to_string(), resource, verb))
+    }
 }
 
 /// A fake kube-apiserver on 127.0.0.1; see the module docs. Stopped on drop.
