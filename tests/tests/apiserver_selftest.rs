@@ -23,14 +23,6 @@ const NODE: &str = "node-1";
 const SELECTOR: &str = "spec.nodeName=node-1";
 const WAIT: Duration = Duration::from_secs(5);
 
-fn runtime() -> Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .context("building the test's tokio runtime")
-}
-
 fn pod(namespace: &str, name: &str, node: Option<&str>) -> Value {
     json!({
         "kind": "Pod",
@@ -112,7 +104,7 @@ fn list_with_node_selector_returns_exactly_that_nodes_pods() -> Result<()> {
     server.put(pod("default", "d", None));
     server.put(pv("pv-1"));
     let dir = tempfile::tempdir()?;
-    let rt = runtime()?;
+    let rt = health_tests::multi_thread_runtime()?;
 
     let (pods, pvs) = rt.block_on(async {
         let client = server.kube_client(dir.path(), true).await?;
@@ -198,7 +190,7 @@ fn reflector_sees_put_move_and_delete_with_kube_watcher_params() -> Result<()> {
     server.put(pod("default", "a", Some(NODE)));
     server.put(pod("default", "other", Some("node-2")));
     let dir = tempfile::tempdir()?;
-    let rt = runtime()?;
+    let rt = health_tests::multi_thread_runtime()?;
     let client = rt.block_on(server.kube_client(dir.path(), true))?;
     let store = pod_reflector(&rt, client, watcher::Config::default().fields(SELECTOR))?;
     ensure!(
@@ -294,7 +286,7 @@ fn pod_event(name: &str) -> Event {
 fn events_create_and_merge_patch_like_a_real_server() -> Result<()> {
     let server = FakeApiServer::start()?;
     let dir = tempfile::tempdir()?;
-    let rt = runtime()?;
+    let rt = health_tests::multi_thread_runtime()?;
     let name = "a.17f0c0ffee";
     let event = pod_event(name);
     let patch = json!({"count": 2, "lastTimestamp": "2026-01-02T03:04:05Z", "message": "2 block I/O errors"});
@@ -430,7 +422,7 @@ fn events_create_and_merge_patch_like_a_real_server() -> Result<()> {
 fn events_strategic_patch_and_namespace_rules() -> Result<()> {
     let server = FakeApiServer::start()?;
     let dir = tempfile::tempdir()?;
-    let rt = runtime()?;
+    let rt = health_tests::multi_thread_runtime()?;
     rt.block_on(async {
         let client = server.kube_client(dir.path(), true).await?;
         let api = Api::<Event>::namespaced(client.clone(), "default");
@@ -493,7 +485,7 @@ fn unavailable_and_refuse_modes_fail_requests_and_end_watches() -> Result<()> {
     let server = FakeApiServer::start()?;
     server.put(pod("default", "a", Some(NODE)));
     let dir = tempfile::tempdir()?;
-    let rt = runtime()?;
+    let rt = health_tests::multi_thread_runtime()?;
     let lp = ListParams::default().fields(SELECTOR);
     let no_retry = Api::<Pod>::all(rt.block_on(server.kube_client(dir.path(), false))?);
     let retrying = Api::<Pod>::all(rt.block_on(server.kube_client(dir.path(), true))?);
@@ -577,7 +569,7 @@ fn paginated_list_and_relist_after_compaction() -> Result<()> {
         server.put(pod("default", name, Some(NODE)));
     }
     let dir = tempfile::tempdir()?;
-    let rt = runtime()?;
+    let rt = health_tests::multi_thread_runtime()?;
     let client = rt.block_on(server.kube_client(dir.path(), true))?;
     // Short watches without bookmarks, so a resumed watch asks for the list's version.
     let config = watcher::Config::default()
@@ -638,7 +630,7 @@ fn bookmark_at_watch_timeout_moves_the_resume_version() -> Result<()> {
     let server = FakeApiServer::start()?;
     server.put(pod("default", "a", Some(NODE)));
     let dir = tempfile::tempdir()?;
-    let rt = runtime()?;
+    let rt = health_tests::multi_thread_runtime()?;
     let client = rt.block_on(server.kube_client(dir.path(), true))?;
     let store = pod_reflector(
         &rt,
@@ -664,7 +656,7 @@ fn streaming_list_watcher_gets_initial_events_and_end_bookmark() -> Result<()> {
     server.put(pod("default", "a", Some(NODE)));
     server.put(pod("default", "b", Some(NODE)));
     let dir = tempfile::tempdir()?;
-    let rt = runtime()?;
+    let rt = health_tests::multi_thread_runtime()?;
     let client = rt.block_on(server.kube_client(dir.path(), true))?;
     let store = pod_reflector(
         &rt,
@@ -705,7 +697,7 @@ fn streaming_list_watcher_gets_initial_events_and_end_bookmark() -> Result<()> {
 fn unknown_paths_and_version() -> Result<()> {
     let server = FakeApiServer::start()?;
     let dir = tempfile::tempdir()?;
-    let rt = runtime()?;
+    let rt = health_tests::multi_thread_runtime()?;
     rt.block_on(async {
         let client = server.kube_client(dir.path(), true).await?;
         let version = client.apiserver_version().await.context("GET /version")?;

@@ -11,11 +11,12 @@ use std::collections::BTreeMap;
 use std::time::SystemTime;
 
 use anyhow::{bail, Context, Result};
-use health_agent::k8s::status::{
-    self, Claim, EntryCondition, EntryKind, Put, SourceEntry, StatusApi, VolumeHealth,
-};
+use health_agent::k8s::status::{self, Claim, Put, SourceEntry, StatusApi, VolumeHealth};
 use health_agent::volumes::conditions::Status;
 use health_tests::FakeApiServer;
+use status_fixtures::{cond, node_entry};
+
+mod status_fixtures;
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::Client;
@@ -25,20 +26,19 @@ const NS: &str = "shop";
 const PVC: &str = "data";
 const PVC_UID: &str = "2c2c2c2c-0000-4000-8000-00000000002c";
 
-fn runtime() -> Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .context("building the test's tokio runtime")
-}
-
 fn pvc(namespace: &str, name: &str, uid: &str) -> Value {
     json!({
         "kind": "PersistentVolumeClaim",
         "metadata": {"name": name, "namespace": namespace, "uid": uid, "labels": {"app": "shop"}},
         "spec": {"accessModes": ["ReadWriteOnce"], "volumeName": "pv-1"},
     })
+}
+
+/// A server with the PVC shop/data, and a directory for its kubeconfig.
+fn serve() -> Result<(FakeApiServer, tempfile::TempDir)> {
+    let server = FakeApiServer::start()?;
+    server.put(pvc(NS, PVC, PVC_UID));
+    Ok((server, tempfile::tempdir()?))
 }
 
 fn claim() -> Claim {
@@ -60,27 +60,8 @@ fn node_api(client: &Client, node: &str) -> StatusApi {
 }
 
 fn entry(node: &str, conditions: &[(Status, &str, Option<u64>)]) -> SourceEntry {
-    SourceEntry {
-        name: EntryKind::Node.entry_name(Some(node)),
-        kind: EntryKind::Node,
-        node: Some(node.into()),
-        driver: None,
-        pods: vec![format!("{NS}/web-{node}")],
-        pod_count: Some(1),
-        update_time: "2026-11-24T10:00:06Z".into(),
-        conditions: conditions
-            .iter()
-            .map(|(status, reason, count)| EntryCondition {
-                status: *status,
-                reason: reason.to_string(),
-                message: format!("{reason} message"),
-                since: "2026-11-24T10:00:00Z".into(),
-                last_seen: Some("2026-11-24T10:00:05Z".into()),
-                count: *count,
-                origin: "kernel".into(),
-            })
-            .collect(),
-    }
+    let conditions = conditions.iter().map(|(s, r, n)| cond(*s, r, *n)).collect();
+    node_entry(node, conditions)
 }
 
 fn source_names(o: &Value) -> Vec<String> {
@@ -120,10 +101,8 @@ fn triple(t: &str, s: &str, r: &str) -> (String, String, String) {
 
 #[test]
 fn the_agents_writer_keeps_entries_the_union_and_the_label() -> Result<()> {
-    let server = FakeApiServer::start()?;
-    server.put(pvc(NS, PVC, PVC_UID));
-    let dir = tempfile::tempdir()?;
-    runtime()?.block_on(async {
+    let (server, dir) = serve()?;
+    health_tests::multi_thread_runtime()?.block_on(async {
         let client = server.kube_client(dir.path(), false).await?;
         let (a, b) = (node_api(&client, "node-a"), node_api(&client, "node-b"));
         let now = SystemTime::now();
@@ -235,10 +214,8 @@ fn the_agents_writer_keeps_entries_the_union_and_the_label() -> Result<()> {
 
 #[test]
 fn racing_writers_never_clear_each_others_assertions() -> Result<()> {
-    let server = FakeApiServer::start()?;
-    server.put(pvc(NS, PVC, PVC_UID));
-    let dir = tempfile::tempdir()?;
-    runtime()?.block_on(async {
+    let (server, dir) = serve()?;
+    health_tests::multi_thread_runtime()?.block_on(async {
         let client = server.kube_client(dir.path(), false).await?;
         let (a, b) = (node_api(&client, "node-a"), node_api(&client, "node-b"));
         let (now, claim) = (SystemTime::now(), claim());
@@ -316,7 +293,7 @@ fn preconditions_missing_objects_and_foreign_fields_are_refused() -> Result<()> 
     server.put(pvc(NS, PVC, PVC_UID));
     server.put(pvc("other", PVC, "uid-other"));
     let dir = tempfile::tempdir()?;
-    runtime()?.block_on(async {
+    health_tests::multi_thread_runtime()?.block_on(async {
         let client = server.kube_client(dir.path(), false).await?;
         let vh: Api<VolumeHealth> = Api::namespaced(client.clone(), NS);
         let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), NS);

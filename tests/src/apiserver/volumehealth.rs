@@ -32,7 +32,14 @@ struct ApplyRequest {
     subresource: Option<&'static str>,
 }
 
-fn apply_request(req: &Recorded, body: Option<Value>) -> Result<ApplyRequest, Reply> {
+/// The apply's parameters, its body checked to be `kind` and name the object.
+fn apply_request(
+    req: &Recorded,
+    body: Option<Value>,
+    kind: Kind,
+    namespace: &str,
+    name: &str,
+) -> Result<ApplyRequest, Reply> {
     let content_type = req.content_type.as_deref().unwrap_or("");
     if content_type.split(';').next().map(str::trim) != Some("application/apply-patch+yaml") {
         return Err(error(
@@ -48,6 +55,9 @@ fn apply_request(req: &Recorded, body: Option<Value>) -> Result<ApplyRequest, Re
     let Some(body) = body.filter(Value::is_object) else {
         return Err(bad_request("the apply body is not a JSON object"));
     };
+    if let Some(reply) = check_identity(&body, kind, namespace, name) {
+        return Err(reply);
+    }
     Ok(ApplyRequest {
         manager: manager.to_string(),
         force: matches!(param(&req.query, "force"), Some("true" | "1")),
@@ -185,13 +195,10 @@ pub(super) fn apply_volume_health(
     req: &Recorded,
     body: Option<Value>,
 ) -> Reply {
-    let ar = match apply_request(req, body) {
+    let ar = match apply_request(req, body, Kind::VolumeHealth, namespace, name) {
         Ok(ar) => ar,
         Err(reply) => return reply,
     };
-    if let Some(reply) = check_identity(&ar.body, Kind::VolumeHealth, namespace, name) {
-        return reply;
-    }
     let meta = &ar.body["metadata"];
     let mut sent = Vec::new();
     if let Some(refs) = meta.get("ownerReferences") {
@@ -231,13 +238,10 @@ pub(super) fn apply_volume_health_status(
     req: &Recorded,
     body: Option<Value>,
 ) -> Reply {
-    let ar = match apply_request(req, body) {
+    let ar = match apply_request(req, body, Kind::VolumeHealth, namespace, name) {
         Ok(ar) => ar,
         Err(reply) => return reply,
     };
-    if let Some(reply) = check_identity(&ar.body, Kind::VolumeHealth, namespace, name) {
-        return reply;
-    }
     let mut status = ar.body.get("status").cloned().unwrap_or(json!({}));
     let sources = status.as_object_mut().and_then(|s| s.remove("sources"));
     let mut sent = fields_under(&["status"], &status);
@@ -265,13 +269,10 @@ pub(super) fn apply_pvc_labels(
     req: &Recorded,
     body: Option<Value>,
 ) -> Reply {
-    let ar = match apply_request(req, body) {
+    let ar = match apply_request(req, body, Kind::PersistentVolumeClaim, namespace, name) {
         Ok(ar) => ar,
         Err(reply) => return reply,
     };
-    if let Some(reply) = check_identity(&ar.body, Kind::PersistentVolumeClaim, namespace, name) {
-        return reply;
-    }
     let body = &ar.body;
     let extra: Vec<&String> = body
         .as_object()
