@@ -94,3 +94,14 @@ pub fn require_env(extra: &[&str]) -> anyhow::Result<()> {
     tools.extend_from_slice(extra);
     cmd::require_tools(&tools)
 }
+
+/// The tokio runtime of a plain `#[test]` driving kube clients: two workers,
+/// so a test can race two writers (`tokio::join!`) for real.
+pub fn multi_thread_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    use anyhow::Context as _;
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("building the test's tokio runtime")
+}

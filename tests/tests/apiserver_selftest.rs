@@ -6,7 +6,6 @@
 
 use std::collections::BTreeSet;
 use std::future;
-use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{bail, ensure, Context, Result};
@@ -15,35 +14,14 @@ use health_tests::{FakeApiServer, Mode, Recorded};
 use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference, PersistentVolume, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
-use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{watcher, WatchStreamExt};
-use kube::{Client, Config};
+use kube::Client;
 use serde_json::{json, Value};
 
 const NODE: &str = "node-1";
 const SELECTOR: &str = "spec.nodeName=node-1";
 const WAIT: Duration = Duration::from_secs(5);
-
-fn runtime() -> Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .context("building the test's tokio runtime")
-}
-
-/// A kube client from the kubeconfig the server writes, as the agent builds one.
-/// `retry`: kube's default retry of 429/503/504 (on unless turned off).
-async fn client(server: &FakeApiServer, dir: &Path, retry: bool) -> Result<Client> {
-    let path = server.write_kubeconfig(dir)?;
-    let kubeconfig = Kubeconfig::read_from(&path).context("reading the written kubeconfig")?;
-    let mut config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-        .await
-        .context("kube config from the written kubeconfig")?;
-    config.default_retry = retry;
-    Client::try_from(config).context("kube client")
-}
 
 fn pod(namespace: &str, name: &str, node: Option<&str>) -> Value {
     json!({
@@ -126,10 +104,10 @@ fn list_with_node_selector_returns_exactly_that_nodes_pods() -> Result<()> {
     server.put(pod("default", "d", None));
     server.put(pv("pv-1"));
     let dir = tempfile::tempdir()?;
-    let rt = runtime()?;
+    let rt = health_tests::multi_thread_runtime()?;
 
     let (pods, pvs) = rt.block_on(async {
-        let client = client(&server, dir.path(), true).await?;
+        let client = server.kube_client(dir.path(), true).await?;
         let pods = Api::<Pod>::all(client.clone())
             .list(&ListParams::default().fields(SELECTOR))
             .await
@@ -212,8 +190,8 @@ fn reflector_sees_put_move_and_delete_with_kube_watcher_params() -> Result<()> {
     server.put(pod("default", "a", Some(NODE)));
     server.put(pod("default", "other", Some("node-2")));
     let dir = tempfile::tempdir()?;
-    let rt = runtime()?;
-    let client = rt.block_on(client(&server, dir.path(), true))?;
+    let rt = health_tests::multi_thread_runtime()?;
+    let client = rt.block_on(server.kube_client(dir.path(), true))?;
     let store = pod_reflector(&rt, client, watcher::Config::default().fields(SELECTOR))?;
     ensure!(
         names(&store) == set(&["a"]),
@@ -308,13 +286,13 @@ fn pod_event(name: &str) -> Event {
 fn events_create_and_merge_patch_like_a_real_server() -> Result<()> {
     let server = FakeApiServer::start()?;
     let dir = tempfile::tempdir()?;
-    let rt = runtime()?;
+    let rt = health_tests::multi_thread_runtime()?;
     let name = "a.17f0c0ffee";
     let event = pod_event(name);
     let patch = json!({"count": 2, "lastTimestamp": "2026-01-02T03:04:05Z", "message": "2 block I/O errors"});
 
     let (created, patched, missing, duplicate) = rt.block_on(async {
-        let client = client(&server, dir.path(), true).await?;
+        let client = server.kube_client(dir.path(), true).await?;
         let api = Api::<Event>::namespaced(client, "default");
         let created = api
             .create(&PostParams::default(), &event)
@@ -444,9 +422,9 @@ fn events_create_and_merge_patch_like_a_real_server() -> Result<()> {
 fn events_strategic_patch_and_namespace_rules() -> Result<()> {
     let server = FakeApiServer::start()?;
     let dir = tempfile::tempdir()?;
-    let rt = runtime()?;
+    let rt = health_tests::multi_thread_runtime()?;
     rt.block_on(async {
-        let client = client(&server, dir.path(), true).await?;
+        let client = server.kube_client(dir.path(), true).await?;
         let api = Api::<Event>::namespaced(client.clone(), "default");
         api.create(&PostParams::default(), &pod_event("e1")).await?;
         let patched = api
@@ -507,10 +485,10 @@ fn unavailable_and_refuse_modes_fail_requests_and_end_watches() -> Result<()> {
     let server = FakeApiServer::start()?;
     server.put(pod("default", "a", Some(NODE)));
     let dir = tempfile::tempdir()?;
-    let rt = runtime()?;
+    let rt = health_tests::multi_thread_runtime()?;
     let lp = ListParams::default().fields(SELECTOR);
-    let no_retry = Api::<Pod>::all(rt.block_on(client(&server, dir.path(), false))?);
-    let retrying = Api::<Pod>::all(rt.block_on(client(&server, dir.path(), true))?);
+    let no_retry = Api::<Pod>::all(rt.block_on(server.kube_client(dir.path(), false))?);
+    let retrying = Api::<Pod>::all(rt.block_on(server.kube_client(dir.path(), true))?);
 
     rt.block_on(no_retry.list(&lp)).context("list while up")?;
 
@@ -591,8 +569,8 @@ fn paginated_list_and_relist_after_compaction() -> Result<()> {
         server.put(pod("default", name, Some(NODE)));
     }
     let dir = tempfile::tempdir()?;
-    let rt = runtime()?;
-    let client = rt.block_on(client(&server, dir.path(), true))?;
+    let rt = health_tests::multi_thread_runtime()?;
+    let client = rt.block_on(server.kube_client(dir.path(), true))?;
     // Short watches without bookmarks, so a resumed watch asks for the list's version.
     let config = watcher::Config::default()
         .fields(SELECTOR)
@@ -652,8 +630,8 @@ fn bookmark_at_watch_timeout_moves_the_resume_version() -> Result<()> {
     let server = FakeApiServer::start()?;
     server.put(pod("default", "a", Some(NODE)));
     let dir = tempfile::tempdir()?;
-    let rt = runtime()?;
-    let client = rt.block_on(client(&server, dir.path(), true))?;
+    let rt = health_tests::multi_thread_runtime()?;
+    let client = rt.block_on(server.kube_client(dir.path(), true))?;
     let store = pod_reflector(
         &rt,
         client,
@@ -678,8 +656,8 @@ fn streaming_list_watcher_gets_initial_events_and_end_bookmark() -> Result<()> {
     server.put(pod("default", "a", Some(NODE)));
     server.put(pod("default", "b", Some(NODE)));
     let dir = tempfile::tempdir()?;
-    let rt = runtime()?;
-    let client = rt.block_on(client(&server, dir.path(), true))?;
+    let rt = health_tests::multi_thread_runtime()?;
+    let client = rt.block_on(server.kube_client(dir.path(), true))?;
     let store = pod_reflector(
         &rt,
         client,
@@ -719,9 +697,9 @@ fn streaming_list_watcher_gets_initial_events_and_end_bookmark() -> Result<()> {
 fn unknown_paths_and_version() -> Result<()> {
     let server = FakeApiServer::start()?;
     let dir = tempfile::tempdir()?;
-    let rt = runtime()?;
+    let rt = health_tests::multi_thread_runtime()?;
     rt.block_on(async {
-        let client = client(&server, dir.path(), true).await?;
+        let client = server.kube_client(dir.path(), true).await?;
         let version = client.apiserver_version().await.context("GET /version")?;
         ensure!(version.major == "1" && version.minor == "33", "{version:?}");
         let res = client.list_api_groups().await;

@@ -25,12 +25,15 @@ use health_agent::k8s::status::{
     self, Claim, EntryCondition, EntryKind, Put, SourceEntry, StatusApi, VolumeHealth,
 };
 use health_agent::volumes::conditions::Status;
+
 use health_tests::envtest::{apply_manifest, Impersonation, Options, RealApiServer};
 use k8s_openapi::api::core::v1::{Namespace, PersistentVolumeClaim};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::Client;
 use serde::Deserialize;
 use serde_json::{json, Value};
+mod status_fixtures;
+use status_fixtures::{cond, node_entry};
 
 const NS: &str = "shop";
 const PVC: &str = "data";
@@ -231,31 +234,6 @@ fn kubectl() -> Result<PathBuf> {
         .context("no kubectl under the tools cache; run `cargo xtask tools`")
 }
 
-fn cond(status: Status, reason: &str, count: Option<u64>) -> EntryCondition {
-    EntryCondition {
-        status,
-        reason: reason.into(),
-        message: format!("{reason} message"),
-        since: "2026-11-24T10:00:00Z".into(),
-        last_seen: Some("2026-11-24T10:00:05Z".into()),
-        count,
-        origin: "kernel".into(),
-    }
-}
-
-fn node_entry(node: &str, conditions: Vec<EntryCondition>) -> SourceEntry {
-    SourceEntry {
-        name: EntryKind::Node.entry_name(Some(node)),
-        kind: EntryKind::Node,
-        node: Some(node.into()),
-        driver: None,
-        pods: vec![format!("{NS}/web-{node}")],
-        pod_count: Some(1),
-        update_time: "2026-11-24T10:00:06Z".into(),
-        conditions,
-    }
-}
-
 fn names(o: &VolumeHealth) -> Vec<String> {
     o.status
         .iter()
@@ -273,14 +251,6 @@ fn true_conditions(o: &VolumeHealth) -> Vec<(String, String)> {
         .collect()
 }
 
-fn runtime() -> Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .context("tokio runtime")
-}
-
 /// Refused by admission with exactly `message`.
 fn denied_with(r: Result<impl std::fmt::Debug, kube::Error>, message: &str) -> Result<()> {
     match r {
@@ -291,7 +261,7 @@ fn denied_with(r: Result<impl std::fmt::Debug, kube::Error>, message: &str) -> R
 
 #[test]
 fn two_nodes_write_their_own_entries_and_the_union_follows() -> Result<()> {
-    runtime()?.block_on(async {
+    health_tests::multi_thread_runtime()?.block_on(async {
         let Some(env) = Env::start().await? else {
             return Ok(());
         };
@@ -473,7 +443,7 @@ fn two_nodes_write_their_own_entries_and_the_union_follows() -> Result<()> {
 
 #[test]
 fn one_node_cannot_overwrite_or_remove_another_nodes_entry() -> Result<()> {
-    runtime()?.block_on(async {
+    health_tests::multi_thread_runtime()?.block_on(async {
         let Some(env) = Env::start().await? else { return Ok(()) };
         let a = env.node_api("node-a").await?;
         let now = SystemTime::now();
@@ -549,7 +519,7 @@ fn one_node_cannot_overwrite_or_remove_another_nodes_entry() -> Result<()> {
 
 #[test]
 fn a_stale_view_never_clears_what_another_writer_asserts() -> Result<()> {
-    runtime()?.block_on(async {
+    health_tests::multi_thread_runtime()?.block_on(async {
         let Some(env) = Env::start().await? else { return Ok(()) };
         let a = env.node_api("node-a").await?;
         let b = env.node_api("node-b").await?;
@@ -601,7 +571,7 @@ fn a_stale_view_never_clears_what_another_writer_asserts() -> Result<()> {
 
 #[test]
 fn the_schema_refuses_bad_objects() -> Result<()> {
-    runtime()?.block_on(async {
+    health_tests::multi_thread_runtime()?.block_on(async {
         let Some(env) = Env::start().await? else { return Ok(()) };
         let vh: Api<VolumeHealth> = Api::namespaced(env.admin.clone(), NS);
         vh.patch(PVC, &PatchParams::apply("t"), &Patch::Apply(json!({"apiVersion": "volume-health.io/v1alpha1", "kind": "VolumeHealth", "metadata": {"name": PVC}, "spec": {"persistentVolumeClaimName": PVC}}))).await?;
@@ -639,7 +609,7 @@ fn the_schema_refuses_bad_objects() -> Result<()> {
 fn the_controller_writes_its_own_entries_beside_the_nodes() -> Result<()> {
     use health_agent::controller::status::{entry_names, upstream::HealthStatusWriter};
     use health_agent::volumes::conditions::{Condition, Source};
-    runtime()?.block_on(async {
+    health_tests::multi_thread_runtime()?.block_on(async {
         let Some(env) = Env::start().await? else { return Ok(()) };
         for d in documents(&repo().join("deploy/controller/rbac/clusterrole.yaml"))? {
             apply_manifest(&env.admin, &d).await?;

@@ -16,8 +16,9 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
+use health_agent::k8s::API_ACCESS;
 use health_tests::agent::Agent;
-use health_tests::apiserver::{FakeApiServer, Mode};
+use health_tests::apiserver::{FakeApiServer, Mode, Recorded};
 use health_tests::program_runs::{check_against_runs, ProgramRuns};
 use health_tests::{
     fs, kernel_alone, require_env, shared_kernel, FaultDisk, KernelUse, LoopDevice, Mount, Op, Rule,
@@ -146,6 +147,12 @@ impl Fixture {
                 "claimRef": {"kind": "PersistentVolumeClaim", "namespace": "shop", "name": "data", "uid": PVC_UID},
                 "csi": {"driver": DRIVER, "volumeHandle": "handle-e2e"}
             }
+        }));
+        // The PVC itself, for its `volume-health.io/health` label.
+        fx.api.put(json!({
+            "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+            "metadata": {"name": "data", "namespace": "shop", "uid": PVC_UID, "labels": {"app": "shop"}},
+            "spec": {"accessModes": ["ReadWriteOnce"], "volumeName": PV}
         }));
         fx.api.put(pod("web-0", POD_A));
         fx.api.put(pod("web-1", POD_B));
@@ -338,6 +345,150 @@ fn writes_per_object(api: &FakeApiServer) -> Vec<(String, usize)> {
     out.into_iter().collect()
 }
 
+/// The VolumeHealth shop/data once `done` holds for it.
+fn wait_volume_health(
+    api: &FakeApiServer,
+    timeout: Duration,
+    what: &str,
+    done: impl Fn(&Value) -> bool,
+) -> Result<Value> {
+    api.wait_for(timeout, |api| {
+        api.volume_health("shop", "data").filter(&done)
+    })
+    .with_context(|| {
+        format!(
+            "waiting for the VolumeHealth shop/data to be {what}; now: {:#}",
+            api.volume_health("shop", "data").unwrap_or_default()
+        )
+    })
+}
+
+/// The one source entry, `Node/node-1`, of a VolumeHealth (asserted to be the only one).
+fn node_entry(vh: &Value) -> &Value {
+    let sources = vh["status"]["sources"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    assert_eq!(sources.len(), 1, "exactly one source entry: {vh:#}");
+    assert_eq!(sources[0]["name"], "Node/node-1", "{vh:#}");
+    &sources[0]
+}
+
+/// The entry's condition count, if it asserts Degraded BlockIOErrors (alone).
+fn entry_count(vh: &Value) -> Option<u64> {
+    let conds = vh["status"]["sources"][0]["conditions"].as_array()?;
+    match conds.as_slice() {
+        [c] if c["status"] == "Degraded" && c["reason"] == "BlockIOErrors" => c["count"].as_u64(),
+        _ => None,
+    }
+}
+
+/// `(type, status, reason)` of the object's conditions.
+fn conditions(vh: &Value) -> Vec<(String, String, String)> {
+    let s = |v: &Value| v.as_str().unwrap_or("?").to_string();
+    vh["status"]["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|c| (s(&c["type"]), s(&c["status"]), s(&c["reason"])))
+        .collect()
+}
+
+fn triple(t: &str, s: &str, r: &str) -> (String, String, String) {
+    (t.to_string(), s.to_string(), r.to_string())
+}
+
+/// The PVC's labels as pairs.
+fn pvc_labels(api: &FakeApiServer) -> Vec<(String, String)> {
+    api.pvc_labels("shop", "data")
+        .unwrap_or_default()
+        .into_iter()
+        .collect()
+}
+
+fn labels(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// Degraded BlockIOErrors with `count` on the node's entry, the union and the label.
+fn check_raised(api: &FakeApiServer, count: u64, timeout: Duration) -> Result<Value> {
+    let vh = wait_volume_health(api, timeout, &format!("Degraded x{count}"), |vh| {
+        entry_count(vh) == Some(count)
+    })?;
+    let owners = json!([{"apiVersion": "v1", "kind": "PersistentVolumeClaim", "name": "data", "uid": PVC_UID}]);
+    assert_eq!(vh["metadata"]["ownerReferences"], owners, "{vh:#}");
+    let entry = node_entry(&vh);
+    assert_eq!(
+        (&entry["kind"], &entry["node"]),
+        (&json!("Node"), &json!("node-1"))
+    );
+    assert_eq!(entry["pods"], json!(["shop/web-0", "shop/web-1"]), "{vh:#}");
+    assert_eq!(entry["conditions"][0]["origin"], "kernel", "{vh:#}");
+    let st = &vh["status"];
+    assert_eq!(
+        (&st["health"], &st["reason"], &st["nodes"]),
+        (
+            &json!("Degraded"),
+            &json!("BlockIOErrors"),
+            &json!("node-1")
+        )
+    );
+    assert_eq!(
+        conditions(&vh),
+        [triple("Degraded", "True", "BlockIOErrors")]
+    );
+    let label = api.wait_for(Duration::from_secs(5), |api| {
+        let l = pvc_labels(api);
+        (l == labels(&[("app", "shop"), ("volume-health.io/health", "Degraded")])).then_some(l)
+    });
+    assert!(label.is_ok(), "the PVC's label: {:?}", pvc_labels(api));
+    Ok(vh)
+}
+
+/// Recovered: the entry stays with no condition, the union is Healthy with
+/// Degraded False, the label is gone (other labels kept).
+fn check_cleared(api: &FakeApiServer, timeout: Duration) -> Result<Value> {
+    let vh = wait_volume_health(api, timeout, "Healthy", |vh| {
+        vh["status"]["health"] == "Healthy"
+    })?;
+    assert_eq!(node_entry(&vh)["conditions"], json!([]), "{vh:#}");
+    assert_eq!(
+        conditions(&vh),
+        [triple("Degraded", "False", "BlockIOErrorsCleared")]
+    );
+    let label = api.wait_for(Duration::from_secs(5), |api| {
+        let l = pvc_labels(api);
+        (l == labels(&[("app", "shop")])).then_some(l)
+    });
+    assert!(label.is_ok(), "the PVC's label: {:?}", pvc_labels(api));
+    Ok(vh)
+}
+
+/// The agent's writes of VolumeHealth status (the applies of its entry).
+fn status_applies(requests: &[Recorded]) -> Vec<&Recorded> {
+    requests
+        .iter()
+        .filter(|r| {
+            r.method == "PATCH"
+                && r.path
+                    == "/apis/volume-health.io/v1alpha1/namespaces/shop/volumehealths/data/status"
+        })
+        .collect()
+}
+
+/// Whether an apply of the status asserts a condition on the node's entry.
+fn asserts(r: &Recorded) -> bool {
+    r.body.as_ref().is_some_and(|b| {
+        b["status"]["sources"].as_array().is_some_and(|s| {
+            s.iter()
+                .any(|e| e["conditions"].as_array().is_some_and(|c| !c.is_empty()))
+        })
+    })
+}
+
 #[test]
 fn errors_on_a_shared_volume_reach_both_pods_and_the_pvc_then_recover() -> Result<()> {
     let mut fx = Fixture::start(&["--event-update-interval", "1", "--kernel-quiet-window", "3"])?;
@@ -397,8 +548,12 @@ fn errors_on_a_shared_volume_reach_both_pods_and_the_pvc_then_recover() -> Resul
         );
     }
 
+    // The PVC's VolumeHealth says the same, and so does its label.
+    check_raised(&fx.api, 25, Duration::from_secs(15))?;
+
     // Quiet for the window: each object gets one recovery event.
     let cleared = wait_counts(&fx.api, "BlockIOErrorsCleared", 1, Duration::from_secs(15))?;
+    check_cleared(&fx.api, Duration::from_secs(15))?;
     for e in &cleared {
         assert_eq!(e["type"], "Normal", "{e}");
         let m = e["message"].as_str().unwrap_or_default();
@@ -427,19 +582,31 @@ fn errors_on_a_shared_volume_reach_both_pods_and_the_pvc_then_recover() -> Resul
     assert!(pod_lists
         .iter()
         .all(|r| r.param("fieldSelector") == Some("spec.nodeName=node-1")));
-    // Only the verbs the RBAC grants.
+    // Only the verbs the RBAC grants (health_agent::k8s::API_ACCESS).
     for r in &requests {
-        let allowed = match r.method.as_str() {
-            "GET" => {
-                r.path == "/api/v1/pods"
-                    || r.path == "/api/v1/persistentvolumes"
-                    || r.path == "/api/v1/events"
-            }
-            "POST" | "PATCH" => r.path.starts_with("/api/v1/namespaces/shop/events"),
-            _ => false,
-        };
-        assert!(allowed, "unexpected request {} {}", r.method, r.path);
+        let granted = r.access().is_some_and(|(group, resource, verb)| {
+            API_ACCESS
+                .iter()
+                .any(|a| a.group == group && a.resource == resource && a.verbs.contains(&verb))
+        });
+        assert!(
+            granted,
+            "unexpected request {} {} ({:?})",
+            r.method,
+            r.path,
+            r.access()
+        );
     }
+    // The VolumeHealths were listed once, at start, in pages of 500.
+    let lists: Vec<_> = requests
+        .iter()
+        .filter(|r| r.method == "GET" && r.path == "/apis/volume-health.io/v1alpha1/volumehealths")
+        .collect();
+    assert_eq!(lists.len(), 1, "{lists:#?}");
+    assert_eq!(
+        (lists[0].param("limit"), lists[0].status),
+        (Some("500"), 200)
+    );
     fx.stop()?;
     Ok(())
 }
@@ -465,6 +632,7 @@ fn a_restart_mid_episode_continues_the_same_events() -> Result<()> {
                 .to_string()
         })
         .collect();
+    check_raised(&fx.api, 5, Duration::from_secs(15))?;
     let mark = fx.api.requests().len();
     fx.kill_and_restart()?;
     fx.fail_writes(3)?;
@@ -514,9 +682,54 @@ fn a_restart_mid_episode_continues_the_same_events() -> Result<()> {
         assert_eq!(last.map(|b| b["count"].clone()), Some(json!(8)), "{name}");
     }
 
+    // The VolumeHealth entry goes on too: listed once before any write, then
+    // the count going on from 5, and no cleared entry written before the
+    // condition came back (the restart is not a recovery).
+    check_raised(&fx.api, 8, Duration::from_secs(15))?;
+    let requests = fx.api.requests();
+    let vh_lists: Vec<_> = requests[mark..]
+        .iter()
+        .filter(|r| r.method == "GET" && r.path == "/apis/volume-health.io/v1alpha1/volumehealths")
+        .collect();
+    assert_eq!(vh_lists.len(), 1, "{vh_lists:#?}");
+    let applies = status_applies(&requests[mark..]);
+    assert!(
+        !applies.is_empty() && asserts(applies[0]),
+        "the first write after the restart asserts: {applies:#?}"
+    );
+    assert!(
+        applies
+            .iter()
+            .all(|r| r.at_mono_ns > vh_lists[0].at_mono_ns && r.status == 200),
+        "{applies:#?}"
+    );
+    let cleared_at = applies
+        .iter()
+        .position(|r| !asserts(r))
+        .unwrap_or(applies.len());
+    assert!(
+        applies[cleared_at..].iter().all(|r| !asserts(r)),
+        "{applies:#?}"
+    );
+
     // The episode continued in the new process ends there: one recovery
     // each, and the Warnings stay at 8.
     let cleared = wait_counts(&fx.api, "BlockIOErrorsCleared", 1, Duration::from_secs(30))?;
+    check_cleared(&fx.api, Duration::from_secs(15))?;
+    let applies = status_applies(&fx.api.requests()[mark..])
+        .into_iter()
+        .map(asserts)
+        .collect::<Vec<_>>();
+    let first_clear = applies.iter().position(|a| !a).unwrap_or(applies.len());
+    assert!(
+        applies[..first_clear].iter().all(|a| *a),
+        "asserting until the one clear: {applies:?}"
+    );
+    assert_eq!(
+        applies.len() - first_clear,
+        1,
+        "exactly one clear: {applies:?}"
+    );
     for e in &cleared {
         let m = e["message"].as_str().unwrap_or_default();
         assert!(
@@ -532,9 +745,17 @@ fn a_restart_mid_episode_continues_the_same_events() -> Result<()> {
 
 #[test]
 fn a_storm_of_10000_errors_costs_a_handful_of_writes() -> Result<()> {
-    let fx = Fixture::start_with(&["--event-update-interval", "2"], Mode::Up, kernel_alone())?;
+    // A quiet window short enough to see the recovery, long enough that the
+    // storm is one episode.
+    let fx = Fixture::start_with(
+        &["--event-update-interval", "2", "--kernel-quiet-window", "5"],
+        Mode::Up,
+        kernel_alone(),
+    )?;
     let runs = ProgramRuns::enable()?;
+    let started = Instant::now();
     fx.fail_writes(10_000)?;
+    let storm = started.elapsed();
     // The Events must add up to exactly what the agent's program ran for;
     // requests the kernel never ran it for are its known loss, reported and
     // bounded (tests/src/program_runs.rs).
@@ -565,6 +786,46 @@ fn a_storm_of_10000_errors_costs_a_handful_of_writes() -> Result<()> {
     }
     let total: usize = writes.iter().map(|(_, n)| n).sum();
     assert!(total <= 36, "{total} event writes for 10,000 errors");
+
+    // The VolumeHealth: the same count in the entry, then the recovery, for
+    // a handful of writes: its creation, the raise, count updates at most
+    // every update interval (2 s) while the storm lasts and one after it,
+    // the clear; the label set once and removed once.
+    check_raised(&fx.api, seen, Duration::from_secs(30))?;
+    check_cleared(&fx.api, Duration::from_secs(30))?;
+    let requests = fx.api.requests();
+    let applies = status_applies(&requests);
+    let vh_path = "/apis/volume-health.io/v1alpha1/namespaces/shop/volumehealths/data";
+    let creates = requests
+        .iter()
+        .filter(|r| r.method == "PATCH" && r.path == vh_path)
+        .count();
+    let gets = requests
+        .iter()
+        .filter(|r| r.method == "GET" && r.path == vh_path)
+        .count();
+    let label_writes = requests
+        .iter()
+        .filter(|r| {
+            r.method == "PATCH" && r.path == "/api/v1/namespaces/shop/persistentvolumeclaims/data"
+        })
+        .count();
+    eprintln!(
+        "VolumeHealth for 10,000 errors in {storm:.1?}: {} status applies, {creates} object applies, {gets} gets, {label_writes} label writes",
+        applies.len()
+    );
+    assert!(applies.iter().all(|r| r.status == 200), "{applies:#?}");
+    let bound = 3 + storm.as_secs().div_ceil(2) as usize;
+    assert!(
+        (3..=bound).contains(&applies.len()),
+        "{} status applies, expected 3..={bound} (raise, updates, clear)",
+        applies.len()
+    );
+    assert_eq!(creates, 1, "the object is created once");
+    assert_eq!(label_writes, 2, "the label is set once and removed once");
+    let flags: Vec<bool> = applies.iter().map(|r| asserts(r)).collect();
+    assert_eq!(flags.iter().filter(|a| !**a).count(), 1, "{flags:?}");
+    assert_eq!(flags.last(), Some(&false), "{flags:?}");
     Ok(())
 }
 

@@ -7,6 +7,8 @@
 //! * [`flood`]: exact totals, CPU and memory under an error flood;
 //! * [`micro`]: criterion benchmark of the per-event userspace path;
 //! * [`events`]: cluster mode, from a failed request to the Event request;
+//! * [`status`]: cluster mode, the VolumeHealth and label writes of an error
+//!   storm;
 //! * [`controller`]: `health-agent controller` over 10,000 volumes on a real
 //!   API server, and from a backend condition to the PVC's Event (needs no
 //!   root, only kube-apiserver).
@@ -26,6 +28,7 @@ mod micro;
 mod overhead;
 mod report;
 mod stats;
+mod status;
 
 pub use agent::AgentProc;
 
@@ -45,6 +48,7 @@ pub enum Part {
     Flood,
     Micro,
     Events,
+    Status,
     Controller,
 }
 
@@ -83,6 +87,12 @@ pub struct BenchArgs {
     /// Rounds (failure, Events, recovery) in the event latency measurement.
     #[arg(long, default_value_t = 60)]
     event_rounds: u32,
+    /// Storms (errors, VolumeHealth writes, recovery) in the status measurement.
+    #[arg(long, default_value_t = 3)]
+    status_rounds: u32,
+    /// Failed writes per storm in the status measurement.
+    #[arg(long, default_value_t = 10_000)]
+    status_errors: u64,
     /// PVs (and driver volumes) in the controller measurement.
     #[arg(long, default_value_t = 10_000)]
     controller_volumes: usize,
@@ -256,6 +266,7 @@ pub fn run_bench(args: &BenchArgs) -> Result<()> {
             Part::Flood,
             Part::Micro,
             Part::Events,
+            Part::Status,
             Part::Controller,
         ]
     } else {
@@ -373,6 +384,28 @@ pub fn run_bench(args: &BenchArgs) -> Result<()> {
                     format!(
                         "cargo xtask bench --only events --event-rounds {}",
                         args.event_rounds
+                    ),
+                    r.headline(),
+                    r.markdown(),
+                )
+            }
+            Part::Status => {
+                say(format!(
+                    "status: {} storms of {} errors, VolumeHealth writes, recovery",
+                    args.status_rounds, args.status_errors
+                ));
+                let r = status::run(
+                    tools()?,
+                    &status::Config {
+                        rounds: args.status_rounds,
+                        errors: args.status_errors,
+                    },
+                )?;
+                (
+                    "status",
+                    format!(
+                        "cargo xtask bench --only status --status-rounds {} --status-errors {}",
+                        args.status_rounds, args.status_errors
                     ),
                     r.headline(),
                     r.markdown(),

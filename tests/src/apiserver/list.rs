@@ -1,4 +1,4 @@
-//! Reads of pods and PVs: get, and lists paginated over snapshots. A `watch=true`
+//! Reads of the stored kinds (pods, PVs, PVCs, VolumeHealths): get, and lists paginated over snapshots. A `watch=true`
 //! request is handed on to [`super::watches`].
 
 use std::sync::Arc;
@@ -16,7 +16,7 @@ use super::watches::start_watch;
 /// Paginated list snapshots kept for `continue` tokens; older tokens get 410.
 const PAGE_SNAPSHOT_LIMIT: usize = 64;
 
-/// List or watch of pods or PVs.
+/// List or watch of a stored kind.
 pub(super) fn collection(
     shared: &Arc<Shared>,
     kind: Kind,
@@ -105,10 +105,9 @@ fn list(st: &mut State, spec: WatchSpec, query: &[(String, String)]) -> Reply {
             st.pages.pop_front();
         }
     }
-    Reply::Json(
-        StatusCode::OK,
-        list_json(spec.kind.list_kind(), metadata, items),
-    )
+    let mut body = list_json(spec.kind.list_kind(), metadata, items);
+    body["apiVersion"] = spec.kind.api_version().into();
+    Reply::Json(StatusCode::OK, body)
 }
 
 pub(super) fn get_object(shared: &Arc<Shared>, kind: Kind, namespace: &str, name: &str) -> Reply {

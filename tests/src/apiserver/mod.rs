@@ -17,6 +17,21 @@
 //! - **core/v1 Events**: create (`POST`), merge-patch (`PATCH`, both merge-patch and
 //!   strategic-merge-patch content types applied as RFC 7386), get and list, with the
 //!   server-assigned fields and the error Statuses (404, 409, 422) a real server gives.
+//! - **PersistentVolumeClaims and `VolumeHealth`s** (the project's CRD,
+//!   `volume-health.io/v1alpha1`): get, list and watch as above (all namespaces or
+//!   one). Written only by server-side apply (`application/apply-patch+yaml`,
+//!   `fieldManager`, `force`; `volumehealth` and `apply`): a `VolumeHealth` is created
+//!   by an apply of the object (metadata, `spec`; `generation` counts spec changes),
+//!   its `status` by an apply of the `status` subresource (404 when the object is
+//!   missing), where `status.sources` is a list-map keyed by `name` whose entries
+//!   belong to the manager that applied them (an entry it applied before and no
+//!   longer sends is removed, others' are kept) and every other status field is
+//!   replaced by what was sent. A PVC apply sets `metadata.labels` with the same
+//!   per-manager ownership of each label (anything else in the body is a 422); a
+//!   PVC the test did not [`put`](FakeApiServer::put) is 404, never created. In
+//!   every apply `metadata.resourceVersion` and `metadata.uid` are preconditions
+//!   (409 `Conflict`), and an unforced apply changing another manager's field is a
+//!   409 too. Ownership is kept by the server, not in `metadata.managedFields`.
 //! - **Outages**: [`Mode::Unavailable`] (503 for everything) and [`Mode::Refuse`]
 //!   (connections closed without an answer), both ending open watches.
 //!
@@ -33,10 +48,12 @@
 //!
 //! Layout: [`FakeApiServer`] (here) is what tests hold, and `store` the state it shares
 //! with the server thread. `server` accepts connections and routes each request to a
-//! handler: `list` (which hands `watch=true` on to `watches`) or `events`. Handlers work
-//! on the store under its lock with `select`, `query`, `reply` and `json` as helpers;
+//! handler: `list` (which hands `watch=true` on to `watches`), `events` or
+//! `volumehealth` (with `apply`). Handlers work on the store under its lock with
+//! `select`, `query`, `reply` and `json` as helpers;
 //! nothing below `server` sees a connection.
 
+mod apply;
 mod events;
 mod json;
 mod list;
@@ -45,8 +62,10 @@ mod reply;
 mod select;
 mod server;
 mod store;
+mod volumehealth;
 mod watches;
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -62,6 +81,9 @@ use self::json::name_of;
 use self::query::{is_watch, param};
 use self::server::accept_loop;
 use self::store::{Kind, Shared, State};
+
+/// The kinds [`FakeApiServer::put`] takes, for its messages.
+const KINDS: &str = "Pod, PersistentVolume, PersistentVolumeClaim or VolumeHealth";
 
 /// How [`FakeApiServer::wait_for`] polls.
 const POLL_INTERVAL: Duration = Duration::from_millis(20);
@@ -119,6 +141,40 @@ impl Recorded {
     /// Whether this is a watch (`watch=true`) rather than a list or get.
     pub fn is_watch(&self) -> bool {
         is_watch(&self.query)
+    }
+
+    /// What RBAC would check for this request: (API group, resource with its
+    /// subresource as in `volumehealths/status`, verb); `None` for a path that
+    /// names no resource (`/version`).
+    pub fn access(&self) -> Option<(String, String, &'static str)> {
+        let segments: Vec<&str> = self.path.trim_matches('/').split('/').collect();
+        let (group, rest) = match segments.as_slice() {
+            ["api", "v1", rest @ ..] => ("", rest),
+            ["apis", group, _version, rest @ ..] => (*group, rest),
+            _ => return None,
+        };
+        let rest = match rest {
+            ["namespaces", _, rest @ ..] if !rest.is_empty() => rest,
+            rest => rest,
+        };
+        let (resource, named) = match rest {
+            [resource] => (resource.to_string(), false),
+            [resource, _name] => (resource.to_string(), true),
+            [resource, _name, sub] => (format!("{resource}/{sub}"), true),
+            _ => return None,
+        };
+        let verb = match (self.method.as_str(), named) {
+            ("GET", _) if self.is_watch() => "watch",
+            ("GET", true) => "get",
+            ("GET", false) => "list",
+            ("POST", _) => "create",
+            ("PUT", _) => "update",
+            ("PATCH", _) => "patch",
+            ("DELETE", true) => "delete",
+            ("DELETE", false) => "deletecollection",
+            _ => return None,
+        };
+        Some((group.to_string(), resource, verb))
     }
 }
 
@@ -200,17 +256,19 @@ impl FakeApiServer {
         Ok(path)
     }
 
-    /// Creates or replaces a Pod or PersistentVolume (chosen by its `kind`), as a
-    /// controller or the kubelet would, and tells matching watches (`ADDED` or
-    /// `MODIFIED`; `DELETED` to a watch the object no longer matches).
+    /// Creates or replaces a Pod, PersistentVolume, PersistentVolumeClaim or
+    /// VolumeHealth (chosen by its `kind`), as a controller or the kubelet would, and
+    /// tells matching watches (`ADDED` or `MODIFIED`; `DELETED` to a watch the object
+    /// no longer matches).
     ///
-    /// The server sets `apiVersion: v1`, a new `metadata.resourceVersion`, and keeps
-    /// or assigns `metadata.uid` and `metadata.creationTimestamp`. A pod without a
-    /// namespace goes to `default`; a PV's namespace is removed.
+    /// The server sets `apiVersion` (`v1`, or the CRD's), a new
+    /// `metadata.resourceVersion`, and keeps or assigns `metadata.uid` and
+    /// `metadata.creationTimestamp`. A namespaced object without a namespace goes to
+    /// `default`; a PV's namespace is removed.
     ///
     /// # Panics
-    /// If `kind` is neither `Pod` nor `PersistentVolume` or `metadata.name` is
-    /// missing: a bug in the test, reported where it is made.
+    /// If `kind` is none of these or `metadata.name` is missing: a bug in the
+    /// test, reported where it is made.
     pub fn put(&self, obj: Value) {
         let kind = obj
             .get("kind")
@@ -218,7 +276,7 @@ impl FakeApiServer {
             .and_then(Kind::from_kind)
             .unwrap_or_else(|| {
                 panic!(
-                    "FakeApiServer::put: `kind` must be \"Pod\" or \"PersistentVolume\", got {}",
+                    "FakeApiServer::put: `kind` must be {KINDS}, got {}",
                     obj.get("kind").unwrap_or(&Value::Null)
                 )
             });
@@ -236,18 +294,15 @@ impl FakeApiServer {
         self.shared.changes.send_replace(rv);
     }
 
-    /// Deletes a Pod or PersistentVolume (`kind` as in the object: `Pod`,
-    /// `PersistentVolume`) and sends `DELETED` to the watches it matched. Returns
-    /// whether it existed. `namespace` is ignored for PVs; `None` means `default`
-    /// for pods.
+    /// Deletes a stored object (`kind` as in the object: `Pod`, `PersistentVolume`,
+    /// ...) and sends `DELETED` to the watches it matched. Returns whether it
+    /// existed. `namespace` is ignored for PVs; `None` means `default` otherwise.
     ///
     /// # Panics
-    /// If `kind` is not one of the two.
+    /// If `kind` is not one of the stored kinds.
     pub fn delete(&self, kind: &str, namespace: Option<&str>, name: &str) -> bool {
         let Some(kind) = Kind::from_kind(kind) else {
-            panic!(
-                "FakeApiServer::delete: kind must be \"Pod\" or \"PersistentVolume\", got {kind:?}"
-            );
+            panic!("FakeApiServer::delete: kind must be {KINDS}, got {kind:?}");
         };
         let namespace = if kind.namespaced() {
             namespace.unwrap_or("default")
@@ -279,7 +334,7 @@ impl FakeApiServer {
         self.shared.changes.send_replace(rv);
     }
 
-    /// The stored Pod or PersistentVolume, as the server would return it.
+    /// The stored object, as the server would return it.
     pub fn object(&self, kind: &str, namespace: Option<&str>, name: &str) -> Option<Value> {
         let kind = Kind::from_kind(kind)?;
         let namespace = if kind.namespaced() {
@@ -291,6 +346,43 @@ impl FakeApiServer {
         st.objects
             .get(&(kind, namespace.to_string(), name.to_string()))
             .cloned()
+    }
+
+    /// The stored `VolumeHealth` `namespace/name`.
+    pub fn volume_health(&self, namespace: &str, name: &str) -> Option<Value> {
+        self.object("VolumeHealth", Some(namespace), name)
+    }
+
+    /// The labels of the stored PVC `namespace/name` (empty if it has none; `None`
+    /// if there is no such PVC).
+    pub fn pvc_labels(&self, namespace: &str, name: &str) -> Option<BTreeMap<String, String>> {
+        let pvc = self.object("PersistentVolumeClaim", Some(namespace), name)?;
+        let labels = pvc["metadata"]["labels"]
+            .as_object()
+            .cloned()
+            .unwrap_or_default();
+        Some(
+            labels
+                .into_iter()
+                .map(|(k, v)| (k, v.as_str().unwrap_or_default().to_string()))
+                .collect(),
+        )
+    }
+
+    /// A kube client of this server, built from the kubeconfig written to `dir`
+    /// as the agent builds its own. `retry`: kube's default retry of 429/503/504.
+    pub async fn kube_client(&self, dir: &Path, retry: bool) -> Result<kube::Client> {
+        let path = self.write_kubeconfig(dir)?;
+        let kubeconfig =
+            kube::config::Kubeconfig::read_from(&path).context("reading the written kubeconfig")?;
+        let mut config = kube::Config::from_custom_kubeconfig(
+            kubeconfig,
+            &kube::config::KubeConfigOptions::default(),
+        )
+        .await
+        .context("kube config from the written kubeconfig")?;
+        config.default_retry = retry;
+        kube::Client::try_from(config).context("kube client")
     }
 
     /// Every request so far, in arrival order.

@@ -25,6 +25,9 @@ use super::list::{collection, get_object};
 use super::query::parse_query;
 use super::reply::{error, Reply};
 use super::store::{Kind, Shared};
+use super::volumehealth::{
+    apply_pvc_labels, apply_volume_health, apply_volume_health_status, GROUP, VERSION,
+};
 use super::{Mode, Recorded};
 
 /// Response bodies: a whole JSON document or a watch stream.
@@ -194,6 +197,7 @@ fn route(
 ) -> Reply {
     let segments: Vec<&str> = req.path.trim_matches('/').split('/').collect();
     let get = method == Method::GET;
+    let patch = method == Method::PATCH;
     match segments.as_slice() {
         ["version"] if get => Reply::Json(StatusCode::OK, version_json()),
         ["api", "v1", "pods"] if get => collection(shared, Kind::Pod, None, &req.query),
@@ -220,8 +224,45 @@ fn route(
         ["api", "v1", "namespaces", ns, "events", name] if method == Method::PATCH => {
             patch_event(shared, ns, name, req, body)
         }
+        ["api", "v1", "persistentvolumeclaims"] if get => {
+            collection(shared, Kind::PersistentVolumeClaim, None, &req.query)
+        }
+        ["api", "v1", "namespaces", ns, "persistentvolumeclaims"] if get => {
+            collection(shared, Kind::PersistentVolumeClaim, Some(ns), &req.query)
+        }
+        ["api", "v1", "namespaces", ns, "persistentvolumeclaims", name] if get => {
+            get_object(shared, Kind::PersistentVolumeClaim, ns, name)
+        }
+        ["api", "v1", "namespaces", ns, "persistentvolumeclaims", name] if patch => {
+            apply_pvc_labels(shared, ns, name, req, body)
+        }
+        ["apis", GROUP, VERSION, "volumehealths"] if get => {
+            collection(shared, Kind::VolumeHealth, None, &req.query)
+        }
+        ["apis", GROUP, VERSION, "namespaces", ns, "volumehealths"] if get => {
+            collection(shared, Kind::VolumeHealth, Some(ns), &req.query)
+        }
+        ["apis", GROUP, VERSION, "namespaces", ns, "volumehealths", name]
+        | ["apis", GROUP, VERSION, "namespaces", ns, "volumehealths", name, "status"]
+            if get =>
+        {
+            get_object(shared, Kind::VolumeHealth, ns, name)
+        }
+        ["apis", GROUP, VERSION, "namespaces", ns, "volumehealths", name] if patch => {
+            apply_volume_health(shared, ns, name, req, body)
+        }
+        ["apis", GROUP, VERSION, "namespaces", ns, "volumehealths", name, "status"] if patch => {
+            apply_volume_health_status(shared, ns, name, req, body)
+        }
         ["version"]
         | ["api", "v1", "pods"]
+        | ["api", "v1", "persistentvolumeclaims"]
+        | ["api", "v1", "namespaces", _, "persistentvolumeclaims"]
+        | ["api", "v1", "namespaces", _, "persistentvolumeclaims", _]
+        | ["apis", GROUP, VERSION, "volumehealths"]
+        | ["apis", GROUP, VERSION, "namespaces", _, "volumehealths"]
+        | ["apis", GROUP, VERSION, "namespaces", _, "volumehealths", _]
+        | ["apis", GROUP, VERSION, "namespaces", _, "volumehealths", _, "status"]
         | ["api", "v1", "namespaces", _, "pods" | "events"]
         | ["api", "v1", "namespaces", _, "pods" | "events", _]
         | ["api", "v1", "persistentvolumes"]

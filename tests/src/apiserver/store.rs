@@ -8,6 +8,7 @@ use hyper::body::Bytes;
 use serde_json::Value;
 use tokio::sync::watch;
 
+use super::apply::Owners;
 use super::json::{
     meta_mut, meta_remove, meta_str, name_of, namespace_of, now_rfc3339, too_old_line,
 };
@@ -35,11 +36,15 @@ impl Shared {
     }
 }
 
-/// The two watched kinds.
+/// The stored kinds (Events are kept apart: they have no watch history).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub(super) enum Kind {
     Pod,
     PersistentVolume,
+    /// Put by tests; the agent only applies its label (`volumehealth`).
+    PersistentVolumeClaim,
+    /// The project's CRD, written by server-side apply (`volumehealth`).
+    VolumeHealth,
 }
 
 impl Kind {
@@ -47,6 +52,8 @@ impl Kind {
         match kind {
             "Pod" => Some(Kind::Pod),
             "PersistentVolume" => Some(Kind::PersistentVolume),
+            "PersistentVolumeClaim" => Some(Kind::PersistentVolumeClaim),
+            "VolumeHealth" => Some(Kind::VolumeHealth),
             _ => None,
         }
     }
@@ -55,6 +62,8 @@ impl Kind {
         match self {
             Kind::Pod => "Pod",
             Kind::PersistentVolume => "PersistentVolume",
+            Kind::PersistentVolumeClaim => "PersistentVolumeClaim",
+            Kind::VolumeHealth => "VolumeHealth",
         }
     }
 
@@ -62,6 +71,15 @@ impl Kind {
         match self {
             Kind::Pod => "PodList",
             Kind::PersistentVolume => "PersistentVolumeList",
+            Kind::PersistentVolumeClaim => "PersistentVolumeClaimList",
+            Kind::VolumeHealth => "VolumeHealthList",
+        }
+    }
+
+    pub(super) fn api_version(self) -> &'static str {
+        match self {
+            Kind::VolumeHealth => "volume-health.io/v1alpha1",
+            _ => "v1",
         }
     }
 
@@ -69,11 +87,13 @@ impl Kind {
         match self {
             Kind::Pod => "pods",
             Kind::PersistentVolume => "persistentvolumes",
+            Kind::PersistentVolumeClaim => "persistentvolumeclaims",
+            Kind::VolumeHealth => "volumehealths",
         }
     }
 
     pub(super) fn namespaced(self) -> bool {
-        self == Kind::Pod
+        self != Kind::PersistentVolume
     }
 }
 
@@ -112,6 +132,8 @@ pub(super) struct State {
     pub(super) events: BTreeMap<(String, String), Value>,
     pub(super) requests: Vec<Recorded>,
     pub(super) pages: VecDeque<PageSnapshot>,
+    /// Server-side apply: who owns which field of a stored object.
+    pub(super) owners: BTreeMap<ObjKey, Owners>,
 }
 
 impl State {
@@ -152,7 +174,8 @@ impl State {
             None => self.new_uid(),
         };
         if let Some(o) = obj.as_object_mut() {
-            o.insert("apiVersion".into(), "v1".into());
+            o.insert("apiVersion".into(), kind.api_version().into());
+            o.insert("kind".into(), kind.kind().into());
         }
         if kind.namespaced() {
             meta_mut(&mut obj)["namespace"] = namespace.into();
@@ -181,6 +204,7 @@ impl State {
         let Some(before) = self.objects.remove(&key) else {
             return false;
         };
+        self.owners.remove(&key);
         self.rv += 1;
         self.record_change(Change {
             rv: self.rv,

@@ -18,8 +18,9 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use health_tests::apiserver::FakeApiServer;
-use health_tests::{fs, FaultDisk, Mount, Op, Rule};
+use health_tests::{fs, FaultDisk, LoopDevice, Mount, Op, Rule};
 use serde_json::json;
+use tempfile::TempDir;
 
 use super::agent::AgentProc;
 use super::dio::DirectIo;
@@ -52,79 +53,113 @@ pub struct EventsResult {
     pub console: String,
 }
 
+/// One pod on node-1 using PVC bench/data, whose ext4 lives on a fault disk,
+/// and the agent in cluster mode against the fake API server: the setup of
+/// this part and of [`super::status`]. Fields drop in reverse order of setup.
+pub(super) struct OnePod {
+    pub(super) agent: AgentProc,
+    pub(super) api: FakeApiServer,
+    _mount: Mount,
+    pub(super) lo: LoopDevice,
+    pub(super) disk: FaultDisk,
+    _root: TempDir,
+}
+
+impl OnePod {
+    /// Starts it all; `args` go to `health-agent run` after the fixed ones.
+    /// Returns once the agent's first pod and PV lists are in.
+    pub(super) fn start(tools: &Tools, args: &[&str]) -> Result<OnePod> {
+        let root = tempfile::Builder::new()
+            .prefix("kubelet-bench-")
+            .tempdir()?;
+        let disk = interrupt::spawn_shielded(|| FaultDisk::start_with(&tools.faultdisk, 64 * MIB))?;
+        let lo = disk.attach_loop(false)?;
+        fs::mkfs_ext4(lo.path())?;
+        let dir = root
+            .path()
+            .join("pods")
+            .join(POD_UID)
+            .join("volumes/kubernetes.io~csi")
+            .join(PV);
+        std::fs::create_dir_all(dir.join("mount"))?;
+        std::fs::write(
+            dir.join("vol_data.json"),
+            json!({"driverName": "bench.csi", "volumeHandle": "h", "specVolID": PV,
+                   "nodeName": "node-1", "volumeLifecycleMode": "Persistent"})
+            .to_string(),
+        )?;
+        let mount = Mount::at(lo.path(), dir.join("mount"), "ext4", "")?;
+
+        let api = FakeApiServer::start()?;
+        api.put(
+            json!({"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": PV},
+            "spec": {"claimRef": {"namespace": "bench", "name": "data", "uid": "pvc-uid"},
+                     "csi": {"driver": "bench.csi", "volumeHandle": "h"}}}),
+        );
+        // The PVC itself, for the agent's `volume-health.io/health` label.
+        api.put(json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+            "metadata": {"name": "data", "namespace": "bench", "uid": "pvc-uid"},
+            "spec": {"volumeName": PV}}));
+        api.put(json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "app-0", "namespace": "bench", "uid": POD_UID},
+            "spec": {"nodeName": "node-1", "containers": [{"name": "c", "image": "x"}],
+                     "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}]}}));
+        let kubeconfig = api.write_kubeconfig(root.path())?;
+        let metrics = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+        let mut all: Vec<String> = vec![
+            "--node-name".into(),
+            "node-1".into(),
+            "--kubeconfig".into(),
+            kubeconfig.display().to_string(),
+            "--kubelet-root".into(),
+            root.path().display().to_string(),
+            "--metrics-addr".into(),
+            metrics.to_string(),
+        ];
+        all.extend(args.iter().map(|s| s.to_string()));
+        let agent = AgentProc::start_mode(&tools.agent, "run", &all, None)?;
+        // The first pod and PV lists must be in before a pod can be named (the
+        // agent also lists its earlier Events at start: not one of those).
+        api.wait_for(Duration::from_secs(20), |api| {
+            let lists = api
+                .requests()
+                .iter()
+                .filter(|r| r.method == "GET" && !r.is_watch() && r.status == 200)
+                .filter(|r| r.path == "/api/v1/pods" || r.path == "/api/v1/persistentvolumes")
+                .count();
+            (lists >= 2).then_some(())
+        })?;
+        std::thread::sleep(Duration::from_millis(500));
+        Ok(OnePod {
+            agent,
+            api,
+            _mount: mount,
+            lo,
+            disk,
+            _root: root,
+        })
+    }
+}
+
 pub fn run(tools: &Tools, cfg: &Config) -> Result<EventsResult> {
-    let root = tempfile::Builder::new()
-        .prefix("kubelet-bench-")
-        .tempdir()?;
-    let disk = interrupt::spawn_shielded(|| FaultDisk::start_with(&tools.faultdisk, 64 * MIB))?;
-    let lo = disk.attach_loop(false)?;
-    fs::mkfs_ext4(lo.path())?;
-    let dir = root
-        .path()
-        .join("pods")
-        .join(POD_UID)
-        .join("volumes/kubernetes.io~csi")
-        .join(PV);
-    std::fs::create_dir_all(dir.join("mount"))?;
-    std::fs::write(
-        dir.join("vol_data.json"),
-        json!({"driverName": "bench.csi", "volumeHandle": "h", "specVolID": PV,
-               "nodeName": "node-1", "volumeLifecycleMode": "Persistent"})
-        .to_string(),
+    let fx = OnePod::start(
+        tools,
+        &[
+            "--kernel-quiet-window",
+            "1",
+            "--check-interval",
+            "0.2",
+            // Each round writes two Events per object; the default cap (6 a
+            // minute) would make later rounds wait for it, which is not latency.
+            "--event-writes-per-minute",
+            "1000",
+            // Repeated recoveries aggregate into one Event, patched at most this
+            // often; shorter keeps the rounds short.
+            "--event-update-interval",
+            "0.5",
+        ],
     )?;
-    let _mount = Mount::at(lo.path(), dir.join("mount"), "ext4", "")?;
-
-    let api = FakeApiServer::start()?;
-    api.put(
-        json!({"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": PV},
-        "spec": {"claimRef": {"namespace": "bench", "name": "data", "uid": "pvc-uid"},
-                 "csi": {"driver": "bench.csi", "volumeHandle": "h"}}}),
-    );
-    api.put(json!({"apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": "app-0", "namespace": "bench", "uid": POD_UID},
-        "spec": {"nodeName": "node-1", "containers": [{"name": "c", "image": "x"}],
-                 "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}]}}));
-    let kubeconfig = api.write_kubeconfig(root.path())?;
-    let metrics = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
-    let args: Vec<String> = [
-        "--node-name",
-        "node-1",
-        "--kubeconfig",
-        &kubeconfig.display().to_string(),
-        "--kubelet-root",
-        &root.path().display().to_string(),
-        "--metrics-addr",
-        &metrics.to_string(),
-        "--kernel-quiet-window",
-        "1",
-        "--check-interval",
-        "0.2",
-        // Each round writes two Events per object; the default cap (6 a
-        // minute) would make later rounds wait for it, which is not latency.
-        "--event-writes-per-minute",
-        "1000",
-        // Repeated recoveries aggregate into one Event, patched at most this
-        // often; shorter keeps the rounds short.
-        "--event-update-interval",
-        "0.5",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    let agent = AgentProc::start_mode(&tools.agent, "run", &args, None)?;
-    // The first pod and PV lists must be in before a pod can be named (the
-    // agent also lists its earlier Events at start: not one of those).
-    api.wait_for(Duration::from_secs(20), |api| {
-        let lists = api
-            .requests()
-            .iter()
-            .filter(|r| r.method == "GET" && !r.is_watch() && r.status == 200)
-            .filter(|r| r.path == "/api/v1/pods" || r.path == "/api/v1/persistentvolumes")
-            .count();
-        (lists >= 2).then_some(())
-    })?;
-    std::thread::sleep(Duration::from_millis(500));
-
+    let (api, disk, lo) = (&fx.api, &fx.disk, &fx.lo);
     let io = DirectIo::open(lo.path(), BLOCK as usize)?;
     let mut to_pod = Vec::new();
     let mut to_pvc = Vec::new();
@@ -190,9 +225,9 @@ pub fn run(tools: &Tools, cfg: &Config) -> Result<EventsResult> {
         .with_context(|| format!("round {round}: the recovery events"))?;
     }
     let requests = api.requests().len();
-    let rss_kb = agent.status_kb("VmRSS")?;
-    let hwm_kb = agent.status_kb("VmHWM")?;
-    agent.stop_ok()?;
+    let rss_kb = fx.agent.status_kb("VmRSS")?;
+    let hwm_kb = fx.agent.status_kb("VmHWM")?;
+    fx.agent.stop_ok()?;
     Ok(EventsResult {
         rounds: cfg.rounds,
         to_pod: Summary::of(&to_pod).context("no pod events measured")?,

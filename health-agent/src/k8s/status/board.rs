@@ -12,7 +12,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::api::Claim;
-use super::types::{parse_time, SourceEntry, VolumeHealth};
+use super::types::{parse_time, EntryCondition, SourceEntry, VolumeHealth};
 
 const BACKOFF_MIN: Duration = Duration::from_millis(500);
 const BACKOFF_MAX: Duration = Duration::from_secs(30);
@@ -36,7 +36,7 @@ struct ClaimState {
     written: Vec<SourceEntry>,
     /// Conditions taken over from before a restart, and until when they are
     /// kept unless the new process asserts them.
-    carried: Vec<(String, super::types::EntryCondition, SystemTime)>,
+    carried: Vec<(String, EntryCondition, SystemTime)>,
     last_write: Option<Instant>,
     retry_at: Option<Instant>,
     backoff: Duration,
@@ -194,7 +194,11 @@ impl Board {
             if s.desired.is_none() && !self.ready {
                 continue;
             }
-            s.carried.retain(|(_, _, until)| *until > wall);
+            // A condition the new process asserts again keeps what it
+            // carries (the episode's count) for as long as it does.
+            let desired = &s.desired;
+            s.carried
+                .retain(|(name, c, until)| *until > wall || asserted(desired, name, c));
             let effective = effective(s);
             if effective.len() == s.written.len()
                 && effective
@@ -202,7 +206,7 @@ impl Board {
                     .zip(&s.written)
                     .all(|(a, b)| a.same_assertions(b))
             {
-                if let Some(until) = s.carried.iter().map(|c| c.2).min() {
+                if let Some(until) = s.carried.iter().map(|c| c.2).filter(|u| *u > wall).min() {
                     let left = until.duration_since(wall).unwrap_or_default();
                     soonest(now + left);
                 }
@@ -288,12 +292,13 @@ fn effective(s: &ClaimState) -> Vec<SourceEntry> {
         let Some(e) = out.iter_mut().find(|e| &e.name == name) else {
             continue;
         };
-        if !e
+        match e
             .conditions
-            .iter()
-            .any(|d| d.status == c.status && d.reason == c.reason)
+            .iter_mut()
+            .find(|d| d.status == c.status && d.reason == c.reason)
         {
-            e.conditions.push(c.clone());
+            Some(d) => continue_episode(d, c),
+            None => e.conditions.push(c.clone()),
         }
     }
     for e in &mut out {
@@ -302,6 +307,39 @@ fn effective(s: &ClaimState) -> Vec<SourceEntry> {
     }
     out.sort_by(|a, b| a.name.cmp(&b.name));
     out
+}
+
+/// Whether `desired` has entry `name` asserting `c`'s status and reason.
+fn asserted(desired: &Option<Vec<SourceEntry>>, name: &str, c: &EntryCondition) -> bool {
+    desired.iter().flatten().any(|e| {
+        e.name == name
+            && e.conditions
+                .iter()
+                .any(|d| d.status == c.status && d.reason == c.reason)
+    })
+}
+
+/// A condition taken over from before a restart that the new process
+/// asserts again: one episode, as its Events are (`events::series`). It began
+/// when the earlier one did, and its count goes on from what was written;
+/// a condition raised before the earlier one was last seen (kernel counts
+/// adopted from pinned maps) already includes those errors.
+fn continue_episode(d: &mut EntryCondition, c: &EntryCondition) {
+    let before = c.last_seen.as_deref().unwrap_or(&c.since);
+    let raised_before = match (parse_time(&d.since), parse_time(before)) {
+        (Some(new), Some(old)) => new < old,
+        _ => false,
+    };
+    d.count = match (d.count, c.count) {
+        (Some(new), Some(old)) if raised_before => Some(new.max(old)),
+        (Some(new), Some(old)) => Some(new + old),
+        (new, old) => new.or(old),
+    };
+    if let (Some(old), Some(new)) = (parse_time(&c.since), parse_time(&d.since)) {
+        if old < new {
+            d.since = c.since.clone();
+        }
+    }
 }
 
 /// The board shared by the code that decides (the agent loop, the
