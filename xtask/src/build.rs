@@ -161,16 +161,18 @@ pub fn test(args: &[String]) -> anyhow::Result<()> {
 const ASSETS_ENV: &str = "HEALTH_K8S_ASSETS";
 
 /// The user's `HEALTH_K8S_ASSETS` wins (the test reads it itself); else the
-/// project's shared binaries beside the checkout (`../shared/k8s/bin`), when
-/// there. With neither, the envtest tests fail under CI=true and say so loudly
-/// elsewhere.
+/// project's shared binaries beside the checkout (`../shared/k8s/bin`), or
+/// beside a directory above it (a checkout nested deeper, as CI may make),
+/// when there. With neither, the envtest tests fail under CI=true and say so
+/// loudly elsewhere.
 fn k8s_assets() -> Option<PathBuf> {
     if std::env::var_os(ASSETS_ENV).is_some() {
         return None;
     }
-    let shared = workspace_root().join("../shared/k8s/bin");
-    if !shared.join("kube-apiserver").is_file() {
-        return None;
-    }
-    shared.canonicalize().ok()
+    let root = workspace_root();
+    root.ancestors()
+        .skip(1)
+        .map(|dir| dir.join("shared/k8s/bin"))
+        .find(|bin| bin.join("kube-apiserver").is_file())
+        .and_then(|bin| bin.canonicalize().ok())
 }
