@@ -77,18 +77,25 @@ impl ClusterReporter {
             return;
         }
         let index = volumes.index();
-        let keys: Vec<VolumeKey> = index.volumes().iter().map(|v| v.key.clone()).collect();
-        let mut by_claim: BTreeMap<Claim, Vec<VolumeKey>> = BTreeMap::new();
-        for key in keys {
-            let Some(t) = self
-                .known
-                .get(&key)
-                .cloned()
-                .or_else(|| self.targets(&key, index))
-            else {
-                continue;
+        if claims.is_none() {
+            // Pods came or went: resolve every volume here once (cached in
+            // `known`); on the error path only resolved volumes matter.
+            for v in index.volumes() {
+                if !self.known.contains_key(&v.key) {
+                    self.targets(&v.key, index);
+                }
+            }
+        }
+        let mut by_claim: BTreeMap<Claim, Vec<&VolumeKey>> = BTreeMap::new();
+        for (key, t) in &self.known {
+            let asked = match claims {
+                None => true,
+                Some(c) => c.iter().any(|c| is_claim(t, c)),
             };
-            if let Some(claim) = claim_of(&t) {
+            if !asked || index.get(key).is_none() {
+                continue;
+            }
+            if let Some(claim) = claim_of(t) {
                 by_claim.entry(claim).or_default().push(key);
             }
         }
@@ -106,6 +113,7 @@ impl ClusterReporter {
             };
             let members: Vec<status::Member<'_>> = keys
                 .iter()
+                .copied()
                 .filter_map(|k| {
                     let t = self.known.get(k)?;
                     Some(status::Member {
@@ -232,6 +240,14 @@ fn claim_of(t: &Targets) -> Option<Claim> {
         uid: pvc.uid.clone(),
         pv: t.pv.clone(),
     })
+}
+
+/// Whether `t` reports to `claim` (compared without allocating: this runs
+/// for every condition change).
+fn is_claim(t: &Targets, claim: &Claim) -> bool {
+    t.pvc
+        .as_ref()
+        .is_some_and(|p| p.namespace == claim.namespace && p.name == claim.name)
 }
 
 fn volume_ref(t: &Targets) -> VolumeRef {
