@@ -24,6 +24,7 @@ use kube::{Api, Client, ResourceExt as _};
 
 use super::inventory::{MonitoredVolume, NodeState, Readiness};
 use crate::k8s::events::{ObjectKind, ObjectRef, Recorder};
+use crate::k8s::pages::{list_pages, PageError};
 use crate::volumes::conditions::{rfc3339, Change, Condition, Source, Status};
 
 pub const NODE_NOT_READY: &str = "NodeNotReady";
@@ -261,27 +262,25 @@ pub async fn affected_pods(
         .map(|c| ((c.namespace.as_str(), c.name.as_str()), c))
         .collect();
     let api: Api<Pod> = Api::all(client.clone());
-    let mut params = ListParams::default()
+    let params = ListParams::default()
         .fields(&format!("spec.nodeName={node}"))
         .limit(POD_PAGE);
     let mut out = Vec::new();
-    loop {
-        let page = tokio::time::timeout(timeout, api.list(&params))
-            .await
-            .map_err(|_| ListPodsError::Timeout {
-                node: node.to_string(),
-                after: timeout,
-            })?
-            .map_err(|source| ListPodsError::Api {
-                node: node.to_string(),
-                source,
-            })?;
-        out.extend(page.items.iter().filter_map(|p| affected(p, &claims)));
-        match page.metadata.continue_ {
-            Some(token) if !token.is_empty() => params = params.continue_token(&token),
-            _ => return Ok(out),
-        }
-    }
+    list_pages(&api, params, timeout, |page| {
+        out.extend(page.iter().filter_map(|p| affected(p, &claims)))
+    })
+    .await
+    .map_err(|e| match e {
+        PageError::Timeout(after) => ListPodsError::Timeout {
+            node: node.to_string(),
+            after,
+        },
+        PageError::Api(source) => ListPodsError::Api {
+            node: node.to_string(),
+            source,
+        },
+    })?;
+    Ok(out)
 }
 
 /// A pod and its claims among `claims`; `None` if it uses none, or has

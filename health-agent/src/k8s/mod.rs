@@ -67,6 +67,7 @@ pub const API_ACCESS: &[ApiAccess] = &[
 
 pub mod cluster;
 pub mod events;
+pub mod pages;
 pub mod pv;
 pub mod report;
 pub mod status;

@@ -162,22 +162,7 @@ async fn sleep_until(at: Option<Instant>) {
 }
 
 /// Why the Events of an earlier agent process could not be listed.
-#[derive(Debug, thiserror::Error)]
-pub enum ListError {
-    #[error("listing events: {0}")]
-    Api(#[from] kube::Error),
-    #[error("listing events timed out after {REQUEST_TIMEOUT:?}")]
-    Timeout,
-}
-
-impl ListError {
-    fn code(&self) -> Option<u16> {
-        match self {
-            ListError::Api(kube::Error::Api(s)) => Some(s.code),
-            _ => None,
-        }
-    }
-}
+pub type ListError = super::pages::PageError;
 
 /// Every Event written by `component`, in all namespaces: one list the
 /// server selects (`fieldSelector=reportingComponent=...`; there is no
@@ -185,20 +170,12 @@ impl ListError {
 /// server's TTL (an hour by default), which bounds it.
 pub async fn list_own_events(client: &Client, component: &str) -> Result<Vec<Event>, ListError> {
     let api: Api<Event> = Api::all(client.clone());
-    let mut params = ListParams::default()
+    let params = ListParams::default()
         .fields(&format!("reportingComponent={component}"))
         .limit(LIST_PAGE);
     let mut events = Vec::new();
-    loop {
-        let page = tokio::time::timeout(REQUEST_TIMEOUT, api.list(&params))
-            .await
-            .map_err(|_| ListError::Timeout)??;
-        events.extend(page.items);
-        match page.metadata.continue_ {
-            Some(token) if !token.is_empty() => params = params.continue_token(&token),
-            _ => return Ok(events),
-        }
-    }
+    super::pages::list_pages(&api, params, REQUEST_TIMEOUT, |page| events.extend(page)).await?;
+    Ok(events)
 }
 
 /// Seeds the recorder with the Events an earlier process wrote (the agent

@@ -33,6 +33,7 @@ pub use api::{Claim, Put, StatusApi, StatusError};
 pub use board::{Board, Done, Next, SharedBoard};
 pub use types::{EntryCondition, EntryKind, SourceEntry, VolumeHealth, HEALTH_LABEL};
 
+use crate::k8s::pages::{list_pages, PageError};
 use crate::k8s::writer::REQUEST_TIMEOUT;
 use crate::volumes::conditions::{Condition, Source};
 
@@ -144,35 +145,17 @@ pub fn entries_for_node(node: &str, members: &[Member<'_>], now: SystemTime) -> 
 
 /// Every `VolumeHealth` in the cluster, in pages: read once at start so
 /// that a restarted writer continues (and can remove) its entries.
-pub async fn list_all(client: &kube::Client) -> Result<Vec<VolumeHealth>, StatusError> {
+pub async fn list_all(client: &kube::Client) -> Result<Vec<VolumeHealth>, PageError> {
     let api: Api<VolumeHealth> = Api::all(client.clone());
-    let mut params = ListParams::default().limit(LIST_PAGE);
     let mut out = Vec::new();
-    loop {
-        let page = match tokio::time::timeout(REQUEST_TIMEOUT, api.list(&params)).await {
-            Ok(Ok(p)) => p,
-            Ok(Err(source)) => {
-                return Err(StatusError::Api {
-                    verb: "list",
-                    resource: "volumehealths",
-                    name: String::new(),
-                    source,
-                })
-            }
-            Err(_) => {
-                return Err(StatusError::Timeout {
-                    verb: "list",
-                    resource: "volumehealths",
-                    name: String::new(),
-                })
-            }
-        };
-        out.extend(page.items);
-        match page.metadata.continue_ {
-            Some(t) if !t.is_empty() => params = params.continue_token(&t),
-            _ => return Ok(out),
-        }
-    }
+    list_pages(
+        &api,
+        ListParams::default().limit(LIST_PAGE),
+        REQUEST_TIMEOUT,
+        |page| out.extend(page),
+    )
+    .await?;
+    Ok(out)
 }
 
 /// The writer task: takes over this writer's entries, then writes what the
