@@ -213,6 +213,8 @@ pub struct Worker {
     writer: tokio::task::JoinHandle<()>,
     /// `VolumeHealth` entries and `pvc.status.healthStatus` (`None`: Events only).
     status: Option<status::StatusWriter>,
+    /// [`NodeWatch::changes`] at the last status sync.
+    synced_node_changes: u64,
 }
 
 impl Drop for Worker {
@@ -270,6 +272,7 @@ impl Worker {
             call_timeout,
             writer,
             status: None,
+            synced_node_changes: 0,
         }
     }
 
@@ -350,7 +353,10 @@ impl Worker {
             }
         }
         self.shared.wake();
-        self.sync_status(cluster).await;
+        if self.nodes.changes() != self.synced_node_changes {
+            self.synced_node_changes = self.nodes.changes();
+            self.sync_status(cluster).await;
+        }
     }
 
     /// Gives Events not yet written a moment (on shutdown).

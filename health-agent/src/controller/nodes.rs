@@ -75,6 +75,8 @@ impl Down {
 pub struct NodeWatch {
     grace: Duration,
     down: BTreeMap<String, Down>,
+    /// Moves whenever the claims' conditions may have ([`Self::changes`]).
+    changes: u64,
 }
 
 fn contributor(node: &str) -> String {
@@ -90,6 +92,7 @@ impl NodeWatch {
         NodeWatch {
             grace,
             down: BTreeMap::new(),
+            changes: 0,
         }
     }
 
@@ -110,10 +113,12 @@ impl NodeWatch {
                 None => {
                     tracing::info!(node = %name, "node deleted while down; its Warnings end without a recovery");
                     self.down.remove(&name);
+                    self.changes += 1;
                     recorder.forget_contributor(&contributor(&name));
                 }
                 Some(n) if n.readiness == Readiness::Ready => {
                     if let Some(down) = self.down.remove(&name) {
+                        self.changes += 1;
                         recovered(&name, &down, recorder, now);
                     }
                 }
@@ -172,6 +177,14 @@ impl NodeWatch {
             "node down past the grace period"
         );
         down.reported = Some(affected);
+        self.changes += 1;
+    }
+
+    /// A count that moves when a node is reported down, recovers or goes:
+    /// [`Self::claim_conditions`] can have changed only then (the node
+    /// check runs every second; the status sync need not).
+    pub fn changes(&self) -> u64 {
+        self.changes
     }
 
     /// Ends the `NodeNotReady` Warnings a previous leader left open: with a
