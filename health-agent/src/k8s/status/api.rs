@@ -140,7 +140,9 @@ impl StatusApi {
                 aggregate::conditions(&sources, &before.conditions, generation, &types::time(now));
             let summary = aggregate::summary(&sources, &conditions);
             let theirs_unchanged = {
-                let old: Vec<&SourceEntry> = before.sources.iter().filter(owned).collect();
+                // Ours are sent sorted by name; the server keeps its own order.
+                let mut old: Vec<&SourceEntry> = before.sources.iter().filter(owned).collect();
+                old.sort_by(|a, b| a.name.cmp(&b.name));
                 old.len() == entries.len()
                     && old.iter().zip(entries).all(|(a, b)| a.same_assertions(b))
             };
@@ -161,16 +163,12 @@ impl StatusApi {
             if let Some(since) = &summary.since {
                 status["since"] = json!(since);
             }
-            let body = json!({
-                "apiVersion": API_VERSION,
-                "kind": KIND,
-                "metadata": {
-                    "name": claim.name,
-                    "namespace": claim.namespace,
-                    "resourceVersion": current.metadata.resource_version,
-                },
-                "status": status,
-            });
+            let body = apply_body(
+                claim,
+                json!({"resourceVersion": current.metadata.resource_version}),
+                "status",
+                status,
+            );
             match self.apply_status(claim, &body).await {
                 Ok(()) => {}
                 // Another writer came first: read again, recompute.
@@ -213,21 +211,13 @@ impl StatusApi {
         if let Some(pv) = &claim.pv {
             spec["persistentVolumeName"] = json!(pv);
         }
-        let body = json!({
-            "apiVersion": API_VERSION,
-            "kind": KIND,
-            "metadata": {
-                "name": claim.name,
-                "namespace": claim.namespace,
-                "ownerReferences": [{
-                    "apiVersion": "v1",
-                    "kind": "PersistentVolumeClaim",
-                    "name": claim.name,
-                    "uid": claim.uid,
-                }],
-            },
-            "spec": spec,
-        });
+        let owner = json!({"ownerReferences": [{
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "name": claim.name,
+            "uid": claim.uid,
+        }]});
+        let body = apply_body(claim, owner, "spec", spec);
         let params = PatchParams::apply(OBJECT_MANAGER).force();
         self.call(
             "patch",
@@ -335,4 +325,14 @@ impl StatusApi {
             }),
         }
     }
+}
+
+/// A server-side apply body for the claim's `VolumeHealth`: its name and
+/// namespace with `metadata` added, and one top-level `field`.
+fn apply_body(claim: &Claim, metadata: Value, field: &str, value: Value) -> Value {
+    let mut meta = json!({"name": claim.name, "namespace": claim.namespace});
+    if let (Some(m), Value::Object(extra)) = (meta.as_object_mut(), metadata) {
+        m.extend(extra);
+    }
+    json!({"apiVersion": API_VERSION, "kind": KIND, "metadata": meta, field: value})
 }
