@@ -332,7 +332,8 @@ fn continue_episode(d: &mut EntryCondition, c: &EntryCondition) {
     };
     d.count = match (d.count, c.count) {
         (Some(new), Some(old)) if raised_before => Some(new.max(old)),
-        (Some(new), Some(old)) => Some(new + old),
+        // Counts come from the listed object: saturate, never overflow.
+        (Some(new), Some(old)) => Some(new.saturating_add(old)),
         (new, old) => new.or(old),
     };
     if let (Some(old), Some(new)) = (parse_time(&c.since), parse_time(&d.since)) {

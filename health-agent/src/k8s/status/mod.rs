@@ -17,6 +17,8 @@ pub mod board;
 pub mod types;
 
 #[cfg(test)]
+mod prop_tests;
+#[cfg(test)]
 mod restart_tests;
 #[cfg(test)]
 mod tests;
