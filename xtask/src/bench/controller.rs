@@ -234,6 +234,7 @@ async fn measure(
         .context("the controller's identity")?;
     let kubeconfig = server.kubeconfig(controller).to_path_buf();
     cluster::create_namespace(&client).await?;
+    cluster::install_volume_health_crd(&client).await?;
     say(format!(
         "controller: creating {} PVs, {} at a time",
         cfg.volumes, cfg.in_flight

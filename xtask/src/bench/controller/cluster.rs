@@ -42,6 +42,33 @@ pub async fn create_namespace(client: &kube::Client) -> Result<()> {
     Ok(())
 }
 
+/// Installs the `VolumeHealth` CRD of deploy/, as a cluster running the
+/// controller has it, and waits until it serves.
+pub async fn install_volume_health_crd(client: &kube::Client) -> Result<()> {
+    let file = crate::util::workspace_root().join("deploy/volumehealth-crd.yaml");
+    let text = std::fs::read_to_string(&file).with_context(|| file.display().to_string())?;
+    for crd in health_tests::manifests::documents(&text, "volumehealth-crd.yaml")? {
+        health_tests::envtest::apply_manifest(client, &crd)
+            .await
+            .context("installing the VolumeHealth CRD")?;
+    }
+    let resource = kube::core::ApiResource {
+        group: "volume-health.io".into(),
+        version: "v1alpha1".into(),
+        api_version: "volume-health.io/v1alpha1".into(),
+        kind: "VolumeHealth".into(),
+        plural: "volumehealths".into(),
+    };
+    let api: Api<kube::core::DynamicObject> = Api::all_with(client.clone(), &resource);
+    for _ in 0..100 {
+        if api.list(&Default::default()).await.is_ok() {
+            return Ok(());
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    anyhow::bail!("the VolumeHealth CRD never served")
+}
+
 /// Creates `count` PVs of `driver`, `in_flight` creates at a time, each
 /// bound (by claimRef; the claims themselves are not created: Events may
 /// name absent objects) to claim `data-NNNNNN`. Returns how long it took.
