@@ -282,18 +282,19 @@ impl Worker {
         self
     }
 
-    /// Hands the status writer the conditions as they are now.
-    async fn sync_status(&mut self, cluster: &dyn ClusterState) {
+    /// Hands the status writer the conditions as they are now; `volumes`
+    /// is the inventory the caller already holds (10,000 PVs are not
+    /// copied again for this).
+    async fn sync_status(&mut self, volumes: &[MonitoredVolume]) {
         let Some(status) = self.status.as_mut() else {
             return;
         };
         let now = SystemTime::now();
-        let volumes = cluster.volumes();
         status
             .sync(
                 self.pvs.claim_conditions(),
                 self.nodes.claim_conditions(now),
-                &volumes,
+                volumes,
                 now,
             )
             .await;
@@ -308,6 +309,7 @@ impl Worker {
         let started = Instant::now();
         let volumes = cluster.volumes();
         let probed = self.prober.cycle(&volumes, &self.metrics).await;
+        drop(volumes);
         // PVs deleted while the calls ran are dropped with their state.
         let current = cluster.volumes();
         {
@@ -320,7 +322,7 @@ impl Worker {
         self.metrics.cycle(probed.result, started.elapsed());
         self.metrics.set_volumes(current.len(), self.pvs.abnormal());
         self.shared.wake();
-        self.sync_status(cluster).await;
+        self.sync_status(&current).await;
     }
 
     /// Node-down: recoveries, and the pods of nodes down past the grace.
@@ -355,7 +357,7 @@ impl Worker {
         self.shared.wake();
         if self.nodes.changes() != self.synced_node_changes {
             self.synced_node_changes = self.nodes.changes();
-            self.sync_status(cluster).await;
+            self.sync_status(&cluster.volumes()).await;
         }
     }
 
