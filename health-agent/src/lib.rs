@@ -33,4 +33,6 @@ pub mod report;
 
 pub mod agent;
 pub mod controller;
+#[doc(hidden)]
+pub mod fuzz_targets;
 pub mod k8s;

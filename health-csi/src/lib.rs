@@ -16,9 +16,14 @@ mod controller;
 mod discover;
 mod driver_set;
 mod error;
+/// Decoding and conversion of answers without a socket (fuzz targets).
+#[doc(hidden)]
+pub mod fuzzing;
 mod node;
 mod types;
 
+#[cfg(feature = "testing")]
+pub mod raw_driver;
 #[cfg(feature = "testing")]
 pub mod testing;
 
@@ -41,5 +46,5 @@ pub use types::{
     AccessType, ControllerCapabilities, ControllerHealthSource, ControllerVolumeReport,
     HealthEntry, HealthSource, HealthStatus, NodeCapabilities, NodeInfo, NodeVolumeReport,
     PluginInfo, StorageHealthEntry, StorageHealthStatus, Usage, UsageNumbers, VolumeHealthList,
-    LEGACY_ABNORMAL_REASON,
+    LEGACY_ABNORMAL_REASON, MAX_ENTRIES_PER_VOLUME,
 };

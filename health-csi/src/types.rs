@@ -1,7 +1,7 @@
 //! Driver-independent health records, and their conversion from the wire
 //! messages of both CSI generations.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
@@ -371,20 +371,33 @@ pub struct VolumeHealthList {
     pub pages: u32,
 }
 
+/// Distinct `(status, reason)` kept per volume. The spec sets no bound, and a
+/// 4 MB answer (tonic's decoding limit) holds some 500k tiny entries; what is
+/// beyond this is dropped here (the agent keeps far fewer and says so).
+pub const MAX_ENTRIES_PER_VOLUME: usize = 1024;
+
 /// Merge `new` into `into`, keyed by `(status, reason)`: an existing key gets
-/// the newer message, a new key is appended. Order of first appearance is kept
-/// so output is stable for the caller's change detection.
+/// the newer message, a new key is appended while there is room (see
+/// [`MAX_ENTRIES_PER_VOLUME`]). Order of first appearance is kept so output is
+/// stable for the caller's change detection. Linear in the entries: a driver
+/// sending hundreds of thousands of them must not cost quadratic time.
 pub(crate) fn merge_entries(
     into: &mut Vec<HealthEntry>,
     new: impl IntoIterator<Item = HealthEntry>,
 ) {
+    let mut index: HashMap<(HealthStatus, String), usize> = into
+        .iter()
+        .enumerate()
+        .map(|(i, e)| ((e.status, e.reason.clone()), i))
+        .collect();
     for entry in new {
-        match into
-            .iter_mut()
-            .find(|e| e.status == entry.status && e.reason == entry.reason)
-        {
-            Some(existing) => existing.message = entry.message,
-            None => into.push(entry),
+        match index.get(&(entry.status, entry.reason.clone())) {
+            Some(&i) => into[i].message = entry.message,
+            None if into.len() < MAX_ENTRIES_PER_VOLUME => {
+                index.insert((entry.status, entry.reason.clone()), into.len());
+                into.push(entry);
+            }
+            None => {}
         }
     }
 }
@@ -506,6 +519,28 @@ mod tests {
                 HealthEntry::new(HealthStatus::Inaccessible, "A", "new"),
                 HealthEntry::new(HealthStatus::Degraded, "A", "other"),
             ]
+        );
+    }
+
+    #[test]
+    fn half_a_million_entries_merge_in_linear_time_and_are_capped() {
+        let wire: Vec<proto::volume_health::Entry> = (0..500_000)
+            .map(|i| proto::volume_health::Entry {
+                status: 1 + i % 3,
+                reason: format!("R{}", i % 200_000),
+                message: i.to_string(),
+            })
+            .collect();
+        let got = entries_from_wire(wire);
+        assert_eq!(got.len(), MAX_ENTRIES_PER_VOLUME);
+        // All keys are distinct (they repeat every 600k); the first 1024 stay.
+        assert_eq!(
+            got[0],
+            HealthEntry::new(HealthStatus::Inaccessible, "R0", "0")
+        );
+        assert_eq!(
+            got[1023],
+            HealthEntry::new(HealthStatus::Inaccessible, "R1023", "1023")
         );
     }
 

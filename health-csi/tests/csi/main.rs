@@ -7,4 +7,5 @@
 mod controller;
 mod driver_process;
 mod driver_set;
+mod hostile;
 mod node;

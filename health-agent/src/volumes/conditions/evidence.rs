@@ -292,7 +292,8 @@ pub enum CheckResult {
     ProbeFailed(String),
 }
 
-/// One CSI health entry, passed through as the driver said it.
+/// One CSI health entry as the driver said it; `driver_words::fit` makes it
+/// fit (CamelCase reason, clean bounded message, few entries) before it is kept.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct CsiEntry {
     pub status: Status,

@@ -4,6 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, SystemTime};
 
+use super::driver_words;
 use super::episode::Episode;
 use super::evidence::{
     CheckResult, CsiEntry, CsiListSighting, CsiReport, KernelErrorKind, KernelErrors, Observation,
@@ -278,7 +279,8 @@ impl VolumeHealth {
 }
 
 fn csi_desired(entries: Vec<CsiEntry>, now: SystemTime) -> Vec<Desired> {
-    entries
+    // The driver's words are another party's: made fit before they are kept.
+    driver_words::fit(entries)
         .into_iter()
         .map(|e| Desired {
             status: e.status,
@@ -513,6 +515,22 @@ mod tests {
         assert_eq!(h.worst(), Some(Status::DataLoss));
         let healthy = Observation::CsiNode(CsiReport::Health(vec![]));
         assert_eq!(reasons(&h.apply(t(120), healthy)), ["-BackendCorrupt"]);
+    }
+
+    #[test]
+    fn a_driver_reason_that_is_not_camel_case_is_made_one_for_every_csi_source() {
+        let mut h = VolumeHealth::default();
+        let bad = || vec![entry(Status::Degraded, "disk-failure", "slow\nlane")];
+        let changes = h.apply(t(0), Observation::CsiNode(CsiReport::Health(bad())));
+        assert_eq!(reasons(&changes), ["+DiskFailure"]);
+        let changes = h.apply(
+            t(1),
+            Observation::CsiControllerList(CsiListSighting::Listed(bad())),
+        );
+        assert_eq!(reasons(&changes), ["+DiskFailure"]);
+        let messages: Vec<String> = h.conditions().into_iter().map(|c| c.message).collect();
+        // The union shows one condition per (status, reason).
+        assert_eq!(messages, ["(driver reason \"disk-failure\") slow lane"]);
     }
 
     #[test]

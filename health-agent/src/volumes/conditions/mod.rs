@@ -12,6 +12,7 @@
 //! The machine never reads the clock: every call takes `now`, so tests are
 //! deterministic and the caller decides what time means.
 
+pub mod driver_words;
 mod episode;
 mod evidence;
 mod format;
