@@ -17,8 +17,6 @@
 //! These tests need root and fail (not skip) without it.
 
 use std::collections::BTreeMap;
-use std::fs::OpenOptions;
-use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -28,7 +26,7 @@ use health_csi::testing::{DriverMode, Rpc, TestDriver, TestDriverHandle};
 use health_csi::{AccessType, HealthEntry, HealthStatus, StorageHealthEntry, StorageHealthStatus};
 use health_tests::agent::{agent_bin, Agent};
 use health_tests::bpffs::Bpffs;
-use health_tests::{fs, require_env, FaultDisk, LoopDevice, Mount, Op, Rule};
+use health_tests::{fs, require_env, FaultDisk, HungFuse, LoopDevice, Mount, Op, Rule};
 use serde_json::{json, Value};
 use tempfile::TempDir;
 
@@ -490,46 +488,6 @@ fn volumes_shows_the_kernel_evidence_of_the_running_watch() -> Result<()> {
     Ok(())
 }
 
-/// A FUSE mount whose server never answers: the test holds the /dev/fuse
-/// descriptor and never reads it, so every request waits, like a wedged
-/// daemon. Dropping it aborts the connection and unmounts.
-struct DeadFuse {
-    path: PathBuf,
-    fd: Option<OwnedFd>,
-}
-
-impl DeadFuse {
-    fn mount(path: &Path) -> Result<DeadFuse> {
-        std::fs::create_dir_all(path)?;
-        let fd: OwnedFd = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open("/dev/fuse")
-            .context("open /dev/fuse")?
-            .into();
-        let data = format!("fd={},rootmode=40000,user_id=0,group_id=0", fd.as_raw_fd());
-        nix::mount::mount(
-            Some("volume-health-test-hang"),
-            path,
-            Some("fuse"),
-            nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV,
-            Some(data.as_str()),
-        )
-        .context("mounting a FUSE filesystem")?;
-        Ok(DeadFuse {
-            path: path.to_path_buf(),
-            fd: Some(fd),
-        })
-    }
-}
-
-impl Drop for DeadFuse {
-    fn drop(&mut self) {
-        self.fd = None;
-        let _ = health_tests::sys::unmount(&self.path, true);
-    }
-}
-
 #[test]
 fn a_hung_volume_is_a_finding_and_never_holds_up_the_watch() -> Result<()> {
     require_env(&[])?;
@@ -539,7 +497,7 @@ fn a_hung_volume_is_a_finding_and_never_holds_up_the_watch() -> Result<()> {
         .join("pods")
         .join(POD_F)
         .join("volumes/kubernetes.io~local-volume/local-hung");
-    let hung = DeadFuse::mount(&hung_path)?;
+    let hung = HungFuse::mount(&hung_path)?;
     let agent = Agent::start(&[
         "--kubelet-root",
         tree.root_arg(),
@@ -736,7 +694,7 @@ fn one_shot_view_shows_each_volume_and_its_conditions() -> Result<()> {
         .join("pods")
         .join(POD_F)
         .join("volumes/kubernetes.io~local-volume/local-hung");
-    let hung = DeadFuse::mount(&hung_path)?;
+    let hung = HungFuse::mount(&hung_path)?;
 
     // CSI node plugins of each generation, each with one volume.
     let rt = tokio::runtime::Builder::new_multi_thread()
