@@ -7,6 +7,7 @@ use sha2::{Digest, Sha256};
 use tracing::debug;
 
 use super::dir::{EntryType, Tree};
+use super::names::check_name;
 use super::vol_data::{read_vol_data, required, VOL_DATA};
 use super::{unexpected, KubeletVolume, Skip, VolumeKind, VolumeMode};
 
@@ -155,7 +156,7 @@ fn vol_data_listed(
 
 /// Guards the names taken from `vol_data.json` before they become paths.
 fn is_single_component(name: &str) -> bool {
-    !name.is_empty() && name != "." && name != ".." && !name.contains('/') && !name.contains('\0')
+    check_name(name.as_bytes()).is_ok()
 }
 
 pub(super) fn hex(bytes: &[u8]) -> String {

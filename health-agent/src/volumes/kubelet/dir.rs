@@ -20,6 +20,7 @@ use nix::fcntl::{openat, OFlag, AT_FDCWD};
 use nix::sys::stat::{fstatat, Mode, SFlag};
 use tracing::warn;
 
+use super::names::check_name;
 use super::{unexpected, Skip};
 
 /// An entry's type, from its directory entry.
@@ -130,14 +131,14 @@ impl Tree {
             .map(std::fs::File::from)
     }
 
-    /// Names and types of a directory's entries. Names that are not UTF-8
-    /// are left out with one warning (pod UIDs, PV and driver names are
-    /// ASCII).
+    /// Names and types of a directory's entries. Names kubelet does not
+    /// make (`names`: a newline, invalid UTF-8, ...) are left out with one
+    /// warning per directory, which shows the first of them escaped.
     pub(super) fn read_entries(&self, dir: &Path) -> Result<BTreeMap<String, EntryType>, Skip> {
         let fd = self.open_below(dir, OFlag::O_DIRECTORY)?;
         let mut listing = Dir::from_fd(fd).map_err(|errno| io_skip(dir, errno))?;
         let mut out = BTreeMap::new();
-        let mut odd = BTreeSet::new();
+        let mut odd: BTreeSet<Vec<u8>> = BTreeSet::new();
         let mut untyped = Vec::new();
         for entry in listing.iter() {
             let entry = entry.map_err(|errno| io_skip(dir, errno))?;
@@ -145,9 +146,12 @@ impl Tree {
             if raw == b"." || raw == b".." {
                 continue;
             }
-            let Ok(name) = std::str::from_utf8(raw) else {
-                odd.insert(raw.to_vec());
-                continue;
+            let name = match check_name(raw).map(|()| std::str::from_utf8(raw)) {
+                Ok(Ok(name)) => name,
+                _ => {
+                    odd.insert(raw.to_vec());
+                    continue;
+                }
             };
             match entry.file_type() {
                 Some(ty) => {
@@ -169,8 +173,13 @@ impl Tree {
             .map_err(|errno| io_skip(&dir.join(&name), errno))?;
             out.insert(name, EntryType(type_of_mode(st.st_mode)));
         }
-        if !odd.is_empty() {
-            warn!(path = %dir.display(), count = odd.len(), "ignoring entries with non-UTF-8 names");
+        if let Some(first) = odd.first() {
+            warn!(
+                path = ?dir,
+                count = odd.len(),
+                first = ?String::from_utf8_lossy(first),
+                "ignoring entries whose names kubelet does not make"
+            );
         }
         Ok(out)
     }

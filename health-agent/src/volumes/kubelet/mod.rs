@@ -41,7 +41,8 @@
 
 mod csi;
 mod dir;
-mod vol_data;
+pub(crate) mod names;
+pub(crate) mod vol_data;
 
 use std::collections::BTreeMap;
 use std::io;
