@@ -18,13 +18,13 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use health_csi::testing::{DriverMode, Rpc, TestDriver, TestDriverHandle};
 use health_csi::{AccessType, HealthEntry, HealthStatus, StorageHealthEntry, StorageHealthStatus};
-use health_tests::agent::{agent_bin, Agent};
+use health_tests::agent::{agent_bin, volumes_json, Agent};
 use health_tests::bpffs::Bpffs;
 use health_tests::{fs, require_env, FaultDisk, HungFuse, LoopDevice, Mount, Op, Rule};
 use serde_json::{json, Value};
@@ -532,43 +532,6 @@ fn a_hung_volume_is_a_finding_and_never_holds_up_the_watch() -> Result<()> {
         run.stderr
     );
     Ok(())
-}
-
-/// Runs `health-agent volumes --json` and returns its array, bounded by a
-/// generous deadline so that a hang fails the test instead of stalling it.
-fn volumes_json(root: &str, extra: &[&str]) -> Result<(Vec<Value>, Duration, String)> {
-    let started = Instant::now();
-    let mut child = Command::new(agent_bin()?)
-        .args(["volumes", "--json", "--kubelet-root", root])
-        .args(extra)
-        .env("HEALTH_LOG", "warn")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()?;
-    let deadline = started + Duration::from_secs(60);
-    while child.try_wait()?.is_none() {
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            bail!("`health-agent volumes` did not finish within 60 s");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let took = started.elapsed();
-    let out = child.wait_with_output()?;
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(
-        out.status.success(),
-        "volumes failed ({}):\n{stderr}",
-        out.status
-    );
-    let v: Value = serde_json::from_slice(&out.stdout)
-        .with_context(|| format!("not JSON: {}", String::from_utf8_lossy(&out.stdout)))?;
-    let arr = v
-        .as_array()
-        .context("volumes --json prints an array")?
-        .clone();
-    Ok((arr, took, stderr))
 }
 
 fn find<'a>(vols: &'a [Value], pod: &str) -> &'a Value {
