@@ -12,7 +12,8 @@ mod tests {
     #[test]
     fn the_seed_corpora_run() {
         let corpus = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/corpus");
-        let targets: [(&str, fn(&[u8])); 2] = [
+        type Target = fn(&[u8]);
+        let targets: [(&str, Target); 2] = [
             ("vol_data", super::vol_data::run),
             ("kubelet_dir", super::kubelet_dir::run),
         ];

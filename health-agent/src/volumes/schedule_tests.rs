@@ -69,11 +69,7 @@ async fn step(
 /// and again; the stuck one reports when its probe ends, and only then.
 #[test]
 fn a_hung_volume_holds_back_only_its_own_checks() {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = health_tests::multi_thread_runtime().unwrap();
     let tmp = tempfile::tempdir().unwrap();
     let root = tmp.path().to_path_buf();
     let _healthy = Tmpfs::mount(&local_volume_dir(&root, HEALTHY_POD, "healthy"));
