@@ -21,8 +21,10 @@
 //!
 //! [`agent`] is the one loop that drives the stages for `watch` and `run`.
 //! Dependencies run downstream only: kernel → topology → volumes → report →
-//! k8s; [`dev`] (device numbers) is shared by all.
+//! k8s; [`dev`] (device numbers) and [`bounded`] (syscalls that may hang,
+//! bounded by a timeout) are shared by all.
 
+pub mod bounded;
 pub mod dev;
 
 pub mod kernel;
@@ -36,3 +38,6 @@ pub mod controller;
 #[doc(hidden)]
 pub mod fuzz_targets;
 pub mod k8s;
+
+#[doc(hidden)]
+pub mod fuzz_targets;

@@ -334,3 +334,40 @@ pub fn tally(events: &[Value]) -> BTreeMap<(String, String, String, i64), u64> {
     }
     out
 }
+
+/// Runs `health-agent volumes --json` and returns its array, bounded by a
+/// generous deadline so that a hang fails the test instead of stalling it.
+pub fn volumes_json(root: &str, extra: &[&str]) -> Result<(Vec<Value>, Duration, String)> {
+    let started = Instant::now();
+    let mut child = agent_command(&agent_bin()?)
+        .args(["volumes", "--json", "--kubelet-root", root])
+        .args(extra)
+        .env("HEALTH_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let deadline = started + Duration::from_secs(60);
+    while child.try_wait()?.is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            bail!("`health-agent volumes` did not finish within 60 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let took = started.elapsed();
+    let out = child.wait_with_output()?;
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(
+        out.status.success(),
+        "volumes failed ({}):\n{stderr}",
+        out.status
+    );
+    let v: Value = serde_json::from_slice(&out.stdout)
+        .with_context(|| format!("not JSON: {}", String::from_utf8_lossy(&out.stdout)))?;
+    let arr = v
+        .as_array()
+        .context("volumes --json prints an array")?
+        .clone();
+    Ok((arr, took, stderr))
+}

@@ -38,6 +38,7 @@ pub mod devices;
 pub mod envtest;
 pub mod faultdisk;
 pub mod fs;
+pub mod hung_fuse;
 pub mod k8s_tools;
 pub mod manifests;
 pub mod program_runs;
@@ -51,6 +52,7 @@ pub use fs::{
     drop_caches, file_extents, mkfs_btrfs, mkfs_ext4, mkfs_xfs, o_direct_read, o_direct_write,
     partition, sync_fs, xfs_fail_fast, Extent, Mount,
 };
+pub use hung_fuse::HungFuse;
 pub use protocol::{ByteRange, Injection, Op, Rule, ServerInfo, Stats, TracedRequest};
 pub use sys::{require_root, BlockStat, MountInfo};
 

@@ -17,18 +17,16 @@
 //! These tests need root and fail (not skip) without it.
 
 use std::collections::BTreeMap;
-use std::fs::OpenOptions;
-use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use health_csi::testing::{DriverMode, Rpc, TestDriver, TestDriverHandle};
 use health_csi::{AccessType, HealthEntry, HealthStatus, StorageHealthEntry, StorageHealthStatus};
-use health_tests::agent::{agent_bin, Agent};
+use health_tests::agent::{agent_bin, volumes_json, Agent};
 use health_tests::bpffs::Bpffs;
-use health_tests::{fs, require_env, FaultDisk, LoopDevice, Mount, Op, Rule};
+use health_tests::{fs, require_env, FaultDisk, HungFuse, LoopDevice, Mount, Op, Rule};
 use serde_json::{json, Value};
 use tempfile::TempDir;
 
@@ -490,46 +488,6 @@ fn volumes_shows_the_kernel_evidence_of_the_running_watch() -> Result<()> {
     Ok(())
 }
 
-/// A FUSE mount whose server never answers: the test holds the /dev/fuse
-/// descriptor and never reads it, so every request waits, like a wedged
-/// daemon. Dropping it aborts the connection and unmounts.
-struct DeadFuse {
-    path: PathBuf,
-    fd: Option<OwnedFd>,
-}
-
-impl DeadFuse {
-    fn mount(path: &Path) -> Result<DeadFuse> {
-        std::fs::create_dir_all(path)?;
-        let fd: OwnedFd = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open("/dev/fuse")
-            .context("open /dev/fuse")?
-            .into();
-        let data = format!("fd={},rootmode=40000,user_id=0,group_id=0", fd.as_raw_fd());
-        nix::mount::mount(
-            Some("volume-health-test-hang"),
-            path,
-            Some("fuse"),
-            nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV,
-            Some(data.as_str()),
-        )
-        .context("mounting a FUSE filesystem")?;
-        Ok(DeadFuse {
-            path: path.to_path_buf(),
-            fd: Some(fd),
-        })
-    }
-}
-
-impl Drop for DeadFuse {
-    fn drop(&mut self) {
-        self.fd = None;
-        let _ = health_tests::sys::unmount(&self.path, true);
-    }
-}
-
 #[test]
 fn a_hung_volume_is_a_finding_and_never_holds_up_the_watch() -> Result<()> {
     require_env(&[])?;
@@ -539,7 +497,7 @@ fn a_hung_volume_is_a_finding_and_never_holds_up_the_watch() -> Result<()> {
         .join("pods")
         .join(POD_F)
         .join("volumes/kubernetes.io~local-volume/local-hung");
-    let hung = DeadFuse::mount(&hung_path)?;
+    let hung = HungFuse::mount(&hung_path)?;
     let agent = Agent::start(&[
         "--kubelet-root",
         tree.root_arg(),
@@ -574,43 +532,6 @@ fn a_hung_volume_is_a_finding_and_never_holds_up_the_watch() -> Result<()> {
         run.stderr
     );
     Ok(())
-}
-
-/// Runs `health-agent volumes --json` and returns its array, bounded by a
-/// generous deadline so that a hang fails the test instead of stalling it.
-fn volumes_json(root: &str, extra: &[&str]) -> Result<(Vec<Value>, Duration, String)> {
-    let started = Instant::now();
-    let mut child = Command::new(agent_bin()?)
-        .args(["volumes", "--json", "--kubelet-root", root])
-        .args(extra)
-        .env("HEALTH_LOG", "warn")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()?;
-    let deadline = started + Duration::from_secs(60);
-    while child.try_wait()?.is_none() {
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            bail!("`health-agent volumes` did not finish within 60 s");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let took = started.elapsed();
-    let out = child.wait_with_output()?;
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(
-        out.status.success(),
-        "volumes failed ({}):\n{stderr}",
-        out.status
-    );
-    let v: Value = serde_json::from_slice(&out.stdout)
-        .with_context(|| format!("not JSON: {}", String::from_utf8_lossy(&out.stdout)))?;
-    let arr = v
-        .as_array()
-        .context("volumes --json prints an array")?
-        .clone();
-    Ok((arr, took, stderr))
 }
 
 fn find<'a>(vols: &'a [Value], pod: &str) -> &'a Value {
@@ -736,7 +657,7 @@ fn one_shot_view_shows_each_volume_and_its_conditions() -> Result<()> {
         .join("pods")
         .join(POD_F)
         .join("volumes/kubernetes.io~local-volume/local-hung");
-    let hung = DeadFuse::mount(&hung_path)?;
+    let hung = HungFuse::mount(&hung_path)?;
 
     // CSI node plugins of each generation, each with one volume.
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -34,8 +34,17 @@
 //! subvolumes and stat-ing each would cost a tree search and a path walk per
 //! subvolume on every scan, so we do not. Callers holding such a `st_dev`
 //! should ask by path ([`super::Topology::device_of_path`]) instead.
-//! Only statx on btrfs mount points is done, so a hung network mount never
-//! blocks the scan unless a btrfs mount sits below it.
+//!
+//! Bounded: the statx, open and ioctl on a mount point run on a thread of
+//! their own (one per mount, [`crate::bounded`]) and the scan waits at most
+//! [`PROBE_TIMEOUT`] for it. A mount whose probe times out counts as not
+//! reachable (the fallback by source name above applies), its path is
+//! remembered while the thread stays blocked, and later scans answer for it
+//! at once without a new thread; the filesystem's other mounts are not
+//! probed in that scan (they share the stuck superblock). So a hung btrfs
+//! volume (or a hung network mount below a btrfs mount point) delays a scan
+//! by at most one timeout per hung filesystem, once, and holds one thread
+//! per hung mount point.
 
 use std::ffi::CString;
 use std::fs;
@@ -43,9 +52,12 @@ use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
+use std::sync::LazyLock;
+use std::time::{Duration, Instant};
 
 use super::mountinfo::MountEntry;
 use super::sysfs::read_dev_attr;
+use crate::bounded::{spawn_claimed, Bounded, InFlight};
 use crate::dev::Dev;
 
 /// One mounted btrfs filesystem.
@@ -62,12 +74,44 @@ pub struct BtrfsFilesystem {
     pub subvolume_devs: Vec<Dev>,
 }
 
+/// How long the scan waits for one mount point's statx, open and ioctl.
+/// They take microseconds on a healthy btrfs.
+pub const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Mount points whose probe is still blocked in the kernel, across scans.
+static IN_FLIGHT: LazyLock<InFlight> = LazyLock::new(InFlight::default);
+
+/// The bound on mount point probes: the in-flight set and the timeout.
+#[derive(Clone, Debug)]
+pub(crate) struct ProbeBound {
+    pub(crate) in_flight: InFlight,
+    pub(crate) timeout: Duration,
+}
+
+impl Default for ProbeBound {
+    fn default() -> Self {
+        Self {
+            in_flight: IN_FLIGHT.clone(),
+            timeout: PROBE_TIMEOUT,
+        }
+    }
+}
+
 /// Discovers every btrfs filesystem in `mounts`. `host_root` is the
 /// directory through which the table's mount points are reachable.
 pub(crate) fn discover(
     mounts: &[MountEntry],
     host_root: &Path,
     sys_root: &Path,
+) -> Vec<BtrfsFilesystem> {
+    discover_bounded(mounts, host_root, sys_root, &ProbeBound::default())
+}
+
+pub(crate) fn discover_bounded(
+    mounts: &[MountEntry],
+    host_root: &Path,
+    sys_root: &Path,
+    bound: &ProbeBound,
 ) -> Vec<BtrfsFilesystem> {
     let mut fs_devs: Vec<Dev> = mounts
         .iter()
@@ -82,18 +126,40 @@ pub(crate) fn discover(
         let mut subvolume_devs = Vec::new();
         let mut fsid = None;
         let mut sources = Vec::new();
+        let mut hung = false;
         for m in mounts.iter().filter(|m| m.dev == fs_dev) {
             sources.push(m.source.as_str());
-            let Some((path, dev)) = reach_mount(host_root, m) else {
+            if hung {
                 continue;
+            }
+            let (dev, id) = match probe_mount(bound, host_root, m, fsid.is_none()) {
+                MountProbe::Reached { dev, fsid } => (dev, fsid),
+                MountProbe::Unreached => continue,
+                MountProbe::Hung { since, new } => {
+                    // Warned once, when it timed out; later scans answer
+                    // from the in-flight set.
+                    if new {
+                        tracing::warn!(
+                            mount_point = %m.mount_point.display(),
+                            timeout_ms = bound.timeout.as_millis() as u64,
+                            "btrfs mount point does not answer; its members are found by the mount source"
+                        );
+                    } else {
+                        tracing::debug!(
+                            mount_point = %m.mount_point.display(),
+                            stuck_for_ms = since.elapsed().map_or(0, |d| d.as_millis() as u64),
+                            "btrfs mount point still does not answer"
+                        );
+                    }
+                    hung = true;
+                    continue;
+                }
             };
             if dev != fs_dev && !subvolume_devs.contains(&dev) {
                 subvolume_devs.push(dev);
             }
             if fsid.is_none() {
-                fsid = fs_info_fsid(&path)
-                    .map_err(|e| tracing::debug!(path = %path.display(), error = %e, "BTRFS_IOC_FS_INFO failed"))
-                    .ok();
+                fsid = id;
             }
         }
         subvolume_devs.sort();
@@ -119,6 +185,60 @@ pub(crate) fn discover(
         });
     }
     out
+}
+
+/// What the bounded probe of one mount point found.
+#[derive(Debug, PartialEq)]
+pub(crate) enum MountProbe {
+    /// The mount's `st_dev`, and its fsid when asked for and answered.
+    Reached {
+        dev: Dev,
+        fsid: Option<String>,
+    },
+    Unreached,
+    /// The probe did not end within the timeout (`new`), or an earlier one
+    /// of the same mount point is still blocked.
+    Hung {
+        since: std::time::SystemTime,
+        new: bool,
+    },
+}
+
+/// [`reach_mount`] and, with `want_fsid`, [`fs_info_fsid`] on a thread of
+/// their own, bounded by `bound`.
+pub(crate) fn probe_mount(
+    bound: &ProbeBound,
+    host_root: &Path,
+    m: &MountEntry,
+    want_fsid: bool,
+) -> MountProbe {
+    let key = under_root(host_root, &m.mount_point);
+    let claim = match bound.in_flight.claim(&key) {
+        Ok(claim) => claim,
+        Err(since) => return MountProbe::Hung { since, new: false },
+    };
+    let deadline = Instant::now() + bound.timeout;
+    let (host_root, m) = (host_root.to_path_buf(), m.clone());
+    let pending = spawn_claimed(claim, "btrfs-probe", move || {
+        let (path, dev) = reach_mount(&host_root, &m)?;
+        let fsid = want_fsid
+            .then(|| {
+                fs_info_fsid(&path)
+                    .map_err(|e| tracing::debug!(path = %path.display(), error = %e, "BTRFS_IOC_FS_INFO failed"))
+                    .ok()
+            })
+            .flatten();
+        Some((dev, fsid))
+    });
+    match pending.wait_until(deadline) {
+        Bounded::Done(Some((dev, fsid))) => MountProbe::Reached { dev, fsid },
+        Bounded::Done(None) => MountProbe::Unreached,
+        Bounded::Hung { since } => MountProbe::Hung { since, new: true },
+        Bounded::Lost(e) => {
+            tracing::debug!(mount_point = %key.display(), "btrfs mount probe lost: {e}");
+            MountProbe::Unreached
+        }
+    }
 }
 
 /// A path that leads to mount `m` and the `st_dev` seen there.
@@ -307,13 +427,7 @@ mod tests {
     #[test]
     fn unreachable_mounts_fall_back_to_the_source_name() {
         let tmp = tempfile::tempdir().unwrap();
-        let sys = tmp.path().join("sys");
-        let loop0 = sys.join("devices/virtual/block/loop0");
-        fs::create_dir_all(&loop0).unwrap();
-        fs::write(loop0.join("dev"), "7:0\n").unwrap();
-        let members = sys.join("fs/btrfs/86d21f04-cbec-4a2a-8225-86cca36728f8/devices");
-        fs::create_dir_all(&members).unwrap();
-        std::os::unix::fs::symlink(&loop0, members.join("loop0")).unwrap();
+        let sys = fake_sys_with_loop0(tmp.path());
 
         let mounts = parse_mountinfo(
             "44 27 0:39 / /nowhere/a rw - btrfs /dev/loop0 rw,subvol=/\n\
@@ -340,6 +454,99 @@ mod tests {
                 },
             ]
         );
+    }
+
+    /// A FUSE mount whose server never answers stands in for a hung btrfs
+    /// volume: a table line calls it btrfs, and statx, open and the ioctl
+    /// on it hang exactly as they would on a stuck btrfs. Needs root.
+    #[test]
+    fn a_hung_mount_point_is_bounded_remembered_and_falls_back_to_the_source() {
+        let mut fuse = health_tests::HungFuse::in_temp_dir().unwrap();
+        let path = fuse.path().to_path_buf();
+        let host = crate::topology::HostPaths::default();
+        let (mount_id, fuse_dev) = crate::topology::read_mounts(&host)
+            .unwrap()
+            .iter()
+            .rev()
+            .find(|m| m.mount_point == path)
+            .map(|m| (m.mount_id, m.dev))
+            .expect("the FUSE mount is in the mount table");
+        let tmp = tempfile::tempdir().unwrap();
+        let sys = fake_sys_with_loop0(tmp.path());
+        // Two mounts of the same (hung) filesystem: the second, a path
+        // under the first, would hang as well.
+        let table = parse_mountinfo(&format!(
+            "{mount_id} 1 0:77 / {p} rw - btrfs /dev/loop0 rw,subvol=/\n\
+             999999 1 0:77 /sv {p}/sv rw - btrfs /dev/loop0 rw,subvol=/sv\n",
+            p = path.display()
+        ))
+        .unwrap();
+        let bound = ProbeBound {
+            in_flight: InFlight::default(),
+            timeout: Duration::from_millis(300),
+        };
+        let expected = vec![BtrfsFilesystem {
+            fsid: Some(FSID.into()),
+            fs_dev: Dev::new(0, 77),
+            devices: vec![Dev::new(7, 0)],
+            subvolume_devs: vec![],
+        }];
+        assert_eq!(
+            discover_bounded(&table, Path::new("/"), &sys, &bound),
+            expected
+        );
+        // One thread stuck, on the first mount; the second was not probed.
+        assert_eq!(bound.in_flight.len(), 1);
+        let since = match probe_mount(&bound, Path::new("/"), &table[0], true) {
+            MountProbe::Hung { since, new: false } => since,
+            other => panic!("expected the remembered hang, got {other:?}"),
+        };
+        // The next scan is answered from the in-flight set: same result, no
+        // new thread, the same stuck probe.
+        assert_eq!(
+            discover_bounded(&table, Path::new("/"), &sys, &bound),
+            expected
+        );
+        assert_eq!(bound.in_flight.len(), 1);
+        assert_eq!(
+            probe_mount(&bound, Path::new("/"), &table[0], true),
+            MountProbe::Hung { since, new: false }
+        );
+
+        // The server dies: the stuck thread returns (ENOTCONN) and ends
+        // its claim; the mount point answers statx again (an aborted FUSE
+        // connection keeps the root's attributes) but it is no btrfs, so
+        // no fsid.
+        fuse.abort();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !bound.in_flight.is_empty() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the probe never returned"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(
+            probe_mount(&bound, Path::new("/"), &table[0], true),
+            MountProbe::Reached {
+                dev: fuse_dev,
+                fsid: None
+            }
+        );
+    }
+
+    const FSID: &str = "86d21f04-cbec-4a2a-8225-86cca36728f8";
+
+    /// A sysfs with block device loop0 (7:0), the one member of [`FSID`].
+    fn fake_sys_with_loop0(dir: &Path) -> PathBuf {
+        let sys = dir.join("sys");
+        let loop0 = sys.join("devices/virtual/block/loop0");
+        fs::create_dir_all(&loop0).unwrap();
+        fs::write(loop0.join("dev"), "7:0\n").unwrap();
+        let members = sys.join("fs/btrfs").join(FSID).join("devices");
+        fs::create_dir_all(&members).unwrap();
+        std::os::unix::fs::symlink(&loop0, members.join("loop0")).unwrap();
+        sys
     }
 
     #[test]

@@ -6,9 +6,12 @@
 //! ([`LiveVolumes::topology_changed`]), after a mount-table change
 //! ([`LiveVolumes::rediscover`]), with each batch of kernel errors
 //! ([`LiveVolumes::record`]), and in its select loop ([`next_wake`] then
-//! [`LiveVolumes::handle`]). Checks and CSI probes run in a spawned task so
-//! that a hung volume never holds up the event stream; at most one round is
-//! in flight.
+//! [`LiveVolumes::handle`]). Checks and CSI probes run in spawned tasks so
+//! that a hung volume never holds up the event stream. Each volume is
+//! checked on its own schedule (`schedule`) and its report applied as soon
+//! as it comes, so a hung volume never delays another's checks; a CSI round
+//! (every volume's node health and each driver's storage health) runs in a
+//! task of its own, at most one at a time.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -19,13 +22,14 @@ use tokio::sync::Mutex;
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, Interval, MissedTickBehavior};
 
+use super::schedule::{CheckSchedule, Checked};
 use super::{
-    run_checks, CsiOutcome, CsiProber, IndexedVolume, StorageOutcome, VolumeChanges, VolumeIndex,
-    VolumeKey, VolumeMonitor,
+    CsiOutcome, CsiProber, IndexedVolume, StorageOutcome, VolumeChanges, VolumeIndex, VolumeKey,
+    VolumeMonitor,
 };
 use crate::kernel::collector::KernelError;
 use crate::topology::{MountEntry, Topology};
-use crate::volumes::checks::{CheckConfig, CheckReport, Checker};
+use crate::volumes::checks::{CheckConfig, Checker};
 use crate::volumes::conditions::ConditionConfig;
 use crate::volumes::kubelet::{self, KubeletVolume};
 
@@ -52,20 +56,20 @@ const KERNEL_FLUSH_EVERY: Duration = Duration::from_secs(1);
 /// What woke the volume side of the watch loop.
 #[derive(Debug)]
 pub enum Wake {
+    /// Rediscovery, kernel quiet windows, a CSI round when due.
     CheckTick,
     FlushKernel,
-    Round(Result<RoundResult, tokio::task::JoinError>),
-}
-
-#[derive(Debug)]
-pub struct RoundResult {
-    checks: Vec<(VolumeKey, CheckReport)>,
-    csi: Option<CsiRound>,
+    /// Some volume's check is due.
+    CheckDue,
+    /// One volume's check ended.
+    Checked(Checked),
+    /// A CSI round ended (`None`: no driver connection could be made).
+    Csi(Result<Option<CsiRound>, tokio::task::JoinError>),
 }
 
 /// One CSI cycle: each volume's answer and each driver's storage answer.
 #[derive(Debug)]
-struct CsiRound {
+pub struct CsiRound {
     volumes: Vec<CsiOutcome>,
     storage: Vec<StorageOutcome>,
 }
@@ -91,7 +95,11 @@ pub struct LiveVolumes {
     check_tick: Interval,
     flush_tick: Interval,
     next_csi: Instant,
-    round: Option<JoinHandle<RoundResult>>,
+    csi_round: Option<JoinHandle<Option<CsiRound>>>,
+    schedule: CheckSchedule,
+    /// The mount table the checks use, shared with their tasks; replaced
+    /// with the index.
+    mounts: Arc<[MountEntry]>,
 }
 
 impl LiveVolumes {
@@ -108,6 +116,8 @@ impl LiveVolumes {
         check_tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
         let mut flush_tick = tokio::time::interval(KERNEL_FLUSH_EVERY);
         flush_tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        let mut schedule = CheckSchedule::new(cfg.check_interval);
+        schedule.sync(index.volumes(), Instant::now());
         Self {
             monitor: VolumeMonitor::new(index, cfg.conditions.clone()),
             checker: Checker::new(cfg.check.clone()),
@@ -118,8 +128,20 @@ impl LiveVolumes {
             check_tick,
             flush_tick,
             next_csi: Instant::now(),
-            round: None,
+            csi_round: None,
+            schedule,
+            mounts: topo.mounts().into(),
         }
+    }
+
+    /// Volume checks running now (each until its report or its timeout).
+    pub fn checks_running(&self) -> usize {
+        self.schedule.running()
+    }
+
+    /// Probes blocked in the kernel now (each holds a thread).
+    pub fn stuck_probes(&self) -> usize {
+        self.checker.stuck_probes()
     }
 
     pub fn index(&self) -> &VolumeIndex {
@@ -155,6 +177,9 @@ impl LiveVolumes {
             );
         }
         self.gone.extend(gone);
+        self.mounts = topo.mounts().into();
+        self.schedule
+            .sync(self.monitor.index().volumes(), Instant::now());
     }
 
     /// Volumes that left the index since the last call (pods deleted).
@@ -194,33 +219,47 @@ impl LiveVolumes {
             Wake::FlushKernel => self.monitor.flush_kernel(now),
             Wake::CheckTick => {
                 self.rediscover(topo);
-                if self.round.is_none() {
-                    self.start_round(topo);
+                if self.csi_round.is_none() && Instant::now() >= self.next_csi {
+                    self.start_csi_round();
                 }
                 let mut changes = self.monitor.flush_kernel(now);
                 changes.extend(self.monitor.tick(now));
                 changes
             }
-            Wake::Round(result) => {
-                self.round = None;
+            // Started below, with any other volume due by now.
+            Wake::CheckDue => Vec::new(),
+            Wake::Checked(Checked { key, report }) => match report {
+                Ok(report) => self.monitor.apply_checks(now, vec![(key, report)]),
+                // No evidence: the volume keeps what it had.
+                Err(e) => {
+                    tracing::warn!(pod = %key.pod_uid, volume = %key.name, "a volume check failed: {e}");
+                    Vec::new()
+                }
+            },
+            Wake::Csi(result) => {
+                self.csi_round = None;
                 match result {
-                    Ok(r) => {
-                        let mut changes = self.monitor.apply_checks(now, r.checks);
-                        if let Some(csi) = r.csi {
-                            changes.extend(self.monitor.apply_csi(now, &csi.volumes));
-                            changes.extend(self.monitor.apply_storage(now, &csi.storage));
-                            csi_out = csi.volumes;
-                            storage_out = csi.storage;
-                        }
+                    Ok(Some(csi)) => {
+                        let mut changes = self.monitor.apply_csi(now, &csi.volumes);
+                        changes.extend(self.monitor.apply_storage(now, &csi.storage));
+                        csi_out = csi.volumes;
+                        storage_out = csi.storage;
                         changes
                     }
+                    Ok(None) => Vec::new(),
                     Err(e) => {
-                        tracing::warn!("a volume check round failed: {e}");
+                        tracing::warn!("a CSI probe round failed: {e}");
                         Vec::new()
                     }
                 }
             }
         };
+        self.schedule.start_due(
+            Instant::now(),
+            self.monitor.index(),
+            &self.mounts,
+            &self.checker,
+        );
         Handled {
             changes,
             csi: csi_out,
@@ -228,44 +267,25 @@ impl LiveVolumes {
         }
     }
 
-    fn start_round(&mut self, topo: &Topology) {
+    fn start_csi_round(&mut self) {
         let volumes: Vec<IndexedVolume> = self.monitor.index().volumes().to_vec();
-        let mounts: Arc<[MountEntry]> = topo.mounts().into();
-        let checker = self.checker.clone();
-        let csi_due = Instant::now() >= self.next_csi;
-        if csi_due {
-            self.next_csi = Instant::now() + self.cfg.csi_interval;
-        }
+        self.next_csi = Instant::now() + self.cfg.csi_interval;
         let csi = Arc::clone(&self.csi);
         let root = self.cfg.kubelet_root.clone();
         let overrides = self.cfg.csi_overrides.clone();
         let timeout = self.cfg.check.timeout;
-        self.round = Some(tokio::spawn(async move {
-            let checks = run_checks(&checker, &volumes, mounts);
-            let probe = async {
-                if !csi_due {
-                    return None;
-                }
-                let mut guard = csi.lock().await;
-                match guard.as_mut() {
-                    Some(p) => p.refresh(Some(&root)).await,
-                    None => {
-                        *guard = Some(CsiProber::connect(Some(&root), &overrides, timeout).await)
-                    }
-                }
-                match guard.as_ref() {
-                    Some(p) => {
-                        // One storage call per driver beside the volume
-                        // calls: both bounded by the call timeout, so the
-                        // cycle takes no longer than before.
-                        let (volumes, storage) = tokio::join!(p.probe(&volumes), p.probe_storage());
-                        Some(CsiRound { volumes, storage })
-                    }
-                    None => None,
-                }
-            };
-            let (checks, csi) = tokio::join!(checks, probe);
-            RoundResult { checks, csi }
+        self.csi_round = Some(tokio::spawn(async move {
+            let mut guard = csi.lock().await;
+            match guard.as_mut() {
+                Some(p) => p.refresh(Some(&root)).await,
+                None => *guard = Some(CsiProber::connect(Some(&root), &overrides, timeout).await),
+            }
+            let p = guard.as_ref()?;
+            // One storage call per driver beside the volume calls: both
+            // bounded by the call timeout, so the cycle takes no longer
+            // than before.
+            let (volumes, storage) = tokio::join!(p.probe(&volumes), p.probe_storage());
+            Some(CsiRound { volumes, storage })
         }));
     }
 }
@@ -277,16 +297,26 @@ pub async fn next_wake(volumes: &mut Option<LiveVolumes>) -> Wake {
         return std::future::pending().await;
     };
     let has_pending = v.monitor.has_pending();
+    let next_due = v.schedule.next_due();
     tokio::select! {
         _ = v.check_tick.tick() => Wake::CheckTick,
         _ = v.flush_tick.tick(), if has_pending => Wake::FlushKernel,
-        r = wait_round(&mut v.round) => Wake::Round(r),
+        _ = sleep_until(next_due) => Wake::CheckDue,
+        c = v.schedule.next_checked() => Wake::Checked(c),
+        r = wait_csi(&mut v.csi_round) => Wake::Csi(r),
     }
 }
 
-async fn wait_round(
-    round: &mut Option<JoinHandle<RoundResult>>,
-) -> Result<RoundResult, tokio::task::JoinError> {
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn wait_csi(
+    round: &mut Option<JoinHandle<Option<CsiRound>>>,
+) -> Result<Option<CsiRound>, tokio::task::JoinError> {
     match round {
         Some(h) => h.await,
         None => std::future::pending().await,

@@ -27,6 +27,7 @@ mod index;
 pub mod kubelet;
 mod live;
 mod monitor;
+mod schedule;
 mod storage;
 pub mod taxonomy;
 pub mod view;
@@ -37,8 +38,11 @@ use std::time::Duration;
 pub use csi::{csi_entry, CsiOutcome, CsiProber, CsiResult};
 pub use ext4::{ext4_error_evidence, Ext4Errors};
 pub use index::{IndexedVolume, VolumeIndex, VolumeKey};
-pub use live::{next_wake, Handled, LiveVolumes, LiveVolumesConfig, Wake, DEFAULT_CSI_INTERVAL};
-pub use monitor::{run_checks, VolumeChanges, VolumeMonitor, CHECK_CONCURRENCY};
+pub use live::{
+    next_wake, CsiRound, Handled, LiveVolumes, LiveVolumesConfig, Wake, DEFAULT_CSI_INTERVAL,
+};
+pub use monitor::{run_checks, VolumeChanges, VolumeMonitor};
+pub use schedule::Checked;
 pub use storage::{StorageOutcome, StorageResult};
 pub use taxonomy::kernel_error_kind;
 
@@ -62,6 +66,8 @@ pub fn kubelet_root(given: Option<&Path>) -> Option<PathBuf> {
 /// Default interval of checks and kubelet rediscovery.
 pub const DEFAULT_CHECK_INTERVAL: Duration = Duration::from_secs(10);
 
+#[cfg(test)]
+mod schedule_tests;
 #[cfg(test)]
 mod storage_tests;
 #[cfg(test)]

@@ -1,7 +1,7 @@
 //! [`VolumeMonitor`]: one condition state machine per pod volume, fed with
 //! kernel errors (aggregated per flush), the built-in checks, CSI node
 //! health and each driver's storage health; it returns what changed.
-//! [`run_checks`] runs one round of checks.
+//! [`run_checks`] runs one round of checks (`health-agent volumes`).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -251,7 +251,7 @@ impl VolumeMonitor {
             .collect()
     }
 
-    /// Feeds a round of check reports (from [`run_checks`]).
+    /// Feeds check reports (a round from [`run_checks`], or one volume's).
     pub fn apply_checks(
         &mut self,
         now: SystemTime,
@@ -398,31 +398,22 @@ fn push_changes(out: &mut Vec<VolumeChanges>, key: &VolumeKey, changes: Vec<Chan
     }
 }
 
-/// How many volume checks run at once. A hung path holds its slot for one
-/// timeout (the checker answers at once for paths still stuck from before),
-/// so this bounds both threads and the time a round can take.
-pub const CHECK_CONCURRENCY: usize = 32;
-
-/// Runs the built-in checks for every volume concurrently (at most
-/// [`CHECK_CONCURRENCY`] at once), each bounded by the checker's timeout.
+/// Runs the built-in checks for every volume concurrently, each bounded by
+/// the checker's timeout; the checker caps the probe threads
+/// ([`crate::volumes::checks::MAX_PROBE_THREADS`]). For `health-agent
+/// volumes`; while the agent runs, each volume is checked on its own
+/// schedule instead (`schedule`).
 pub async fn run_checks(
     checker: &Checker,
     volumes: &[IndexedVolume],
     mounts: Arc<[MountEntry]>,
 ) -> Vec<(VolumeKey, CheckReport)> {
-    let permits = Arc::new(tokio::sync::Semaphore::new(CHECK_CONCURRENCY));
     let mut tasks = tokio::task::JoinSet::new();
     for (i, v) in volumes.iter().enumerate() {
         let checker = checker.clone();
         let volume = v.volume.clone();
         let mounts = Arc::clone(&mounts);
-        let permits = Arc::clone(&permits);
-        tasks.spawn(async move {
-            // The semaphore is never closed; without a permit the check
-            // would merely run unthrottled.
-            let _permit = permits.acquire_owned().await.ok();
-            (i, checker.check_volume(&volume, &mounts).await)
-        });
+        tasks.spawn(async move { (i, checker.check_volume(&volume, &mounts).await) });
     }
     let mut reports: Vec<Option<CheckReport>> = (0..volumes.len()).map(|_| None).collect();
     while let Some(joined) = tasks.join_next().await {

@@ -462,7 +462,7 @@ fn live_volumes_probe_storage_each_round_and_newcomers_inherit() {
             let wake = tokio::time::timeout(Duration::from_secs(20), next_wake(&mut live))
                 .await
                 .expect("a round within 20 s");
-            let is_round = matches!(wake, Wake::Round(_));
+            let is_round = matches!(wake, Wake::Csi(_));
             let handled = live.as_mut().unwrap().handle(wake, &topo);
             if is_round {
                 break handled;

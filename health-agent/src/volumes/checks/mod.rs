@@ -11,8 +11,21 @@
 //! Probes that touch the volume run in `spawn_blocking` under
 //! `tokio::time::timeout`. A syscall stuck on a dead NFS server or FUSE daemon
 //! cannot be cancelled, so its thread stays blocked; the checker remembers
-//! such in-flight probes per path and answers "still hung" instead of
-//! blocking another thread on the same path.
+//! such in-flight probes per path ([`crate::bounded::InFlight`]) and answers
+//! "still hung" instead of blocking another thread on the same path, and it
+//! caps the probe threads at [`MAX_PROBE_THREADS`], stuck ones included.
+//!
+//! What a check may do below a volume's mount point, which belongs to the
+//! tenant: today only `statvfs` of the mount point itself (filesystem mode)
+//! and `stat` of the device path (block mode, which kubelet made). No check
+//! opens, reads, lists or writes anything inside a volume. A future check
+//! that must write (a write probe) writes only its own probe file, created
+//! relative to a directory fd of the mount point (`openat`) with
+//! `O_CREAT | O_EXCL | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC`, so that a
+//! tenant's symlink, FIFO or pre-created file under that name is refused
+//! instead of followed, waited on or overwritten; it removes the file with
+//! `unlinkat` on the same directory fd, and runs under [`Checker::bounded`]
+//! like every other probe.
 
 mod block;
 mod probe;
@@ -27,10 +40,12 @@ use crate::topology::MountEntry;
 use crate::volumes::conditions::{CheckFinding, CheckKind, CheckResult, Observation};
 use crate::volumes::kubelet::{KubeletVolume, VolumeMode};
 
+use crate::bounded::InFlight;
 use block::{probe_block, BlockState};
-use probe::{lock, InFlight, Probe, ProbeError};
+use probe::{Probe, ProbeError};
 use reachability::unreachable_or_failed;
 
+pub use probe::MAX_PROBE_THREADS;
 pub use reachability::is_unreachable_errno;
 pub use usage::{evaluate_usage, Usage};
 
@@ -94,18 +109,23 @@ impl CheckReport {
     }
 }
 
-/// Runs the checks; cheap to clone (clones share the in-flight probes).
+/// Runs the checks; cheap to clone (clones share the in-flight probes and
+/// the cap on probe threads).
 #[derive(Clone, Debug)]
 pub struct Checker {
     cfg: CheckConfig,
     in_flight: InFlight,
+    /// One permit per probe thread, held by the thread until the kernel
+    /// lets it go.
+    probe_threads: Arc<tokio::sync::Semaphore>,
 }
 
 impl Checker {
     pub fn new(cfg: CheckConfig) -> Self {
         Self {
             cfg,
-            in_flight: Arc::default(),
+            in_flight: InFlight::default(),
+            probe_threads: Arc::new(tokio::sync::Semaphore::new(MAX_PROBE_THREADS)),
         }
     }
 
@@ -115,7 +135,7 @@ impl Checker {
 
     /// Probes currently blocked in the kernel (each holds a thread).
     pub fn stuck_probes(&self) -> usize {
-        lock(&self.in_flight).len()
+        self.in_flight.len()
     }
 
     /// Runs every check that applies to `vol`; `mounts` is a recent mount table.

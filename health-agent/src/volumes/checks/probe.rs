@@ -1,17 +1,23 @@
-//! Probes bounded by the timeout: each runs on a blocking thread, and a path
-//! whose probe is still stuck in the kernel is not probed again until the
-//! kernel lets that thread go.
+//! Probes bounded by the timeout (see [`crate::bounded`]): each runs on a
+//! blocking thread, a path whose probe is still stuck in the kernel is not
+//! probed again until the kernel lets that thread go, and at most
+//! [`MAX_PROBE_THREADS`] probe threads exist at once, stuck ones included.
 
-use std::collections::HashMap;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::Arc;
 use std::time::SystemTime;
 
 use nix::errno::Errno;
 
 use super::Checker;
 use crate::volumes::conditions::errno_name;
+
+/// How many probe threads may exist at once, those stuck in the kernel
+/// included. A check that finds none free within the timeout reports that
+/// it could not look (no evidence): a node with 500 volumes on a dead NFS
+/// server holds at most this many blocked threads, not one per volume.
+pub const MAX_PROBE_THREADS: usize = 32;
 
 #[derive(Debug, thiserror::Error)]
 pub(super) enum ProbeError {
@@ -27,6 +33,13 @@ pub(super) enum ProbeError {
     Parse { path: PathBuf, content: String },
     #[error("probe thread failed: {0}")]
     Join(String),
+    #[error(
+        "no probe thread free within {timeout:?}: all {MAX_PROBE_THREADS} are in probes of other paths ({busy} in flight)"
+    )]
+    NoThread {
+        timeout: std::time::Duration,
+        busy: usize,
+    },
 }
 
 /// How a bounded probe ended.
@@ -40,30 +53,6 @@ pub(super) enum Probe<T> {
     Lost(ProbeError),
 }
 
-/// Paths with a probe still blocked in the kernel, and since when.
-pub(super) type InFlight = Arc<Mutex<HashMap<PathBuf, SystemTime>>>;
-
-pub(super) fn lock(
-    m: &Mutex<HashMap<PathBuf, SystemTime>>,
-) -> MutexGuard<'_, HashMap<PathBuf, SystemTime>> {
-    // A panic elsewhere while holding the lock leaves a map that is still
-    // consistent (single inserts/removes), so keep using it.
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-/// Removes a path from the in-flight set when its blocking probe ends, even
-/// by panic: only the probe thread knows when the kernel let go.
-struct InFlightGuard {
-    map: InFlight,
-    path: PathBuf,
-}
-
-impl Drop for InFlightGuard {
-    fn drop(&mut self) {
-        lock(&self.map).remove(&self.path);
-    }
-}
-
 impl Checker {
     /// Runs `f` on a blocking thread for at most the configured timeout,
     /// unless a probe of `path` is still stuck from before.
@@ -72,25 +61,35 @@ impl Checker {
         T: Send + 'static,
         F: FnOnce() -> T + Send + 'static,
     {
-        let since = SystemTime::now();
-        {
-            let mut in_flight = lock(&self.in_flight);
-            if let Some(since) = in_flight.get(path) {
-                return Probe::Hung { since: *since };
-            }
-            in_flight.insert(path.to_path_buf(), since);
-        }
-        let guard = InFlightGuard {
-            map: Arc::clone(&self.in_flight),
-            path: path.to_path_buf(),
+        let claim = match self.in_flight.claim(path) {
+            Ok(claim) => claim,
+            Err(since) => return Probe::Hung { since },
         };
+        let since = claim.since();
+        let timeout = self.cfg.timeout;
+        // The permit goes with the thread: a stuck thread keeps it.
+        let permit =
+            match tokio::time::timeout(timeout, Arc::clone(&self.probe_threads).acquire_owned())
+                .await
+            {
+                Ok(Ok(permit)) => permit,
+                // The semaphore is never closed; a closed one would only mean
+                // no probe can run.
+                Ok(Err(_)) | Err(_) => {
+                    return Probe::Lost(ProbeError::NoThread {
+                        timeout,
+                        busy: self.in_flight.len().saturating_sub(1),
+                    })
+                }
+            };
         let task = tokio::task::spawn_blocking(move || {
-            let _guard = guard;
+            let _claim = claim;
+            let _permit = permit;
             f()
         });
         // On timeout the JoinHandle is dropped, which detaches the thread; it
-        // clears its in-flight entry whenever the kernel lets it go.
-        match tokio::time::timeout(self.cfg.timeout, task).await {
+        // ends its claim and frees its permit whenever the kernel lets it go.
+        match tokio::time::timeout(timeout, task).await {
             Ok(Ok(out)) => Probe::Done(out),
             Ok(Err(join)) => Probe::Lost(ProbeError::Join(join.to_string())),
             Err(_elapsed) => Probe::Hung { since },

@@ -1,43 +1,42 @@
 //! One CSI volume's directory under a pod (filesystem or block mode) and the
 //! staging mount kubelet made for it, in either kubelet's layout.
 
-use std::fs::FileType;
 use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 use tracing::debug;
 
-use super::dir::{has_entry, is_device_like, read_entries};
+use super::dir::{EntryType, Tree};
+use super::names::check_name;
 use super::vol_data::{read_vol_data, required, VOL_DATA};
 use super::{unexpected, KubeletVolume, Skip, VolumeKind, VolumeMode};
 
 /// `pods/<uid>/volumes/kubernetes.io~csi/<name>`. `Ok(None)`: no `mount` dir,
 /// kubelet is setting the volume up or tearing it down.
 pub(super) fn csi_filesystem_volume(
+    tree: &Tree,
     csi_plugins: &Path,
     uid: &str,
     name: &str,
     dir: &Path,
-    ty: FileType,
+    ty: EntryType,
 ) -> Result<Option<KubeletVolume>, Skip> {
     if !ty.is_dir() {
-        return Err(unexpected(dir, "not a directory"));
+        return Err(unexpected(dir, format!("not a directory ({})", ty.name())));
     }
-    let entries = read_entries(dir)?;
+    let entries = tree.read_entries(dir)?;
     let Some(mount_ty) = entries.get("mount") else {
         debug!(path = %dir.display(), "no mount directory yet/any more");
         return Ok(None);
     };
     if !mount_ty.is_dir() {
-        return Err(unexpected(&dir.join("mount"), "not a directory"));
-    }
-    if !entries.get(VOL_DATA).is_some_and(FileType::is_file) {
         return Err(unexpected(
-            &dir.join(VOL_DATA),
-            "missing or not a regular file",
+            &dir.join("mount"),
+            format!("not a directory ({})", mount_ty.name()),
         ));
     }
-    let data = read_vol_data(&dir.join(VOL_DATA))?;
+    vol_data_listed(&entries, &dir.join(VOL_DATA))?;
+    let data = read_vol_data(tree, &dir.join(VOL_DATA))?;
     let (driver, handle) = required(&data, &dir.join(VOL_DATA))?;
     let ephemeral = match data.lifecycle_mode.as_deref() {
         // Kubelets before ephemeral volumes wrote no mode.
@@ -55,7 +54,7 @@ pub(super) fn csi_filesystem_volume(
         (VolumeKind::CsiEphemeral, None, None)
     } else {
         let pv = data.spec_vol_id.clone().unwrap_or_else(|| name.to_string());
-        let staging = staging_path(csi_plugins, &driver, &handle, &pv);
+        let staging = staging_path(tree, csi_plugins, &driver, &handle, &pv);
         (VolumeKind::Csi, Some(pv), staging)
     };
     Ok(Some(KubeletVolume {
@@ -73,19 +72,25 @@ pub(super) fn csi_filesystem_volume(
 }
 
 /// The staging mount of a persistent CSI volume, if kubelet made one.
-fn staging_path(csi_plugins: &Path, driver: &str, handle: &str, pv: &str) -> Option<PathBuf> {
+fn staging_path(
+    tree: &Tree,
+    csi_plugins: &Path,
+    driver: &str,
+    handle: &str,
+    pv: &str,
+) -> Option<PathBuf> {
     // Newer kubelets: <driver>/<sha256(volumeHandle)>/globalmount.
     if is_single_component(driver) {
         let sha = hex(&Sha256::digest(handle.as_bytes()));
         let dir = csi_plugins.join(driver).join(sha);
-        if has_entry(&dir, "globalmount") {
+        if tree.has_entry(&dir, "globalmount") {
             return Some(dir.join("globalmount"));
         }
     }
     // Older kubelets: pv/<pv>/globalmount.
     if is_single_component(pv) {
         let dir = csi_plugins.join("pv").join(pv);
-        if has_entry(&dir, "globalmount") {
+        if tree.has_entry(&dir, "globalmount") {
             return Some(dir.join("globalmount"));
         }
     }
@@ -94,22 +99,29 @@ fn staging_path(csi_plugins: &Path, driver: &str, handle: &str, pv: &str) -> Opt
 
 /// `pods/<uid>/volumeDevices/kubernetes.io~csi/<pv>` or the global map file.
 pub(super) fn csi_block_volume(
+    tree: &Tree,
     block_dir: &Path,
     uid: &str,
     pv_dir_name: &str,
     path: PathBuf,
-    ty: FileType,
+    ty: EntryType,
 ) -> Result<KubeletVolume, Skip> {
-    if !is_device_like(ty) {
-        return Err(unexpected(&path, "not a device node or symlink"));
+    if !ty.is_device_like() {
+        return Err(unexpected(
+            &path,
+            format!("not a device node or symlink ({})", ty.name()),
+        ));
     }
     if !is_single_component(pv_dir_name) {
         return Err(unexpected(&path, "unusable volume name"));
     }
-    let vol_data = block_dir.join(pv_dir_name).join("data").join(VOL_DATA);
-    let data = read_vol_data(&vol_data)?;
+    let data_dir = block_dir.join(pv_dir_name).join("data");
+    let vol_data = data_dir.join(VOL_DATA);
+    vol_data_listed(&tree.read_entries(&data_dir)?, &vol_data)?;
+    let data = read_vol_data(tree, &vol_data)?;
     let (driver, handle) = required(&data, &vol_data)?;
-    let staging = has_entry(&block_dir.join("staging"), pv_dir_name)
+    let staging = tree
+        .has_entry(&block_dir.join("staging"), pv_dir_name)
         .then(|| block_dir.join("staging").join(pv_dir_name));
     Ok(KubeletVolume {
         pod_uid: uid.to_string(),
@@ -125,9 +137,26 @@ pub(super) fn csi_block_volume(
     })
 }
 
+/// `vol_data.json` must be listed as a regular file before it is opened: a
+/// device node there is never opened (its driver's open could act), a link
+/// never followed.
+fn vol_data_listed(
+    entries: &std::collections::BTreeMap<String, EntryType>,
+    path: &Path,
+) -> Result<(), Skip> {
+    match entries.get(VOL_DATA) {
+        Some(ty) if ty.is_file() => Ok(()),
+        Some(ty) => Err(unexpected(
+            path,
+            format!("not a regular file ({}): not opened", ty.name()),
+        )),
+        None => Err(unexpected(path, "missing")),
+    }
+}
+
 /// Guards the names taken from `vol_data.json` before they become paths.
 fn is_single_component(name: &str) -> bool {
-    !name.is_empty() && name != "." && name != ".." && !name.contains('/') && !name.contains('\0')
+    check_name(name.as_bytes()).is_ok()
 }
 
 pub(super) fn hex(bytes: &[u8]) -> String {

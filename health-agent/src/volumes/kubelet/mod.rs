@@ -19,8 +19,18 @@
 //! Discovery must never hang on the storage it is meant to watch, so it never
 //! stats a path that may be a mount point (on a dead NFS or FUSE mount that
 //! `lstat` blocks): whether `mount` or `globalmount` exists is read from the
-//! parent directory's entries instead. Symlinks are never followed during the
-//! walk; only [`resolve_device`] stats a block volume's device node.
+//! parent directory's entries instead. Nothing below a volume's mount point
+//! (the tenant's) is opened, listed or read.
+//!
+//! Hostile trees: everything below the kubelet root is opened one component
+//! at a time without following links (`dir::Tree`), so a symlink planted
+//! anywhere (a pod's `volumes` dir, a volume dir, `vol_data.json`) is
+//! skipped with a warning, never followed; a FIFO, socket or device node is
+//! never opened where a directory or `vol_data.json` belongs (their type is
+//! read from the listing, and every open is `O_NONBLOCK`); `vol_data.json`
+//! is opened once and checked on the open file (regular, at most 64 KiB;
+//! nothing more is read). Only [`resolve_device`] follows a link: a block
+//! volume's path to its device node, with `stat` (no open).
 //!
 //! Anything odd (malformed `vol_data.json`, unreadable directory, a file where
 //! a directory belongs) skips that one volume with a warning naming the path.
@@ -31,7 +41,8 @@
 
 mod csi;
 mod dir;
-mod vol_data;
+pub(crate) mod names;
+pub(crate) mod vol_data;
 
 use std::collections::BTreeMap;
 use std::io;
@@ -44,7 +55,7 @@ use crate::dev::Dev;
 use crate::topology::MountEntry;
 
 use csi::{csi_block_volume, csi_filesystem_volume};
-use dir::{is_device_like, list_dir, list_dir_quiet};
+use dir::Tree;
 
 pub const DEFAULT_KUBELET_ROOT: &str = "/var/lib/kubelet";
 
@@ -111,64 +122,75 @@ fn unexpected(path: &Path, what: impl Into<String>) -> Skip {
 /// Walks the kubelet tree under `kubelet_root`. Never fails: problems are
 /// logged and the affected volume is left out.
 pub fn discover(kubelet_root: &Path) -> Vec<KubeletVolume> {
+    let tree = match Tree::open(kubelet_root) {
+        Ok(tree) => tree,
+        Err(Skip::Io { source, .. }) if source.kind() == io::ErrorKind::NotFound => {
+            return Vec::new()
+        }
+        Err(e) => {
+            warn!("no pod volumes: {e}");
+            return Vec::new();
+        }
+    };
+    let kubelet_root = tree.root();
     let csi_plugins = kubelet_root.join("plugins/kubernetes.io/csi");
     let block_dir = csi_plugins.join("volumeDevices");
     let mut found: Found = BTreeMap::new();
 
     let pods = kubelet_root.join("pods");
-    for (uid, pod_dir, ty) in list_dir(&pods) {
+    for (uid, pod_dir, ty) in tree.list_dir(&pods) {
         if !ty.is_dir() {
-            warn!(path = %pod_dir.display(), "skipping: not a pod directory");
+            warn!(path = %pod_dir.display(), "skipping: not a pod directory ({})", ty.name());
             continue;
         }
         let volumes = pod_dir.join("volumes");
-        for (name, dir, ty) in list_dir(&volumes.join(CSI_PLUGIN_DIR)) {
-            match csi_filesystem_volume(&csi_plugins, &uid, &name, &dir, ty) {
+        for (name, dir, ty) in tree.list_dir(&volumes.join(CSI_PLUGIN_DIR)) {
+            match csi_filesystem_volume(&tree, &csi_plugins, &uid, &name, &dir, ty) {
                 Ok(Some(v)) => keep(&mut found, v),
                 Ok(None) => {}
                 Err(e) => warn!(path = %dir.display(), "skipping CSI volume: {e}"),
             }
         }
-        for (name, path, ty) in list_dir(&volumes.join(LOCAL_PLUGIN_DIR)) {
+        for (name, path, ty) in tree.list_dir(&volumes.join(LOCAL_PLUGIN_DIR)) {
             if ty.is_dir() {
                 keep(
                     &mut found,
                     local_volume(&uid, &name, path, VolumeMode::Filesystem),
                 );
             } else {
-                warn!(path = %path.display(), "skipping local volume: not a directory");
+                warn!(path = %path.display(), "skipping local volume: not a directory ({})", ty.name());
             }
         }
         let devices = pod_dir.join("volumeDevices");
-        for (name, path, ty) in list_dir(&devices.join(CSI_PLUGIN_DIR)) {
-            match csi_block_volume(&block_dir, &uid, &name, path.clone(), ty) {
+        for (name, path, ty) in tree.list_dir(&devices.join(CSI_PLUGIN_DIR)) {
+            match csi_block_volume(&tree, &block_dir, &uid, &name, path.clone(), ty) {
                 Ok(v) => keep(&mut found, v),
                 Err(e) => warn!(path = %path.display(), "skipping CSI block volume: {e}"),
             }
         }
-        for (name, path, ty) in list_dir(&devices.join(LOCAL_PLUGIN_DIR)) {
-            if is_device_like(ty) {
+        for (name, path, ty) in tree.list_dir(&devices.join(LOCAL_PLUGIN_DIR)) {
+            if ty.is_device_like() {
                 keep(
                     &mut found,
                     local_volume(&uid, &name, path, VolumeMode::Block),
                 );
             } else {
-                warn!(path = %path.display(), "skipping local block volume: not a device or symlink");
+                warn!(path = %path.display(), "skipping local block volume: not a device or symlink ({})", ty.name());
             }
         }
     }
 
     // Block volumes whose pod-side link is gone (or not yet made) still have
     // the global map file kubelet keeps per pod: `volumeDevices/<pv>/dev/<uid>`.
-    for (pv, pv_dir, ty) in list_dir(&block_dir) {
+    for (pv, pv_dir, ty) in tree.list_dir(&block_dir) {
         if !ty.is_dir() || pv == "staging" || pv == "publish" {
             continue;
         }
-        for (uid, path, ty) in list_dir_quiet(&pv_dir.join("dev")) {
+        for (uid, path, ty) in tree.list_dir_quiet(&pv_dir.join("dev")) {
             if found.contains_key(&(uid.clone(), pv.clone(), VolumeMode::Block)) {
                 continue;
             }
-            match csi_block_volume(&block_dir, &uid, &pv, path.clone(), ty) {
+            match csi_block_volume(&tree, &block_dir, &uid, &pv, path.clone(), ty) {
                 Ok(v) => keep(&mut found, v),
                 Err(e) => warn!(path = %path.display(), "skipping CSI block volume: {e}"),
             }

@@ -3,7 +3,6 @@
 
 use super::*;
 use std::fs;
-use std::os::fd::OwnedFd;
 use std::process::Command;
 use std::time::Instant;
 
@@ -285,73 +284,11 @@ fn read_only_on_purpose_is_fine_but_an_error_remount_is_not() {
     assert_eq!(err.raw_os_error(), Some(libc::EROFS));
 }
 
-/// A FUSE mount whose "server" never answers: the test opens
-/// /dev/fuse and mounts with that fd but never reads it, so the
-/// kernel's INIT stays unanswered and every request on the mount
-/// (statvfs, stat of the root) waits — exactly what a SIGSTOPped or
-/// wedged FUSE daemon does, without a daemon. Closing the fd aborts
-/// the connection: waiters get ENOTCONN and the mount can go.
-struct DeadFuse {
-    dir: tempfile::TempDir,
-    fd: Option<OwnedFd>,
-    mounted: bool,
-}
-
-impl DeadFuse {
-    fn new() -> DeadFuse {
-        require_root();
-        let dir = tempfile::tempdir().unwrap();
-        let fd: OwnedFd = fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open("/dev/fuse")
-            .expect("open /dev/fuse")
-            .into();
-        let mut me = DeadFuse {
-            dir,
-            fd: None,
-            mounted: false,
-        };
-        let data = format!(
-            "fd={},rootmode=40000,user_id=0,group_id=0",
-            std::os::fd::AsRawFd::as_raw_fd(&fd)
-        );
-        me.fd = Some(fd);
-        nix::mount::mount(
-            Some("volume-health-test-hang"),
-            me.dir.path(),
-            Some("fuse"),
-            nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV,
-            Some(data.as_str()),
-        )
-        .expect("mount fuse");
-        me.mounted = true;
-        me
-    }
-
-    fn path(&self) -> PathBuf {
-        self.dir.path().to_path_buf()
-    }
-
-    /// Like the daemon dying: abort the connection.
-    fn abort(&mut self) {
-        self.fd = None;
-    }
-}
-
-impl Drop for DeadFuse {
-    fn drop(&mut self) {
-        self.abort();
-        if self.mounted && umount2(self.dir.path(), MntFlags::empty()).is_err() {
-            let _ = umount2(self.dir.path(), MntFlags::MNT_DETACH);
-        }
-    }
-}
-
 #[test]
 fn hung_path_is_path_hung_and_never_probed_twice() {
-    let mut fuse = DeadFuse::new();
-    let vol = fs_volume(fuse.path());
+    require_root();
+    let mut fuse = health_tests::HungFuse::in_temp_dir().unwrap();
+    let vol = fs_volume(fuse.path().to_path_buf());
     let timeout = Duration::from_millis(1500);
     let checker = Checker::new(CheckConfig { timeout, ..cfg() });
     let rt = runtime();
@@ -398,7 +335,7 @@ fn hung_path_is_path_hung_and_never_probed_twice() {
         Some(CheckResult::Found(f)) => assert_eq!(
             f[0],
             CheckFinding::PathUnreachable {
-                path: fuse.path(),
+                path: fuse.path().to_path_buf(),
                 op: "statvfs",
                 errno: libc::ENOTCONN
             }
