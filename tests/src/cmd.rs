@@ -33,6 +33,14 @@ const PACKAGES: &[(&str, &str)] = &[
     ("partx", "util-linux"),
     ("etcd", "etcd-server"),
     ("openssl", "openssl"),
+    // xtask/tests/image.rs: the OCI image read by independent tools, the
+    // agent run from its root filesystem.
+    ("skopeo", "skopeo"),
+    ("umoci", "umoci"),
+    ("unshare", "util-linux"),
+    ("chroot", "coreutils"),
+    ("timeout", "coreutils"),
+    ("readelf", "binutils"),
 ];
 
 /// Debian package that ships `tool`, if the harness knows it.

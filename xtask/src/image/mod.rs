@@ -56,6 +56,8 @@ pub const TEST_TOOLS: &[(&str, &str)] = &[
     ("umoci", "umoci"),
     ("unshare", "util-linux"),
     ("chroot", "coreutils"),
+    ("timeout", "coreutils"),
+    ("readelf", "binutils"),
 ];
 /// What building the image runs (command, Debian package).
 const BUILD_TOOLS: &[(&str, &str)] =
