@@ -96,12 +96,14 @@ pub struct Image {
 pub fn run(args: &ImageArgs) -> anyhow::Result<()> {
     let image = build(args)?;
     say(format!(
-        "wrote {} ({} bytes; layer {} bytes)\n  name {}\n  manifest {}",
+        "wrote {} ({} bytes)\n  name     {}\n  manifest {}\n  layer    {} ({} bytes; uncompressed {})",
         image.path.display(),
         image.written.archive_size,
-        image.written.layer_size,
         image.full_name,
-        image.written.manifest_digest
+        image.written.manifest_digest,
+        image.written.layer_digest,
+        image.written.layer_size,
+        image.written.diff_id,
     ));
     Ok(())
 }
