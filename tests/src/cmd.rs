@@ -43,6 +43,11 @@ const PACKAGES: &[(&str, &str)] = &[
     ("readelf", "binutils"),
 ];
 
+/// What xtask/tests/image.rs drives: the OCI image read by skopeo and umoci,
+/// the agent run from its root filesystem (`cargo xtask test` installs them).
+pub const IMAGE_TEST_TOOLS: &[&str] =
+    &["skopeo", "umoci", "unshare", "chroot", "timeout", "readelf"];
+
 /// Debian package that ships `tool`, if the harness knows it.
 pub fn package_of(tool: &str) -> Option<&'static str> {
     PACKAGES.iter().find(|(t, _)| *t == tool).map(|(_, p)| *p)

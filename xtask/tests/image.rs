@@ -20,7 +20,6 @@ use anyhow::{anyhow, bail, ensure, Context, Result};
 use health_tests::cmd;
 use serde_json::Value;
 
-const TOOLS: &[&str] = &["skopeo", "umoci", "unshare", "chroot", "timeout", "readelf"];
 const SOURCE: &str = "https://example.org/volume-health";
 const TAG: &str = "image-test";
 const FULL_NAME: &str = "docker.io/library/volume-health-agent:image-test";
@@ -95,7 +94,7 @@ fn built() -> Result<&'static Built> {
 
 fn build_and_unpack() -> Result<Built> {
     health_tests::require_root()?;
-    cmd::require_tools(TOOLS)?;
+    cmd::require_tools(cmd::IMAGE_TEST_TOOLS)?;
     let dir = scratch();
     if dir.exists() {
         std::fs::remove_dir_all(&dir).with_context(|| format!("removing {}", dir.display()))?;

@@ -49,16 +49,6 @@ pub const ENTRYPOINT: &[&str] = &[AGENT_PATH];
 pub const CMD: &[&str] = &["run"];
 /// The repository deploy/daemonset.yaml and the chart's values name.
 pub const REPOSITORY: &str = "volume-health-agent";
-/// Tools the image tests drive (command, Debian package); `cargo xtask
-/// test` installs them.
-pub const TEST_TOOLS: &[(&str, &str)] = &[
-    ("skopeo", "skopeo"),
-    ("umoci", "umoci"),
-    ("unshare", "util-linux"),
-    ("chroot", "coreutils"),
-    ("timeout", "coreutils"),
-    ("readelf", "binutils"),
-];
 /// What building the image runs (command, Debian package).
 const BUILD_TOOLS: &[(&str, &str)] =
     &[("objcopy", "binutils"), ("ldd", "libc-bin"), ("git", "git")];
@@ -82,6 +72,19 @@ pub struct ImageArgs {
     /// [default: the URL of the git remote `origin`; without one the label is left out].
     #[arg(long, value_name = "URL")]
     pub source: Option<String>,
+}
+
+/// The tools the image tests drive, each with its Debian package.
+pub fn test_tools() -> anyhow::Result<Vec<(&'static str, &'static str)>> {
+    use health_tests::cmd::{package_of, IMAGE_TEST_TOOLS};
+    IMAGE_TEST_TOOLS
+        .iter()
+        .map(|tool| {
+            package_of(tool)
+                .map(|package| (*tool, package))
+                .with_context(|| format!("no Debian package known for {tool}"))
+        })
+        .collect()
 }
 
 /// A written image.
@@ -355,6 +358,13 @@ mod tests {
         assert!(full_reference("agent", "-x").is_err());
         assert!(full_reference("agent", "a/b").is_err());
         assert!(full_reference("a//b", "1").is_err());
+    }
+
+    #[test]
+    fn every_test_tool_has_its_package() {
+        let tools = test_tools().unwrap();
+        assert_eq!(tools.len(), health_tests::cmd::IMAGE_TEST_TOOLS.len());
+        assert!(tools.contains(&("skopeo", "skopeo")) && tools.contains(&("umoci", "umoci")));
     }
 
     #[test]
