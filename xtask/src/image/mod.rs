@@ -25,7 +25,9 @@
 //!
 //! Reproducible: the same commit gives the same bytes ([`oci`] says how).
 //! Every time in it is the commit's (`SOURCE_DATE_EPOCH` when set, else
-//! `git log -1 --format=%ct`). The Dockerfile stays for users who build with
+//! `git log -1 --format=%ct`). The agent binary itself is the same only from
+//! the same checkout path and toolchain: it carries absolute source paths
+//! (the kernel object's BTF, generated code, the cargo registry). The Dockerfile stays for users who build with
 //! an engine; the tests (xtask/tests/image.rs) check that both describe the
 //! same entrypoint and command.
 
