@@ -10,6 +10,10 @@
 # builds bpf-linker against it (xtask/src/bootstrap.rs; it needs apt and
 # root, which a Debian image has), then builds the kernel programs and the
 # release agent with them embedded. The runtime image holds that one binary.
+#
+# Without an engine, `cargo xtask image` writes the agent's image as an OCI
+# archive (README, "The image"); xtask/tests/image.rs checks that its config
+# has this file's ENTRYPOINT and CMD (those of the last stage).
 
 ARG RUST_VERSION=1.95
 FROM rust:${RUST_VERSION}-bookworm AS builder

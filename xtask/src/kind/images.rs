@@ -1,12 +1,14 @@
 //! What this host must have (docker with a running engine, kind, kubectl)
-//! and the images built on it: the agent's and the faultdisk server's.
+//! and what is built on it: the agent's image archive (`cargo xtask image`,
+//! no engine involved) and the faultdisk server (still a Dockerfile target:
+//! it is a test tool, built on bookworm for the node's glibc).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{bail, Context};
 
-use super::E2E_IMAGE;
+use super::{E2E_IMAGE, E2E_TAG};
 use crate::util::{on_path, output, run as run_cmd, say, workspace_root};
 
 pub(super) fn require_tools() -> anyhow::Result<()> {
@@ -33,16 +35,20 @@ fn missing_tools_message(missing: &[&str]) -> String {
     )
 }
 
-/// The agent image, and the faultdisk binary built the same way; returns
-/// the binary's path on this host.
-pub(super) fn build_images(work: &Path) -> anyhow::Result<PathBuf> {
+/// What the end to end test deploys.
+pub(super) struct Built {
+    /// The agent's OCI archive, named [`E2E_IMAGE`].
+    pub(super) agent_image: PathBuf,
+    /// The faultdisk server binary on this host.
+    pub(super) faultdisk: PathBuf,
+}
+
+pub(super) fn build_images(work: &Path) -> anyhow::Result<Built> {
+    say(format!(
+        "building the agent image {E2E_IMAGE} (cargo xtask image)"
+    ));
+    let agent_image = crate::image::build(&image_args(work))?.path;
     let root = workspace_root();
-    say(format!("building the agent image {E2E_IMAGE} (Dockerfile)"));
-    run_cmd(
-        Command::new("docker")
-            .args(["build", "--tag", E2E_IMAGE])
-            .arg(&root),
-    )?;
     let out = work.join("faultdisk-out");
     say("building the faultdisk server (Dockerfile target `faultdisk`)");
     run_cmd(
@@ -51,11 +57,24 @@ pub(super) fn build_images(work: &Path) -> anyhow::Result<PathBuf> {
             .arg(format!("type=local,dest={}", out.display()))
             .arg(&root),
     )?;
-    let bin = out.join("faultdisk");
-    if !bin.is_file() {
-        bail!("the faultdisk build left no {}", bin.display());
+    let faultdisk = out.join("faultdisk");
+    if !faultdisk.is_file() {
+        bail!("the faultdisk build left no {}", faultdisk.display());
     }
-    Ok(bin)
+    Ok(Built {
+        agent_image,
+        faultdisk,
+    })
+}
+
+/// `cargo xtask image --tag e2e --output <work>/agent.oci.tar`: the agent
+/// built here, under the name the manifests are given ([`E2E_IMAGE`]).
+fn image_args(work: &Path) -> crate::image::ImageArgs {
+    crate::image::ImageArgs {
+        output: Some(work.join("agent.oci.tar")),
+        tag: Some(E2E_TAG.to_string()),
+        ..Default::default()
+    }
 }
 
 #[cfg(test)]
@@ -67,5 +86,20 @@ mod tests {
         let msg = missing_tools_message(&["docker", "kind"]);
         assert!(msg.contains("missing: docker, kind."), "{msg}");
         assert!(msg.contains("no Docker engine"), "{msg}");
+    }
+
+    #[test]
+    fn the_archive_carries_the_name_the_manifests_get() {
+        let args = image_args(Path::new("/w/target/kind-e2e"));
+        assert_eq!(
+            args.output.as_deref(),
+            Some(Path::new("/w/target/kind-e2e/agent.oci.tar"))
+        );
+        let repository = args
+            .repository
+            .as_deref()
+            .unwrap_or(crate::image::REPOSITORY);
+        assert_eq!(format!("{repository}:{}", args.tag.unwrap()), E2E_IMAGE);
+        assert_eq!(args.agent, None, "the e2e builds the agent itself");
     }
 }

@@ -6,14 +6,17 @@
 //! kernel, which needs BTF, and FUSE and loop devices must be available).
 //!
 //! What it does:
-//! 1. builds the agent image (Dockerfile) and the `faultdisk` server
-//!    (Dockerfile target `faultdisk`: built on Debian bookworm, whose glibc
-//!    is no newer than the kind node image's, so the binary runs there);
+//! 1. builds the agent image as an OCI archive (`cargo xtask image`, no
+//!    engine needed) and the `faultdisk` server (Dockerfile target
+//!    `faultdisk`, a test tool: built on Debian bookworm, whose glibc is no
+//!    newer than the kind node image's, so the binary runs there);
 //! 2. creates the cluster (one node) with `target/kind-e2e/shared` of this
 //!    host mounted into the node: the fault disk's control socket is created
 //!    there by the server on the node and used from here;
 //! 3. mounts tracefs and bpffs on the node (a kind node is a container whose
-//!    /sys is a fresh sysfs without them), loads the image, applies deploy/
+//!    /sys is a fresh sysfs without them), loads the image archive (`kind
+//!    load image-archive`: containerd on the node imports it under the name
+//!    in its index), applies deploy/
 //!    with the image replaced and waits for the DaemonSet;
 //! 4. on the node: the fault disk (FUSE), a loop device with direct I/O over
 //!    its image, ext4 on it mounted at /mnt/volume-health-e2e and a probe
@@ -55,11 +58,13 @@ use cluster::{prepare_node, Cluster};
 use deploy::{deploy_agent, diagnose};
 use disk::NodeDisk;
 use events::{describe_event, is_clear_event, is_warning, wait_event};
-use images::{build_images, require_tools};
+use images::{build_images, require_tools, Built};
 use kubectl::Kube;
 use workload::Workload;
 
 const E2E_IMAGE: &str = "volume-health-agent:e2e";
+/// The tag of [`E2E_IMAGE`], given to `cargo xtask image`.
+const E2E_TAG: &str = "e2e";
 /// Where the host's `target/kind-e2e/shared` appears on the node.
 const NODE_SHARED: &str = "/var/lib/volume-health-e2e";
 const NODE_MOUNT: &str = "/mnt/volume-health-e2e";
@@ -96,9 +101,9 @@ pub fn run(args: &KindArgs) -> anyhow::Result<()> {
     let work = workspace_root().join("target/kind-e2e");
     let shared = work.join("shared");
     std::fs::create_dir_all(&shared)?;
-    let faultdisk = build_images(&work)?;
+    let built = build_images(&work)?;
     let cluster = Cluster::up(args, &work, &shared)?;
-    let result = e2e(args, &cluster, &shared, &faultdisk);
+    let result = e2e(args, &cluster, &shared, &built);
     if let Err(e) = &result {
         say(format!("failed: {e:#}"));
     }
@@ -108,7 +113,7 @@ pub fn run(args: &KindArgs) -> anyhow::Result<()> {
 
 /// The test proper, between a ready cluster and its teardown. What a
 /// failure needs to be understood is printed before anything is removed.
-fn e2e(args: &KindArgs, cluster: &Cluster, shared: &Path, faultdisk: &Path) -> anyhow::Result<()> {
+fn e2e(args: &KindArgs, cluster: &Cluster, shared: &Path, built: &Built) -> anyhow::Result<()> {
     let kube = cluster.kube();
     let diagnosed = |r: anyhow::Result<()>| {
         if r.is_err() {
@@ -117,8 +122,8 @@ fn e2e(args: &KindArgs, cluster: &Cluster, shared: &Path, faultdisk: &Path) -> a
         r
     };
     prepare_node(&cluster.node)?;
-    diagnosed(deploy_agent(cluster, &kube))?;
-    let disk = NodeDisk::start(&cluster.node, shared, faultdisk)?;
+    diagnosed(deploy_agent(cluster, &kube, &built.agent_image))?;
+    let disk = NodeDisk::start(&cluster.node, shared, &built.faultdisk)?;
     let workload = Workload::create(&kube, &cluster.node);
     let workload = match workload {
         Ok(w) => w,

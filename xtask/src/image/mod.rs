@@ -1,0 +1,417 @@
+//! `cargo xtask image`: the agent's OCI image, written without a container
+//! engine, as an OCI image layout in one tar archive
+//! (`target/image/volume-health-agent-<tag>.oci.tar`) that `kind load
+//! image-archive`, `ctr images import`, `podman load`, `docker load` and
+//! `skopeo copy oci-archive:FILE ...` accept.
+//!
+//! What the image holds, and why: the release agent (kernel programs
+//! embedded) with its debug info stripped (`objcopy --strip-debug`: the
+//! symbol table stays, so a panic's backtrace still names functions), and
+//! the shared libraries it links, copied from the build host: the ELF
+//! interpreter and every library `ldd` resolves (glibc's libc, libm, and
+//! libgcc_s), at the same paths and through the same symlinks as on the
+//! host ([`rootfs`]). Not a static binary: the toolchain here has no musl
+//! target offline, and glibc linked statically would still want its own
+//! shared objects for name lookups. Nothing else: no shell, no CA bundle (in
+//! a cluster the API server is verified with the service account's CA, the
+//! only root kube uses then), no /etc/passwd (the DaemonSet runs as uid 0 by
+//! number), no /tmp (the agent writes no temporary files; the DaemonSet's
+//! root filesystem is read-only). The container runtime creates the mount
+//! points (/proc, /sys, /dev, /host/proc, /var/lib/kubelet) itself.
+//!
+//! The libraries come from the build host, so the image runs where that
+//! glibc runs: build on Debian bookworm (the README's build host), like the
+//! Dockerfile's distroless cc-debian12 runtime.
+//!
+//! Reproducible: the same commit gives the same bytes ([`oci`] says how).
+//! Every time in it is the commit's (`SOURCE_DATE_EPOCH` when set, else
+//! `git log -1 --format=%ct`). The agent binary itself is the same only from
+//! the same checkout path and toolchain: it carries absolute source paths
+//! (the kernel object's BTF, generated code, the cargo registry). The Dockerfile stays for users who build with
+//! an engine; the tests (xtask/tests/image.rs) check that both describe the
+//! same entrypoint and command.
+
+pub mod oci;
+pub mod rootfs;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{bail, Context};
+
+use crate::build;
+use crate::util::{output, say, workspace_root};
+use rootfs::{Entry, Rootfs};
+
+/// Where the agent is in the image; the entrypoint.
+pub const AGENT_PATH: &str = "/usr/local/bin/health-agent";
+/// The Dockerfile's `ENTRYPOINT` and `CMD` (the tests compare them).
+pub const ENTRYPOINT: &[&str] = &[AGENT_PATH];
+pub const CMD: &[&str] = &["run"];
+/// The repository deploy/daemonset.yaml and the chart's values name.
+pub const REPOSITORY: &str = "volume-health-agent";
+/// What building the image runs (command, Debian package).
+const BUILD_TOOLS: &[(&str, &str)] =
+    &[("objcopy", "binutils"), ("ldd", "libc-bin"), ("git", "git")];
+
+#[derive(clap::Args, Default)]
+pub struct ImageArgs {
+    /// The archive to write [default: target/image/<repository>-<tag>.oci.tar].
+    #[arg(long, value_name = "FILE")]
+    pub output: Option<PathBuf>,
+    /// Put this agent binary in the image as it is instead of building one
+    /// (it must have been built with its kernel programs embedded).
+    #[arg(long, value_name = "FILE")]
+    pub agent: Option<PathBuf>,
+    /// Image repository: the name without the tag [default: volume-health-agent, as deploy/ and the chart].
+    #[arg(long)]
+    pub repository: Option<String>,
+    /// Image tag [default: the workspace version].
+    #[arg(long)]
+    pub tag: Option<String>,
+    /// The `org.opencontainers.image.source` label, the URL of the source
+    /// [default: the URL of the git remote `origin`; without one the label is left out].
+    #[arg(long, value_name = "URL")]
+    pub source: Option<String>,
+}
+
+/// The tools the image tests drive, each with its Debian package.
+pub fn test_tools() -> anyhow::Result<Vec<(&'static str, &'static str)>> {
+    use health_tests::cmd::{package_of, IMAGE_TEST_TOOLS};
+    IMAGE_TEST_TOOLS
+        .iter()
+        .map(|tool| {
+            package_of(tool)
+                .map(|package| (*tool, package))
+                .with_context(|| format!("no Debian package known for {tool}"))
+        })
+        .collect()
+}
+
+/// A written image.
+pub struct Image {
+    pub path: PathBuf,
+    /// The reference containerd and kubelet know it by.
+    pub full_name: String,
+    pub written: oci::Written,
+}
+
+/// `cargo xtask image`: writes the archive and says what it holds.
+pub fn run(args: &ImageArgs) -> anyhow::Result<()> {
+    let image = build(args)?;
+    say(format!(
+        "wrote {} ({} bytes)\n  name     {}\n  manifest {}\n  layer    {} ({} bytes; uncompressed {})",
+        image.path.display(),
+        image.written.archive_size,
+        image.full_name,
+        image.written.manifest_digest,
+        image.written.layer_digest,
+        image.written.layer_size,
+        image.written.diff_id,
+    ));
+    Ok(())
+}
+
+pub fn build(args: &ImageArgs) -> anyhow::Result<Image> {
+    crate::bootstrap::ensure_commands(BUILD_TOOLS)?;
+    let agent = match &args.agent {
+        Some(agent) => agent.clone(),
+        None => build::all()?.agent,
+    };
+    let commit = Commit::read(&workspace_root())?;
+    let repository = args.repository.as_deref().unwrap_or(REPOSITORY);
+    let version = env!("CARGO_PKG_VERSION");
+    let tag = args.tag.as_deref().unwrap_or(version);
+    let full_name = full_reference(repository, tag)?;
+    let path = match &args.output {
+        Some(path) => path.clone(),
+        None => {
+            let base = repository.rsplit('/').next().unwrap_or(repository);
+            build::target_dir()
+                .join("image")
+                .join(format!("{base}-{tag}.oci.tar"))
+        }
+    };
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+
+    say(format!("image {full_name}: agent {}", agent.display()));
+    let stripped = strip(&agent)?;
+    let architecture = elf_architecture(&stripped)
+        .with_context(|| format!("reading the ELF header of {}", agent.display()))?;
+    let mut fs = Rootfs::default();
+    fs.add(
+        AGENT_PATH.trim_start_matches('/'),
+        Entry::File {
+            data: stripped,
+            executable: true,
+        },
+    )?;
+    for library in rootfs::linked_libraries(&agent)? {
+        fs.copy_host_path(&library)?;
+    }
+
+    let source = match &args.source {
+        Some(source) => Some(source.clone()),
+        None => origin_url(&workspace_root()),
+    };
+    if source.is_none() {
+        say("no --source and no git remote `origin`: the image has no org.opencontainers.image.source label");
+    }
+    let created = commit.rfc3339()?;
+    let config = oci::ImageConfig {
+        architecture: architecture.to_string(),
+        entrypoint: ENTRYPOINT.iter().map(|s| s.to_string()).collect(),
+        cmd: CMD.iter().map(|s| s.to_string()).collect(),
+        env: vec!["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into()],
+        labels: labels(version, &commit.revision, &created, source.as_deref()),
+        created,
+    };
+    let names = oci::ImageNames {
+        full: full_name.clone(),
+        tag: tag.to_string(),
+    };
+    let written = oci::write_archive(&fs, &config, &names, commit.time, &path)?;
+    Ok(Image {
+        path,
+        full_name,
+        written,
+    })
+}
+
+fn labels(
+    version: &str,
+    revision: &str,
+    created: &str,
+    source: Option<&str>,
+) -> BTreeMap<String, String> {
+    let mut labels = BTreeMap::new();
+    let mut set = |key: &str, value: &str| {
+        labels.insert(format!("org.opencontainers.image.{key}"), value.to_string());
+    };
+    set("title", REPOSITORY);
+    set(
+        "description",
+        "volume-health node agent: kernel storage errors (eBPF) reported as Events on Pods and PVCs and as Prometheus metrics",
+    );
+    set("version", version);
+    set("revision", revision);
+    set("created", created);
+    set("licenses", env!("CARGO_PKG_LICENSE"));
+    if let Some(source) = source {
+        set("source", source);
+    }
+    labels
+}
+
+/// The agent without debug info, as `objcopy --strip-debug` leaves it (the
+/// same input gives the same output).
+fn strip(agent: &Path) -> anyhow::Result<Vec<u8>> {
+    let dir = tempfile::tempdir()?;
+    let out = dir.path().join("health-agent");
+    output(
+        Command::new("objcopy")
+            .arg("--strip-debug")
+            .arg(agent)
+            .arg(&out),
+    )?;
+    std::fs::read(&out).with_context(|| format!("reading {}", out.display()))
+}
+
+/// The OCI architecture of a 64-bit little-endian ELF executable.
+fn elf_architecture(elf: &[u8]) -> anyhow::Result<&'static str> {
+    if elf.len() < 20 || &elf[..4] != b"\x7fELF" {
+        bail!("not an ELF file");
+    }
+    if elf[4] != 2 || elf[5] != 1 {
+        bail!("not a 64-bit little-endian ELF file");
+    }
+    match u16::from_le_bytes([elf[18], elf[19]]) {
+        62 => Ok("amd64"),
+        183 => Ok("arm64"),
+        other => bail!("ELF machine {other} has no OCI architecture here"),
+    }
+}
+
+/// The reference containerd stores for `repository:tag`, normalized the way
+/// the Docker reference grammar does (and kubelet, for the manifests'
+/// `image:`): a first component that is no host name means Docker Hub, and a
+/// single component there means `library/`.
+fn full_reference(repository: &str, tag: &str) -> anyhow::Result<String> {
+    let valid_tag = !tag.is_empty()
+        && tag.len() <= 128
+        && !tag.starts_with(['.', '-'])
+        && tag
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "_.-".contains(c));
+    if !valid_tag {
+        bail!("{tag:?} is not a valid image tag");
+    }
+    if repository.is_empty()
+        || repository.contains('@')
+        || repository.split('/').any(str::is_empty)
+        || repository
+            .rsplit('/')
+            .next()
+            .is_some_and(|last| last.contains(':'))
+    {
+        bail!("{repository:?} is not an image repository (a name without tag or digest)");
+    }
+    let first = repository.split('/').next().unwrap_or_default();
+    let has_host = repository.contains('/')
+        && (first.contains('.') || first.contains(':') || first == "localhost");
+    let full = match (has_host, repository.contains('/')) {
+        (true, _) => repository.to_string(),
+        (false, true) => format!("docker.io/{repository}"),
+        (false, false) => format!("docker.io/library/{repository}"),
+    };
+    Ok(format!("{full}:{tag}"))
+}
+
+/// The commit the image is built from.
+struct Commit {
+    /// `git rev-parse HEAD`, with `-dirty` when tracked files differ from it
+    /// (the binary then is not the commit's; the label says so).
+    revision: String,
+    /// Seconds since the epoch: SOURCE_DATE_EPOCH, else the commit's time.
+    time: u64,
+}
+
+impl Commit {
+    fn read(root: &Path) -> anyhow::Result<Commit> {
+        let git = |args: &[&str]| {
+            output(Command::new("git").arg("-C").arg(root).args(args)).with_context(|| {
+                format!(
+                    "the image's revision label and times come from git; {} must be a git checkout",
+                    root.display()
+                )
+            })
+        };
+        let mut revision = git(&["rev-parse", "HEAD"])?.trim().to_string();
+        if !git(&["status", "--porcelain", "--untracked-files=no"])?
+            .trim()
+            .is_empty()
+        {
+            say("the checkout has uncommitted changes: revision label ends in -dirty");
+            revision.push_str("-dirty");
+        }
+        let time = match std::env::var("SOURCE_DATE_EPOCH") {
+            Ok(value) => value.trim().parse().with_context(|| {
+                format!("SOURCE_DATE_EPOCH={value:?} is not a number of seconds")
+            })?,
+            Err(_) => {
+                let text = git(&["log", "-1", "--format=%ct", "HEAD"])?;
+                text.trim()
+                    .parse()
+                    .with_context(|| format!("git's commit time {text:?} is not a number"))?
+            }
+        };
+        Ok(Commit { revision, time })
+    }
+
+    fn rfc3339(&self) -> anyhow::Result<String> {
+        let seconds = i64::try_from(self.time).context("the commit time is out of range")?;
+        let time = time::OffsetDateTime::from_unix_timestamp(seconds)?;
+        Ok(time.format(&time::format_description::well_known::Rfc3339)?)
+    }
+}
+
+/// The URL of the remote `origin` when it is an http(s) URL, without any
+/// credentials in it; none otherwise (an ssh remote is no URL to browse).
+fn origin_url(root: &Path) -> Option<String> {
+    let url = output(
+        Command::new("git")
+            .arg("-C")
+            .arg(root)
+            .args(["remote", "get-url", "origin"]),
+    )
+    .ok()?;
+    public_url(url.trim())
+}
+
+fn public_url(url: &str) -> Option<String> {
+    let (scheme, rest) = url.split_once("://")?;
+    if scheme != "https" && scheme != "http" {
+        return None;
+    }
+    let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
+    let host = authority.rsplit('@').next()?;
+    let path = path.strip_suffix(".git").unwrap_or(path);
+    Some(format!("{scheme}://{host}/{path}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn references_are_normalized_as_containerd_stores_them() {
+        let full = |r, t| full_reference(r, t).unwrap();
+        assert_eq!(
+            full("volume-health-agent", "0.1.0"),
+            "docker.io/library/volume-health-agent:0.1.0"
+        );
+        assert_eq!(full("acme/agent", "e2e"), "docker.io/acme/agent:e2e");
+        assert_eq!(full("ghcr.io/acme/agent", "1"), "ghcr.io/acme/agent:1");
+        assert_eq!(full("localhost:5000/agent", "1"), "localhost:5000/agent:1");
+        assert!(full_reference("agent:1", "2").is_err());
+        assert!(full_reference("agent", "-x").is_err());
+        assert!(full_reference("agent", "a/b").is_err());
+        assert!(full_reference("a//b", "1").is_err());
+    }
+
+    #[test]
+    fn every_test_tool_has_its_package() {
+        let tools = test_tools().unwrap();
+        assert_eq!(tools.len(), health_tests::cmd::IMAGE_TEST_TOOLS.len());
+        assert!(tools.contains(&("skopeo", "skopeo")) && tools.contains(&("umoci", "umoci")));
+    }
+
+    #[test]
+    fn the_source_url_has_no_credentials() {
+        assert_eq!(
+            public_url("https://user:token@github.com/acme/volume-health.git").as_deref(),
+            Some("https://github.com/acme/volume-health")
+        );
+        assert_eq!(public_url("git@github.com:acme/volume-health.git"), None);
+        assert_eq!(public_url("/srv/git/volume-health"), None);
+    }
+
+    #[test]
+    fn the_architecture_comes_from_the_elf_header() {
+        let mut elf = vec![0u8; 64];
+        elf[..6].copy_from_slice(b"\x7fELF\x02\x01");
+        elf[18] = 62;
+        assert_eq!(elf_architecture(&elf).unwrap(), "amd64");
+        elf[18] = 183;
+        assert_eq!(elf_architecture(&elf).unwrap(), "arm64");
+        elf[18] = 3;
+        assert_eq!(
+            elf_architecture(&elf).unwrap_err().to_string(),
+            "ELF machine 3 has no OCI architecture here"
+        );
+        assert!(elf_architecture(b"#!/bin/sh\n").is_err());
+    }
+
+    #[test]
+    fn labels_name_version_revision_and_time() {
+        let commit = Commit {
+            revision: "abc".into(),
+            time: 1_795_504_142,
+        };
+        let created = commit.rfc3339().unwrap();
+        let labels = labels("0.1.0", "abc", &created, Some("https://example.org/vh"));
+        let get = |k: &str| labels[&format!("org.opencontainers.image.{k}")].as_str();
+        assert_eq!(get("version"), "0.1.0");
+        assert_eq!(get("revision"), "abc");
+        assert_eq!(get("created"), "2026-11-24T07:09:02Z");
+        assert_eq!(get("source"), "https://example.org/vh");
+        assert_eq!(get("licenses"), "Apache-2.0");
+        assert_eq!(get("title"), "volume-health-agent");
+        assert_eq!(labels.len(), 7);
+        assert!(!super::labels("0.1.0", "abc", &created, None)
+            .contains_key("org.opencontainers.image.source"));
+    }
+}

@@ -1,0 +1,331 @@
+//! The OCI image layout, written as one tar archive: `oci-layout`,
+//! `index.json` and `blobs/sha256/` holding the manifest, the config and one
+//! gzip layer (image-spec v1.0 media types, which every importer knows).
+//!
+//! Byte for byte the same from the same inputs: entries in path order, every
+//! timestamp the given one (the commit's), uid and gid 0 with no owner
+//! names, modes fixed by kind, gzip without a timestamp or file name, JSON
+//! with sorted keys. The compressor is flate2's pure-Rust backend at the
+//! version Cargo.lock pins, so its output does not depend on the host's zlib.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::Path;
+
+use anyhow::Context;
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+
+use super::rootfs::{Entry, Rootfs};
+
+pub const MANIFEST_MEDIA_TYPE: &str = "application/vnd.oci.image.manifest.v1+json";
+const INDEX_MEDIA_TYPE: &str = "application/vnd.oci.image.index.v1+json";
+const CONFIG_MEDIA_TYPE: &str = "application/vnd.oci.image.config.v1+json";
+const LAYER_MEDIA_TYPE: &str = "application/vnd.oci.image.layer.v1.tar+gzip";
+
+/// What the image's config says about running it.
+pub struct ImageConfig {
+    pub architecture: String,
+    pub entrypoint: Vec<String>,
+    pub cmd: Vec<String>,
+    pub env: Vec<String>,
+    pub labels: BTreeMap<String, String>,
+    /// RFC 3339, the commit's time.
+    pub created: String,
+}
+
+/// How importers name the image.
+pub struct ImageNames {
+    /// `io.containerd.image.name`: the full reference
+    /// (`docker.io/library/volume-health-agent:0.1.0`), which containerd
+    /// (`ctr images import`, `kind load image-archive`), Docker and podman
+    /// use as the image's name.
+    pub full: String,
+    /// `org.opencontainers.image.ref.name`: the tag alone, as the image
+    /// layout spec has it (`skopeo copy oci-archive:FILE:0.1.0` selects by it).
+    pub tag: String,
+}
+
+/// What was written.
+pub struct Written {
+    pub manifest_digest: String,
+    pub layer_digest: String,
+    /// The uncompressed layer's digest (the config's `diff_ids`).
+    pub diff_id: String,
+    pub layer_size: u64,
+    pub archive_size: u64,
+}
+
+/// Writes the archive to `out` (through a temporary file beside it, so a
+/// failed build leaves no half archive under the final name).
+pub fn write_archive(
+    rootfs: &Rootfs,
+    config: &ImageConfig,
+    names: &ImageNames,
+    mtime: u64,
+    out: &Path,
+) -> anyhow::Result<Written> {
+    let layer_tar = layer(rootfs, mtime).context("writing the layer")?;
+    let diff_id = sha256(&layer_tar);
+    let layer_gz = gzip(&layer_tar).context("compressing the layer")?;
+    let layer_digest = sha256(&layer_gz);
+
+    let config_json = to_json(&config_document(config, &diff_id))?;
+    let manifest_json = to_json(&json!({
+        "schemaVersion": 2,
+        "mediaType": MANIFEST_MEDIA_TYPE,
+        "config": descriptor(CONFIG_MEDIA_TYPE, &config_json),
+        "layers": [descriptor(LAYER_MEDIA_TYPE, &layer_gz)],
+    }))?;
+    let mut manifest_descriptor = descriptor(MANIFEST_MEDIA_TYPE, &manifest_json);
+    manifest_descriptor["platform"] = json!({"architecture": config.architecture, "os": "linux"});
+    manifest_descriptor["annotations"] = json!({
+        "io.containerd.image.name": names.full,
+        "org.opencontainers.image.ref.name": names.tag,
+    });
+    let index_json = to_json(&json!({
+        "schemaVersion": 2,
+        "mediaType": INDEX_MEDIA_TYPE,
+        "manifests": [manifest_descriptor],
+    }))?;
+    let layout_json = to_json(&json!({"imageLayoutVersion": "1.0.0"}))?;
+
+    let mut files: BTreeMap<String, &[u8]> = BTreeMap::new();
+    files.insert("oci-layout".into(), &layout_json);
+    files.insert("index.json".into(), &index_json);
+    for blob in [&config_json, &manifest_json, &layer_gz] {
+        files.insert(format!("blobs/sha256/{}", hex(&Sha256::digest(blob))), blob);
+    }
+
+    let tmp = out.with_extension("tar.partial");
+    let file =
+        std::fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+    let mut archive = tar::Builder::new(std::io::BufWriter::new(file));
+    for dir in ["blobs/", "blobs/sha256/"] {
+        append(&mut archive, dir, &Entry::Dir, &[], mtime)?;
+    }
+    for (path, data) in &files {
+        let entry = Entry::File {
+            data: Vec::new(),
+            executable: false,
+        };
+        append(&mut archive, path, &entry, data, mtime)?;
+    }
+    let mut writer = archive.into_inner().context("finishing the archive")?;
+    writer.flush()?;
+    drop(writer);
+    std::fs::rename(&tmp, out)
+        .with_context(|| format!("moving {} to {}", tmp.display(), out.display()))?;
+    let archive_size = std::fs::metadata(out)?.len();
+    Ok(Written {
+        manifest_digest: sha256(&manifest_json),
+        layer_digest,
+        diff_id,
+        layer_size: layer_gz.len() as u64,
+        archive_size,
+    })
+}
+
+fn config_document(config: &ImageConfig, diff_id: &str) -> Value {
+    json!({
+        "created": config.created,
+        "architecture": config.architecture,
+        "os": "linux",
+        "config": {
+            "Entrypoint": config.entrypoint,
+            "Cmd": config.cmd,
+            "Env": config.env,
+            "Labels": config.labels,
+        },
+        "rootfs": {"type": "layers", "diff_ids": [diff_id]},
+        "history": [{"created": config.created, "created_by": "cargo xtask image"}],
+    })
+}
+
+/// The root filesystem as an uncompressed tar.
+fn layer(rootfs: &Rootfs, mtime: u64) -> anyhow::Result<Vec<u8>> {
+    let mut tar = tar::Builder::new(Vec::new());
+    for (path, entry) in rootfs.entries() {
+        let (name, data): (String, &[u8]) = match entry {
+            Entry::Dir => (format!("{path}/"), &[]),
+            Entry::File { data, .. } => (path.to_string(), data),
+            Entry::Symlink(_) => (path.to_string(), &[]),
+        };
+        append(&mut tar, &name, entry, data, mtime)?;
+    }
+    Ok(tar.into_inner()?)
+}
+
+fn append<W: Write>(
+    tar: &mut tar::Builder<W>,
+    path: &str,
+    entry: &Entry,
+    data: &[u8],
+    mtime: u64,
+) -> anyhow::Result<()> {
+    let mut header = tar::Header::new_ustar();
+    header.set_mode(entry.mode());
+    header.set_uid(0);
+    header.set_gid(0);
+    header.set_mtime(mtime);
+    header.set_size(data.len() as u64);
+    let kind = match entry {
+        Entry::Dir => tar::EntryType::Directory,
+        Entry::File { .. } => tar::EntryType::Regular,
+        Entry::Symlink(_) => tar::EntryType::Symlink,
+    };
+    header.set_entry_type(kind);
+    match entry {
+        Entry::Symlink(target) => tar.append_link(&mut header, path, target),
+        _ => tar.append_data(&mut header, path, data),
+    }
+    .with_context(|| format!("adding {path}"))
+}
+
+fn gzip(data: &[u8]) -> anyhow::Result<Vec<u8>> {
+    // GzBuilder writes mtime 0 and no file name unless told otherwise.
+    let mut encoder = flate2::GzBuilder::new().write(Vec::new(), flate2::Compression::best());
+    encoder.write_all(data)?;
+    Ok(encoder.finish()?)
+}
+
+fn descriptor(media_type: &str, blob: &[u8]) -> Value {
+    json!({"mediaType": media_type, "digest": sha256(blob), "size": blob.len()})
+}
+
+/// Compact JSON; `json!` objects are BTreeMaps (serde_json without
+/// `preserve_order`), so keys come out sorted.
+fn to_json(value: &Value) -> anyhow::Result<Vec<u8>> {
+    Ok(serde_json::to_vec(value)?)
+}
+
+pub fn sha256(data: &[u8]) -> String {
+    format!("sha256:{}", hex(&Sha256::digest(data)))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> (Rootfs, ImageConfig, ImageNames) {
+        let mut fs = Rootfs::default();
+        fs.add(
+            "usr/local/bin/tool",
+            Entry::File {
+                data: b"#!binary".to_vec(),
+                executable: true,
+            },
+        )
+        .unwrap();
+        fs.add("lib", Entry::Symlink("usr/lib".into())).unwrap();
+        let config = ImageConfig {
+            architecture: "amd64".into(),
+            entrypoint: vec!["/usr/local/bin/tool".into()],
+            cmd: vec!["run".into()],
+            env: vec!["PATH=/usr/local/bin".into()],
+            labels: BTreeMap::from([("a".into(), "b".into())]),
+            created: "2026-11-24T00:00:00Z".into(),
+        };
+        let names = ImageNames {
+            full: "docker.io/library/tool:1".into(),
+            tag: "1".into(),
+        };
+        (fs, config, names)
+    }
+
+    /// The archive's entries: path, mode, mtime, uid, gid, and the data.
+    fn entries(bytes: &[u8]) -> Vec<(String, u32, u64, u64, u64, Vec<u8>)> {
+        let mut archive = tar::Archive::new(bytes);
+        archive
+            .entries()
+            .unwrap()
+            .map(|e| {
+                let mut e = e.unwrap();
+                let h = e.header().clone();
+                let mut data = Vec::new();
+                std::io::Read::read_to_end(&mut e, &mut data).unwrap();
+                let path = e.path().unwrap().to_string_lossy().into_owned();
+                (
+                    path,
+                    h.mode().unwrap(),
+                    h.mtime().unwrap(),
+                    h.uid().unwrap(),
+                    h.gid().unwrap(),
+                    data,
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_layout_is_complete_and_fixed() {
+        let (fs, config, names) = sample();
+        let dir = tempfile::tempdir().unwrap();
+        let (one, two) = (dir.path().join("1.tar"), dir.path().join("2.tar"));
+        let a = write_archive(&fs, &config, &names, 1_700_000_000, &one).unwrap();
+        let b = write_archive(&fs, &config, &names, 1_700_000_000, &two).unwrap();
+        assert_eq!(a.manifest_digest, b.manifest_digest);
+        let bytes = std::fs::read(&one).unwrap();
+        assert_eq!(bytes, std::fs::read(&two).unwrap());
+
+        let entries = entries(&bytes);
+        let paths: Vec<&str> = entries.iter().map(|e| e.0.as_str()).collect();
+        assert_eq!(&paths[..2], ["blobs/", "blobs/sha256/"]);
+        assert_eq!(&paths[5..], ["index.json", "oci-layout"]);
+        assert!(entries
+            .iter()
+            .all(|e| e.2 == 1_700_000_000 && e.3 == 0 && e.4 == 0));
+        let index: Value = serde_json::from_slice(&entries[5].5).unwrap();
+        let m = &index["manifests"][0];
+        assert_eq!(m["digest"], a.manifest_digest.as_str());
+        assert_eq!(
+            m["annotations"]["io.containerd.image.name"],
+            "docker.io/library/tool:1"
+        );
+        assert_eq!(m["annotations"]["org.opencontainers.image.ref.name"], "1");
+        assert_eq!(
+            m["platform"],
+            json!({"architecture": "amd64", "os": "linux"})
+        );
+
+        // Every blob is named by its digest; the layer's gzip header has no time.
+        for e in &entries[2..5] {
+            assert_eq!(format!("blobs/{}", sha256(&e.5).replace(':', "/")), e.0);
+        }
+        let layer_blob = format!("blobs/{}", a.layer_digest.replace(':', "/"));
+        let layer = &entries.iter().find(|e| e.0 == layer_blob).unwrap().5;
+        assert_eq!(&layer[4..8], [0, 0, 0, 0]);
+        let mut tar = Vec::new();
+        std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&layer[..]), &mut tar)
+            .unwrap();
+        assert_eq!(sha256(&tar), a.diff_id);
+        let inner: Vec<(String, u32)> = entries_of_layer(&tar);
+        assert_eq!(
+            inner,
+            [
+                ("lib".to_string(), 0o777),
+                ("usr/".to_string(), 0o755),
+                ("usr/local/".to_string(), 0o755),
+                ("usr/local/bin/".to_string(), 0o755),
+                ("usr/local/bin/tool".to_string(), 0o755),
+            ]
+        );
+    }
+
+    fn entries_of_layer(tar: &[u8]) -> Vec<(String, u32)> {
+        entries(tar).into_iter().map(|e| (e.0, e.1)).collect()
+    }
+
+    #[test]
+    fn another_time_gives_another_digest() {
+        let (fs, config, names) = sample();
+        let dir = tempfile::tempdir().unwrap();
+        let a = write_archive(&fs, &config, &names, 1, &dir.path().join("1.tar")).unwrap();
+        let b = write_archive(&fs, &config, &names, 2, &dir.path().join("2.tar")).unwrap();
+        assert_ne!(a.manifest_digest, b.manifest_digest);
+    }
+}
