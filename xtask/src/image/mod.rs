@@ -71,7 +71,7 @@ pub struct ImageArgs {
     #[arg(long)]
     pub tag: Option<String>,
     /// The `org.opencontainers.image.source` label, the URL of the source
-    /// [default: the URL of the git remote `origin`; without one the label is left out].
+    /// [default: the URL of the git remote `origin`, else the workspace's `repository`].
     #[arg(long, value_name = "URL")]
     pub source: Option<String>,
 }
@@ -153,20 +153,20 @@ pub fn build(args: &ImageArgs) -> anyhow::Result<Image> {
         fs.copy_host_path(&library)?;
     }
 
-    let source = match &args.source {
-        Some(source) => Some(source.clone()),
-        None => origin_url(&workspace_root()),
-    };
-    if source.is_none() {
-        say("no --source and no git remote `origin`: the image has no org.opencontainers.image.source label");
-    }
+    // --source, else the checkout's `origin`, else the workspace's
+    // `repository`: the label is always set.
+    let source = args
+        .source
+        .clone()
+        .or_else(|| origin_url(&workspace_root()))
+        .unwrap_or_else(|| env!("CARGO_PKG_REPOSITORY").to_string());
     let created = commit.rfc3339()?;
     let config = oci::ImageConfig {
         architecture: architecture.to_string(),
         entrypoint: ENTRYPOINT.iter().map(|s| s.to_string()).collect(),
         cmd: CMD.iter().map(|s| s.to_string()).collect(),
         env: vec!["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into()],
-        labels: labels(version, &commit.revision, &created, source.as_deref()),
+        labels: labels(version, &commit.revision, &created, &source),
         created,
     };
     let names = oci::ImageNames {
@@ -185,7 +185,7 @@ fn labels(
     version: &str,
     revision: &str,
     created: &str,
-    source: Option<&str>,
+    source: &str,
 ) -> BTreeMap<String, String> {
     let mut labels = BTreeMap::new();
     let mut set = |key: &str, value: &str| {
@@ -200,9 +200,7 @@ fn labels(
     set("revision", revision);
     set("created", created);
     set("licenses", env!("CARGO_PKG_LICENSE"));
-    if let Some(source) = source {
-        set("source", source);
-    }
+    set("source", source);
     labels
 }
 
@@ -402,7 +400,7 @@ mod tests {
             time: 1_795_504_142,
         };
         let created = commit.rfc3339().unwrap();
-        let labels = labels("0.1.0", "abc", &created, Some("https://example.org/vh"));
+        let labels = labels("0.1.0", "abc", &created, "https://example.org/vh");
         let get = |k: &str| labels[&format!("org.opencontainers.image.{k}")].as_str();
         assert_eq!(get("version"), "0.1.0");
         assert_eq!(get("revision"), "abc");
@@ -411,7 +409,9 @@ mod tests {
         assert_eq!(get("licenses"), "Apache-2.0");
         assert_eq!(get("title"), "volume-health-agent");
         assert_eq!(labels.len(), 7);
-        assert!(!super::labels("0.1.0", "abc", &created, None)
-            .contains_key("org.opencontainers.image.source"));
+        assert_eq!(
+            env!("CARGO_PKG_REPOSITORY"),
+            "https://github.com/volume-health/volume-health"
+        );
     }
 }
