@@ -21,12 +21,15 @@
 
 mod btrfs;
 mod devices;
+pub(crate) mod mount_table;
 mod mount_tree;
-mod mountinfo;
+pub(crate) mod mountinfo;
 mod stacking;
-mod sysfs;
+pub(crate) mod sysfs;
 mod watcher;
 
+#[cfg(test)]
+mod mountinfo_props;
 #[cfg(test)]
 mod real_tests;
 
@@ -71,12 +74,14 @@ impl HostPaths {
     }
 }
 
+/// Each message is complete on its own (the underlying error included), so
+/// none is exposed as `source()` as well: anyhow's `{:#}` would print it twice.
 #[derive(Debug, thiserror::Error)]
 pub enum TopologyError {
-    #[error("reading {}: {source}", .path.display())]
-    Io { path: PathBuf, source: io::Error },
+    #[error("reading {}: {error}", .path.display())]
+    Io { path: PathBuf, error: io::Error },
     #[error(
-        "cannot read a mount table: {}: {primary_error}; {}: {source}",
+        "cannot read a mount table: {}: {primary_error}; {}: {error}",
         .primary.display(),
         .fallback.display()
     )]
@@ -84,7 +89,7 @@ pub enum TopologyError {
         primary: PathBuf,
         primary_error: io::Error,
         fallback: PathBuf,
-        source: io::Error,
+        error: io::Error,
     },
     #[error("malformed mountinfo{} line {line}: {reason}", origin_suffix(.origin))]
     MalformedMountinfo {
@@ -94,10 +99,22 @@ pub enum TopologyError {
         line: usize,
         reason: String,
     },
-    #[error("watching {}: {source}", .path.display())]
-    Watch { path: PathBuf, source: io::Error },
+    #[error("reading {} at line {line}: {error}", origin_name(.origin))]
+    MountinfoRead {
+        origin: Option<PathBuf>,
+        line: usize,
+        error: io::Error,
+    },
+    #[error("watching {}: {error}", .path.display())]
+    Watch { path: PathBuf, error: io::Error },
     #[error("MountWatcher::new must be called inside a tokio runtime")]
     NoRuntime,
+}
+
+fn origin_name(origin: &Option<PathBuf>) -> String {
+    origin
+        .as_ref()
+        .map_or_else(|| "mountinfo".to_string(), |p| p.display().to_string())
 }
 
 fn origin_suffix(origin: &Option<PathBuf>) -> String {
@@ -137,6 +154,19 @@ pub struct Topology {
     /// md arrays with redundancy (raid1/4/5/6/10): a member's failure is
     /// masked by the array, which keeps serving.
     redundant_arrays: HashSet<Dev>,
+    input_errors: InputErrors,
+}
+
+/// What one scan skipped under the bad-line policies of the mount table
+/// (`mount_table`) and sysfs (`sysfs`), for
+/// `volume_health_input_errors_total`. Every rescan reads the files again,
+/// so a line that stays bad is counted once per scan.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct InputErrors {
+    /// mountinfo lines skipped.
+    pub mountinfo_lines: usize,
+    /// sysfs attribute values that did not parse.
+    pub sysfs_values: usize,
 }
 
 impl Topology {
@@ -145,13 +175,24 @@ impl Topology {
     /// if the device list or every mount table is unreadable; odd single
     /// devices are skipped (debug log).
     pub fn scan(paths: &HostPaths) -> Result<Topology, TopologyError> {
-        let devices = sysfs::scan_block_devices(&paths.sys_root)?;
-        let table = mountinfo::read_mount_table(paths)?;
+        let scan = sysfs::scan_block_devices(&paths.sys_root)?;
+        let table = mount_table::read_mount_table(paths)?;
         let btrfs = btrfs::discover(&table.entries, &table.root, &paths.sys_root);
-        let redundant = sysfs::redundant_arrays(&paths.sys_root, &devices);
-        Ok(Self::from_parts(devices, table.entries)
+        let redundant = sysfs::redundant_arrays(&paths.sys_root, &scan.devices);
+        let input_errors = InputErrors {
+            mountinfo_lines: table.bad_lines,
+            sysfs_values: scan.bad_values,
+        };
+        let mut topo = Self::from_parts(scan.devices, table.entries)
             .with_btrfs(btrfs)
-            .with_redundant_arrays(redundant))
+            .with_redundant_arrays(redundant);
+        topo.input_errors = input_errors;
+        Ok(topo)
+    }
+
+    /// What the scan that built this snapshot skipped as malformed.
+    pub fn input_errors(&self) -> InputErrors {
+        self.input_errors
     }
 
     /// Builds a snapshot from given parts (unit tests, benchmarks). No
