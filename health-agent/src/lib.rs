@@ -34,3 +34,6 @@ pub mod report;
 pub mod agent;
 pub mod controller;
 pub mod k8s;
+
+#[doc(hidden)]
+pub mod fuzz_targets;
