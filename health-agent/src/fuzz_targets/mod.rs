@@ -17,8 +17,11 @@ pub mod ringbuf;
 pub mod sysfs;
 pub mod tracefs;
 
+/// A target's entry point.
+pub type Run = fn(&[u8]);
+
 /// Every target by name, for the seed-corpus test.
-pub const TARGETS: &[(&str, fn(&[u8]))] = &[
+pub const TARGETS: &[(&str, Run)] = &[
     ("btf", btf::run),
     ("mountinfo", mountinfo::run),
     ("ringbuf", ringbuf::run),

@@ -244,7 +244,7 @@ fn read_bounded_line(
         any = true;
         let (chunk, done) = match buf.iter().position(|&b| b == b'\n') {
             Some(i) => (&buf[..i], Some(i + 1)),
-            None => (&buf[..], None),
+            None => (buf, None),
         };
         seen = seen.saturating_add(chunk.len());
         if seen <= max {

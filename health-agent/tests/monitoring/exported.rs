@@ -235,6 +235,7 @@ fn exported_series_come_with_their_labels() {
         labels("volume_health_csi_probe_duration_seconds_bucket"),
         ["driver", "le"]
     );
+    assert_eq!(labels("volume_health_input_errors_total"), ["source"]);
     assert_eq!(
         labels("volume_health_metric_series_dropped_total"),
         ["metric"]

@@ -381,7 +381,12 @@ mod tests {
         t.extend([0, info(KIND_FUNC_PROTO, 2, 0), 0, 0, 6, 0, 1]);
         t.extend([0, info(KIND_PTR, 0, 0), 5]);
         t.extend([name("btf_trace_t"), info(KIND_TYPEDEF, 0, 0), 6]);
-        let types: Vec<u8> = t.iter().flat_map(|v| v.to_le_bytes()).collect();
+        image(&t, &strings)
+    }
+
+    /// A BTF blob: the header, `types` (as little-endian words), `strings`.
+    fn image(types: &[u32], strings: &[u8]) -> Vec<u8> {
+        let types: Vec<u8> = types.iter().flat_map(|v| v.to_le_bytes()).collect();
         let mut out = Vec::new();
         out.extend(MAGIC.to_le_bytes());
         out.extend([1u8, 0]);
@@ -437,23 +442,12 @@ mod tests {
     /// them down to the depth bound: 100^5 steps for this 1.2 KB blob.
     #[test]
     fn self_nested_anonymous_members_are_searched_once() {
-        let strings = b"\0request\0".to_vec();
         let members = 100u32;
         let mut t: Vec<u32> = vec![1, KIND_STRUCT << 24 | members, 8];
         for _ in 0..members {
             t.extend([0, 1, 0]);
         }
-        let types: Vec<u8> = t.iter().flat_map(|v| v.to_le_bytes()).collect();
-        let mut data = Vec::new();
-        data.extend(MAGIC.to_le_bytes());
-        data.extend([1u8, 0]);
-        for v in [HEADER_LEN as u32, 0, types.len() as u32, types.len() as u32] {
-            data.extend(v.to_le_bytes());
-        }
-        data.extend((strings.len() as u32).to_le_bytes());
-        data.extend(types);
-        data.extend(strings);
-        let btf = KernelBtf::parse(data).unwrap();
+        let btf = KernelBtf::parse(image(&t, b"\0request\0")).unwrap();
         assert_eq!(btf.member_offset("request", "q"), None);
         assert_eq!(
             request_layout(&btf),
