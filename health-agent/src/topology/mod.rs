@@ -36,6 +36,7 @@ mod real_tests;
 use std::collections::{HashMap, HashSet};
 use std::io;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 pub use btrfs::BtrfsFilesystem;
 pub use mountinfo::{parse_mountinfo, read_mounts, MountEntry};
@@ -133,7 +134,9 @@ pub struct Topology {
     by_dev: HashMap<Dev, usize>,
     /// Disk -> its partitions, sorted by start.
     partitions: HashMap<Dev, Vec<Dev>>,
-    mounts: Vec<MountEntry>,
+    /// Shared with the volume checks ([`Topology::shared_mounts`]) instead
+    /// of copied: with 100,000 mounts each copy is tens of megabytes.
+    mounts: Arc<[MountEntry]>,
     /// Filesystem dev -> indices into `mounts`, in mountinfo order.
     mounts_by_dev: HashMap<Dev, Vec<usize>>,
     /// (parent mount id, normalized mount point) -> indices into `mounts`,
@@ -244,11 +247,11 @@ impl Topology {
             devices,
             by_dev,
             partitions,
-            mounts,
             mounts_by_dev,
             children,
             by_point,
             root_mount,
+            mounts: mounts.into(),
             ..Default::default()
         }
     }
@@ -291,6 +294,11 @@ impl Topology {
 
     pub fn mounts(&self) -> &[MountEntry] {
         &self.mounts
+    }
+
+    /// The mounts, shared (no copy).
+    pub fn shared_mounts(&self) -> Arc<[MountEntry]> {
+        Arc::clone(&self.mounts)
     }
 
     /// Btrfs filesystems found by the scan.

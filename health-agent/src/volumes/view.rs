@@ -154,7 +154,7 @@ pub async fn collect(opts: &ViewOptions) -> Result<(Vec<VolumeView>, KernelEvide
     .await??;
 
     let checker = Checker::new(opts.check.clone());
-    let mounts: Arc<[MountEntry]> = topo.mounts().into();
+    let mounts: Arc<[MountEntry]> = topo.shared_mounts();
     let checks = run_checks(&checker, index.volumes(), mounts);
     let csi = async {
         let prober = CsiProber::connect(
