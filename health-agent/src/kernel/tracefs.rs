@@ -185,39 +185,37 @@ pub fn parse_format(path: &Path, text: &str) -> Result<EventFormat, TracefsError
 /// One line (1-based `number`): `Some` field for a `field:` line, `None`
 /// for any other line.
 fn parse_field_line(path: &Path, number: usize, line: &str) -> Result<Option<Field>, TracefsError> {
-    {
-        let line = line.trim();
-        let Some(rest) = line.strip_prefix("field:") else {
-            return Ok(None);
-        };
-        let malformed = || TracefsError::Malformed {
-            path: path.to_path_buf(),
-            line: number,
-            text: line.to_string(),
-        };
-        let mut decl = None;
-        let (mut offset, mut size, mut signed) = (None, None, false);
-        for part in rest.split(';').map(str::trim).filter(|p| !p.is_empty()) {
-            if let Some(v) = part.strip_prefix("offset:") {
-                offset = v.parse().ok();
-            } else if let Some(v) = part.strip_prefix("size:") {
-                size = v.parse().ok();
-            } else if let Some(v) = part.strip_prefix("signed:") {
-                signed = v == "1";
-            } else if decl.is_none() {
-                decl = Some(part.to_string());
-            }
+    let line = line.trim();
+    let Some(rest) = line.strip_prefix("field:") else {
+        return Ok(None);
+    };
+    let malformed = || TracefsError::Malformed {
+        path: path.to_path_buf(),
+        line: number,
+        text: line.to_string(),
+    };
+    let mut decl = None;
+    let (mut offset, mut size, mut signed) = (None, None, false);
+    for part in rest.split(';').map(str::trim).filter(|p| !p.is_empty()) {
+        if let Some(v) = part.strip_prefix("offset:") {
+            offset = v.parse().ok();
+        } else if let Some(v) = part.strip_prefix("size:") {
+            size = v.parse().ok();
+        } else if let Some(v) = part.strip_prefix("signed:") {
+            signed = v == "1";
+        } else if decl.is_none() {
+            decl = Some(part.to_string());
         }
-        let decl = decl.ok_or_else(malformed)?;
-        let name = field_name(&decl).ok_or_else(malformed)?;
-        Ok(Some(Field {
-            name,
-            offset: offset.ok_or_else(malformed)?,
-            size: size.ok_or_else(malformed)?,
-            signed,
-            decl,
-        }))
     }
+    let decl = decl.ok_or_else(malformed)?;
+    let name = field_name(&decl).ok_or_else(malformed)?;
+    Ok(Some(Field {
+        name,
+        offset: offset.ok_or_else(malformed)?,
+        size: size.ok_or_else(malformed)?,
+        signed,
+        decl,
+    }))
 }
 
 /// The identifier at the end of a C declaration, after dropping a trailing
