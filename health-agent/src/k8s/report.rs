@@ -383,6 +383,10 @@ impl Reporter for ClusterReporter {
         }
     }
 
+    fn input_errors(&mut self, errors: &crate::topology::InputErrors) {
+        self.metrics.input_errors(errors);
+    }
+
     fn kernel_stats(&mut self, stats: &KernelStats) {
         self.health.beat();
         self.metrics.kernel_stats(stats);

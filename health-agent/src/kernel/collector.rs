@@ -54,22 +54,26 @@ pub struct KernelStats {
     /// Program runs the kernel skipped (errors nothing counted); filled in
     /// from [`crate::kernel::probes::Attached::program_misses`], not from a map.
     pub program_misses: u64,
+    /// Ring-buffer records of another size than a sample, skipped.
+    pub bad_records: u64,
 }
 
+/// Each cause is either in the message or the `source()`, never both:
+/// anyhow's `{:#}` prints the chain, and would print it twice.
 #[derive(Debug, thiserror::Error)]
 pub enum CollectorError {
-    #[error("waiting on the sample ring buffer: {0}")]
+    #[error("waiting on the sample ring buffer")]
     Poll(#[from] io::Error),
     #[error("counting the possible CPUs: {0}")]
     Cpus(io::Error),
-    #[error("reading kernel map {map}: {source}")]
+    #[error("reading kernel map {map}: {error}")]
     Map {
         map: &'static str,
-        source: aya::maps::MapError,
+        error: aya::maps::MapError,
     },
 }
 
-type Slot = (CounterKey, u32);
+pub(crate) type Slot = (CounterKey, u32);
 
 pub struct Collector {
     samples: AsyncFd<RingBuf<MapData>>,
@@ -89,6 +93,7 @@ pub struct Collector {
     /// Counter values seen at the previous reconcile tick.
     settled: HashMap<Slot, u64>,
     late_samples: u64,
+    bad_records: u64,
 }
 
 impl Collector {
@@ -115,9 +120,9 @@ impl Collector {
         let mut accounted = HashMap::new();
         if persist {
             for entry in accounted_map.iter() {
-                let (key, per_cpu) = entry.map_err(|source| CollectorError::Map {
+                let (key, per_cpu) = entry.map_err(|error| CollectorError::Map {
                     map: "ACCOUNTED",
-                    source,
+                    error,
                 })?;
                 for (cpu, &n) in per_cpu.iter().enumerate() {
                     if n > 0 {
@@ -149,6 +154,7 @@ impl Collector {
             absent: HashSet::new(),
             settled: HashMap::new(),
             late_samples: 0,
+            bad_records: 0,
         };
         Ok((
             collector,
@@ -175,9 +181,13 @@ impl Collector {
         let ring = self.samples.get_mut();
         while let Some(item) = ring.next() {
             let Some(sample) = decode(&item) else {
+                // Skipped and counted, never fatal: the other records are
+                // still exact, and a short read must not stop the loop.
+                self.bad_records += 1;
                 tracing::warn!(
                     len = item.len(),
-                    "ignoring a short record in the sample ring buffer"
+                    expected = std::mem::size_of::<ErrorSample>(),
+                    "skipping a ring buffer record that is not an error sample"
                 );
                 continue;
             };
@@ -198,9 +208,9 @@ impl Collector {
         out: &mut Vec<KernelError>,
     ) -> Result<(), CollectorError> {
         for entry in self.counts.iter() {
-            let (key, per_cpu) = entry.map_err(|source| CollectorError::Map {
+            let (key, per_cpu) = entry.map_err(|error| CollectorError::Map {
                 map: "COUNTS",
-                source,
+                error,
             })?;
             for (cpu, &value) in per_cpu.iter().enumerate() {
                 if value == 0 {
@@ -241,9 +251,9 @@ impl Collector {
                 .collect();
             let values = PerCpuValues::try_from(values).map_err(CollectorError::Cpus)?;
             map.insert(key, values, 0)
-                .map_err(|source| CollectorError::Map {
+                .map_err(|error| CollectorError::Map {
                     map: "ACCOUNTED",
-                    source,
+                    error,
                 })?;
         }
         Ok(())
@@ -264,9 +274,9 @@ impl Collector {
         let mut gone = Vec::new();
         let mut absent = HashSet::new();
         for entry in self.counts.iter() {
-            let (key, per_cpu) = entry.map_err(|source| CollectorError::Map {
+            let (key, per_cpu) = entry.map_err(|error| CollectorError::Map {
                 map: "COUNTS",
-                source,
+                error,
             })?;
             if key.dev == 0 || live.contains(&key.dev) {
                 continue;
@@ -314,9 +324,9 @@ impl Collector {
     pub fn totals(&self) -> Result<BTreeMap<CounterKey, u64>, CollectorError> {
         let mut totals = BTreeMap::new();
         for entry in self.counts.iter() {
-            let (key, per_cpu) = entry.map_err(|source| CollectorError::Map {
+            let (key, per_cpu) = entry.map_err(|error| CollectorError::Map {
                 map: "COUNTS",
-                source,
+                error,
             })?;
             let sum: u64 = per_cpu.iter().sum();
             if sum > 0 {
@@ -331,9 +341,9 @@ impl Collector {
             let per_cpu = self
                 .stats
                 .get(&slot, 0)
-                .map_err(|source| CollectorError::Map {
+                .map_err(|error| CollectorError::Map {
                     map: "STATS",
-                    source,
+                    error,
                 })?;
             Ok(per_cpu.iter().sum())
         };
@@ -345,6 +355,7 @@ impl Collector {
             bio_propagated: read(stat::BIO_PROPAGATED)?,
             late_samples: self.late_samples,
             program_misses: 0,
+            bad_records: self.bad_records,
         })
     }
 }
@@ -359,8 +370,12 @@ pub struct KernelMapsRest {
     pub stacked: aya::maps::HashMap<MapData, health_common::StackPair, u8>,
 }
 
-fn decode(bytes: &[u8]) -> Option<ErrorSample> {
-    if bytes.len() < std::mem::size_of::<ErrorSample>() {
+/// The sample in one ring-buffer record, which must be exactly one
+/// [`ErrorSample`]: the kernel programs reserve that size, so a shorter or
+/// longer record was written by something else (another build of the
+/// programs left pinned) and its fields cannot be trusted.
+pub(crate) fn decode(bytes: &[u8]) -> Option<ErrorSample> {
+    if bytes.len() != std::mem::size_of::<ErrorSample>() {
         return None;
     }
     // SAFETY: ErrorSample is plain #[repr(C)] data valid for any bytes, and
@@ -369,7 +384,7 @@ fn decode(bytes: &[u8]) -> Option<ErrorSample> {
 }
 
 /// How many errors a sample stands for, given what is already accounted.
-fn account_sample(
+pub(crate) fn account_sample(
     accounted: &mut HashMap<Slot, u64>,
     late: &mut u64,
     sample: ErrorSample,
@@ -450,5 +465,10 @@ mod tests {
         let bytes: [u8; std::mem::size_of::<ErrorSample>()] = unsafe { std::mem::transmute(s) };
         let back = decode(&bytes).unwrap();
         assert_eq!((back.key, back.cpu, back.seq), (s.key, 1, 42));
+        // Longer records are not samples either (another layout).
+        let mut long = bytes.to_vec();
+        long.extend([0; 8]);
+        assert!(decode(&long).is_none());
+        assert!(decode(&[]).is_none());
     }
 }

@@ -3,9 +3,22 @@
 //! The kernel programs read tracepoint records at byte offsets; those
 //! offsets change between kernel versions, so they are taken from the
 //! running kernel's `format` files rather than compiled in.
+//!
+//! Bad-line policy: one malformed `field:` line makes the whole format
+//! unusable (an error naming the file and line), never skipped. The
+//! offsets are what a kernel program reads at; a format we only half
+//! understand could put a program's reads in the wrong place, and a wrong
+//! device or errno is worse than no source. The error stays with that one
+//! tracepoint (`probes::layout::plan` turns it into the reason that source
+//! is not attached); the other sources attach. Lines that are not `field:`
+//! lines (name, ID, print fmt) are not read.
 
-use std::io;
+use std::io::{self, Read};
 use std::path::{Path, PathBuf};
+
+/// Longest format file read. Real ones are a few KiB (the longest print
+/// formats of xfs events are under 4 KiB); a longer file is refused.
+const MAX_FORMAT_BYTES: u64 = 256 * 1024;
 
 #[derive(Debug, thiserror::Error)]
 pub enum TracefsError {
@@ -14,14 +27,17 @@ pub enum TracefsError {
          `mount -t tracefs nodev /sys/kernel/tracing`"
     )]
     Missing { tried: String },
-    #[error("reading {path}: {source}")]
-    Read { path: PathBuf, source: io::Error },
-    #[error("{path}: malformed line {line}: {text:?}")]
+    // The cause in the message and not as `source()`: see TopologyError.
+    #[error("reading {}: {error}", .path.display())]
+    Read { path: PathBuf, error: io::Error },
+    #[error("{}: malformed line {line}: {text:?}", .path.display())]
     Malformed {
         path: PathBuf,
         line: usize,
         text: String,
     },
+    #[error("{}: longer than {MAX_FORMAT_BYTES} bytes; not a tracepoint format", .path.display())]
+    TooLong { path: PathBuf },
 }
 
 /// A tracefs mount.
@@ -111,10 +127,14 @@ impl Tracefs {
             .join(group)
             .join(name)
             .join("format");
-        match std::fs::read_to_string(&path) {
-            Ok(text) => parse_format(&path, &text).map(Some),
+        let mut bytes = Vec::new();
+        match std::fs::File::open(&path)
+            .and_then(|f| f.take(MAX_FORMAT_BYTES + 1).read_to_end(&mut bytes))
+        {
+            Ok(_) if bytes.len() as u64 > MAX_FORMAT_BYTES => Err(TracefsError::TooLong { path }),
+            Ok(_) => parse_format_bytes(&path, &bytes).map(Some),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-            Err(source) => Err(TracefsError::Read { path, source }),
+            Err(error) => Err(TracefsError::Read { path, error }),
         }
     }
 }
@@ -130,44 +150,72 @@ fn try_mount_tracefs(at: &Path) -> bool {
     .is_ok()
 }
 
+/// [`parse_format`] on the bytes of a file: a `field:` line that is not
+/// UTF-8 is malformed (the kernel prints C declarations in ASCII).
+pub fn parse_format_bytes(path: &Path, bytes: &[u8]) -> Result<EventFormat, TracefsError> {
+    let mut fields = Vec::new();
+    for (i, line) in bytes.split(|&b| b == b'\n').enumerate() {
+        match std::str::from_utf8(line) {
+            Ok(text) => {
+                if let Some(field) = parse_field_line(path, i + 1, text)? {
+                    fields.push(field);
+                }
+            }
+            Err(_) => {
+                let text = String::from_utf8_lossy(line);
+                if text.trim().starts_with("field:") {
+                    return Err(TracefsError::Malformed {
+                        path: path.to_path_buf(),
+                        line: i + 1,
+                        text: text.trim().to_string(),
+                    });
+                }
+            }
+        }
+    }
+    Ok(EventFormat { fields })
+}
+
 /// Parses the `field:` lines of a format file:
 /// `\tfield:unsigned int nr_sector;\toffset:24;\tsize:4;\tsigned:0;`
 pub fn parse_format(path: &Path, text: &str) -> Result<EventFormat, TracefsError> {
-    let mut fields = Vec::new();
-    for (i, line) in text.lines().enumerate() {
-        let line = line.trim();
-        let Some(rest) = line.strip_prefix("field:") else {
-            continue;
-        };
-        let malformed = || TracefsError::Malformed {
-            path: path.to_path_buf(),
-            line: i + 1,
-            text: line.to_string(),
-        };
-        let mut decl = None;
-        let (mut offset, mut size, mut signed) = (None, None, false);
-        for part in rest.split(';').map(str::trim).filter(|p| !p.is_empty()) {
-            if let Some(v) = part.strip_prefix("offset:") {
-                offset = v.parse().ok();
-            } else if let Some(v) = part.strip_prefix("size:") {
-                size = v.parse().ok();
-            } else if let Some(v) = part.strip_prefix("signed:") {
-                signed = v == "1";
-            } else if decl.is_none() {
-                decl = Some(part.to_string());
-            }
+    parse_format_bytes(path, text.as_bytes())
+}
+
+/// One line (1-based `number`): `Some` field for a `field:` line, `None`
+/// for any other line.
+fn parse_field_line(path: &Path, number: usize, line: &str) -> Result<Option<Field>, TracefsError> {
+    let line = line.trim();
+    let Some(rest) = line.strip_prefix("field:") else {
+        return Ok(None);
+    };
+    let malformed = || TracefsError::Malformed {
+        path: path.to_path_buf(),
+        line: number,
+        text: line.to_string(),
+    };
+    let mut decl = None;
+    let (mut offset, mut size, mut signed) = (None, None, false);
+    for part in rest.split(';').map(str::trim).filter(|p| !p.is_empty()) {
+        if let Some(v) = part.strip_prefix("offset:") {
+            offset = v.parse().ok();
+        } else if let Some(v) = part.strip_prefix("size:") {
+            size = v.parse().ok();
+        } else if let Some(v) = part.strip_prefix("signed:") {
+            signed = v == "1";
+        } else if decl.is_none() {
+            decl = Some(part.to_string());
         }
-        let decl = decl.ok_or_else(malformed)?;
-        let name = field_name(&decl).ok_or_else(malformed)?;
-        fields.push(Field {
-            name,
-            offset: offset.ok_or_else(malformed)?,
-            size: size.ok_or_else(malformed)?,
-            signed,
-            decl,
-        });
     }
-    Ok(EventFormat { fields })
+    let decl = decl.ok_or_else(malformed)?;
+    let name = field_name(&decl).ok_or_else(malformed)?;
+    Ok(Some(Field {
+        name,
+        offset: offset.ok_or_else(malformed)?,
+        size: size.ok_or_else(malformed)?,
+        signed,
+        decl,
+    }))
 }
 
 /// The identifier at the end of a C declaration, after dropping a trailing
@@ -178,9 +226,13 @@ fn field_name(decl: &str) -> Option<String> {
     while let Some(stripped) = base.strip_suffix(']') {
         base = stripped[..stripped.rfind('[')?].trim_end();
     }
+    // After the last character that cannot be in an identifier, which may
+    // be several bytes long: slicing one byte after its start would panic.
     let start = base
-        .rfind(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
-        .map_or(0, |i| i + 1);
+        .char_indices()
+        .rev()
+        .find(|&(_, c)| !(c.is_ascii_alphanumeric() || c == '_'))
+        .map_or(0, |(i, c)| i + c.len_utf8());
     let name = &base[start..];
     (!name.is_empty()).then(|| name.to_string())
 }
@@ -243,6 +295,90 @@ print fmt: \"%d,%d\", REC->dev
             r#"fmt: malformed line 1: "field:int x;\toffset:zz;\tsize:4;""#
         );
         assert!(parse_format(Path::new("fmt"), "\tfield:;\toffset:1;\tsize:4;\n").is_err());
+    }
+
+    /// Found by the fuzz target (fuzz/corpus/tracefs/regression-non-ascii-decl):
+    /// a declaration ending in a non-ASCII character made the name
+    /// extraction slice inside that character and panic.
+    #[test]
+    fn non_ascii_declarations_are_malformed_not_a_panic() {
+        let err = parse_format(
+            Path::new("f"),
+            "x\n\tfield:int \u{e9};\toffset:8;\tsize:4;\n",
+        )
+        .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "f: malformed line 2: \"field:int \u{e9};\\toffset:8;\\tsize:4;\""
+        );
+        let err = parse_format_bytes(Path::new("f"), b"\tfield:int \xff;\toffset:8;\tsize:4;\n")
+            .unwrap_err();
+        assert!(
+            err.to_string().starts_with("f: malformed line 1: "),
+            "{err}"
+        );
+    }
+
+    fn field_strategy() -> impl proptest::strategy::Strategy<Value = Field> {
+        use proptest::prelude::*;
+        (
+            proptest::sample::select(vec![
+                "int",
+                "unsigned int",
+                "dev_t",
+                "const char *",
+                "__data_loc char[]",
+                "unsigned long",
+            ]),
+            "[a-z_][a-z0-9_]{0,15}",
+            proptest::option::of(1u32..64),
+            0u32..60_000,
+            1u32..256,
+            any::<bool>(),
+        )
+            .prop_map(|(ty, name, array, offset, size, signed)| Field {
+                decl: match array {
+                    Some(n) => format!("{ty} {name}[{n}]"),
+                    None => format!("{ty} {name}"),
+                },
+                name,
+                offset,
+                size,
+                signed,
+            })
+    }
+
+    proptest::proptest! {
+        /// A format printed the way the kernel prints it parses back to
+        /// the same fields.
+        #[test]
+        fn printed_formats_parse_back(fields in proptest::collection::vec(field_strategy(), 0..12)) {
+            let mut text = String::from("name: t\nID: 7\nformat:\n");
+            for f in &fields {
+                text.push_str(&format!(
+                    "\tfield:{};\toffset:{};\tsize:{};\tsigned:{};\n",
+                    f.decl, f.offset, f.size, u8::from(f.signed)
+                ));
+            }
+            text.push_str("\nprint fmt: \"%d\", REC->x\n");
+            let parsed = parse_format(Path::new("f"), &text).unwrap();
+            proptest::prop_assert_eq!(parsed.fields, fields);
+        }
+
+        /// Arbitrary bytes: parsed, or refused naming the file and a line
+        /// that exists; never a panic.
+        #[test]
+        fn arbitrary_bytes_never_panic(data in proptest::collection::vec(proptest::num::u8::ANY, 0..400)) {
+            let lines = data.split(|&b| b == b'\n').count();
+            match parse_format_bytes(Path::new("f"), &data) {
+                Ok(_) => {}
+                Err(TracefsError::Malformed { path, line, .. }) => {
+                    proptest::prop_assert_eq!(path, Path::new("f"));
+                    proptest::prop_assert!((1..=lines).contains(&line));
+                }
+                Err(e) => proptest::prop_assert!(false, "unexpected {}", e),
+            }
+        }
     }
 
     #[test]

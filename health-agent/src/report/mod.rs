@@ -10,7 +10,7 @@ use health_common::CounterKey;
 
 use crate::kernel::clock::Clock;
 use crate::kernel::collector::{KernelError, KernelStats};
-use crate::topology::Topology;
+use crate::topology::{InputErrors, Topology};
 use crate::volumes::{Handled, LiveVolumes, VolumeIndex, VolumeKey};
 
 pub mod event;
@@ -40,6 +40,8 @@ pub trait Reporter {
     fn changes(&mut self, handled: &Handled, gone: &[VolumeKey], volumes: &LiveVolumes);
     /// Once per reconcile interval: the kernel side's own counters.
     fn kernel_stats(&mut self, _stats: &KernelStats) {}
+    /// After each topology scan: what it skipped as malformed.
+    fn input_errors(&mut self, _errors: &InputErrors) {}
     /// The periodic per-device totals.
     fn totals(
         &mut self,

@@ -21,18 +21,22 @@
 
 mod btrfs;
 mod devices;
+pub(crate) mod mount_table;
 mod mount_tree;
-mod mountinfo;
+pub(crate) mod mountinfo;
 mod stacking;
-mod sysfs;
+pub(crate) mod sysfs;
 mod watcher;
 
+#[cfg(test)]
+mod mountinfo_props;
 #[cfg(test)]
 mod real_tests;
 
 use std::collections::{HashMap, HashSet};
 use std::io;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 pub use btrfs::BtrfsFilesystem;
 pub use mountinfo::{parse_mountinfo, read_mounts, MountEntry};
@@ -71,12 +75,14 @@ impl HostPaths {
     }
 }
 
+/// Each message is complete on its own (the underlying error included), so
+/// none is exposed as `source()` as well: anyhow's `{:#}` would print it twice.
 #[derive(Debug, thiserror::Error)]
 pub enum TopologyError {
-    #[error("reading {}: {source}", .path.display())]
-    Io { path: PathBuf, source: io::Error },
+    #[error("reading {}: {error}", .path.display())]
+    Io { path: PathBuf, error: io::Error },
     #[error(
-        "cannot read a mount table: {}: {primary_error}; {}: {source}",
+        "cannot read a mount table: {}: {primary_error}; {}: {error}",
         .primary.display(),
         .fallback.display()
     )]
@@ -84,7 +90,7 @@ pub enum TopologyError {
         primary: PathBuf,
         primary_error: io::Error,
         fallback: PathBuf,
-        source: io::Error,
+        error: io::Error,
     },
     #[error("malformed mountinfo{} line {line}: {reason}", origin_suffix(.origin))]
     MalformedMountinfo {
@@ -94,10 +100,22 @@ pub enum TopologyError {
         line: usize,
         reason: String,
     },
-    #[error("watching {}: {source}", .path.display())]
-    Watch { path: PathBuf, source: io::Error },
+    #[error("reading {} at line {line}: {error}", origin_name(.origin))]
+    MountinfoRead {
+        origin: Option<PathBuf>,
+        line: usize,
+        error: io::Error,
+    },
+    #[error("watching {}: {error}", .path.display())]
+    Watch { path: PathBuf, error: io::Error },
     #[error("MountWatcher::new must be called inside a tokio runtime")]
     NoRuntime,
+}
+
+fn origin_name(origin: &Option<PathBuf>) -> String {
+    origin
+        .as_ref()
+        .map_or_else(|| "mountinfo".to_string(), |p| p.display().to_string())
 }
 
 fn origin_suffix(origin: &Option<PathBuf>) -> String {
@@ -116,7 +134,9 @@ pub struct Topology {
     by_dev: HashMap<Dev, usize>,
     /// Disk -> its partitions, sorted by start.
     partitions: HashMap<Dev, Vec<Dev>>,
-    mounts: Vec<MountEntry>,
+    /// Shared with the volume checks ([`Topology::shared_mounts`]) instead
+    /// of copied: with 100,000 mounts each copy is tens of megabytes.
+    mounts: Arc<[MountEntry]>,
     /// Filesystem dev -> indices into `mounts`, in mountinfo order.
     mounts_by_dev: HashMap<Dev, Vec<usize>>,
     /// (parent mount id, normalized mount point) -> indices into `mounts`,
@@ -137,6 +157,19 @@ pub struct Topology {
     /// md arrays with redundancy (raid1/4/5/6/10): a member's failure is
     /// masked by the array, which keeps serving.
     redundant_arrays: HashSet<Dev>,
+    input_errors: InputErrors,
+}
+
+/// What one scan skipped under the bad-line policies of the mount table
+/// (`mount_table`) and sysfs (`sysfs`), for
+/// `volume_health_input_errors_total`. Every rescan reads the files again,
+/// so a line that stays bad is counted once per scan.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct InputErrors {
+    /// mountinfo lines skipped.
+    pub mountinfo_lines: usize,
+    /// sysfs attribute values that did not parse.
+    pub sysfs_values: usize,
 }
 
 impl Topology {
@@ -145,13 +178,24 @@ impl Topology {
     /// if the device list or every mount table is unreadable; odd single
     /// devices are skipped (debug log).
     pub fn scan(paths: &HostPaths) -> Result<Topology, TopologyError> {
-        let devices = sysfs::scan_block_devices(&paths.sys_root)?;
-        let table = mountinfo::read_mount_table(paths)?;
+        let scan = sysfs::scan_block_devices(&paths.sys_root)?;
+        let table = mount_table::read_mount_table(paths)?;
         let btrfs = btrfs::discover(&table.entries, &table.root, &paths.sys_root);
-        let redundant = sysfs::redundant_arrays(&paths.sys_root, &devices);
-        Ok(Self::from_parts(devices, table.entries)
+        let redundant = sysfs::redundant_arrays(&paths.sys_root, &scan.devices);
+        let input_errors = InputErrors {
+            mountinfo_lines: table.bad_lines,
+            sysfs_values: scan.bad_values,
+        };
+        let mut topo = Self::from_parts(scan.devices, table.entries)
             .with_btrfs(btrfs)
-            .with_redundant_arrays(redundant))
+            .with_redundant_arrays(redundant);
+        topo.input_errors = input_errors;
+        Ok(topo)
+    }
+
+    /// What the scan that built this snapshot skipped as malformed.
+    pub fn input_errors(&self) -> InputErrors {
+        self.input_errors
     }
 
     /// Builds a snapshot from given parts (unit tests, benchmarks). No
@@ -203,11 +247,11 @@ impl Topology {
             devices,
             by_dev,
             partitions,
-            mounts,
             mounts_by_dev,
             children,
             by_point,
             root_mount,
+            mounts: mounts.into(),
             ..Default::default()
         }
     }
@@ -250,6 +294,11 @@ impl Topology {
 
     pub fn mounts(&self) -> &[MountEntry] {
         &self.mounts
+    }
+
+    /// The mounts, shared (no copy).
+    pub fn shared_mounts(&self) -> Arc<[MountEntry]> {
+        Arc::clone(&self.mounts)
     }
 
     /// Btrfs filesystems found by the scan.

@@ -14,7 +14,7 @@ use std::io;
 use std::os::unix::ffi::OsStringExt;
 use std::path::{Path, PathBuf};
 
-use super::{HostPaths, TopologyError};
+use super::{mount_table, HostPaths, TopologyError};
 use crate::dev::Dev;
 
 /// One line of mountinfo.
@@ -84,38 +84,19 @@ fn option_in(list: &str, opt: &str) -> bool {
 
 /// Parses the text of a mountinfo file.
 ///
-/// Blank lines are ignored; anything else that does not have the shape above
-/// is an error naming the (1-based) line, so a format change shows up loudly
-/// instead of as silently missing mounts.
+/// Blank lines are ignored, and so are lines that do not have the shape
+/// above (see `mount_table` for that policy); a text with no valid line at
+/// all is an error naming the (1-based) line of the first bad one.
 pub fn parse_mountinfo(text: &str) -> Result<Vec<MountEntry>, TopologyError> {
-    parse_mountinfo_bytes(text.as_bytes(), None)
+    mount_table::read_mountinfo(text.as_bytes(), None, mount_table::Limits::default())
+        .map(|p| p.entries)
 }
 
 /// Reads the host's mount table: `<proc>/1/mountinfo`, or the agent's own
 /// (`<proc>/self/mountinfo`) when pid 1's is unreadable, e.g. without
 /// `hostPID` or without the capability to read another process's files.
 pub fn read_mounts(paths: &HostPaths) -> Result<Vec<MountEntry>, TopologyError> {
-    read_mount_table(paths).map(|t| t.entries)
-}
-
-/// The mount table plus the directory through which its mount points can be
-/// reached from the agent (the root of the process whose table this is).
-pub(crate) struct MountTable {
-    pub entries: Vec<MountEntry>,
-    pub root: PathBuf,
-}
-
-pub(crate) fn read_mount_table(paths: &HostPaths) -> Result<MountTable, TopologyError> {
-    let (path, data) = open_with_fallback(paths, |p| std::fs::read(p))?;
-    let entries = parse_mountinfo_bytes(&data, Some(&path))?;
-    // `<proc>/<pid>/root` resolves paths in that process's root and mount
-    // namespace, so mount points from pid 1's table stay reachable from a
-    // container with the host's /proc mounted somewhere.
-    let root = path
-        .parent()
-        .map(|p| p.join("root"))
-        .unwrap_or_else(|| PathBuf::from("/"));
-    Ok(MountTable { entries, root })
+    mount_table::read_mount_table(paths).map(|t| t.entries)
 }
 
 /// Applies `op` to pid 1's mountinfo, then to our own if that fails. Shared
@@ -137,39 +118,21 @@ pub(crate) fn open_with_fallback<T>(
             );
             match op(&fallback) {
                 Ok(v) => Ok((fallback, v)),
-                Err(source) => Err(TopologyError::MountinfoUnreadable {
+                Err(error) => Err(TopologyError::MountinfoUnreadable {
                     primary,
                     primary_error,
                     fallback,
-                    source,
+                    error,
                 }),
             }
         }
     }
 }
 
-/// Works on bytes because paths need not be UTF-8; path fields keep their
-/// exact bytes, text fields are decoded lossily.
-pub(crate) fn parse_mountinfo_bytes(
-    data: &[u8],
-    origin: Option<&Path>,
-) -> Result<Vec<MountEntry>, TopologyError> {
-    let mut out = Vec::new();
-    for (idx, line) in data.split(|&b| b == b'\n').enumerate() {
-        if line.iter().all(u8::is_ascii_whitespace) {
-            continue;
-        }
-        let entry = parse_line(line).map_err(|reason| TopologyError::MalformedMountinfo {
-            origin: origin.map(Path::to_path_buf),
-            line: idx + 1,
-            reason,
-        })?;
-        out.push(entry);
-    }
-    Ok(out)
-}
-
-fn parse_line(line: &[u8]) -> Result<MountEntry, String> {
+/// One line (without its newline) as a [`MountEntry`], or why not. Works on
+/// bytes because paths need not be UTF-8; path fields keep their exact
+/// bytes, text fields are decoded lossily.
+pub(super) fn parse_line(line: &[u8]) -> Result<MountEntry, String> {
     // Split on single spaces, not runs of whitespace: an empty source is
     // printed as an empty field and must not shift the fields after it.
     let fields: Vec<&[u8]> = line.split(|&b| b == b' ').collect();
@@ -266,6 +229,21 @@ fn unescape(field: &[u8]) -> Vec<u8> {
     out
 }
 
+/// The kernel's escaping of a string field (`mangle()` in
+/// fs/proc_namespace.c): space, tab, newline, backslash and `#` as `\ooo`.
+/// The inverse of [`unescape`]; tests and fuzz targets write lines with it.
+pub(crate) fn escape(field: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(field.len());
+    for &b in field {
+        if matches!(b, b' ' | b'\t' | b'\n' | b'\\' | b'#') {
+            out.extend(format!("\\{b:03o}").bytes());
+        } else {
+            out.push(b);
+        }
+    }
+    out
+}
+
 fn octal_byte(digits: &[u8]) -> Option<u8> {
     let mut v: u32 = 0;
     for &d in digits {
@@ -321,7 +299,9 @@ mod tests {
     #[test]
     fn non_utf8_paths_keep_their_bytes() {
         let line = b"40 27 7:2 / /mnt/caf\xe9 rw - ext4 /dev/loop2 rw\n";
-        let m = parse_mountinfo_bytes(line, None).unwrap();
+        let m = mount_table::read_mountinfo(&line[..], None, Default::default())
+            .unwrap()
+            .entries;
         use std::os::unix::ffi::OsStrExt;
         assert_eq!(m[0].mount_point.as_os_str().as_bytes(), b"/mnt/caf\xe9");
     }
@@ -336,27 +316,58 @@ mod tests {
     }
 
     #[test]
-    fn malformed_lines_name_the_line() {
+    fn malformed_lines_are_skipped_and_a_table_of_them_names_the_line() {
         let cases = [
-            "27 1 254:0 / / rw - ext4 /dev/vda rw\n\ngarbage\n",
-            "27 1 254:0 / / rw - ext4 /dev/vda rw\n\n28 27 7:0 / /x rw shared:1 ext4 /dev/loop0 rw\n",
-            "27 1 254:0 / / rw - ext4 /dev/vda rw\n\n28 27 7-0 / /x rw - ext4 /dev/loop0 rw\n",
-            "27 1 254:0 / / rw - ext4 /dev/vda rw\n\nx 27 7:0 / /x rw - ext4 /dev/loop0 rw\n",
-            "27 1 254:0 / / rw - ext4 /dev/vda rw\n\n28 27 7:0 / relative rw - ext4 /dev/loop0 rw\n",
-            "27 1 254:0 / / rw - ext4 /dev/vda rw\n\n28 27 7:0 / /x rw - ext4 /dev/loop0 rw extra\n",
-            "27 1 254:0 / / rw - ext4 /dev/vda rw\n\n28 27 7:0 / /x rw -  /dev/loop0 rw\n",
+            ("garbage", "expected at least 8 fields, found 1"),
+            (
+                "28 27 7:0 / /x rw shared:1 ext4 /dev/loop0 rw",
+                "no ' - ' separator after the optional fields",
+            ),
+            (
+                "28 27 7-0 / /x rw - ext4 /dev/loop0 rw",
+                r#"invalid MAJ:MIN "7-0""#,
+            ),
+            (
+                "x 27 7:0 / /x rw - ext4 /dev/loop0 rw",
+                r#"invalid mount id "x""#,
+            ),
+            (
+                "28 27 7:0 / relative rw - ext4 /dev/loop0 rw",
+                r#"mount point "relative" is not an absolute path"#,
+            ),
+            (
+                "28 27 7:0 / /x rw - ext4 /dev/loop0 rw extra",
+                "expected 3 fields after the separator (type, source, super options), found 4",
+            ),
+            (
+                "28 27 7:0 / /x rw -  /dev/loop0 rw",
+                "empty filesystem type",
+            ),
         ];
-        for text in cases {
-            match parse_mountinfo(text) {
-                Err(TopologyError::MalformedMountinfo { line, origin, .. }) => {
-                    assert_eq!(line, 3, "{text:?}");
+        for (bad, reason) in cases {
+            // Beside a good line: skipped, counted, the good one kept.
+            let text = format!("27 1 254:0 / / rw - ext4 /dev/vda rw\n\n{bad}\n");
+            let parsed =
+                mount_table::read_mountinfo(text.as_bytes(), None, Default::default()).unwrap();
+            assert_eq!(parsed.entries.len(), 1, "{bad:?}");
+            assert_eq!(parsed.bad_lines, 1, "{bad:?}");
+            // Alone: an error naming the line and why.
+            match parse_mountinfo(&format!("\n\n{bad}\n")) {
+                Err(TopologyError::MalformedMountinfo {
+                    line,
+                    origin,
+                    reason: got,
+                }) => {
+                    assert_eq!(line, 3, "{bad:?}");
                     assert_eq!(origin, None);
+                    assert_eq!(
+                        got,
+                        format!("{reason} (no line of the file is a valid mount)")
+                    );
                 }
-                other => panic!("{text:?}: expected a parse error, got {other:?}"),
+                other => panic!("{bad:?}: expected a parse error, got {other:?}"),
             }
         }
-        let err = parse_mountinfo("bad").unwrap_err().to_string();
-        assert!(err.contains("line 1"), "{err}");
     }
 
     #[test]
@@ -413,7 +424,7 @@ mod tests {
             proc_root: proc_root.clone(),
             sys_root: dir.path().join("sys"),
         };
-        let t = read_mount_table(&paths).unwrap();
+        let t = mount_table::read_mount_table(&paths).unwrap();
         assert_eq!(t.entries.len(), 1);
         assert_eq!(t.root, proc_root.join("self/root"));
 

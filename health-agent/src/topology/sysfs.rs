@@ -14,10 +14,21 @@
 //! | `partition`, `start` | partitions only: number and start on the disk |
 //! | `loop/backing_file` | bound loop devices only |
 //! | `holders/*`, `slaves/*` | symlinks to the devices stacked above / below (dm, md) |
+//!
+//! Bad-value policy: a device whose `dev` does not parse is skipped, and an
+//! optional attribute that does not parse takes its default; both log a
+//! warning and are counted (`volume_health_input_errors_total{source="sysfs"}`).
+//! Never fatal: these files are the kernel's, so a value we cannot read
+//! means a driver that prints it in a way we do not know, and that one
+//! device must not take the whole topology (every other device's error
+//! attribution) with it. A missing file is normal (a device that vanished
+//! mid-scan, an attribute this driver lacks): a debug log, not counted.
+//! Reads are bounded: sysfs attributes are at most a page, and a longer
+//! file is a bad value, never read whole.
 
 use std::ffi::OsString;
 use std::fs;
-use std::io;
+use std::io::{self, Read};
 use std::os::unix::ffi::OsStringExt;
 use std::path::{Path, PathBuf};
 
@@ -59,21 +70,42 @@ pub struct BlockDevice {
     pub read_only: bool,
 }
 
+/// Longest attribute file read: sysfs prints at most a page.
+const MAX_ATTRIBUTE_BYTES: u64 = 4096;
+
+/// The block devices of one scan, and how many attribute values could not
+/// be parsed (see the bad-value policy above).
+#[derive(Debug, Default)]
+pub(crate) struct DeviceScan {
+    pub devices: Vec<BlockDevice>,
+    pub bad_values: usize,
+}
+
 /// Reads every block device. Only an unreadable device list fails the scan;
 /// a device that vanishes midway or lacks its `dev` file is skipped, and a
-/// missing optional attribute takes its default, each with a debug log.
-pub(crate) fn scan_block_devices(sys_root: &Path) -> Result<Vec<BlockDevice>, TopologyError> {
-    let mut devices = Vec::new();
+/// missing optional attribute takes its default (see the policy above).
+pub(crate) fn scan_block_devices(sys_root: &Path) -> Result<DeviceScan, TopologyError> {
+    let mut scan = DeviceScan::default();
     for (name, dir) in list_devices(sys_root)? {
-        match read_device(&name, &dir) {
-            Ok(d) => devices.push(d),
-            Err(e) => {
-                tracing::debug!(device = %name, path = %dir.display(), error = %e, "skipping block device")
-            }
+        match read_device(&name, &dir, &mut scan.bad_values) {
+            Ok(d) => scan.devices.push(d),
+            Err(e) => note(&mut scan.bad_values, &name, &e, "skipping block device"),
         }
     }
-    devices.sort_by_key(|d| d.dev);
-    Ok(devices)
+    scan.devices.sort_by_key(|d| d.dev);
+    Ok(scan)
+}
+
+/// Logs why a value was not used, and counts it when it was there but did
+/// not parse.
+fn note(bad: &mut usize, name: &str, e: &DeviceError, what: &str) {
+    match e {
+        DeviceError::Parse { .. } => {
+            *bad += 1;
+            tracing::warn!(device = %name, error = %e, "{what}");
+        }
+        DeviceError::Io { .. } => tracing::debug!(device = %name, error = %e, "{what}"),
+    }
 }
 
 /// `(name, directory)` of every block device. `class/block` is named by
@@ -93,9 +125,9 @@ fn list_devices(sys_root: &Path) -> Result<Vec<(String, PathBuf)>, TopologyError
     };
     let by_number = sys_root.join("dev/block");
     tracing::debug!(path = %class.display(), error = %class_err, "trying dev/block instead");
-    let rd = fs::read_dir(&by_number).map_err(|source| TopologyError::Io {
+    let rd = fs::read_dir(&by_number).map_err(|error| TopologyError::Io {
         path: by_number.clone(),
-        source,
+        error,
     })?;
     Ok(rd
         .filter_map(|e| e.ok())
@@ -113,16 +145,16 @@ fn list_devices(sys_root: &Path) -> Result<Vec<(String, PathBuf)>, TopologyError
 /// Why one device could not be read (logged, never returned from a scan).
 #[derive(Debug, thiserror::Error)]
 enum DeviceError {
-    #[error("reading {path}: {source}")]
-    Io { path: PathBuf, source: io::Error },
-    #[error("{path}: unexpected content {value:?}")]
+    #[error("reading {}: {error}", .path.display())]
+    Io { path: PathBuf, error: io::Error },
+    #[error("{}: unexpected content {value:?}", .path.display())]
     Parse { path: PathBuf, value: String },
 }
 
-fn read_device(name: &str, dir: &Path) -> Result<BlockDevice, DeviceError> {
+fn read_device(name: &str, dir: &Path, bad: &mut usize) -> Result<BlockDevice, DeviceError> {
     let dev = read_dev(&dir.join("dev"))?;
-    let size_sectors = optional(read_u64(&dir.join("size")), name, 0);
-    let read_only = optional(read_trimmed(&dir.join("ro")), name, String::new()) == "1";
+    let size_sectors = optional(read_u64(&dir.join("size")), name, 0, bad);
+    let read_only = optional(read_trimmed(&dir.join("ro")), name, String::new(), bad) == "1";
 
     let (partition, whole_disk) = match read_partition(dir) {
         Ok(Some(number_start)) => {
@@ -130,9 +162,9 @@ fn read_device(name: &str, dir: &Path) -> Result<BlockDevice, DeviceError> {
             // The partition's directory is inside its disk's; resolve the
             // class/block symlink first so ".." means the disk.
             let disk = fs::canonicalize(dir)
-                .map_err(|source| DeviceError::Io {
+                .map_err(|error| DeviceError::Io {
                     path: dir.to_path_buf(),
-                    source,
+                    error,
                 })
                 .and_then(|real| match real.parent() {
                     Some(p) => read_dev(&p.join("dev")),
@@ -153,19 +185,19 @@ fn read_device(name: &str, dir: &Path) -> Result<BlockDevice, DeviceError> {
                 Err(e) => {
                     // Without its disk a partition cannot be mapped from
                     // block-layer events; keep it as a standalone device.
-                    tracing::debug!(device = %name, error = %e, "partition without a readable disk");
+                    note(bad, name, &e, "partition without a readable disk");
                     (None, None)
                 }
             }
         }
         Ok(None) => (None, None),
         Err(e) => {
-            tracing::debug!(device = %name, error = %e, "unreadable partition attributes");
+            note(bad, name, &e, "unreadable partition attributes");
             (None, None)
         }
     };
 
-    let loop_backing_file = match fs::read(dir.join("loop/backing_file")) {
+    let loop_backing_file = match read_bounded(&dir.join("loop/backing_file")) {
         Ok(mut bytes) => {
             while bytes.last() == Some(&b'\n') {
                 bytes.pop();
@@ -173,7 +205,10 @@ fn read_device(name: &str, dir: &Path) -> Result<BlockDevice, DeviceError> {
             Some(PathBuf::from(OsString::from_vec(bytes)))
         }
         // Absent for unbound loops and every other driver.
-        Err(_) => None,
+        Err(e) => {
+            note(bad, name, &e, "ignoring the loop backing file");
+            None
+        }
     };
 
     Ok(BlockDevice {
@@ -221,7 +256,7 @@ pub(crate) fn redundant_arrays(sys_root: &Path, devices: &[BlockDevice]) -> Vec<
 fn read_partition(dir: &Path) -> Result<Option<(u32, u64)>, DeviceError> {
     let number = match read_trimmed(&dir.join("partition")) {
         Ok(s) => s,
-        Err(DeviceError::Io { source, .. }) if source.kind() == io::ErrorKind::NotFound => {
+        Err(DeviceError::Io { error, .. }) if error.kind() == io::ErrorKind::NotFound => {
             return Ok(None)
         }
         Err(e) => return Err(e),
@@ -263,20 +298,41 @@ fn read_links(dir: &Path, name: &str) -> Vec<Dev> {
     out
 }
 
-fn optional<T>(r: Result<T, DeviceError>, name: &str, default: T) -> T {
+fn optional<T>(r: Result<T, DeviceError>, name: &str, default: T, bad: &mut usize) -> T {
     r.unwrap_or_else(|e| {
-        tracing::debug!(device = %name, error = %e, "missing attribute, using the default");
+        note(bad, name, &e, "attribute not used, using the default");
         default
     })
 }
 
-fn read_trimmed(path: &Path) -> Result<String, DeviceError> {
-    fs::read_to_string(path)
-        .map(|s| s.trim().to_string())
-        .map_err(|source| DeviceError::Io {
+/// The bytes of an attribute file, at most [`MAX_ATTRIBUTE_BYTES`].
+fn read_bounded(path: &Path) -> Result<Vec<u8>, DeviceError> {
+    let io_error = |error| DeviceError::Io {
+        path: path.to_path_buf(),
+        error,
+    };
+    let mut bytes = Vec::new();
+    fs::File::open(path)
+        .and_then(|f| f.take(MAX_ATTRIBUTE_BYTES + 1).read_to_end(&mut bytes))
+        .map_err(io_error)?;
+    if bytes.len() as u64 > MAX_ATTRIBUTE_BYTES {
+        return Err(DeviceError::Parse {
             path: path.to_path_buf(),
-            source,
-        })
+            value: format!("more than {MAX_ATTRIBUTE_BYTES} bytes"),
+        });
+    }
+    Ok(bytes)
+}
+
+fn read_trimmed(path: &Path) -> Result<String, DeviceError> {
+    let bytes = read_bounded(path)?;
+    match String::from_utf8(bytes) {
+        Ok(s) => Ok(s.trim().to_string()),
+        Err(e) => Err(DeviceError::Parse {
+            path: path.to_path_buf(),
+            value: String::from_utf8_lossy(e.as_bytes()).into_owned(),
+        }),
+    }
 }
 
 fn read_u64(path: &Path) -> Result<u64, DeviceError> {
@@ -386,7 +442,7 @@ mod tests {
         sys.stack(&p1, &dm0);
         fs::write(p2.join("ro"), "1\n").unwrap();
 
-        let devs = scan_block_devices(tmp.path()).unwrap();
+        let devs = scan_block_devices(tmp.path()).unwrap().devices;
         let by_name = |n: &str| devs.iter().find(|d| d.name == n).unwrap();
         assert_eq!(devs.len(), 4);
 
@@ -446,13 +502,65 @@ mod tests {
         )
         .unwrap();
 
-        let devs = scan_block_devices(tmp.path()).unwrap();
+        let scan = scan_block_devices(tmp.path()).unwrap();
+        let devs = scan.devices;
         let names: Vec<&str> = devs.iter().map(|d| d.name.as_str()).collect();
         assert_eq!(names, ["nosize", "vda", "vda1"]);
+        // Only the garbage `dev` is a bad value; missing files are not.
+        assert_eq!(scan.bad_values, 1);
         assert_eq!(devs[0].size_sectors, 0);
         assert!(!devs[0].read_only);
         assert_eq!(devs[2].partition, None);
         assert!(devs[1].holders.is_empty());
+    }
+
+    #[test]
+    fn oversized_and_non_utf8_values_are_bad_values_not_read_whole() {
+        let tmp = tempfile::tempdir().unwrap();
+        let sys = FakeSys::new(tmp.path());
+        let vda = sys.disk("vda", "254:0", 100);
+        fs::write(vda.join("size"), "1".repeat(5000)).unwrap();
+        fs::write(vda.join("ro"), b"\xff\n").unwrap();
+        let scan = scan_block_devices(tmp.path()).unwrap();
+        assert_eq!(scan.bad_values, 2);
+        assert_eq!(scan.devices[0].size_sectors, 0);
+        assert!(!scan.devices[0].read_only);
+        let err = read_u64(&vda.join("size")).unwrap_err().to_string();
+        assert!(
+            err.ends_with("size: unexpected content \"more than 4096 bytes\""),
+            "{err}"
+        );
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::test_runner::Config::with_cases(48))]
+        /// Numbers written the way the kernel writes them read back; any
+        /// other bytes in `dev` skip the device and count one bad value,
+        /// and the scan itself never fails.
+        #[test]
+        fn attribute_values_read_back_or_count_as_bad(
+            major in 0u32..4096,
+            minor in 0u32..1_048_576,
+            size in proptest::num::u64::ANY,
+            junk in proptest::collection::vec(proptest::num::u8::ANY, 0..40),
+        ) {
+            let tmp = tempfile::tempdir().unwrap();
+            let sys = FakeSys::new(tmp.path());
+            let good = sys.disk("good", &format!("{major}:{minor}"), size);
+            let bad = sys.disk("bad", "1:1", 1);
+            fs::write(bad.join("dev"), &junk).unwrap();
+            let scan = scan_block_devices(tmp.path()).unwrap();
+            let g = scan.devices.iter().find(|d| d.name == "good").unwrap();
+            proptest::prop_assert_eq!((g.dev, g.size_sectors), (Dev::new(major, minor), size));
+            let junk_parses = std::str::from_utf8(&junk)
+                .ok()
+                .and_then(|s| s.parse::<Dev>().ok())
+                .is_some();
+            let b = scan.devices.iter().any(|d| d.name == "bad");
+            proptest::prop_assert_eq!(b, junk_parses);
+            proptest::prop_assert_eq!(scan.bad_values, usize::from(!junk_parses));
+            let _ = good;
+        }
     }
 
     #[test]
@@ -462,7 +570,7 @@ mod tests {
         let sda = sys.disk("sda", "8:0", 1000);
         sys.partition(&sda, "sda1", "8:1", 1, 10, 90);
         fs::remove_dir_all(tmp.path().join("class")).unwrap();
-        let devs = scan_block_devices(tmp.path()).unwrap();
+        let devs = scan_block_devices(tmp.path()).unwrap().devices;
         let names: Vec<&str> = devs.iter().map(|d| d.name.as_str()).collect();
         assert_eq!(names, ["sda", "sda1"]);
         assert_eq!(devs[1].whole_disk, Some(Dev::new(8, 0)));

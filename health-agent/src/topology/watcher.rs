@@ -45,7 +45,7 @@ impl MountWatcher {
             unsafe { AsyncFd::register_with_interest(file, Interest::PRIORITY) }.map_err(|e| {
                 TopologyError::Watch {
                     path: path.clone(),
-                    source: e.into_parts().1,
+                    error: e.into_parts().1,
                 }
             })?;
         Ok(Self { fd, path })
@@ -63,9 +63,9 @@ impl MountWatcher {
             .fd
             .ready(Interest::PRIORITY | Interest::ERROR)
             .await
-            .map_err(|source| TopologyError::Watch {
+            .map_err(|error| TopologyError::Watch {
                 path: self.path.clone(),
-                source,
+                error,
             })?;
         // The kernel already consumed the event when epoll polled the file;
         // clearing tokio's cached readiness makes the next call wait for the

@@ -51,9 +51,11 @@ pub struct ViewOptions {
 
 #[derive(Debug, thiserror::Error)]
 pub enum ViewError {
-    #[error("reading the device topology: {0}")]
+    // The cause is the source (printed after this by anyhow's `{:#}`), not
+    // part of the message: both would print it twice.
+    #[error("reading the device topology")]
     Topology(#[from] TopologyError),
-    #[error("a discovery thread failed: {0}")]
+    #[error("a discovery thread failed")]
     Join(#[from] tokio::task::JoinError),
 }
 
@@ -152,7 +154,7 @@ pub async fn collect(opts: &ViewOptions) -> Result<(Vec<VolumeView>, KernelEvide
     .await??;
 
     let checker = Checker::new(opts.check.clone());
-    let mounts: Arc<[MountEntry]> = topo.mounts().into();
+    let mounts: Arc<[MountEntry]> = topo.shared_mounts();
     let checks = run_checks(&checker, index.volumes(), mounts);
     let csi = async {
         let prober = CsiProber::connect(

@@ -184,6 +184,27 @@ pub(super) fn plan(
     Err(missing_reason(spec))
 }
 
+/// No tracepoint record is longer than this: records live in one page of
+/// the trace buffer. A field said to end beyond it is a format we misread.
+const MAX_RECORD_END: u32 = 64 * 1024;
+
+/// Checks `format` against every program's fields as if it were each
+/// program's tracepoint: the offsets each would read, or why not. For the
+/// fuzz target and property tests, which have no tracefs.
+pub(crate) fn check_against_every_program(format: &EventFormat) -> Vec<Result<Vec<u32>, String>> {
+    [&BLOCK_RQ_ERROR, &BLOCK_RQ_COMPLETE, &BLOCK_BIO_COMPLETE]
+        .into_iter()
+        .chain(FS_PROGRAMS)
+        .map(|spec| {
+            let mut layout = [0; field::COUNT];
+            let (group, name) = spec.tracepoints[0];
+            check_fields(group, name, format, spec.fields, &mut layout)
+                .map(|()| spec.fields.iter().map(|f| layout[f.slot]).collect())
+                .map_err(|e| e.to_string())
+        })
+        .collect()
+}
+
 fn check_fields(
     group: &str,
     name: &str,
@@ -203,6 +224,15 @@ fn check_fields(
             Some(min) => f.size >= min,
             None => spec.sizes.contains(&f.size),
         };
+        if f.offset
+            .checked_add(f.size)
+            .is_none_or(|end| end > MAX_RECORD_END)
+        {
+            return Err(layout_error(format!(
+                "field `{}` ({}) at offset {} size {} ends beyond any record; refusing to read it",
+                spec.name, f.decl, f.offset, f.size
+            )));
+        }
         if !size_ok {
             return Err(layout_error(format!(
                 "field `{}` ({}) is {} bytes, expected {}; refusing to read it",

@@ -14,9 +14,9 @@
 
 mod attach;
 mod blk_status;
-mod btf;
+pub(crate) mod btf;
 mod errors;
-mod layout;
+pub(crate) mod layout;
 pub mod pins;
 mod preflight;
 mod requests;

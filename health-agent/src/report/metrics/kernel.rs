@@ -138,6 +138,7 @@ impl Metrics {
     pub fn kernel_stats(&self, s: &KernelStats) {
         let mut last = lock(&self.last_stats);
         let prev = last.unwrap_or_default();
+        let bad_records = self.input_error_counter("ringbuf");
         for (counter, before, now) in [
             (
                 &self.samples_suppressed,
@@ -169,6 +170,7 @@ impl Metrics {
                 prev.bio_propagated,
                 s.bio_propagated,
             ),
+            (&bad_records, prev.bad_records, s.bad_records),
         ] {
             let grown = if now >= before { now - before } else { now };
             if grown > 0 {
@@ -271,6 +273,7 @@ mod tests {
             bio_propagated: 0,
             late_samples: 99,
             program_misses: wb + 1,
+            bad_records: 0,
         };
         let values = |m: &Metrics| {
             [

@@ -28,11 +28,13 @@ use crate::kernel::collector::KernelStats;
 
 mod api;
 mod csi;
+mod input;
 mod kernel;
 mod volumes;
 
 pub use api::ApiMetrics;
 use csi::{csi_histogram, CsiLabels, DriverLabels, StorageLabels};
+use input::InputLabels;
 pub use kernel::ErrorLabels;
 use kernel::KernelSeries;
 pub use volumes::VolumeRef;
@@ -75,6 +77,7 @@ pub struct Metrics {
     writeback_repeats_merged: Counter,
     kernel_program_misses: Counter,
     bio_errors_passed_up: Counter,
+    input_errors: Family<InputLabels, Counter>,
     /// The last cumulative stats seen, for deltas.
     last_stats: Mutex<Option<KernelStats>>,
 
@@ -129,6 +132,7 @@ impl Metrics {
             writeback_repeats_merged: Counter::default(),
             kernel_program_misses: Counter::default(),
             bio_errors_passed_up: Counter::default(),
+            input_errors: Family::default(),
             last_stats: Mutex::default(),
             api: ApiMetrics::default(),
             csi_probes: Family::default(),
@@ -190,6 +194,16 @@ impl Metrics {
             "Failed bios of a dm/md device that carried up the failure of a request below, counted there and not again",
             self.bio_errors_passed_up.clone(),
         );
+        r.register(
+            "input_errors",
+            "Malformed outside input skipped under the bad-line policy, per source (mountinfo lines, sysfs values, ring-buffer records)",
+            self.input_errors.clone(),
+        );
+        for source in input::SOURCES {
+            self.input_errors
+                .get_or_create(&InputLabels::of(source))
+                .inc_by(0);
+        }
         self.api.register(&mut r);
         r.register(
             "csi_probes",

@@ -1,0 +1,4 @@
+//! afl target `kubelet_dir`: see `health_agent::fuzz_targets::kubelet_dir`.
+fn main() {
+    afl::fuzz!(|data: &[u8]| health_agent::fuzz_targets::kubelet_dir::run(data));
+}

@@ -1,0 +1,4 @@
+//! afl target `vol_data`: see `health_agent::fuzz_targets::vol_data`.
+fn main() {
+    afl::fuzz!(|data: &[u8]| health_agent::fuzz_targets::vol_data::run(data));
+}
