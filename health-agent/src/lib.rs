@@ -38,6 +38,3 @@ pub mod controller;
 #[doc(hidden)]
 pub mod fuzz_targets;
 pub mod k8s;
-
-#[doc(hidden)]
-pub mod fuzz_targets;

@@ -181,12 +181,7 @@ pub fn build(args: &ImageArgs) -> anyhow::Result<Image> {
     })
 }
 
-fn labels(
-    version: &str,
-    revision: &str,
-    created: &str,
-    source: &str,
-) -> BTreeMap<String, String> {
+fn labels(version: &str, revision: &str, created: &str, source: &str) -> BTreeMap<String, String> {
     let mut labels = BTreeMap::new();
     let mut set = |key: &str, value: &str| {
         labels.insert(format!("org.opencontainers.image.{key}"), value.to_string());
