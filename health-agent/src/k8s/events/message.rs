@@ -55,14 +55,6 @@ pub(super) fn strip_subject(message: &str) -> &str {
     message.splitn(3, ": ").nth(2).unwrap_or(message)
 }
 
-pub(super) fn clip(mut s: String) -> String {
-    if s.len() > MAX_MESSAGE_BYTES {
-        let mut end = MAX_MESSAGE_BYTES - 3;
-        while !s.is_char_boundary(end) {
-            end -= 1;
-        }
-        s.truncate(end);
-        s.push_str("...");
-    }
-    s
+pub(super) fn clip(s: String) -> String {
+    crate::volumes::conditions::clip_to(s, MAX_MESSAGE_BYTES)
 }

@@ -212,16 +212,8 @@ impl EntryCondition {
 /// The schema's bound on messages; longer ones are cut at a char boundary.
 pub const MAX_MESSAGE: usize = 4096;
 
-pub fn bounded(mut s: String, max: usize) -> String {
-    if s.len() > max {
-        let mut cut = max.saturating_sub(3);
-        while !s.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        s.truncate(cut);
-        s.push_str("...");
-    }
-    s
+pub fn bounded(s: String, max: usize) -> String {
+    crate::volumes::conditions::clip_to(s, max)
 }
 
 pub fn time(t: SystemTime) -> String {

@@ -17,6 +17,7 @@
 //!   into thousands of Events.
 
 use super::evidence::CsiEntry;
+use super::format::clip_to;
 use super::vocabulary::Status;
 
 /// The `VolumeHealth` schema's bound on a reason.
@@ -126,16 +127,8 @@ fn clean_message(raw: &str) -> String {
 }
 
 /// Cut at [`MAX_MESSAGE`] bytes on a char boundary, marked with "...".
-fn clip(mut s: String) -> String {
-    if s.len() > MAX_MESSAGE {
-        let mut end = MAX_MESSAGE - 3;
-        while !s.is_char_boundary(end) {
-            end -= 1;
-        }
-        s.truncate(end);
-        s.push_str("...");
-    }
-    s
+fn clip(s: String) -> String {
+    clip_to(s, MAX_MESSAGE)
 }
 
 #[cfg(test)]

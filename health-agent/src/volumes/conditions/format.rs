@@ -13,6 +13,20 @@ pub fn errno_name(errno: i32) -> String {
     }
 }
 
+/// `s` cut to at most `max` bytes on a char boundary, marked with "..."
+/// when cut: the one bound on free text the schemas and APIs limit.
+pub fn clip_to(mut s: String, max: usize) -> String {
+    if s.len() > max {
+        let mut end = max.saturating_sub(3);
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        s.truncate(end);
+        s.push_str("...");
+    }
+    s
+}
+
 /// RFC 3339 in UTC, to the second.
 pub fn rfc3339(t: SystemTime) -> String {
     let secs = t

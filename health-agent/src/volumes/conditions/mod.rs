@@ -26,6 +26,6 @@ pub use evidence::{
     CheckFinding, CheckResult, CsiEntry, CsiListSighting, CsiReport, KernelErrorKind, KernelErrors,
     Observation,
 };
-pub use format::{errno_name, human_bytes, human_duration, rfc3339};
+pub use format::{clip_to, errno_name, human_bytes, human_duration, rfc3339};
 pub use health::{ConditionConfig, VolumeHealth};
 pub use vocabulary::{Change, CheckKind, Condition, Source, Status};
