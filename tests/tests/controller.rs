@@ -225,12 +225,16 @@ async fn node_down(env: &ControllerEnv) -> Result<()> {
         );
         w.check_origin(&["ctl-a"])?;
     }
-    // The claim's VolumeHealth: the controller's entry, Inaccessible, and the label.
-    let vh = wait_for("the Controller entry", SOON, || async {
-        Ok(env
+    // The claim's VolumeHealth: the controller's entry, Inaccessible, and the
+    // label. The label is written after the object's status (it follows the
+    // union), so both are awaited together.
+    let vh = wait_for("the Controller entry and the label", SOON, || async {
+        let vh = env
             .volume_health("data-1")
             .await?
-            .filter(|o| o["status"]["health"] == "Inaccessible"))
+            .filter(|o| o["status"]["health"] == "Inaccessible");
+        let label = env.health_label("data-1").await?;
+        Ok(vh.filter(|_| label.as_deref() == Some("Inaccessible")))
     })
     .await?;
     ensure!(
@@ -241,7 +245,6 @@ async fn node_down(env: &ControllerEnv) -> Result<()> {
             && vh["status"]["sources"][0]["conditions"][0]["message"] == condition.as_str(),
         "{vh:#}"
     );
-    ensure!(env.health_label("data-1").await?.as_deref() == Some("Inaccessible"));
     ensure!(
         env.volume_health("other-1").await?.is_none(),
         "another driver's claim"
