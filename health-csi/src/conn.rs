@@ -42,7 +42,7 @@ impl Conn {
             Ok(_) => {
                 return Err(CsiError::Connect {
                     socket: socket.to_path_buf(),
-                    source: Box::new(io::Error::new(
+                    error: Box::new(io::Error::new(
                         io::ErrorKind::InvalidInput,
                         "path exists but is not a unix socket",
                     )),
@@ -51,7 +51,7 @@ impl Conn {
             Err(e) => {
                 return Err(CsiError::Connect {
                     socket: socket.to_path_buf(),
-                    source: Box::new(e),
+                    error: Box::new(e),
                 })
             }
         }
@@ -158,7 +158,7 @@ impl Conn {
                 match connect_failure {
                     Some(source) => CsiError::Connect {
                         socket: self.socket.clone(),
-                        source: Box::new(source),
+                        error: Box::new(source),
                     },
                     None => CsiError::Status {
                         rpc,

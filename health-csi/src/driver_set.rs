@@ -336,13 +336,13 @@ impl DriverSet {
     }
 }
 
-/// `CsiError` is not `Clone` (it owns a boxed source); the transport errors
+/// `CsiError` is not `Clone` (it owns a boxed cause); the transport errors
 /// shared by a whole batch are rebuilt from their parts.
 fn clone_transport_error(e: &CsiError) -> CsiError {
     match e {
-        CsiError::Connect { socket, source } => CsiError::Connect {
+        CsiError::Connect { socket, error } => CsiError::Connect {
             socket: socket.clone(),
-            source: source.to_string().into(),
+            error: error.to_string().into(),
         },
         CsiError::Timeout { rpc, after } => CsiError::Timeout { rpc, after: *after },
         CsiError::Skipped { driver } => CsiError::Skipped {

@@ -17,12 +17,8 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 pub enum CsiError {
     /// The driver's unix socket could not be reached (missing, not a socket,
     /// nobody listening).
-    #[error("cannot connect to CSI socket {}: {source}", socket.display())]
-    Connect {
-        socket: PathBuf,
-        #[source]
-        source: BoxError,
-    },
+    #[error("cannot connect to CSI socket {}: {error}", socket.display())]
+    Connect { socket: PathBuf, error: BoxError },
     /// The RPC did not finish within the call timeout (ours, or the deadline
     /// we sent to the driver).
     #[error("CSI {rpc} timed out after {after:?}")]

@@ -339,7 +339,7 @@ impl Worker {
             let code = match &listed {
                 Ok(_) => Some(200),
                 Err(nodes::ListPodsError::Api {
-                    source: kube::Error::Api(s),
+                    error: kube::Error::Api(s),
                     ..
                 }) => Some(s.code),
                 Err(_) => None,

@@ -251,12 +251,9 @@ fn observe_all(
 /// Why a node's pods could not be listed.
 #[derive(Debug, thiserror::Error)]
 pub enum ListPodsError {
-    #[error("listing the pods of node {node}: {source}")]
-    Api {
-        node: String,
-        #[source]
-        source: kube::Error,
-    },
+    // The cause in the message only, not also a `source()` (see StatusError).
+    #[error("listing the pods of node {node}: {error}")]
+    Api { node: String, error: kube::Error },
     #[error("listing the pods of node {node} timed out after {after:?}")]
     Timeout { node: String, after: Duration },
 }
@@ -288,9 +285,9 @@ pub async fn affected_pods(
             node: node.to_string(),
             after,
         },
-        PageError::Api(source) => ListPodsError::Api {
+        PageError::Api(error) => ListPodsError::Api {
             node: node.to_string(),
-            source,
+            error,
         },
     })?;
     Ok(out)

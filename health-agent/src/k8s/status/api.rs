@@ -49,12 +49,14 @@ pub enum Put {
 
 #[derive(Debug, thiserror::Error)]
 pub enum StatusError {
-    #[error("{verb} {resource} {name}: {source}")]
+    // The cause is in the message and not a `source()` as well: printed as
+    // a chain, it would appear twice.
+    #[error("{verb} {resource} {name}: {error}")]
     Api {
         verb: &'static str,
         resource: &'static str,
         name: String,
-        source: kube::Error,
+        error: kube::Error,
     },
     #[error("{verb} {resource} {name}: no answer within {REQUEST_TIMEOUT:?}")]
     Timeout {
@@ -72,7 +74,7 @@ impl StatusError {
     pub fn retryable(&self) -> bool {
         match self {
             StatusError::Api {
-                source: kube::Error::Api(s),
+                error: kube::Error::Api(s),
                 ..
             } => s.code == 409 || s.code == 429 || s.code >= 500,
             _ => true,
@@ -173,7 +175,7 @@ impl StatusApi {
                 Ok(()) => {}
                 // Another writer came first: read again, recompute.
                 Err(StatusError::Api {
-                    source: kube::Error::Api(s),
+                    error: kube::Error::Api(s),
                     ..
                 }) if s.code == 409 => continue,
                 Err(e) => return Err(e),
@@ -312,11 +314,11 @@ impl StatusApi {
         }
         match result {
             Ok(Ok(v)) => Ok(v),
-            Ok(Err(source)) => Err(StatusError::Api {
+            Ok(Err(error)) => Err(StatusError::Api {
                 verb,
                 resource,
                 name: name.to_string(),
-                source,
+                error,
             }),
             Err(_) => Err(StatusError::Timeout {
                 verb,

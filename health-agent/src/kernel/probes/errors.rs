@@ -25,7 +25,7 @@ pub enum ProbeError {
     NoObject,
     #[error("tracepoint {tracepoint}: {problem}")]
     Layout { tracepoint: String, problem: String },
-    #[error("loading the kernel programs: {0}")]
+    #[error("loading the kernel programs")]
     Load(#[source] Box<aya::EbpfError>),
     #[error("kernel program {program}: {detail}")]
     Program {
@@ -34,7 +34,7 @@ pub enum ProbeError {
     },
     #[error("kernel map {0} is missing from the object")]
     MissingMap(&'static str),
-    #[error("kernel map {name}: {source}")]
+    #[error("kernel map {name}")]
     Map {
         name: &'static str,
         source: Box<aya::maps::MapError>,

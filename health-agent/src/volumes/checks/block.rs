@@ -54,12 +54,12 @@ pub(super) fn probe_block(path: &Path, sys_root: &Path) -> Result<BlockState, Pr
                 dir.display()
             )))
         }
-        Err(source) => return Err(ProbeError::Read { path: dir, source }),
+        Err(error) => return Err(ProbeError::Read { path: dir, error }),
     }
     let size_path = dir.join("size");
-    let text = fs::read_to_string(&size_path).map_err(|source| ProbeError::Read {
+    let text = fs::read_to_string(&size_path).map_err(|error| ProbeError::Read {
         path: size_path.clone(),
-        source,
+        error,
     })?;
     match text.trim().parse::<u64>() {
         Ok(0) => Ok(BlockState::ZeroSize(dev)),

@@ -27,8 +27,9 @@ pub(super) enum ProbeError {
         path: PathBuf,
         errno: Errno,
     },
-    #[error("reading {}: {source}", .path.display())]
-    Read { path: PathBuf, source: io::Error },
+    // The cause in the message, not also a `source()` (it is logged whole).
+    #[error("reading {}: {error}", .path.display())]
+    Read { path: PathBuf, error: io::Error },
     #[error("{}: unexpected content {content:?}", .path.display())]
     Parse { path: PathBuf, content: String },
     #[error("probe thread failed: {0}")]

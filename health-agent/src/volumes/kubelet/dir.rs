@@ -189,7 +189,7 @@ impl Tree {
     pub(super) fn list_dir(&self, dir: &Path) -> Vec<(String, PathBuf, EntryType)> {
         match self.read_entries(dir) {
             Ok(entries) => with_paths(dir, entries),
-            Err(Skip::Io { source, .. }) if source.kind() == io::ErrorKind::NotFound => Vec::new(),
+            Err(Skip::Io { error, .. }) if error.kind() == io::ErrorKind::NotFound => Vec::new(),
             Err(e) => {
                 warn!(path = %dir.display(), "skipping directory: {e}");
                 Vec::new()
@@ -244,7 +244,7 @@ fn io_skip(path: &Path, errno: Errno) -> Skip {
         Errno::ENXIO => unexpected(path, "a socket or a device without a driver (not opened)"),
         errno => Skip::Io {
             path: path.to_path_buf(),
-            source: io::Error::from_raw_os_error(errno as i32),
+            error: io::Error::from_raw_os_error(errno as i32),
         },
     }
 }

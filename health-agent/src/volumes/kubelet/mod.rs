@@ -101,12 +101,13 @@ pub struct KubeletVolume {
 /// Why one volume was skipped; logged, never returned.
 #[derive(Debug, thiserror::Error)]
 enum Skip {
-    #[error("cannot read {path}: {source}")]
-    Io { path: PathBuf, source: io::Error },
-    #[error("malformed {path}: {source}")]
+    // Causes are in the messages, not `source()`s as well (logged whole).
+    #[error("cannot read {path}: {error}")]
+    Io { path: PathBuf, error: io::Error },
+    #[error("malformed {path}: {error}")]
     Json {
         path: PathBuf,
-        source: serde_json::Error,
+        error: serde_json::Error,
     },
     #[error("{path}: {what}")]
     Unexpected { path: PathBuf, what: String },
@@ -124,7 +125,7 @@ fn unexpected(path: &Path, what: impl Into<String>) -> Skip {
 pub fn discover(kubelet_root: &Path) -> Vec<KubeletVolume> {
     let tree = match Tree::open(kubelet_root) {
         Ok(tree) => tree,
-        Err(Skip::Io { source, .. }) if source.kind() == io::ErrorKind::NotFound => {
+        Err(Skip::Io { error, .. }) if error.kind() == io::ErrorKind::NotFound => {
             return Vec::new()
         }
         Err(e) => {

@@ -41,9 +41,9 @@ pub(super) fn required(data: &VolData, path: &Path) -> Result<(String, String), 
 /// must be a regular file of at most [`VOL_DATA_MAX_BYTES`], and no more
 /// than that is read whatever it claims.
 pub(super) fn read_vol_data(tree: &Tree, path: &Path) -> Result<VolData, Skip> {
-    let io_err = |source| Skip::Io {
+    let io_err = |error| Skip::Io {
         path: path.to_path_buf(),
-        source,
+        error,
     };
     let file = tree.open_file(path)?;
     let meta = file.metadata().map_err(io_err)?;
@@ -72,9 +72,9 @@ pub(super) fn read_vol_data(tree: &Tree, path: &Path) -> Result<VolData, Skip> {
             "grew past the size bound while read: not used",
         ));
     }
-    parse_vol_data(&bytes).map_err(|source| Skip::Json {
+    parse_vol_data(&bytes).map_err(|error| Skip::Json {
         path: path.to_path_buf(),
-        source,
+        error,
     })
 }
 
