@@ -84,6 +84,10 @@ pub struct BenchArgs {
     /// Writer threads in the error flood.
     #[arg(long, default_value_t = 4)]
     flood_threads: u32,
+    /// Run a second BPF tracing tool (an agent with tracefs programs) on the
+    /// same tracepoints during the flood; recorded in its own section.
+    #[arg(long)]
+    flood_beside_tracer: bool,
     /// Rounds (failure, Events, recovery) in the event latency measurement.
     #[arg(long, default_value_t = 60)]
     event_rounds: u32,
@@ -353,15 +357,21 @@ pub fn run_bench(args: &BenchArgs) -> Result<()> {
                     threads: args.flood_threads,
                     duration: Duration::try_from_secs_f64(args.flood_secs)
                         .context("--flood-secs")?,
+                    beside_tracer: args.flood_beside_tracer,
                 };
                 let r = flood::run(tools()?, &cfg)?;
                 // Recorded anyway (the file says NOT EXACT), then reported
                 // as a failure once everything else ran.
                 inexact |= !r.exact();
+                let (id, beside) = if args.flood_beside_tracer {
+                    ("flood-beside", " --flood-beside-tracer")
+                } else {
+                    ("flood", "")
+                };
                 (
-                    "flood",
+                    id,
                     format!(
-                        "cargo xtask bench --only flood --flood-threads {} --flood-secs {}",
+                        "cargo xtask bench --only flood --flood-threads {} --flood-secs {}{beside}",
                         args.flood_threads, args.flood_secs
                     ),
                     r.headline(),

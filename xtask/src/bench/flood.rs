@@ -23,6 +23,21 @@ const BLOCK: u64 = 4096;
 pub struct Config {
     pub threads: u32,
     pub duration: Duration,
+    /// Run a second BPF tracing tool on the same tracepoints during the
+    /// flood: another agent with classic tracefs programs, which hold the
+    /// CPU's `bpf_prog_active` while they run and make map syscalls, the two
+    /// things that make the kernel skip tracefs programs. The agent under
+    /// test (`tp_btf` where the kernel has it) must skip no run beside it.
+    pub beside_tracer: bool,
+}
+
+/// What the second tool beside the agent saw.
+pub struct Beside {
+    /// Sum of `count` over its lines for the device.
+    pub reported: u64,
+    /// Its program runs the kernel counted as skipped (tracefs programs are
+    /// skipped without being counted: see `reported`).
+    pub recursion_misses: u64,
 }
 
 pub struct FloodResult {
@@ -48,6 +63,7 @@ pub struct FloodResult {
     pub recursion_misses: u64,
     /// The agent's "kernel side: ..." line.
     pub kernel_side: Option<String>,
+    pub beside: Option<Beside>,
 }
 
 fn reported(lines: &[Line], dev: &str) -> u64 {
@@ -83,6 +99,13 @@ pub fn run(tools: &Tools, cfg: &Config) -> Result<FloodResult> {
         .collect();
     let agent = AgentProc::start(&tools.agent, &args, None)?;
     let hwm_ready_kb = agent.status_kb("VmHWM")?;
+    let beside = if cfg.beside_tracer {
+        let mut tracefs = args.clone();
+        tracefs.extend(["--block-attach".to_string(), "tracefs".to_string()]);
+        Some(AgentProc::start(&tools.agent, &tracefs, None)?)
+    } else {
+        None
+    };
     disk.add_rule(Rule::new(Op::Write, libc::EIO).range(0, AREA))?;
 
     let stop = AtomicBool::new(false);
@@ -131,6 +154,22 @@ pub fn run(tools: &Tools, cfg: &Config) -> Result<FloodResult> {
         reported(lines, &dev) >= injected
     })?;
     let recursion_misses = agent.bpf_prog_stats()?.recursion_misses;
+    let beside = match beside {
+        Some(tool) => {
+            // A tracefs program skips silently, so its lines may never add
+            // up: waited for with the same bound, then taken as they are.
+            tool.wait_until(Duration::from_secs(15), |lines| {
+                reported(lines, &dev) >= injected
+            })?;
+            let recursion_misses = tool.bpf_prog_stats()?.recursion_misses;
+            let stopped = tool.stop_ok()?;
+            Some(Beside {
+                reported: reported(&stopped.lines, &dev),
+                recursion_misses,
+            })
+        }
+        None => None,
+    };
     let vm_hwm_kb = agent.status_kb("VmHWM")?;
     let vm_rss_kb = agent.status_kb("VmRSS")?;
     let rss_anon_kb = agent.status_kb("RssAnon")?;
@@ -167,6 +206,7 @@ pub fn run(tools: &Tools, cfg: &Config) -> Result<FloodResult> {
             .lines()
             .find(|l| l.starts_with("kernel side:"))
             .map(str::to_string),
+        beside,
     })
 }
 
@@ -229,6 +269,17 @@ impl FloodResult {
             mb(self.vm_rss_kb),
             mb(self.rss_anon_kb)
         ));
+        if let Some(b) = &self.beside {
+            out.push_str(&format!(
+                "| beside it, a second agent with tracefs programs on the same tracepoints: sum of its lines | {} (short by {}) |\n",
+                b.reported,
+                self.injected.saturating_sub(b.reported)
+            ));
+            out.push_str(&format!(
+                "| the second agent's program runs the kernel counted as skipped | {} |\n",
+                b.recursion_misses
+            ));
+        }
         if let Some(k) = &self.kernel_side {
             out.push_str(&format!("\nThe agent's own account: `{k}`\n"));
         }
@@ -236,8 +287,15 @@ impl FloodResult {
     }
 
     pub fn headline(&self) -> String {
+        let beside = self.beside.as_ref().map_or(String::new(), |b| {
+            format!(
+                "; beside it a tracefs BPF tool reported {} ({} short)",
+                b.reported,
+                self.injected.saturating_sub(b.reported)
+            )
+        });
         format!(
-            "flood: {} errors in {:.1} s ({} EIO returned), agent reported {} ({}; {} program runs skipped by the kernel), CPU {:.1} %, peak RSS {:.1} MB (at start {:.1} MB), RSS {:.1} MB",
+            "flood: {} errors in {:.1} s ({} EIO returned), agent reported {} ({}; {} program runs skipped by the kernel), CPU {:.1} %, peak RSS {:.1} MB (at start {:.1} MB), RSS {:.1} MB{beside}",
             self.injected,
             self.elapsed.as_secs_f64(),
             self.eio_returned,

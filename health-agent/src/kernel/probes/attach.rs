@@ -8,6 +8,7 @@ use health_common::{complete_mode, field, rq};
 
 use super::errors::{classify_load_error, error_chain};
 use super::layout::{plan, BLOCK_BIO_COMPLETE, BLOCK_RQ_COMPLETE, BLOCK_RQ_ERROR, FS_PROGRAMS};
+use super::loader;
 use super::pins::{self, PinError, PinSet};
 use super::preflight::{check_bpf, check_privileges, raise_memlock_limit};
 use super::requests::{self, BtfRequests};
@@ -190,10 +191,15 @@ pub fn attach(opts: &ProbeOptions) -> Result<(Attached, KernelMaps), ProbeError>
         _ => Vec::new(),
     };
     let mut ebpf = {
-        let mut loader = EbpfLoader::new();
+        let mut loader = loader::loader_without_kernel_btf().unwrap_or_else(|e| {
+            tracing::info!(
+                "loading with aya's own parse of the kernel BTF (~20 MB more at start): {e}"
+            );
+            EbpfLoader::new()
+        });
         loader
-            // The object has no CO-RE relocations: the kernel BTF the loader
-            // parsed by itself is not needed past this point.
+            // The object has no CO-RE relocations: no kernel BTF is needed
+            // (and where the loader parsed it anyway, it is dropped here).
             .btf(None)
             .override_global("LAYOUT", &layout, true)
             .override_global("RQ_LAYOUT", &rq_layout, true)
@@ -373,9 +379,10 @@ pub(super) fn attach_loaded(
 }
 
 /// glibc raises its mmap threshold each time a large mapped block is freed,
-/// so after the first BTF buffer is freed the next ones (aya's parse) come
-/// from the heap and stay resident; a fixed threshold returns each of them
-/// to the kernel when freed, and the start-up peak is one parse, not two.
+/// so after the first BTF buffer is freed the next ones (the load image, or
+/// aya's own parse where `loader` could not prevent it) come from the heap
+/// and stay resident; a fixed threshold returns each of them to the kernel
+/// when freed.
 fn keep_large_allocations_mapped() {
     #[cfg(target_env = "gnu")]
     // SAFETY: mallopt has no preconditions.
@@ -384,9 +391,10 @@ fn keep_large_allocations_mapped() {
     }
 }
 
-/// Loading parses the kernel's BTF (aya always does, ~19 MB); once freed,
-/// hand the memory back so the resident size reflects the agent's steady
-/// state rather than its start-up.
+/// Loading reads the kernel's BTF (our one-pass reader; aya's ~19 MB parse
+/// too where `loader` could not prevent it); once freed, hand the memory
+/// back so the resident size reflects the agent's steady state rather than
+/// its start-up.
 fn release_freed_heap() {
     #[cfg(target_env = "gnu")]
     // SAFETY: malloc_trim has no preconditions.

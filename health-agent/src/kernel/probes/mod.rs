@@ -17,6 +17,7 @@ mod blk_status;
 pub(crate) mod btf;
 mod errors;
 pub(crate) mod layout;
+mod loader;
 pub mod pins;
 mod preflight;
 mod requests;
