@@ -91,6 +91,10 @@ pub struct BenchArgs {
     /// Rounds (failure, Events, recovery) in the event latency measurement.
     #[arg(long, default_value_t = 60)]
     event_rounds: u32,
+    /// Print every API request of each event round with its time after the
+    /// failed request (on stderr), to see what the Events wait behind.
+    #[arg(long)]
+    event_trace: bool,
     /// Storms (errors, VolumeHealth writes, recovery) in the status measurement.
     #[arg(long, default_value_t = 3)]
     status_rounds: u32,
@@ -387,6 +391,7 @@ pub fn run_bench(args: &BenchArgs) -> Result<()> {
                     tools()?,
                     &events::Config {
                         rounds: args.event_rounds,
+                        trace: args.event_trace,
                     },
                 )?;
                 (

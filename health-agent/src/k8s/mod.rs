@@ -119,10 +119,13 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
         Arc::clone(&shared),
         Some(Arc::clone(&observer)),
     ));
-    let board = status::SharedBoard::new(status::Board::new(
-        opts.events.min_update_interval,
-        opts.events.unclaimed_clear_after,
-    ));
+    let board = status::SharedBoard::new(
+        status::Board::new(
+            opts.events.min_update_interval,
+            opts.events.unclaimed_clear_after,
+        )
+        .with_settle(status::SETTLE),
+    );
     let status_api = status::StatusApi::new(
         client.clone(),
         status::node_manager(&opts.node),

@@ -189,6 +189,28 @@ pub struct FakeApiServer {
 impl FakeApiServer {
     /// Binds 127.0.0.1 on a free port and starts serving on a new thread.
     pub fn start() -> Result<FakeApiServer> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .context("fake apiserver: building its tokio runtime")?;
+        Self::start_on(rt)
+    }
+
+    /// As [`FakeApiServer::start`], with connections served by `workers`
+    /// threads: for timing measurements, where one connection's handling
+    /// must not delay the stamp of a request arriving on another. Tests that
+    /// read the order of requests on different connections use `start`.
+    pub fn start_multi_thread(workers: usize) -> Result<FakeApiServer> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(workers)
+            .thread_name("fake-apiserver-worker")
+            .enable_all()
+            .build()
+            .context("fake apiserver: building its tokio runtime")?;
+        Self::start_on(rt)
+    }
+
+    fn start_on(rt: tokio::runtime::Runtime) -> Result<FakeApiServer> {
         let listener = std::net::TcpListener::bind("127.0.0.1:0")
             .context("fake apiserver: binding 127.0.0.1:0")?;
         listener
@@ -197,10 +219,6 @@ impl FakeApiServer {
         let addr = listener
             .local_addr()
             .context("fake apiserver: local address")?;
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .context("fake apiserver: building its tokio runtime")?;
         let listener = {
             let _guard = rt.enter();
             tokio::net::TcpListener::from_std(listener)

@@ -40,6 +40,8 @@ struct ClaimState {
     last_write: Option<Instant>,
     retry_at: Option<Instant>,
     backoff: Duration,
+    /// When a change of `(status, reason)` not yet written was first seen.
+    major_since: Option<Instant>,
 }
 
 pub enum Next {
@@ -67,6 +69,8 @@ pub struct Board {
     /// Until the writer's view of pods is complete, an entry of a claim it
     /// does not know yet is not removed.
     ready: bool,
+    /// How long a new or cleared condition waits before it is written.
+    settle: Duration,
 }
 
 impl Board {
@@ -76,7 +80,19 @@ impl Board {
             update_interval,
             quiet_window,
             ready: false,
+            settle: Duration::ZERO,
         }
+    }
+
+    /// New and cleared conditions wait `settle` after they are first seen
+    /// (none by default). The node agent writes the Events of the same
+    /// change at once, on the same connections and CPUs: a short wait keeps
+    /// the status's read and apply from delaying the Warnings people see
+    /// first, and gathers a burst of changes into one write. Seen first,
+    /// not last: a stream of changes never postpones the write further.
+    pub fn with_settle(mut self, settle: Duration) -> Self {
+        self.settle = settle;
+        self
     }
 
     /// The caller's view of which claims it uses is complete.
@@ -94,6 +110,7 @@ impl Board {
             last_write: None,
             retry_at: None,
             backoff: BACKOFF_MIN,
+            major_since: None,
         });
         s.claim = claim.clone();
         s
@@ -206,6 +223,7 @@ impl Board {
                     .zip(&s.written)
                     .all(|(a, b)| a.same_assertions(b))
             {
+                s.major_since = None;
                 if let Some(until) = s.carried.iter().map(|c| c.2).filter(|u| *u > wall).min() {
                     let left = until.duration_since(wall).unwrap_or_default();
                     soonest(now + left);
@@ -218,7 +236,7 @@ impl Board {
                     .zip(&s.written)
                     .any(|(a, b)| a.name != b.name || a.keys() != b.keys());
             let mut due = if major {
-                now
+                *s.major_since.get_or_insert(now) + self.settle
             } else {
                 s.last_write.map_or(now, |t| t + self.update_interval)
             };
@@ -245,6 +263,7 @@ impl Board {
                 s.last_write = Some(now);
                 s.retry_at = None;
                 s.backoff = BACKOFF_MIN;
+                s.major_since = None;
                 if s.desired.is_none() && s.written.is_empty() {
                     self.states.remove(&key);
                 }

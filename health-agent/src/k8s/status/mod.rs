@@ -41,6 +41,9 @@ use crate::volumes::conditions::{Condition, Source};
 
 /// Objects listed per page at start.
 const LIST_PAGE: u32 = 500;
+/// How long the node agent lets a new or cleared condition settle before
+/// its `VolumeHealth` write ([`Board::with_settle`]; BENCHMARKS §5).
+pub const SETTLE: std::time::Duration = std::time::Duration::from_millis(20);
 /// Pods named in an entry; `podCount` has them all.
 const MAX_PODS: usize = 16;
 /// Field managers are at most 128 bytes.

@@ -115,6 +115,34 @@ async fn a_raise_is_written_at_once_counts_at_most_every_interval_and_nothing_el
 }
 
 #[tokio::test(start_paused = true)]
+async fn with_a_settle_a_raise_waits_from_when_it_was_first_seen() {
+    let settle = Duration::from_millis(20);
+    let t0 = Instant::now();
+    let mut b = Board::new(INTERVAL, QUIET).with_settle(settle);
+    b.set_ready();
+    b.set(&claim(), vec![entry(Some(1), "2027-01-15T08:00:00Z")]);
+    assert_eq!(idle(&mut b, t0, at(0)), Some(t0 + settle));
+    // More changes meanwhile do not push the write further out.
+    b.set(&claim(), vec![entry(Some(7), "2027-01-15T08:00:00Z")]);
+    let t1 = t0 + Duration::from_millis(15);
+    assert_eq!(idle(&mut b, t1, at(0)), Some(t0 + settle));
+    let e = write(&mut b, t0 + settle, at(0));
+    assert_eq!(e[0].conditions[0].count, Some(7), "the burst in one write");
+
+    // Count updates keep their interval; a recovery settles from when it was
+    // seen, as a raise does.
+    b.set(&claim(), vec![]);
+    let t2 = t0 + Duration::from_secs(3);
+    assert_eq!(idle(&mut b, t2, at(3)), Some(t2 + settle));
+    let e = write(&mut b, t2 + settle, at(3));
+    assert_eq!(
+        (e.len(), e[0].name.as_str(), e[0].conditions.len()),
+        (1, "Node/node-a", 0)
+    );
+    assert_eq!(idle(&mut b, t2 + settle, at(3)), None);
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_failed_write_backs_off_and_a_refusal_waits_long() {
     let t0 = Instant::now();
     let mut b = Board::new(INTERVAL, QUIET);
