@@ -199,6 +199,11 @@ impl Agent {
         }
     }
 
+    /// The agent's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Events received so far.
     pub fn events(&mut self) -> &[Value] {
         self.pump(Duration::ZERO);

@@ -681,3 +681,36 @@ fn refusals_have_distinct_exit_codes_and_say_why() -> Result<()> {
     );
     Ok(())
 }
+
+/// aya's loader reads and parses the whole kernel BTF by itself (~19 MB of
+/// heap); the agent keeps it from doing so (`kernel/probes/loader.rs`) and
+/// reads the BTF once, for its own few facts. A second read at start means
+/// that parse is back (a seccomp profile refusing the filter, or an aya
+/// that reads it another way), and with it most of the start-up memory.
+#[test]
+fn the_kernel_btf_is_read_once_at_start() -> Result<()> {
+    require_root()?;
+    let _kernel = shared_kernel();
+    let btf = std::fs::metadata("/sys/kernel/btf/vmlinux")
+        .context("kernel BTF")?
+        .len();
+    let agent = Agent::start(&[])?;
+    let io_path = format!("/proc/{}/io", agent.pid());
+    let io = std::fs::read_to_string(&io_path).with_context(|| io_path.clone());
+    let run = agent.stop()?;
+    let rchar: u64 = io?
+        .lines()
+        .find_map(|l| l.strip_prefix("rchar:"))
+        .with_context(|| format!("no rchar in {io_path}"))?
+        .trim()
+        .parse()?;
+    // Everything else it reads to start (tracefs formats, mounts, sysfs) is
+    // tens of KiB.
+    assert!(
+        rchar >= btf && rchar < btf + btf / 2,
+        "the agent read {rchar} bytes to start; the kernel BTF is {btf} bytes\n{}",
+        run.stderr
+    );
+    assert!(!run.stderr.contains("aya's own parse"), "{}", run.stderr);
+    Ok(())
+}
