@@ -51,17 +51,31 @@ fn admin_lists_namespaces_and_a_node_may_not_read_secrets() -> Result<()> {
 
     rt.block_on(async {
         let admin = server.client(server.admin()).await?;
-        let names: Vec<String> = Api::<Namespace>::all(admin.clone())
-            .list(&ListParams::default())
-            .await
-            .context("admin lists namespaces")?
-            .items
-            .into_iter()
-            .filter_map(|n| n.metadata.name)
-            .collect();
-        for wanted in ["default", "kube-system"] {
-            ensure!(names.iter().any(|n| n == wanted), "namespaces {names:?} lack {wanted}");
-        }
+        // The server's bootstrap controller creates `default` shortly after
+        // /readyz answers ok (seen missing once in CI): wait for it, bounded.
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+        let names = loop {
+            let names: Vec<String> = Api::<Namespace>::all(admin.clone())
+                .list(&ListParams::default())
+                .await
+                .context("admin lists namespaces")?
+                .items
+                .into_iter()
+                .filter_map(|n| n.metadata.name)
+                .collect();
+            let missing: Vec<&str> = ["default", "kube-system"]
+                .into_iter()
+                .filter(|w| !names.iter().any(|n| n == w))
+                .collect();
+            if missing.is_empty() {
+                break names;
+            }
+            ensure!(
+                tokio::time::Instant::now() < deadline,
+                "namespaces {names:?} lack {missing:?} 10 s after the server was ready"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        };
 
         let node = server.node("node-1").context("node-1 has a token")?;
         let as_node = server.client(node).await?;
