@@ -408,6 +408,18 @@ impl FakeApiServer {
         self.shared.lock().requests.clone()
     }
 
+    /// How many requests arrived so far.
+    pub fn request_count(&self) -> usize {
+        self.shared.lock().requests.len()
+    }
+
+    /// The requests after the first `skip`, in arrival order: for a caller
+    /// polling for new ones, without copying all the earlier ones each time.
+    pub fn requests_since(&self, skip: usize) -> Vec<Recorded> {
+        let st = self.shared.lock();
+        st.requests.get(skip..).unwrap_or_default().to_vec()
+    }
+
     /// The stored core/v1 Events (after create and patch), sorted by (namespace, name).
     pub fn events(&self) -> Vec<Value> {
         self.shared.lock().events.values().cloned().collect()

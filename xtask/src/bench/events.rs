@@ -172,7 +172,7 @@ pub fn run(tools: &Tools, cfg: &Config) -> Result<EventsResult> {
     for round in 0..cfg.rounds {
         interrupt::check()?;
         let offset = 40 * MIB + u64::from(round) * BLOCK;
-        let seen = api.requests().len();
+        let seen = api.request_count();
         let since = disk.injections()?.last().map_or(0, |i| i.seq + 1);
         let rule = disk.add_rule(Rule::new(Op::Write, libc::EIO).range(offset, BLOCK))?;
         match io.write_at(offset) {
@@ -185,8 +185,8 @@ pub fn run(tools: &Tools, cfg: &Config) -> Result<EventsResult> {
             bail!("round {round}: {} injections for one write", injected.len());
         };
         let creates = |api: &FakeApiServer, reason: &str| -> Vec<(String, u64)> {
-            api.requests()[seen..]
-                .iter()
+            api.requests_since(seen)
+                .into_iter()
                 .filter(|r| r.method == "POST" && r.status == 201)
                 .filter_map(|r| {
                     let b = r.body.as_ref()?;
@@ -209,7 +209,7 @@ pub fn run(tools: &Tools, cfg: &Config) -> Result<EventsResult> {
             })
             .with_context(|| format!("round {round}: the Warning events"))?;
         if cfg.trace {
-            for r in &api.requests()[seen..] {
+            for r in &api.requests_since(seen) {
                 eprintln!(
                     "events: round {round} {:+.3} ms {} {} {}",
                     (r.at_mono_ns as f64 - inj.mono_ns as f64) / 1e6,
@@ -244,12 +244,12 @@ pub fn run(tools: &Tools, cfg: &Config) -> Result<EventsResult> {
         // the PVC's label): the next round's error must meet a quiet agent,
         // not race the tail of this round.
         api.wait_for(Duration::from_secs(10), |api| {
-            let last = api.requests().last().map_or(0, |r| r.at_mono_ns);
+            let last = api.requests_since(seen).last().map_or(0, |r| r.at_mono_ns);
             (super::agent::mono_ns().saturating_sub(last) >= QUIET_NS).then_some(())
         })
         .with_context(|| format!("round {round}: the API traffic to settle"))?;
     }
-    let requests = api.requests().len();
+    let requests = api.request_count();
     let rss_kb = fx.agent.status_kb("VmRSS")?;
     let hwm_kb = fx.agent.status_kb("VmHWM")?;
     fx.agent.stop_ok()?;
