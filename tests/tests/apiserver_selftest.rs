@@ -181,6 +181,16 @@ fn list_with_node_selector_returns_exactly_that_nodes_pods() -> Result<()> {
         requests[0].at_mono_ns <= requests[1].at_mono_ns,
         "requests out of order"
     );
+    // The kernel's receive time comes before the handler's, and (nothing
+    // else running in this server) not long before.
+    for r in &requests {
+        let rx = r.rx_mono_ns.context("no kernel receive time")?;
+        ensure!(
+            rx <= r.at_mono_ns && r.at_mono_ns - rx < 1_000_000_000,
+            "receive time {rx} against handler time {}",
+            r.at_mono_ns
+        );
+    }
     Ok(())
 }
 

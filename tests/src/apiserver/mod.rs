@@ -61,6 +61,7 @@ mod query;
 mod reply;
 mod select;
 mod server;
+mod stamped;
 mod store;
 mod volumehealth;
 mod watches;
@@ -124,8 +125,13 @@ pub struct Recorded {
     pub authorization: Option<String>,
     /// The body, if it was non-empty JSON.
     pub body: Option<Value>,
-    /// CLOCK_MONOTONIC ns when the request head arrived.
+    /// CLOCK_MONOTONIC ns when the server's handler saw the request head.
     pub at_mono_ns: u64,
+    /// CLOCK_MONOTONIC ns when the kernel received the bytes that carried
+    /// the head (the socket's `SO_TIMESTAMPNS`): when the request reached
+    /// this host, before the server's own scheduling and parsing. `None`
+    /// when the kernel attached no time.
+    pub rx_mono_ns: Option<u64>,
     /// The status answered; for a watch, the status of the stream's head (200 even
     /// when the stream carries a 410 `ERROR` event). 0 when no answer was sent: the
     /// request met [`Mode::Refuse`] or its body could not be read.

@@ -24,6 +24,7 @@ use super::json::status_json;
 use super::list::{collection, get_object};
 use super::query::parse_query;
 use super::reply::{error, Reply};
+use super::stamped::{LastReceived, StampedStream};
 use super::store::{Kind, Shared};
 use super::volumehealth::{
     apply_pvc_labels, apply_volume_health, apply_volume_health_status, GROUP, VERSION,
@@ -95,7 +96,9 @@ pub(super) async fn accept_loop(
 /// drops it (closing the socket, whatever it was doing).
 async fn serve_connection(shared: Arc<Shared>, stream: tokio::net::TcpStream) {
     let svc_shared = shared.clone();
-    let service = hyper::service::service_fn(move |req| handle(svc_shared.clone(), req));
+    let (stream, received) = StampedStream::new(stream);
+    let service =
+        hyper::service::service_fn(move |req| handle(svc_shared.clone(), received.clone(), req));
     let conn =
         hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service);
     tokio::pin!(conn);
@@ -113,8 +116,15 @@ async fn serve_connection(shared: Arc<Shared>, stream: tokio::net::TcpStream) {
     }
 }
 
-async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Response<Body>, Refused> {
+async fn handle(
+    shared: Arc<Shared>,
+    received: LastReceived,
+    req: Request<Incoming>,
+) -> Result<Response<Body>, Refused> {
     let at_mono_ns = mono_ns();
+    // HTTP/1 without pipelining: the last read before the head was parsed
+    // carried (the end of) this head.
+    let rx_mono_ns = received.mono_ns();
     let (parts, body) = req.into_parts();
     let header = |name| {
         parts
@@ -131,6 +141,7 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Response<
         authorization: header(AUTHORIZATION),
         body: None,
         at_mono_ns,
+        rx_mono_ns,
         status: 0,
     };
     // Recorded before the body is read, so the order is that of the heads.
