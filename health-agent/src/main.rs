@@ -188,6 +188,13 @@ struct KernelArgs {
     /// or always tracefs tracepoints.
     #[arg(long, value_enum, default_value_t = BlockAttach::Auto)]
     block_attach: BlockAttach,
+    /// Count failed requests at block_rq_complete, before the kernel prints them to its console
+    /// (a serial console takes milliseconds per line), instead of at block_rq_error, after it.
+    /// The same requests are counted; the program then runs on every block completion (as
+    /// with --flush-errors). Needs tp_btf and a kernel whose BTF names the request flag bits;
+    /// elsewhere a warning says why and block_rq_error counts.
+    #[arg(long)]
+    early_block_errors: bool,
     /// Scheduling priority of the event path (ring buffer to line or Event hand-off):
     /// real-time SCHED_FIFO 5 (rt) or nice -10 (nice) where CAP_SYS_NICE grants it,
     /// falling back with a warning; periodic work always runs at normal priority.
@@ -445,6 +452,7 @@ fn probe_options(args: &KernelArgs, host: &HostPaths) -> ProbeOptions {
         bio_errors: args.bio_errors,
         pin_root: (!args.no_pin).then(|| args.pins.pin_dir.clone()),
         block_attach: args.block_attach,
+        early_errors: args.early_block_errors,
     }
 }
 

@@ -305,7 +305,16 @@ pub mod rq {
     /// 1 when `block_rq_complete`'s raw error argument is already an errno
     /// (kernels before 5.14 pass `int`, later ones `blk_status_t`).
     pub const COMPLETE_ARG_ERRNO: usize = 12;
-    pub const COUNT: usize = 13;
+    /// What `blk_update_request` checks before it prints a failed request
+    /// and runs `block_rq_error`, for counting the same requests earlier
+    /// (`EARLY_ERRORS`): `request.rq_flags`, `request.bio`, `gendisk.state`,
+    /// and the bit number of `RQF_QUIET` (`enum rqf_flags`; kernels that
+    /// only `#define` it leave the four absent).
+    pub const RQ_FLAGS: usize = 13;
+    pub const RQ_BIO: usize = 14;
+    pub const DISK_STATE: usize = 15;
+    pub const BIT_RQF_QUIET: usize = 16;
+    pub const COUNT: usize = 17;
     pub const ABSENT: u32 = u32::MAX;
     /// Entries of the kernel global `STATUS_ERRNO` (errno per `blk_status_t`).
     pub const STATUS_COUNT: usize = 32;
@@ -321,6 +330,9 @@ pub mod rq {
     /// Operations from 32 up are passthrough (`REQ_OP_SCSI_*` before 5.11,
     /// `REQ_OP_DRV_*`): the tracepoints show sector 0 for them.
     pub const OP_PASSTHROUGH: u32 = 32;
+    /// `GD_DEAD` in `gendisk.state`: the disk is gone and its failures are
+    /// neither printed nor traced (a `#define`, 2 since it appeared in 5.15).
+    pub const GD_DEAD_BIT: u32 = 2;
 }
 
 /// How `block_rq_complete` is used (kernel global `COMPLETE_MODE`).

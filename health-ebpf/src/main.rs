@@ -56,6 +56,13 @@ static STATUS_ERRNO: [u8; rq::STATUS_COUNT] = [0; rq::STATUS_COUNT];
 #[no_mangle]
 static COMPLETE_MODE: u32 = complete_mode::OFF;
 
+/// 1: the `tp_btf` `block_rq_complete` program also counts every failed
+/// request that `block_rq_error` would show, which is then not attached
+/// (`--early-block-errors`). The kernel runs `block_rq_complete` before it
+/// prints the failure to its console; `block_rq_error` only after.
+#[no_mangle]
+static EARLY_ERRORS: u32 = 0;
+
 /// Samples a device may send per second, per CPU. Counting is not limited.
 #[no_mangle]
 static SAMPLES_PER_SEC: u32 = 100;

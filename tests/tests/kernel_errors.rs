@@ -628,6 +628,111 @@ fn flush_errors_are_caught_with_the_option() -> Result<()> {
     Ok(())
 }
 
+/// `(major, minor)` of the running kernel.
+fn kernel_version() -> Result<(u32, u32)> {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease")?;
+    let mut parts = release.trim().split(['.', '-']);
+    let mut next = || -> Result<u32> { Ok(parts.next().context("short kernel release")?.parse()?) };
+    Ok((next()?, next()?))
+}
+
+#[test]
+fn early_counting_counts_what_block_rq_error_would() -> Result<()> {
+    require_root()?;
+    let _kernel = kernel_alone();
+    let disk = FaultDisk::start(64 * MIB)?;
+    let lo = disk.attach_loop(false)?;
+    let mut agent = Agent::start(&[
+        "--device",
+        lo.maj_min(),
+        "--early-block-errors",
+        "--flush-errors",
+    ])?;
+    disk.add_rule(Rule::new(Op::Write, EIO).range(8 * MIB, 64 * 1024))?;
+    disk.add_rule(Rule::new(Op::Read, libc::ENODATA).range(16 * MIB, 4096))?;
+    for i in 0..16 {
+        let err = fs::o_direct_write(lo.path(), 8 * MIB + i * 4096, &[6; 4096]).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(EIO), "write {i}");
+    }
+    for _ in 0..2 {
+        let err = fs::o_direct_read(lo.path(), 16 * MIB, 4096).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::ENODATA));
+    }
+    disk.add_rule(Rule::new(Op::Flush, EIO).limit(1))?;
+    let dev = OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(lo.path())?;
+    fs::o_direct_write(lo.path(), 0, &[7; 4096]).context("a healthy write")?;
+    assert_eq!(dev.sync_all().unwrap_err().raw_os_error(), Some(EIO));
+    let stats = disk.stats()?;
+    assert_eq!(
+        (
+            stats.injected(Op::Write, EIO),
+            stats.injected(Op::Read, libc::ENODATA),
+            stats.injected(Op::Flush, EIO)
+        ),
+        (16, 2, 1)
+    );
+    agent.wait_for_count(&EventFilter::device(lo.maj_min()), 19, WAIT);
+    let run = finish(&disk, agent)?;
+
+    // The same errors, under the same sources, as without the option.
+    let want: Tally = [
+        (key(lo.maj_min(), "block_io_error", "write", EIO), 16),
+        (
+            key(lo.maj_min(), "block_io_error", "read", libc::ENODATA),
+            2,
+        ),
+        (key(lo.maj_min(), "block_io_error", "flush", EIO), 1),
+    ]
+    .into();
+    assert_eq!(tally(&run.events), want, "{}", run.stderr);
+    let early = "active   block:block_rq_complete (failed requests and flushes, counted before the kernel prints them; tp_btf)";
+    // Kernels without block_rq_error (5.10) count everything at
+    // block_rq_complete anyway.
+    let fallback = run.stderr.contains("(all failed requests: fallback");
+    if run.stderr.contains(early) {
+        assert!(
+            run.stderr.contains(
+                "off      block_rq_error: its failed requests are counted at block_rq_complete (--early-block-errors)"
+            ),
+            "{}",
+            run.stderr
+        );
+    } else {
+        // Older kernels say why and count as without the option; kernels
+        // from 6.12 on (6.12 and 6.18 tried) must have it.
+        assert!(
+            kernel_version()? < (6, 12),
+            "no early counting on {:?}:\n{}",
+            kernel_version()?,
+            run.stderr
+        );
+        let why = if fallback {
+            "--early-block-errors: this kernel has no block_rq_error, so failed requests are counted at block_rq_complete anyway"
+        } else {
+            "failed requests are counted at block_rq_error, after the kernel prints them"
+        };
+        assert!(
+            run.stderr.contains(why)
+                && (fallback || run.stderr.contains("active   block:block_rq_error")),
+            "{}",
+            run.stderr
+        );
+    }
+    // The same sources as without the option.
+    for e in &run.events {
+        let want = if e["op"] == "flush" || fallback {
+            "block_rq_complete"
+        } else {
+            "block_rq_error"
+        };
+        assert_eq!(e["source"], want, "{e}");
+    }
+    Ok(())
+}
+
 fn agent_exit(args: &[&str]) -> Result<(i32, String)> {
     let (code, _, stderr) = health_tests::agent::agent_output(args)?;
     Ok((code, stderr))

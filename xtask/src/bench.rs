@@ -95,6 +95,11 @@ pub struct BenchArgs {
     /// failed request (on stderr), to see what the Events wait behind.
     #[arg(long)]
     event_trace: bool,
+    /// Run the agent with --early-block-errors in the event latency and
+    /// flood measurements (failed requests counted at block_rq_complete,
+    /// before the kernel prints them); recorded in their own sections.
+    #[arg(long)]
+    early_block_errors: bool,
     /// Storms (errors, VolumeHealth writes, recovery) in the status measurement.
     #[arg(long, default_value_t = 3)]
     status_rounds: u32,
@@ -362,16 +367,26 @@ pub fn run_bench(args: &BenchArgs) -> Result<()> {
                     duration: Duration::try_from_secs_f64(args.flood_secs)
                         .context("--flood-secs")?,
                     beside_tracer: args.flood_beside_tracer,
+                    early_block_errors: args.early_block_errors,
                 };
                 let r = flood::run(tools()?, &cfg)?;
                 // Recorded anyway (the file says NOT EXACT), then reported
                 // as a failure once everything else ran.
                 inexact |= !r.exact();
-                let (id, beside) = if args.flood_beside_tracer {
-                    ("flood-beside", " --flood-beside-tracer")
-                } else {
-                    ("flood", "")
+                let id = match (args.flood_beside_tracer, args.early_block_errors) {
+                    (true, true) => "flood-beside-early",
+                    (true, false) => "flood-beside",
+                    (false, true) => "flood-early",
+                    (false, false) => "flood",
                 };
+                let beside = [
+                    (args.flood_beside_tracer, " --flood-beside-tracer"),
+                    (args.early_block_errors, " --early-block-errors"),
+                ]
+                .iter()
+                .filter(|(on, _)| *on)
+                .map(|(_, flag)| *flag)
+                .collect::<String>();
                 (
                     id,
                     format!(
@@ -392,12 +407,18 @@ pub fn run_bench(args: &BenchArgs) -> Result<()> {
                     &events::Config {
                         rounds: args.event_rounds,
                         trace: args.event_trace,
+                        early_block_errors: args.early_block_errors,
                     },
                 )?;
+                let (id, early) = if args.early_block_errors {
+                    ("events-early", " --early-block-errors")
+                } else {
+                    ("events", "")
+                };
                 (
-                    "events",
+                    id,
                     format!(
-                        "cargo xtask bench --only events --event-rounds {}",
+                        "cargo xtask bench --only events --event-rounds {}{early}",
                         args.event_rounds
                     ),
                     r.headline(),

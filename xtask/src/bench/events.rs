@@ -38,6 +38,9 @@ pub struct Config {
     pub rounds: u32,
     /// Print each round's API requests (`--event-trace`).
     pub trace: bool,
+    /// The agent counts failed requests at `block_rq_complete`, before the
+    /// kernel prints them (`--early-block-errors`).
+    pub early_block_errors: bool,
 }
 
 pub struct EventsResult {
@@ -152,23 +155,54 @@ impl OnePod {
 }
 
 pub fn run(tools: &Tools, cfg: &Config) -> Result<EventsResult> {
+    let early: &[&str] = if cfg.early_block_errors {
+        &["--early-block-errors"]
+    } else {
+        &[]
+    };
     let fx = OnePod::start(
         tools,
         &[
-            "--kernel-quiet-window",
-            "1",
-            "--check-interval",
-            "0.2",
-            // Each round writes two Events per object; the default cap (6 a
-            // minute) would make later rounds wait for it, which is not latency.
-            "--event-writes-per-minute",
-            "1000",
-            // Repeated recoveries aggregate into one Event, patched at most this
-            // often; shorter keeps the rounds short.
-            "--event-update-interval",
-            "0.5",
-        ],
+            early,
+            &[
+                "--kernel-quiet-window",
+                "1",
+                "--check-interval",
+                "0.2",
+                // Each round writes two Events per object; the default cap (6 a
+                // minute) would make later rounds wait for it, which is not latency.
+                "--event-writes-per-minute",
+                "1000",
+                // Repeated recoveries aggregate into one Event, patched at most this
+                // often; shorter keeps the rounds short.
+                "--event-update-interval",
+                "0.5",
+            ],
+        ]
+        .concat(),
     )?;
+    // What is measured must be what is named: the agent says which
+    // tracepoint counts failed requests.
+    let counted_early = fx
+        .agent
+        .stderr_so_far()
+        .contains("off      block_rq_error: its failed requests are counted at block_rq_complete");
+    if counted_early != cfg.early_block_errors {
+        bail!(
+            "--early-block-errors {}, but the agent counts failed requests {}:\n{}",
+            if cfg.early_block_errors {
+                "asked"
+            } else {
+                "not asked"
+            },
+            if counted_early {
+                "early"
+            } else {
+                "at block_rq_error"
+            },
+            fx.agent.stderr_so_far()
+        );
+    }
     let (api, disk, lo) = (&fx.api, &fx.disk, &fx.lo);
     let io = DirectIo::open(lo.path(), BLOCK as usize)?;
     let (mut to_pod, mut to_pvc) = (Vec::new(), Vec::new());

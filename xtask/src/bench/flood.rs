@@ -29,6 +29,9 @@ pub struct Config {
     /// things that make the kernel skip tracefs programs. The agent under
     /// test (`tp_btf` where the kernel has it) must skip no run beside it.
     pub beside_tracer: bool,
+    /// The agent counts failed requests at `block_rq_complete`
+    /// (`--early-block-errors`).
+    pub early_block_errors: bool,
 }
 
 /// What the second tool beside the agent saw.
@@ -93,10 +96,13 @@ pub fn run(tools: &Tools, cfg: &Config) -> Result<FloodResult> {
     let disk = interrupt::spawn_shielded(|| FaultDisk::start_with(&tools.faultdisk, 64 * MIB))?;
     let lo = disk.attach_loop(false)?;
     let dev = lo.maj_min().to_string();
-    let args: Vec<String> = ["--json", "--device", &dev]
+    let mut args: Vec<String> = ["--json", "--device", &dev]
         .iter()
         .map(|s| s.to_string())
         .collect();
+    if cfg.early_block_errors {
+        args.push("--early-block-errors".into());
+    }
     let agent = AgentProc::start(&tools.agent, &args, None)?;
     let hwm_ready_kb = agent.status_kb("VmHWM")?;
     let beside = if cfg.beside_tracer {

@@ -221,6 +221,9 @@ pub fn run(tools: &Tools, cfg: &Config) -> Result<OverheadResult> {
     for (name, extra) in [
         ("default", &[][..]),
         ("--flush-errors", &["--flush-errors"][..]),
+        // Failed requests counted at block_rq_complete, before the kernel's
+        // console line: the same program on every completion.
+        ("--early-block-errors", &["--early-block-errors"][..]),
         // What a host with dm/md devices pays: block_bio_complete attached
         // (it is otherwise attached only once such a device appears).
         ("--bio-errors always", &["--bio-errors", "always"][..]),

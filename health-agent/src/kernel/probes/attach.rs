@@ -71,6 +71,24 @@ pub fn attach(opts: &ProbeOptions) -> Result<(Attached, KernelMaps), ProbeError>
         (Ok(_), false) => complete_mode::OFF,
         (Err(_), _) => complete_mode::ALL_ERRORS,
     };
+    let early =
+        opts.early_errors && requests::early_counting(&btf_requests, &rq_error, &rq_complete);
+    // Planned first: block_rq_error is left out only once it is attached.
+    if let (Ok((group, name)), true) = (&rq_complete, early) {
+        planned.push(Planned {
+            program: BLOCK_RQ_COMPLETE.program,
+            group,
+            name,
+            note: Some(
+                if opts.flush_errors {
+                    "failed requests and flushes, counted before the kernel prints them"
+                } else {
+                    "failed requests, counted before the kernel prints them"
+                }
+                .into(),
+            ),
+        });
+    }
     match rq_error {
         Ok((group, name)) => planned.push(Planned {
             program: BLOCK_RQ_ERROR.program,
@@ -86,6 +104,7 @@ pub fn attach(opts: &ProbeOptions) -> Result<(Attached, KernelMaps), ProbeError>
         }),
     }
     match (rq_complete, mode) {
+        (Ok(_), _) if early => {}
         (Ok((group, name)), complete_mode::FLUSH_ONLY) => planned.push(Planned {
             program: BLOCK_RQ_COMPLETE.program,
             group,
@@ -124,7 +143,7 @@ pub fn attach(opts: &ProbeOptions) -> Result<(Attached, KernelMaps), ProbeError>
             .collect(),
         Err(_) => Vec::new(),
     };
-    let mut pin_set = open_pins(opts, &layout, mode, &request_facts)?;
+    let mut pin_set = open_pins(opts, &layout, mode, early, &request_facts)?;
     let mut bio_deferred = None;
     match (bio, opts.bio_errors) {
         (Ok((group, name)), BioErrors::Always) => planned.push(Planned {
@@ -190,6 +209,7 @@ pub fn attach(opts: &ProbeOptions) -> Result<(Attached, KernelMaps), ProbeError>
         Some(p) if p.adopted() => p.pinned_maps()?,
         _ => Vec::new(),
     };
+    let early_flag = u32::from(early);
     let mut ebpf = {
         let mut loader = loader::loader_without_kernel_btf().unwrap_or_else(|e| {
             tracing::info!(
@@ -205,6 +225,7 @@ pub fn attach(opts: &ProbeOptions) -> Result<(Attached, KernelMaps), ProbeError>
             .override_global("RQ_LAYOUT", &rq_layout, true)
             .override_global("STATUS_ERRNO", &statuses, true)
             .override_global("COMPLETE_MODE", &mode, true)
+            .override_global("EARLY_ERRORS", &early_flag, true)
             .override_global("SAMPLES_PER_SEC", &opts.samples_per_sec, true);
         // Adopted maps are opened, not created: the programs still running
         // write them, and programs loaded now must share them.
@@ -231,24 +252,62 @@ pub fn attach(opts: &ProbeOptions) -> Result<(Attached, KernelMaps), ProbeError>
         }
     };
 
+    // Whether block_rq_complete's tp_btf program counts what block_rq_error would.
+    let mut counted_early = false;
     for p in planned {
         let pins = pin_set.as_ref();
-        let (outcome, mut note) =
-            match attach_request_btf(&mut ebpf, pins, &p, &btf_requests, load_btf.as_ref()) {
-                Some(Ok(tracepoint)) => (Ok(tracepoint), join_notes(p.note, "tp_btf")),
-                Some(Err(why)) => {
-                    let note =
-                        join_notes(p.note.clone(), &format!("tracefs; tp_btf refused: {why}"));
-                    (
-                        attach_loaded(&mut ebpf, pins, p.program, p.group, p.name),
-                        note,
-                    )
+        if counted_early && p.program == BLOCK_RQ_ERROR.program {
+            sources.push(SourceStatus {
+                program: p.program,
+                state: SourceState::Disabled {
+                    reason: "its failed requests are counted at block_rq_complete (--early-block-errors)".into(),
+                },
+            });
+            continue;
+        }
+        let (outcome, mut note) = match attach_request_btf(
+            &mut ebpf,
+            pins,
+            &p,
+            &btf_requests,
+            load_btf.as_ref(),
+        ) {
+            Some(Ok(tracepoint)) => {
+                counted_early |= early && p.program == BLOCK_RQ_COMPLETE.program;
+                (Ok(tracepoint), join_notes(p.note, "tp_btf"))
+            }
+            Some(Err(why)) if early && p.program == BLOCK_RQ_COMPLETE.program => {
+                // The tracefs program cannot read the request: block_rq_error
+                // counts, and this one only for flushes, if asked.
+                tracing::warn!(
+                        "--early-block-errors: the tp_btf block_rq_complete was refused ({why}); failed requests are counted at block_rq_error, after the kernel prints them"
+                    );
+                if mode != complete_mode::FLUSH_ONLY {
+                    sources.push(SourceStatus {
+                        program: p.program,
+                        state: SourceState::Missing {
+                            reason: format!("--early-block-errors: tp_btf refused: {why}"),
+                        },
+                    });
+                    continue;
                 }
-                None => (
+                (
                     attach_loaded(&mut ebpf, pins, p.program, p.group, p.name),
-                    p.note,
-                ),
-            };
+                    Some(format!("flush errors only; tracefs; tp_btf refused: {why}")),
+                )
+            }
+            Some(Err(why)) => {
+                let note = join_notes(p.note.clone(), &format!("tracefs; tp_btf refused: {why}"));
+                (
+                    attach_loaded(&mut ebpf, pins, p.program, p.group, p.name),
+                    note,
+                )
+            }
+            None => (
+                attach_loaded(&mut ebpf, pins, p.program, p.group, p.name),
+                p.note,
+            ),
+        };
         if outcome.is_ok() && p.program == "filemap_set_wb_err" {
             if let Err(why) = attach_writeback_errno(&mut ebpf, pins, load_btf.as_ref()) {
                 note = Some(format!("errno only when the file already had one: {why}"));
@@ -306,6 +365,7 @@ fn open_pins(
     opts: &ProbeOptions,
     layout: &[u32],
     mode: u32,
+    early: bool,
     request_facts: &[u8],
 ) -> Result<Option<PinSet>, ProbeError> {
     let Some(root) = &opts.pin_root else {
@@ -325,7 +385,7 @@ fn open_pins(
         &layout_bytes,
         &mode.to_le_bytes(),
         &opts.samples_per_sec.to_le_bytes(),
-        &[opts.bio_errors as u8, opts.block_attach as u8],
+        &[opts.bio_errors as u8, opts.block_attach as u8, early as u8],
         // tp_btf offsets and status codes from the kernel's BTF.
         request_facts,
     ]);

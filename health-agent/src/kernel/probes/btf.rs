@@ -340,7 +340,34 @@ pub fn request_layout(btf: &KernelBtf) -> Result<[u32; rq::COUNT], BtfError> {
     }
     layout[rq::COMPLETE_ARG_ERRNO] =
         u32::from(btf.tracepoint_arg_type("block_rq_complete", 1).as_deref() == Some("int"));
+    // Only for `--early-block-errors`, and only all four or none: kernels
+    // that `#define` the request flags have no bit number to read here.
+    let early = (|| {
+        let quiet = btf
+            .enum_value("__RQF_QUIET")
+            .filter(|b| (0..32).contains(b))?;
+        Some([
+            btf.member_offset("request", "rq_flags")?,
+            btf.member_offset("request", "bio")?,
+            btf.member_offset("gendisk", "state")?,
+            quiet as u32,
+        ])
+    })();
+    if let Some([flags, bio, state, quiet]) = early {
+        layout[rq::RQ_FLAGS] = flags;
+        layout[rq::RQ_BIO] = bio;
+        layout[rq::DISK_STATE] = state;
+        layout[rq::BIT_RQF_QUIET] = quiet;
+    }
     Ok(layout)
+}
+
+/// Whether `layout` lets the `block_rq_complete` program count what
+/// `block_rq_error` would (`--early-block-errors`).
+pub fn counts_early(layout: &[u32; rq::COUNT]) -> bool {
+    [rq::RQ_FLAGS, rq::RQ_BIO, rq::DISK_STATE, rq::BIT_RQF_QUIET]
+        .iter()
+        .all(|&slot| layout[slot] != rq::ABSENT)
 }
 
 #[cfg(test)]
@@ -521,5 +548,10 @@ mod tests {
         .map(|&s| layout[s])
         .collect();
         assert!(bits.iter().all(|&b| (8..32).contains(&b)), "{bits:?}");
+        // 6.18 names the request flag bits in its BTF (6.1 does not).
+        assert!(counts_early(&layout), "{layout:?}");
+        assert_eq!(layout[rq::BIT_RQF_QUIET], 7, "__RQF_QUIET on 6.18");
+        assert!(layout[rq::RQ_BIO] > layout[rq::CMD_FLAGS]);
+        assert!(layout[rq::DISK_STATE] > 0 && layout[rq::DISK_STATE] < 1024);
     }
 }

@@ -50,6 +50,12 @@ pub struct ProbeOptions {
     pub pin_root: Option<PathBuf>,
     /// How the block request programs attach.
     pub block_attach: BlockAttach,
+    /// Count failed requests at `block_rq_complete`, which the kernel runs
+    /// before it prints the failure to its console, instead of at
+    /// `block_rq_error`, which it runs after (`tp_btf` kernels whose BTF
+    /// names the request flag bits). The program then runs on every block
+    /// completion, as with `flush_errors`.
+    pub early_errors: bool,
 }
 
 /// BTF raw tracepoints (`tp_btf`) run whatever else runs on the CPU, even a
@@ -89,6 +95,7 @@ impl Default for ProbeOptions {
             bio_errors: BioErrors::Auto,
             pin_root: Some(PathBuf::from(pins::DEFAULT_PIN_ROOT)),
             block_attach: BlockAttach::Auto,
+            early_errors: false,
         }
     }
 }

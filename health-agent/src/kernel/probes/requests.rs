@@ -16,7 +16,7 @@ use aya::Btf;
 use health_common::rq;
 
 use super::blk_status;
-use super::btf::{request_layout, KernelBtf};
+use super::btf::{counts_early, request_layout, KernelBtf};
 
 /// Everything the `tp_btf` programs need, or why they cannot be used.
 pub(super) struct BtfRequests {
@@ -27,6 +27,20 @@ pub(super) struct BtfRequests {
     /// Which of the two tracepoints this kernel has as raw tracepoints.
     pub has_error: bool,
     pub has_complete: bool,
+}
+
+impl BtfRequests {
+    /// Whether `block_rq_complete` can count what `block_rq_error` would
+    /// (`--early-block-errors`), or why not.
+    pub fn early(&self) -> Result<(), &'static str> {
+        if !self.has_error || !self.has_complete {
+            return Err("needs both block request tracepoints as BTF raw tracepoints");
+        }
+        if !counts_early(&self.layout) {
+            return Err("this kernel's BTF does not name the request flag bits (__RQF_QUIET)");
+        }
+        Ok(())
+    }
 }
 
 /// The kernel's BTF facts for the block programs, and a small BTF image for
@@ -77,4 +91,30 @@ pub(super) fn load_btf(image: &[u8]) -> Option<Btf> {
             None
         }
     }
+}
+
+/// Whether `--early-block-errors` can be had here; says why not, once.
+pub(super) fn early_counting(
+    facts: &Result<BtfRequests, String>,
+    rq_error: &Result<(&'static str, &'static str), String>,
+    rq_complete: &Result<(&'static str, &'static str), String>,
+) -> bool {
+    if rq_error.is_err() {
+        tracing::info!(
+            "--early-block-errors: this kernel has no block_rq_error, so failed requests are counted at block_rq_complete anyway"
+        );
+        return false;
+    }
+    let why = match (facts, rq_complete) {
+        (Err(e), _) => format!("needs the tp_btf block programs ({e})"),
+        (_, Err(e)) => e.clone(),
+        (Ok(f), Ok(_)) => match f.early() {
+            Ok(()) => return true,
+            Err(e) => e.to_string(),
+        },
+    };
+    tracing::warn!(
+        "--early-block-errors: {why}; failed requests are counted at block_rq_error, after the kernel prints them"
+    );
+    false
 }
