@@ -379,14 +379,12 @@ pub fn run_bench(args: &BenchArgs) -> Result<()> {
                     (false, true) => "flood-early",
                     (false, false) => "flood",
                 };
+                let flag = |on: bool, name: &'static str| if on { name } else { "" };
                 let beside = [
-                    (args.flood_beside_tracer, " --flood-beside-tracer"),
-                    (args.early_block_errors, " --early-block-errors"),
+                    flag(args.flood_beside_tracer, " --flood-beside-tracer"),
+                    flag(args.early_block_errors, " --early-block-errors"),
                 ]
-                .iter()
-                .filter(|(on, _)| *on)
-                .map(|(_, flag)| *flag)
-                .collect::<String>();
+                .concat();
                 (
                     id,
                     format!(

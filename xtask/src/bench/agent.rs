@@ -227,6 +227,22 @@ impl AgentProc {
         lock(&self.stderr_text).clone()
     }
 
+    /// Fails unless the agent counts failed requests where the benchmark
+    /// says it does (`--early-block-errors`: at `block_rq_complete`, before
+    /// the kernel prints them), so that what is measured is what is named.
+    pub fn expect_early_counting(&self, asked: bool) -> Result<()> {
+        let stderr = self.stderr_so_far();
+        let early = stderr.contains(
+            "off      block_rq_error: its failed requests are counted at block_rq_complete",
+        );
+        if early != asked {
+            let asked = if asked { "asked" } else { "not asked" };
+            let counts = if early { "early" } else { "at block_rq_error" };
+            bail!("--early-block-errors {asked}, but the agent counts failed requests {counts}:\n{stderr}");
+        }
+        Ok(())
+    }
+
     pub fn line_count(&self) -> usize {
         lock(&self.lines).len()
     }

@@ -181,28 +181,7 @@ pub fn run(tools: &Tools, cfg: &Config) -> Result<EventsResult> {
         ]
         .concat(),
     )?;
-    // What is measured must be what is named: the agent says which
-    // tracepoint counts failed requests.
-    let counted_early = fx
-        .agent
-        .stderr_so_far()
-        .contains("off      block_rq_error: its failed requests are counted at block_rq_complete");
-    if counted_early != cfg.early_block_errors {
-        bail!(
-            "--early-block-errors {}, but the agent counts failed requests {}:\n{}",
-            if cfg.early_block_errors {
-                "asked"
-            } else {
-                "not asked"
-            },
-            if counted_early {
-                "early"
-            } else {
-                "at block_rq_error"
-            },
-            fx.agent.stderr_so_far()
-        );
-    }
+    fx.agent.expect_early_counting(cfg.early_block_errors)?;
     let (api, disk, lo) = (&fx.api, &fx.disk, &fx.lo);
     let io = DirectIo::open(lo.path(), BLOCK as usize)?;
     let (mut to_pod, mut to_pvc) = (Vec::new(), Vec::new());

@@ -104,6 +104,7 @@ pub fn run(tools: &Tools, cfg: &Config) -> Result<FloodResult> {
         args.push("--early-block-errors".into());
     }
     let agent = AgentProc::start(&tools.agent, &args, None)?;
+    agent.expect_early_counting(cfg.early_block_errors)?;
     let hwm_ready_kb = agent.status_kb("VmHWM")?;
     let beside = if cfg.beside_tracer {
         let mut tracefs = args.clone();

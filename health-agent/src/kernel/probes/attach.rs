@@ -30,6 +30,9 @@ struct Planned {
     note: Option<String>,
 }
 
+/// Why `block_rq_complete` is off when no one needs it.
+const NO_FLUSHES: &str = "flush errors not requested (--flush-errors)";
+
 /// Checks privileges, BPF, BTF and tracefs, loads the programs and attaches
 /// every source this kernel has.
 pub fn attach(opts: &ProbeOptions) -> Result<(Attached, KernelMaps), ProbeError> {
@@ -120,7 +123,7 @@ pub fn attach(opts: &ProbeOptions) -> Result<(Attached, KernelMaps), ProbeError>
         (Ok(_), _) => sources.push(SourceStatus {
             program: BLOCK_RQ_COMPLETE.program,
             state: SourceState::Disabled {
-                reason: "flush errors not requested (--flush-errors)".into(),
+                reason: NO_FLUSHES.into(),
             },
         }),
         (Err(reason), _) => sources.push(SourceStatus {
@@ -278,15 +281,16 @@ pub fn attach(opts: &ProbeOptions) -> Result<(Attached, KernelMaps), ProbeError>
             }
             Some(Err(why)) if early && p.program == BLOCK_RQ_COMPLETE.program => {
                 // The tracefs program cannot read the request: block_rq_error
-                // counts, and this one only for flushes, if asked.
+                // counts, and this one only for flushes, if asked; else it is
+                // off, as without the option.
                 tracing::warn!(
-                        "--early-block-errors: the tp_btf block_rq_complete was refused ({why}); failed requests are counted at block_rq_error, after the kernel prints them"
-                    );
+                    "--early-block-errors: the tp_btf block_rq_complete was refused ({why}); failed requests are counted at block_rq_error, after the kernel prints them"
+                );
                 if mode != complete_mode::FLUSH_ONLY {
                     sources.push(SourceStatus {
                         program: p.program,
-                        state: SourceState::Missing {
-                            reason: format!("--early-block-errors: tp_btf refused: {why}"),
+                        state: SourceState::Disabled {
+                            reason: NO_FLUSHES.into(),
                         },
                     });
                     continue;
