@@ -17,7 +17,9 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use health_tests::agent::{tally, Agent, AgentRun, EventFilter};
 use health_tests::program_runs::{check_against_runs, ProgramRuns};
-use health_tests::{fs, kernel_alone, require_root, shared_kernel, FaultDisk, Mount, Op, Rule};
+use health_tests::{
+    fs, kernel_alone, require_root, shared_kernel, FaultDisk, LoopDevice, Mount, Op, Rule,
+};
 use serde_json::Value;
 
 const MIB: u64 = 1 << 20;
@@ -602,13 +604,9 @@ fn a_flood_of_errors_is_counted_exactly_despite_sampling() -> Result<()> {
     Ok(())
 }
 
-#[test]
-fn flush_errors_are_caught_with_the_option() -> Result<()> {
-    require_root()?;
-    let _kernel = kernel_alone();
-    let disk = FaultDisk::start(64 * MIB)?;
-    let lo = disk.attach_loop(false)?;
-    let mut agent = Agent::start(&["--device", lo.maj_min(), "--flush-errors"])?;
+/// One healthy O_DIRECT write, then an fsync whose cache flush the disk
+/// fails with EIO (once).
+fn fail_one_flush(disk: &FaultDisk, lo: &LoopDevice) -> Result<()> {
     disk.add_rule(Rule::new(Op::Flush, EIO).limit(1))?;
     let dev = OpenOptions::new()
         .write(true)
@@ -617,6 +615,17 @@ fn flush_errors_are_caught_with_the_option() -> Result<()> {
     fs::o_direct_write(lo.path(), 0, &[5; 4096]).context("a healthy write")?;
     let err = dev.sync_all().unwrap_err();
     assert_eq!(err.raw_os_error(), Some(EIO));
+    Ok(())
+}
+
+#[test]
+fn flush_errors_are_caught_with_the_option() -> Result<()> {
+    require_root()?;
+    let _kernel = kernel_alone();
+    let disk = FaultDisk::start(64 * MIB)?;
+    let lo = disk.attach_loop(false)?;
+    let mut agent = Agent::start(&["--device", lo.maj_min(), "--flush-errors"])?;
+    fail_one_flush(&disk, &lo)?;
     assert_eq!(disk.stats()?.injected(Op::Flush, EIO), 1);
     agent.wait_for_count(&EventFilter::device(lo.maj_min()), 1, WAIT);
     let run = finish(&disk, agent)?;
@@ -658,13 +667,7 @@ fn early_counting_counts_what_block_rq_error_would() -> Result<()> {
         let err = fs::o_direct_read(lo.path(), 16 * MIB, 4096).unwrap_err();
         assert_eq!(err.raw_os_error(), Some(libc::ENODATA));
     }
-    disk.add_rule(Rule::new(Op::Flush, EIO).limit(1))?;
-    let dev = OpenOptions::new()
-        .write(true)
-        .custom_flags(libc::O_DIRECT)
-        .open(lo.path())?;
-    fs::o_direct_write(lo.path(), 0, &[7; 4096]).context("a healthy write")?;
-    assert_eq!(dev.sync_all().unwrap_err().raw_os_error(), Some(EIO));
+    fail_one_flush(&disk, &lo)?;
     let stats = disk.stats()?;
     assert_eq!(
         (
