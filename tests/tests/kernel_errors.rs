@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use health_tests::agent::{tally, Agent, AgentRun, EventFilter};
-use health_tests::program_runs::{check_against_runs, ProgramRuns};
+use health_tests::program_runs::{check_against_runs, witness_figures, ProgramRuns};
 use health_tests::{
     fs, kernel_alone, require_root, shared_kernel, FaultDisk, LoopDevice, Mount, Op, Rule,
 };
@@ -587,6 +587,17 @@ fn a_flood_of_errors_is_counted_exactly_despite_sampling() -> Result<()> {
     assert_eq!(tally(&run.events).len(), 1, "{:?}", tally(&run.events));
     if let Err(e) = check_against_runs("flood", injected, counted, ran, injected / 100) {
         panic!("{e}:\n{}", run.stderr);
+    }
+    // Nothing lost unreported: the agent's tracer witness saw every failed
+    // request, and what no program counted is exactly what it reports.
+    match (witness_figures(&run.stderr), ran) {
+        (Some(w), _) => {
+            assert_eq!(w.traced, injected, "{}", run.stderr);
+            assert_eq!(counted + w.uncounted, injected, "{}", run.stderr);
+        }
+        // Kernels without block_rq_error (5.10) have no witness.
+        (None, None) => assert!(run.stderr.contains("no tracer witness"), "{}", run.stderr),
+        (None, Some(_)) => panic!("no tracer witness beside block_rq_error:\n{}", run.stderr),
     }
     // Far fewer lines than errors: the kernel rate-limited the samples, and
     // the counts still add up.

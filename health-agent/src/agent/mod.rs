@@ -19,6 +19,7 @@ use crate::report::Reporter;
 
 mod kernel_maps;
 pub mod priority;
+mod witness;
 use crate::topology::{HostPaths, MountWatcher, Topology};
 use crate::volumes::{self, Handled, LiveVolumes, LiveVolumesConfig};
 pub use priority::EventPriority;
@@ -122,6 +123,7 @@ async fn agent_loop<R: Reporter>(
     if attached.adopted() {
         tracing::info!("adopted programs that kept counting since the previous agent stopped");
     }
+    let mut witness = witness::start(&opts.probes.sys_root, &collector);
     let mut topo = Topology::scan(&opts.host).context("reading the device topology")?;
     reporter.input_errors(&topo.input_errors());
     if kernel_maps::sync(&topo, &opts.host, &mut rest).bio_based > 0 {
@@ -165,9 +167,11 @@ async fn agent_loop<R: Reporter>(
             r = collector.next_batch(&mut batch) => { r?; None }
             _ = reconcile.tick() => {
                 let bulk = prio.bulk();
+                let traced = witness::read(&mut witness);
                 collector.reconcile(false, &mut batch)?;
                 let mut stats = collector.kernel_stats()?;
                 stats.program_misses = misses.read(&attached);
+                witness::check(&mut witness, traced, &collector, &mut stats)?;
                 reporter.kernel_stats(&stats);
                 Some(bulk)
             }
@@ -246,6 +250,9 @@ async fn agent_loop<R: Reporter>(
     // a late one for the next process, not a second report.
     let _bulk = prio.bulk();
     let program_misses = misses.read(&attached);
+    // Read before the programs detach: failures after it are traced but
+    // were never going to be counted by this process.
+    let traced = witness::read(&mut witness);
     if !attached.pinned() {
         drop(attached);
     }
@@ -262,6 +269,7 @@ async fn agent_loop<R: Reporter>(
     collector.persist()?;
     let mut stats = collector.kernel_stats()?;
     stats.program_misses = program_misses;
+    witness::check(&mut witness, traced, &collector, &mut stats)?;
     reporter.kernel_stats(&stats);
     reporter.finish(&collector.totals()?, &topo, &stats)?;
     Ok(())

@@ -420,6 +420,8 @@ impl Reporter for ClusterReporter {
             samples_suppressed = stats.samples_suppressed,
             ringbuf_full = stats.ringbuf_full,
             program_misses = stats.program_misses,
+            traced = stats.traced,
+            uncounted = stats.uncounted,
             "stopping"
         );
         Ok(())

@@ -56,6 +56,13 @@ pub struct KernelStats {
     pub program_misses: u64,
     /// Ring-buffer records of another size than a sample, skipped.
     pub bad_records: u64,
+    /// Failed requests the kernel's tracer saw at `block_rq_error` since
+    /// this process started, `None` without a tracer witness; filled in by
+    /// the agent loop from [`crate::kernel::witness`], not from a map.
+    pub traced: Option<u64>,
+    /// Of those, the ones no program counted (the kernel ran none for
+    /// them): errors not in any count.
+    pub uncounted: u64,
 }
 
 /// Each cause is either in the message or the `source()`, never both:
@@ -94,6 +101,8 @@ pub struct Collector {
     settled: HashMap<Slot, u64>,
     late_samples: u64,
     bad_records: u64,
+    /// What the pruned keys had counted, per source (see [`Collector::counted`]).
+    pruned: HashMap<u8, u64>,
 }
 
 impl Collector {
@@ -155,6 +164,7 @@ impl Collector {
             settled: HashMap::new(),
             late_samples: 0,
             bad_records: 0,
+            pruned: HashMap::new(),
         };
         Ok((
             collector,
@@ -288,6 +298,7 @@ impl Collector {
         }
         self.absent = absent;
         for (key, per_cpu) in &gone {
+            *self.pruned.entry(key.source).or_insert(0) += per_cpu.iter().sum::<u64>();
             for (cpu, &value) in per_cpu.iter().enumerate() {
                 let slot = (*key, cpu as u32);
                 let acct = self.accounted.remove(&slot).unwrap_or(0);
@@ -336,6 +347,25 @@ impl Collector {
         Ok(totals)
     }
 
+    /// Everything the programs counted under `source` since the counters
+    /// were made, pruned keys included, plus the errors no counter could
+    /// hold (the counter map was full; not told apart by source, so they
+    /// are added whatever it is): the figure [`crate::kernel::witness`]
+    /// compares with the tracer's.
+    pub fn counted(&self, source: u8) -> Result<u64, CollectorError> {
+        let mut total = self.pruned.get(&source).copied().unwrap_or(0);
+        for entry in self.counts.iter() {
+            let (key, per_cpu) = entry.map_err(|error| CollectorError::Map {
+                map: "COUNTS",
+                error,
+            })?;
+            if key.source == source {
+                total += per_cpu.iter().sum::<u64>();
+            }
+        }
+        Ok(total + self.kernel_stats()?.counter_map_full)
+    }
+
     pub fn kernel_stats(&self) -> Result<KernelStats, CollectorError> {
         let read = |slot: u32| -> Result<u64, CollectorError> {
             let per_cpu = self
@@ -356,6 +386,8 @@ impl Collector {
             late_samples: self.late_samples,
             program_misses: 0,
             bad_records: self.bad_records,
+            traced: None,
+            uncounted: 0,
         })
     }
 }

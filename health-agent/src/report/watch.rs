@@ -195,8 +195,8 @@ impl View {
             }
         }
         text.push_str(&format!(
-            "kernel side: {} samples rate-limited, {} lost to a full ring buffer, {} errors not countable (counter map full), {} repeated writeback reports merged, {} program runs skipped by the kernel, {} failed bios passed up from a device below (counted there)\n",
-            stats.samples_suppressed, stats.ringbuf_full, stats.counter_map_full, stats.writeback_repeats, stats.program_misses, stats.bio_propagated
+            "kernel side: {} samples rate-limited, {} lost to a full ring buffer, {} errors not countable (counter map full), {} repeated writeback reports merged, {} program runs skipped by the kernel, {} failed bios passed up from a device below (counted there); {}\n",
+            stats.samples_suppressed, stats.ringbuf_full, stats.counter_map_full, stats.writeback_repeats, stats.program_misses, stats.bio_propagated, witness_text(stats)
         ));
         // JSON mode keeps stdout a pure event stream.
         if self.json {
@@ -251,5 +251,16 @@ pub fn print_changes(changes: &[VolumeChanges], index: &VolumeIndex, json: bool)
         if let Err(e) = written {
             tracing::warn!("printing volume condition changes: {e}");
         }
+    }
+}
+
+/// The tracer witness's figures for the `kernel side:` line.
+pub(crate) fn witness_text(stats: &KernelStats) -> String {
+    match stats.traced {
+        Some(traced) => format!(
+            "the kernel's tracer saw {traced} failed requests at block_rq_error, {} of them counted by no program (the kernel ran none for them)",
+            stats.uncounted
+        ),
+        None => "no tracer witness".to_string(),
     }
 }

@@ -53,10 +53,11 @@ pub const fn host_mount(
 pub const MOUNTS: [HostMount; 6] = [
     host_mount("/proc", "/host/proc", true, true, None),
     host_mount("/sys", "/sys", true, true, None),
+    // Writable: the agent's tracer witness is a tracefs instance.
     host_mount(
         "/sys/kernel/tracing",
         "/sys/kernel/tracing",
-        true,
+        false,
         false,
         None,
     ),

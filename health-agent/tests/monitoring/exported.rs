@@ -243,7 +243,7 @@ fn exported_series_come_with_their_labels() {
     assert_eq!(labels("volume_health_ready"), Vec::<&str>::new());
     assert_eq!(labels("volume_health_controller_cycles_total"), ["result"]);
     assert_eq!(labels("up"), Vec::<&str>::new());
-    // 20 agent families (one a histogram: three series) and 9 controller
+    // 21 agent families (one a histogram: three series) and 9 controller
     // families (one a histogram), plus up.
-    assert_eq!(all.len(), 19 + 3 + 8 + 3 + 1, "{:#?}", all.keys());
+    assert_eq!(all.len(), 20 + 3 + 8 + 3 + 1, "{:#?}", all.keys());
 }

@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
+use health_tests::program_runs::{witness_figures, Witness};
 use health_tests::{FaultDisk, Op, Rule};
 use serde_json::Value;
 
@@ -66,6 +67,11 @@ pub struct FloodResult {
     pub recursion_misses: u64,
     /// The agent's "kernel side: ..." line.
     pub kernel_side: Option<String>,
+    /// From it: the failed requests the kernel's tracer saw, and how many
+    /// of them no program counted (`None` without a tracer witness).
+    pub witness: Option<Witness>,
+    /// The agent's lines about its witness (why there is none).
+    pub witness_notes: Vec<String>,
     pub beside: Option<Beside>,
 }
 
@@ -187,6 +193,11 @@ pub fn run(tools: &Tools, cfg: &Config) -> Result<FloodResult> {
         .ok()
         .filter(|&h| h > 0)
         .context("sysconf(_SC_CLK_TCK)")?;
+    let kernel_side = stopped
+        .stderr
+        .lines()
+        .find(|l| l.starts_with("kernel side:"))
+        .map(str::to_string);
     let sampled_lines = stopped
         .lines
         .iter()
@@ -208,11 +219,14 @@ pub fn run(tools: &Tools, cfg: &Config) -> Result<FloodResult> {
         vm_hwm_kb,
         vm_rss_kb,
         rss_anon_kb,
-        kernel_side: stopped
+        witness: witness_figures(&stopped.stderr),
+        witness_notes: stopped
             .stderr
             .lines()
-            .find(|l| l.starts_with("kernel side:"))
-            .map(str::to_string),
+            .filter(|l| l.contains("tracer witness") && !l.starts_with("kernel side:"))
+            .map(str::to_string)
+            .collect(),
+        kernel_side,
         beside,
     })
 }
@@ -222,8 +236,32 @@ impl FloodResult {
         self.reported == self.injected && self.final_total == Some(self.injected)
     }
 
+    /// Not exact, but every error is either counted or reported by the
+    /// agent as traced by the kernel without a program run: the tracer saw
+    /// exactly the injected errors, and the lines, the final total and the
+    /// uncounted figure add up to them.
+    pub fn accounted(&self) -> bool {
+        let Some(w) = self.witness else {
+            return false;
+        };
+        w.traced == self.injected
+            && self.reported + w.uncounted == self.injected
+            && self.final_total.map(|t| t + w.uncounted) == Some(self.injected)
+    }
+
+    pub fn verdict(&self) -> String {
+        match (self.exact(), self.accounted(), self.witness) {
+            (true, _, _) => "exact".to_string(),
+            (false, true, Some(w)) => format!(
+                "{} short, all {} reported by the agent as traced by the kernel with no program run",
+                w.uncounted, w.uncounted
+            ),
+            _ => "NOT EXACT".to_string(),
+        }
+    }
+
     pub fn markdown(&self) -> String {
-        let verdict = if self.exact() { "exact" } else { "NOT EXACT" };
+        let verdict = self.verdict();
         let mut out = format!(
             "{} threads of O_DIRECT 4 KiB writes, every one failing with EIO, for {:.1} s.\n\n",
             self.threads,
@@ -247,6 +285,17 @@ impl FloodResult {
             "| program runs the kernel skipped (fdinfo `recursion_misses`) | {} |\n",
             self.recursion_misses
         ));
+        match self.witness {
+            Some(w) => out.push_str(&format!(
+                "| failed requests the kernel's tracer saw (the agent's witness) | {} |\n\
+                 | of them counted by no program: the kernel ran none (the agent's report) | {} |\n",
+                w.traced, w.uncounted
+            )),
+            None => out.push_str(&format!(
+                "| tracer witness | none: {} |\n",
+                self.witness_notes.join(" / ")
+            )),
+        }
         out.push_str(&format!(
             "| agent's final total (stderr) | {} |\n",
             self.final_total
@@ -302,13 +351,17 @@ impl FloodResult {
             )
         });
         format!(
-            "flood: {} errors in {:.1} s ({} EIO returned), agent reported {} ({}; {} program runs skipped by the kernel), CPU {:.1} %, peak RSS {:.1} MB (at start {:.1} MB), RSS {:.1} MB{beside}",
+            "flood: {} errors in {:.1} s ({} EIO returned), agent reported {} ({}; {} program runs skipped by the kernel; {}), CPU {:.1} %, peak RSS {:.1} MB (at start {:.1} MB), RSS {:.1} MB{beside}",
             self.injected,
             self.elapsed.as_secs_f64(),
             self.eio_returned,
             self.reported,
-            if self.exact() { "exact" } else { "NOT EXACT" },
+            self.verdict(),
             self.recursion_misses,
+            self.witness.map_or("no tracer witness".to_string(), |w| format!(
+                "the kernel traced {} failed requests, the agent reported {} of them as run through no program",
+                w.traced, w.uncounted
+            )),
             self.cpu_pct,
             self.vm_hwm_kb as f64 / 1024.0,
             self.hwm_ready_kb as f64 / 1024.0,

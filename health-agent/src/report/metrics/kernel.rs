@@ -165,6 +165,7 @@ impl Metrics {
                 prev.program_misses,
                 s.program_misses,
             ),
+            (&self.kernel_uncounted_errors, prev.uncounted, s.uncounted),
             (
                 &self.bio_errors_passed_up,
                 prev.bio_propagated,
@@ -274,6 +275,8 @@ mod tests {
             late_samples: 99,
             program_misses: wb + 1,
             bad_records: 0,
+            traced: Some(100),
+            uncounted: ring * 2,
         };
         let values = |m: &Metrics| {
             [
@@ -282,6 +285,7 @@ mod tests {
                 "volume_health_counter_map_full_total",
                 "volume_health_writeback_repeats_merged_total",
                 "volume_health_kernel_program_misses_total",
+                "volume_health_kernel_uncounted_errors_total",
             ]
             .map(|n| samples(m, n))
         };
@@ -295,6 +299,7 @@ mod tests {
                 ["volume_health_counter_map_full_total 0"],
                 ["volume_health_writeback_repeats_merged_total 4"],
                 ["volume_health_kernel_program_misses_total 5"],
+                ["volume_health_kernel_uncounted_errors_total 10"],
             ]
         );
         // The maps were recreated: counting restarted, nothing is taken back.
@@ -307,6 +312,7 @@ mod tests {
                 ["volume_health_counter_map_full_total 1"],
                 ["volume_health_writeback_repeats_merged_total 7"],
                 ["volume_health_kernel_program_misses_total 9"],
+                ["volume_health_kernel_uncounted_errors_total 10"],
             ]
         );
         // Deltas continue from the restarted values.
@@ -319,6 +325,7 @@ mod tests {
                 ["volume_health_counter_map_full_total 1"],
                 ["volume_health_writeback_repeats_merged_total 7"],
                 ["volume_health_kernel_program_misses_total 9"],
+                ["volume_health_kernel_uncounted_errors_total 10"],
             ]
         );
     }

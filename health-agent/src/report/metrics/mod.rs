@@ -76,6 +76,7 @@ pub struct Metrics {
     counter_map_full: Counter,
     writeback_repeats_merged: Counter,
     kernel_program_misses: Counter,
+    kernel_uncounted_errors: Counter,
     bio_errors_passed_up: Counter,
     input_errors: Family<InputLabels, Counter>,
     /// The last cumulative stats seen, for deltas.
@@ -131,6 +132,7 @@ impl Metrics {
             counter_map_full: Counter::default(),
             writeback_repeats_merged: Counter::default(),
             kernel_program_misses: Counter::default(),
+            kernel_uncounted_errors: Counter::default(),
             bio_errors_passed_up: Counter::default(),
             input_errors: Family::default(),
             last_stats: Mutex::default(),
@@ -188,6 +190,11 @@ impl Metrics {
             "kernel_program_misses",
             "Runs of the agent's kernel programs the kernel skipped because another BPF program was running on that CPU: errors not in any count",
             self.kernel_program_misses.clone(),
+        );
+        r.register(
+            "kernel_uncounted_errors",
+            "Failed block requests the kernel's tracer saw that none of the agent's programs counted (the kernel ran none for them): errors not in any count",
+            self.kernel_uncounted_errors.clone(),
         );
         r.register(
             "bio_errors_passed_up",

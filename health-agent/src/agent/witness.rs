@@ -1,0 +1,101 @@
+//! The agent loop's use of the tracer witness ([`crate::kernel::witness`]):
+//! started after the programs, checked at every reconcile tick, and read
+//! a last time before the programs detach.
+
+use std::path::Path;
+
+use health_common::source;
+
+use crate::kernel::collector::{Collector, KernelStats};
+use crate::kernel::tracefs::Tracefs;
+use crate::kernel::witness::{Watch, WitnessError};
+
+/// Starts the witness; says in one line what it does or why there is none.
+pub(super) fn start(sys_root: &Path, collector: &Collector) -> Option<Watch> {
+    let counted = match collector.counted(source::BLOCK_RQ_ERROR) {
+        Ok(n) => n,
+        Err(e) => {
+            tracing::warn!("no tracer witness: {e}");
+            return None;
+        }
+    };
+    let started = Tracefs::locate(sys_root)
+        .map_err(|e| WhyNot::Other(Box::new(e)))
+        .and_then(|t| Watch::start(t.root(), counted).map_err(WhyNot::from));
+    match started {
+        Ok(w) => {
+            tracing::info!(
+                "tracer witness: {} counts the failed requests the kernel traces at block_rq_error",
+                w.dir().display()
+            );
+            Some(w)
+        }
+        // Kernels without it (5.10 among them) count failed requests at
+        // block_rq_complete, which the tracer could only watch at a cost on
+        // every healthy request.
+        Err(WhyNot::NoEvent) => {
+            tracing::info!("no tracer witness: this kernel has no block:block_rq_error tracepoint");
+            None
+        }
+        Err(WhyNot::Other(e)) => {
+            tracing::warn!("no tracer witness ({e}): failed requests the kernel runs no program for would go unnoticed");
+            None
+        }
+    }
+}
+
+enum WhyNot {
+    NoEvent,
+    Other(Box<dyn std::fmt::Display>),
+}
+
+impl From<WitnessError> for WhyNot {
+    fn from(e: WitnessError) -> Self {
+        match e {
+            WitnessError::NoEvent => WhyNot::NoEvent,
+            e => WhyNot::Other(Box::new(e)),
+        }
+    }
+}
+
+/// The witness's count, read before the programs' (see
+/// [`crate::kernel::witness::Uncounted`]); a witness that cannot be read
+/// any more is dropped with a warning.
+pub(super) fn read(witness: &mut Option<Watch>) -> Option<u64> {
+    let w = witness.as_ref()?;
+    match w.traced() {
+        Ok(n) => Some(n),
+        Err(e) => {
+            tracing::warn!("reading the tracer witness failed, dropping it: {e}");
+            *witness = None;
+            None
+        }
+    }
+}
+
+/// Compares `traced` (from [`read`]) with what the programs counted,
+/// warns when failed requests went uncounted, and puts the figures into
+/// `stats`.
+pub(super) fn check(
+    witness: &mut Option<Watch>,
+    traced: Option<u64>,
+    collector: &Collector,
+    stats: &mut KernelStats,
+) -> anyhow::Result<()> {
+    let (Some(w), Some(traced)) = (witness.as_mut(), traced) else {
+        return Ok(());
+    };
+    let counted = collector.counted(source::BLOCK_RQ_ERROR)?;
+    let grew = w.observe(traced, counted);
+    let figures = w.figures();
+    if grew > 0 {
+        tracing::warn!(
+            uncounted = grew,
+            total = figures.uncounted,
+            "the kernel traced failed block requests that it ran none of the agent's programs for; they are not in the counts"
+        );
+    }
+    stats.traced = Some(figures.traced);
+    stats.uncounted = figures.uncounted;
+    Ok(())
+}

@@ -1,0 +1,253 @@
+//! A second count of failed block requests, kept by the kernel's tracer.
+//!
+//! The programs count every failed request the kernel runs them for. A
+//! kernel may call a tracepoint's ftrace probe and not its BPF programs:
+//! this project's VM kind runs no BPF program and no perf event while one
+//! of its PID 1's threads is current, and a block completion in a softirq
+//! that happens to interrupt such a thread is lost to every BPF tool, with
+//! no miss counted anywhere (BENCHMARKS.md §3). The agent cannot count
+//! those errors, but it must not hide them.
+//!
+//! So, where the kernel has `block:block_rq_error`, the agent keeps a
+//! tracefs instance of its own (`instances/volume-health-<pid>`) with only
+//! that event enabled, in a ring buffer of one page per CPU. Nothing ever
+//! reads the events; the ring buffer's per-CPU statistics count every one
+//! written (`entries` still there, plus `overrun`, `commit overrun` and
+//! `dropped events`), so their sum is how many failed requests the kernel
+//! traced since the instance was made. The cost is the tracer's write of
+//! one record per failed request; healthy requests never reach the event.
+//!
+//! [`Uncounted`] turns that and the programs' own count into the number of
+//! traced failures no program counted, never over-estimated (see there).
+//! The instance is this process's: it is removed on drop, and instances
+//! left by processes that are gone (SIGKILL) are removed at start.
+
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+
+/// The event the witness counts.
+const EVENT: &str = "events/block/block_rq_error/enable";
+/// Instances are named `<PREFIX><pid>`.
+const PREFIX: &str = "volume-health-";
+/// The ring buffer size asked for, per CPU; the kernel rounds it up to a
+/// page. The events are only counted, never read.
+const BUFFER_KB: &str = "4";
+
+#[derive(Debug, thiserror::Error)]
+pub enum WitnessError {
+    #[error("this kernel has no block:block_rq_error tracepoint")]
+    NoEvent,
+    #[error("{}: {error}", .path.display())]
+    Io { path: PathBuf, error: io::Error },
+    #[error("{}: no `{field}` figure", .path.display())]
+    Stats { path: PathBuf, field: &'static str },
+}
+
+fn io_error(path: &Path) -> impl FnOnce(io::Error) -> WitnessError + '_ {
+    move |error| WitnessError::Io {
+        path: path.to_path_buf(),
+        error,
+    }
+}
+
+/// A tracefs instance counting `block_rq_error` events.
+#[derive(Debug)]
+pub struct Witness {
+    dir: PathBuf,
+}
+
+impl Witness {
+    /// Makes this process's instance under the tracefs at `tracefs_root`
+    /// and enables the event in it.
+    pub fn start(tracefs_root: &Path) -> Result<Self, WitnessError> {
+        if !tracefs_root.join(EVENT).exists() {
+            return Err(WitnessError::NoEvent);
+        }
+        let instances = tracefs_root.join("instances");
+        remove_stale(&instances);
+        let dir = instances.join(format!("{PREFIX}{}", std::process::id()));
+        // Only a process that is gone could have left one with our pid.
+        if dir.exists() {
+            remove(&dir)?;
+        }
+        fs::create_dir(&dir).map_err(io_error(&dir))?;
+        // Owned from here on: a failure below removes it again.
+        let witness = Self { dir };
+        let size = witness.dir.join("buffer_size_kb");
+        fs::write(&size, BUFFER_KB).map_err(io_error(&size))?;
+        let enable = witness.dir.join(EVENT);
+        fs::write(&enable, "1").map_err(io_error(&enable))?;
+        Ok(witness)
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// How many `block_rq_error` events the kernel traced since the
+    /// instance was made, summed over CPUs.
+    pub fn traced(&self) -> Result<u64, WitnessError> {
+        let per_cpu = self.dir.join("per_cpu");
+        let mut total = 0;
+        for entry in fs::read_dir(&per_cpu).map_err(io_error(&per_cpu))? {
+            let entry = entry.map_err(io_error(&per_cpu))?;
+            if !entry.file_name().to_string_lossy().starts_with("cpu") {
+                continue;
+            }
+            let path = entry.path().join("stats");
+            let text = read_once(&path).map_err(io_error(&path))?;
+            total += written(&text).map_err(|field| WitnessError::Stats { path, field })?;
+        }
+        Ok(total)
+    }
+}
+
+impl Drop for Witness {
+    fn drop(&mut self) {
+        if let Err(e) = remove(&self.dir) {
+            tracing::warn!("removing the tracer witness: {e}");
+        }
+    }
+}
+
+/// Events written to one CPU's ring buffer, from its `stats` file: those
+/// still in it and those overwritten or dropped. Names the missing figure.
+pub(crate) fn written(stats: &str) -> Result<u64, &'static str> {
+    let figure = |name: &'static str| {
+        stats
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .ok_or(name)
+    };
+    // `dropped events` counts only in a non-overwriting buffer (0 here),
+    // and older kernels lack it.
+    let dropped = figure("dropped events").unwrap_or(0);
+    Ok(figure("entries")? + figure("overrun")? + figure("commit overrun")? + dropped)
+}
+
+/// Reads a tracefs statistics file in one `read`: the kernel formats it
+/// anew on every call, so a second read (which `read_to_string` makes
+/// after a short first one) continues at an offset into figures that have
+/// changed length meanwhile, and splices two versions into a broken line.
+fn read_once(path: &Path) -> io::Result<String> {
+    use std::io::Read;
+    let mut buf = [0u8; 4096];
+    let n = fs::File::open(path)?.read(&mut buf)?;
+    Ok(String::from_utf8_lossy(&buf[..n]).into_owned())
+}
+
+/// Disables the event and removes the instance (the kernel refuses to
+/// remove one whose files are open; nothing here keeps one open).
+fn remove(dir: &Path) -> Result<(), WitnessError> {
+    let enable = dir.join(EVENT);
+    if enable.exists() {
+        fs::write(&enable, "0").map_err(io_error(&enable))?;
+    }
+    fs::remove_dir(dir).map_err(io_error(dir))
+}
+
+/// Removes the instances of agent processes that no longer exist.
+fn remove_stale(instances: &Path) {
+    let Ok(entries) = fs::read_dir(instances) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(PREFIX))
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists() {
+            match remove(&entry.path()) {
+                Ok(()) => tracing::info!(pid, "removed the tracer witness of a gone agent"),
+                Err(e) => tracing::warn!("removing a gone agent's tracer witness: {e}"),
+            }
+        }
+    }
+}
+
+/// Failed requests the kernel traced that no program counted.
+///
+/// Both counts only grow. `observe` is given the traced count read
+/// *before* the programs' count: errors in between are then in the
+/// programs' count only, so the estimate can only fall short of the truth,
+/// never exceed it, and the largest estimate so far is kept. Once errors
+/// stop, the two reads agree and the figure is exact.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Uncounted {
+    traced_at_start: u64,
+    counted_at_start: u64,
+    /// Traced since start, at the last observation.
+    pub traced: u64,
+    /// The largest estimate so far.
+    pub uncounted: u64,
+}
+
+impl Uncounted {
+    /// `counted` is read before the instance is made (and `traced` is then
+    /// 0 or read right after it), so the errors in between are counted
+    /// without being traced: again an under-estimate.
+    pub fn new(traced: u64, counted: u64) -> Self {
+        Self {
+            traced_at_start: traced,
+            counted_at_start: counted,
+            traced: 0,
+            uncounted: 0,
+        }
+    }
+
+    /// Takes a new pair of reads; returns how much the figure grew.
+    pub fn observe(&mut self, traced: u64, counted: u64) -> u64 {
+        self.traced = traced.saturating_sub(self.traced_at_start);
+        let counted = counted.saturating_sub(self.counted_at_start);
+        let estimate = self.traced.saturating_sub(counted);
+        let grew = estimate.saturating_sub(self.uncounted);
+        self.uncounted += grew;
+        grew
+    }
+}
+
+/// The witness with its figure, as the agent loop keeps them.
+#[derive(Debug)]
+pub struct Watch {
+    witness: Witness,
+    figures: Uncounted,
+}
+
+impl Watch {
+    /// `counted`: the programs' count for `block_rq_error`, read first.
+    pub fn start(tracefs_root: &Path, counted: u64) -> Result<Self, WitnessError> {
+        let witness = Witness::start(tracefs_root)?;
+        let traced = witness.traced()?;
+        Ok(Self {
+            witness,
+            figures: Uncounted::new(traced, counted),
+        })
+    }
+
+    pub fn dir(&self) -> &Path {
+        self.witness.dir()
+    }
+
+    /// Read it before the programs' count (see [`Uncounted`]).
+    pub fn traced(&self) -> Result<u64, WitnessError> {
+        self.witness.traced()
+    }
+
+    /// See [`Uncounted::observe`].
+    pub fn observe(&mut self, traced: u64, counted: u64) -> u64 {
+        self.figures.observe(traced, counted)
+    }
+
+    pub fn figures(&self) -> Uncounted {
+        self.figures
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,88 @@
+use super::*;
+
+const STATS: &str = "entries: 127\noverrun: 336096\ncommit overrun: 2\nbytes: 4064\n\
+oldest event ts: 10301.480733\nnow ts: 10310.002146\ndropped events: 0\nread events: 0\n";
+
+#[test]
+fn written_adds_what_is_left_overwritten_and_dropped() {
+    assert_eq!(written(STATS), Ok(127 + 336096 + 2));
+    // Kernels without the `dropped events` line.
+    assert_eq!(
+        written("entries: 3\noverrun: 4\ncommit overrun: 0\n"),
+        Ok(7)
+    );
+    // `read events` is not a prefix match of anything counted.
+    assert_eq!(
+        written("entries: 0\noverrun: 0\ncommit overrun: 0\nread events: 9\n"),
+        Ok(0)
+    );
+}
+
+#[test]
+fn written_names_a_missing_figure() {
+    assert_eq!(written("entries: 3\ncommit overrun: 0\n"), Err("overrun"));
+    assert_eq!(written("entries: x\noverrun: 1\n"), Err("entries"));
+    assert_eq!(written(""), Err("entries"));
+}
+
+#[test]
+fn uncounted_is_what_was_traced_beyond_what_was_counted_since_start() {
+    // 40 traced before the instance existed (another process's), 1000
+    // counted before this process started.
+    let mut u = Uncounted::new(40, 1000);
+    assert_eq!(u.observe(40, 1000), 0);
+    // 500 failures, the programs ran for 497 of them.
+    assert_eq!(u.observe(540, 1497), 3);
+    assert_eq!((u.traced, u.uncounted), (500, 3));
+    // Read mid-flood: the programs' count was read later and is ahead.
+    assert_eq!(u.observe(600, 1610), 0);
+    assert_eq!((u.traced, u.uncounted), (560, 3));
+    // Quiet again: exact, and one more was lost meanwhile.
+    assert_eq!(u.observe(700, 1656), 1);
+    assert_eq!((u.traced, u.uncounted), (660, 4));
+}
+
+#[test]
+fn uncounted_never_goes_down() {
+    let mut u = Uncounted::new(0, 0);
+    assert_eq!(u.observe(10, 7), 3);
+    // The programs counted one the tracer did not (it dropped a record it
+    // could not write): the figure stays.
+    assert_eq!(u.observe(11, 11), 0);
+    assert_eq!(u.uncounted, 3);
+}
+
+/// The real tracefs: the instance is made with the event on and a small
+/// buffer, counts, is removed on drop, and a gone agent's is cleaned up.
+#[test]
+fn an_instance_of_its_own_on_the_real_tracefs() {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "the witness test makes a tracefs instance: run it as root"
+    );
+    let root = crate::kernel::tracefs::Tracefs::locate(Path::new("/sys"))
+        .expect("tracefs")
+        .root()
+        .to_path_buf();
+    // A process id above the kernel's limit is never alive.
+    let stale = root.join("instances").join(format!("{PREFIX}4194305"));
+    fs::create_dir(&stale).expect("making a stale instance");
+    let w = Witness::start(&root).expect("starting the witness");
+    assert!(!stale.exists(), "the gone agent's instance is still there");
+    assert_eq!(
+        w.dir(),
+        root.join(format!("instances/{PREFIX}{}", std::process::id()))
+    );
+    assert_eq!(fs::read_to_string(w.dir().join(EVENT)).unwrap().trim(), "1");
+    let kb: u64 = fs::read_to_string(w.dir().join("buffer_size_kb"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(kb <= 8, "buffer of {kb} KiB per CPU");
+    // Other tests may fail requests meanwhile: only that it reads.
+    w.traced().expect("reading the counts");
+    let dir = w.dir().to_path_buf();
+    drop(w);
+    assert!(!dir.exists(), "{} left behind", dir.display());
+}
