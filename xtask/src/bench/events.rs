@@ -196,11 +196,6 @@ pub fn run(tools: &Tools, cfg: &Config) -> Result<EventsResult> {
             Err(e) if e.raw_os_error() == Some(libc::EIO) => {}
             other => bail!("round {round}: expected EIO, got {other:?}"),
         }
-        disk.remove_rule(rule)?;
-        let injected = disk.injections_since(since)?;
-        let [inj] = injected.as_slice() else {
-            bail!("round {round}: {} injections for one write", injected.len());
-        };
         let creates = |api: &FakeApiServer, reason: &str| -> Vec<(String, Option<u64>, u64)> {
             api.requests_since(seen)
                 .into_iter()
@@ -226,6 +221,13 @@ pub fn run(tools: &Tools, cfg: &Config) -> Result<EventsResult> {
                 (c.len() == 2).then_some(c)
             })
             .with_context(|| format!("round {round}: the Warning events"))?;
+        // The fault disk's bookkeeping only now: its control connection
+        // would otherwise compete for the CPUs with the path measured.
+        disk.remove_rule(rule)?;
+        let injected = disk.injections_since(since)?;
+        let [inj] = injected.as_slice() else {
+            bail!("round {round}: {} injections for one write", injected.len());
+        };
         if cfg.trace {
             for r in &api.requests_since(seen) {
                 let rx = r.rx_mono_ns.unwrap_or(0);
