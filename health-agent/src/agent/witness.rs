@@ -8,10 +8,10 @@ use health_common::source;
 
 use crate::kernel::collector::{Collector, KernelStats};
 use crate::kernel::tracefs::Tracefs;
-use crate::kernel::witness::{Watch, WitnessError};
+use crate::kernel::witness::{Witness, WitnessError};
 
 /// Starts the witness; says in one line what it does or why there is none.
-pub(super) fn start(sys_root: &Path, collector: &Collector) -> Option<Watch> {
+pub(super) fn start(sys_root: &Path, collector: &Collector) -> Option<Witness> {
     let counted = match collector.counted(source::BLOCK_RQ_ERROR) {
         Ok(n) => n,
         Err(e) => {
@@ -19,10 +19,14 @@ pub(super) fn start(sys_root: &Path, collector: &Collector) -> Option<Watch> {
             return None;
         }
     };
-    let started = Tracefs::locate(sys_root)
-        .map_err(|e| WhyNot::Other(Box::new(e)))
-        .and_then(|t| Watch::start(t.root(), counted).map_err(WhyNot::from));
-    match started {
+    let tracefs = match Tracefs::locate(sys_root) {
+        Ok(t) => t,
+        Err(e) => {
+            tracing::warn!("no tracer witness ({e}): {UNNOTICED}");
+            return None;
+        }
+    };
+    match Witness::start(tracefs.root(), counted) {
         Ok(w) => {
             tracing::info!(
                 "tracer witness: {} counts the failed requests the kernel traces at block_rq_error",
@@ -33,35 +37,23 @@ pub(super) fn start(sys_root: &Path, collector: &Collector) -> Option<Watch> {
         // Kernels without it (5.10 among them) count failed requests at
         // block_rq_complete, which the tracer could only watch at a cost on
         // every healthy request.
-        Err(WhyNot::NoEvent) => {
+        Err(WitnessError::NoEvent) => {
             tracing::info!("no tracer witness: this kernel has no block:block_rq_error tracepoint");
             None
         }
-        Err(WhyNot::Other(e)) => {
-            tracing::warn!("no tracer witness ({e}): failed requests the kernel runs no program for would go unnoticed");
+        Err(e) => {
+            tracing::warn!("no tracer witness ({e}): {UNNOTICED}");
             None
         }
     }
 }
 
-enum WhyNot {
-    NoEvent,
-    Other(Box<dyn std::fmt::Display>),
-}
-
-impl From<WitnessError> for WhyNot {
-    fn from(e: WitnessError) -> Self {
-        match e {
-            WitnessError::NoEvent => WhyNot::NoEvent,
-            e => WhyNot::Other(Box::new(e)),
-        }
-    }
-}
+const UNNOTICED: &str = "failed requests the kernel runs no program for would go unnoticed";
 
 /// The witness's count, read before the programs' (see
 /// [`crate::kernel::witness::Uncounted`]); a witness that cannot be read
 /// any more is dropped with a warning.
-pub(super) fn read(witness: &mut Option<Watch>) -> Option<u64> {
+pub(super) fn read(witness: &mut Option<Witness>) -> Option<u64> {
     let w = witness.as_ref()?;
     match w.traced() {
         Ok(n) => Some(n),
@@ -77,7 +69,7 @@ pub(super) fn read(witness: &mut Option<Watch>) -> Option<u64> {
 /// warns when failed requests went uncounted, and puts the figures into
 /// `stats`.
 pub(super) fn check(
-    witness: &mut Option<Watch>,
+    witness: &mut Option<Witness>,
     traced: Option<u64>,
     collector: &Collector,
     stats: &mut KernelStats,

@@ -17,6 +17,7 @@ pub mod kubelet_dir;
 pub mod mountinfo;
 pub mod ringbuf;
 pub mod sysfs;
+pub mod trace_stats;
 pub mod tracefs;
 pub mod vol_data;
 
@@ -31,6 +32,7 @@ pub const TARGETS: &[(&str, Run)] = &[
     ("mountinfo", mountinfo::run),
     ("ringbuf", ringbuf::run),
     ("sysfs", sysfs::run),
+    ("trace_stats", trace_stats::run),
     ("tracefs", tracefs::run),
     ("vol_data", vol_data::run),
 ];

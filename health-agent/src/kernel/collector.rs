@@ -103,6 +103,9 @@ pub struct Collector {
     bad_records: u64,
     /// What the pruned keys had counted, per source (see [`Collector::counted`]).
     pruned: HashMap<u8, u64>,
+    /// The counters' sums per source as the last [`Collector::reconcile`]
+    /// read them (`None` before the first).
+    reconciled: Option<HashMap<u8, u64>>,
 }
 
 impl Collector {
@@ -165,6 +168,7 @@ impl Collector {
             late_samples: 0,
             bad_records: 0,
             pruned: HashMap::new(),
+            reconciled: None,
         };
         Ok((
             collector,
@@ -217,11 +221,13 @@ impl Collector {
         final_: bool,
         out: &mut Vec<KernelError>,
     ) -> Result<(), CollectorError> {
+        let mut sums = HashMap::new();
         for entry in self.counts.iter() {
             let (key, per_cpu) = entry.map_err(|error| CollectorError::Map {
                 map: "COUNTS",
                 error,
             })?;
+            *sums.entry(key.source).or_insert(0) += per_cpu.iter().sum::<u64>();
             for (cpu, &value) in per_cpu.iter().enumerate() {
                 if value == 0 {
                     continue;
@@ -245,6 +251,7 @@ impl Collector {
                 }
             }
         }
+        self.reconciled = Some(sums);
         Ok(())
     }
 
@@ -351,32 +358,37 @@ impl Collector {
     /// were made, pruned keys included, plus the errors no counter could
     /// hold (the counter map was full; not told apart by source, so they
     /// are added whatever it is): the figure [`crate::kernel::witness`]
-    /// compares with the tracer's.
+    /// compares with the tracer's. The counters are taken as the last
+    /// [`Collector::reconcile`] read them, which walks them all anyway (call
+    /// it right after one), and read now only before the first.
     pub fn counted(&self, source: u8) -> Result<u64, CollectorError> {
-        let mut total = self.pruned.get(&source).copied().unwrap_or(0);
-        for entry in self.counts.iter() {
-            let (key, per_cpu) = entry.map_err(|error| CollectorError::Map {
-                map: "COUNTS",
+        let in_counters = match &self.reconciled {
+            Some(sums) => sums.get(&source).copied().unwrap_or(0),
+            None => self
+                .totals()?
+                .iter()
+                .filter(|(key, _)| key.source == source)
+                .map(|(_, n)| n)
+                .sum(),
+        };
+        let pruned = self.pruned.get(&source).copied().unwrap_or(0);
+        Ok(pruned + in_counters + self.stat(stat::COUNTER_MAP_FULL)?)
+    }
+
+    /// One kernel stat, summed over CPUs.
+    fn stat(&self, slot: u32) -> Result<u64, CollectorError> {
+        let per_cpu = self
+            .stats
+            .get(&slot, 0)
+            .map_err(|error| CollectorError::Map {
+                map: "STATS",
                 error,
             })?;
-            if key.source == source {
-                total += per_cpu.iter().sum::<u64>();
-            }
-        }
-        Ok(total + self.kernel_stats()?.counter_map_full)
+        Ok(per_cpu.iter().sum())
     }
 
     pub fn kernel_stats(&self) -> Result<KernelStats, CollectorError> {
-        let read = |slot: u32| -> Result<u64, CollectorError> {
-            let per_cpu = self
-                .stats
-                .get(&slot, 0)
-                .map_err(|error| CollectorError::Map {
-                    map: "STATS",
-                    error,
-                })?;
-            Ok(per_cpu.iter().sum())
-        };
+        let read = |slot| self.stat(slot);
         Ok(KernelStats {
             samples_suppressed: read(stat::SAMPLES_SUPPRESSED)?,
             ringbuf_full: read(stat::RINGBUF_FULL)?,

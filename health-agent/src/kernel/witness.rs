@@ -51,16 +51,19 @@ fn io_error(path: &Path) -> impl FnOnce(io::Error) -> WitnessError + '_ {
     }
 }
 
-/// A tracefs instance counting `block_rq_error` events.
+/// A tracefs instance counting `block_rq_error` events, and the figure
+/// drawn from it.
 #[derive(Debug)]
 pub struct Witness {
     dir: PathBuf,
+    figures: Uncounted,
 }
 
 impl Witness {
     /// Makes this process's instance under the tracefs at `tracefs_root`
-    /// and enables the event in it.
-    pub fn start(tracefs_root: &Path) -> Result<Self, WitnessError> {
+    /// and enables the event in it. `counted`: the programs' count for
+    /// `block_rq_error`, read first (see [`Uncounted::new`]).
+    pub fn start(tracefs_root: &Path, counted: u64) -> Result<Self, WitnessError> {
         if !tracefs_root.join(EVENT).exists() {
             return Err(WitnessError::NoEvent);
         }
@@ -73,11 +76,15 @@ impl Witness {
         }
         fs::create_dir(&dir).map_err(io_error(&dir))?;
         // Owned from here on: a failure below removes it again.
-        let witness = Self { dir };
+        let mut witness = Self {
+            dir,
+            figures: Uncounted::default(),
+        };
         let size = witness.dir.join("buffer_size_kb");
         fs::write(&size, BUFFER_KB).map_err(io_error(&size))?;
         let enable = witness.dir.join(EVENT);
         fs::write(&enable, "1").map_err(io_error(&enable))?;
+        witness.figures = Uncounted::new(witness.traced()?, counted);
         Ok(witness)
     }
 
@@ -85,8 +92,18 @@ impl Witness {
         &self.dir
     }
 
+    /// See [`Uncounted::observe`].
+    pub fn observe(&mut self, traced: u64, counted: u64) -> u64 {
+        self.figures.observe(traced, counted)
+    }
+
+    pub fn figures(&self) -> Uncounted {
+        self.figures
+    }
+
     /// How many `block_rq_error` events the kernel traced since the
-    /// instance was made, summed over CPUs.
+    /// instance was made, summed over CPUs; read it before the programs'
+    /// count (see [`Uncounted`]).
     pub fn traced(&self) -> Result<u64, WitnessError> {
         let per_cpu = self.dir.join("per_cpu");
         let mut total = 0;
@@ -97,7 +114,8 @@ impl Witness {
             }
             let path = entry.path().join("stats");
             let text = read_once(&path).map_err(io_error(&path))?;
-            total += written(&text).map_err(|field| WitnessError::Stats { path, field })?;
+            let n = written(&text).map_err(|field| WitnessError::Stats { path, field })?;
+            total = n.saturating_add(total);
         }
         Ok(total)
     }
@@ -124,7 +142,14 @@ pub(crate) fn written(stats: &str) -> Result<u64, &'static str> {
     // `dropped events` counts only in a non-overwriting buffer (0 here),
     // and older kernels lack it.
     let dropped = figure("dropped events").unwrap_or(0);
-    Ok(figure("entries")? + figure("overrun")? + figure("commit overrun")? + dropped)
+    // Saturating: the figures are the kernel's, not to be trusted to fit.
+    let figures = [
+        figure("entries")?,
+        figure("overrun")?,
+        figure("commit overrun")?,
+        dropped,
+    ];
+    Ok(figures.into_iter().fold(0, u64::saturating_add))
 }
 
 /// Reads a tracefs statistics file in one `read`: the kernel formats it
@@ -209,43 +234,6 @@ impl Uncounted {
         let grew = estimate.saturating_sub(self.uncounted);
         self.uncounted += grew;
         grew
-    }
-}
-
-/// The witness with its figure, as the agent loop keeps them.
-#[derive(Debug)]
-pub struct Watch {
-    witness: Witness,
-    figures: Uncounted,
-}
-
-impl Watch {
-    /// `counted`: the programs' count for `block_rq_error`, read first.
-    pub fn start(tracefs_root: &Path, counted: u64) -> Result<Self, WitnessError> {
-        let witness = Witness::start(tracefs_root)?;
-        let traced = witness.traced()?;
-        Ok(Self {
-            witness,
-            figures: Uncounted::new(traced, counted),
-        })
-    }
-
-    pub fn dir(&self) -> &Path {
-        self.witness.dir()
-    }
-
-    /// Read it before the programs' count (see [`Uncounted`]).
-    pub fn traced(&self) -> Result<u64, WitnessError> {
-        self.witness.traced()
-    }
-
-    /// See [`Uncounted::observe`].
-    pub fn observe(&mut self, traced: u64, counted: u64) -> u64 {
-        self.figures.observe(traced, counted)
-    }
-
-    pub fn figures(&self) -> Uncounted {
-        self.figures
     }
 }
 

@@ -255,7 +255,7 @@ pub fn print_changes(changes: &[VolumeChanges], index: &VolumeIndex, json: bool)
 }
 
 /// The tracer witness's figures for the `kernel side:` line.
-pub(crate) fn witness_text(stats: &KernelStats) -> String {
+fn witness_text(stats: &KernelStats) -> String {
     match stats.traced {
         Some(traced) => format!(
             "the kernel's tracer saw {traced} failed requests at block_rq_error, {} of them counted by no program (the kernel ran none for them)",

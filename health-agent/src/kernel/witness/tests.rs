@@ -52,6 +52,32 @@ fn uncounted_never_goes_down() {
     assert_eq!(u.uncounted, 3);
 }
 
+proptest::proptest! {
+    /// The kernel's layout, any figures: their sum, never an overflow.
+    #[test]
+    fn written_sums_the_kernel_layout(
+        f in proptest::array::uniform4(proptest::prelude::any::<u64>()),
+        read_events in proptest::prelude::any::<u64>(),
+    ) {
+        let text = format!(
+            "entries: {}\noverrun: {}\ncommit overrun: {}\nbytes: 4064\n\
+             oldest event ts: 10301.480733\nnow ts: 10310.002146\n\
+             dropped events: {}\nread events: {read_events}\n",
+            f[0], f[1], f[2], f[3]
+        );
+        let want = f.iter().fold(0u64, |a, &b| a.saturating_add(b));
+        proptest::prop_assert_eq!(written(&text), Ok(want));
+    }
+
+    /// Any text: a sum or the name of a figure it lacks, never a panic.
+    #[test]
+    fn written_takes_any_text(text in "(?s).{0,400}") {
+        if let Err(name) = written(&text) {
+            proptest::prop_assert!(["entries", "overrun", "commit overrun"].contains(&name));
+        }
+    }
+}
+
 /// The real tracefs: the instance is made with the event on and a small
 /// buffer, counts, is removed on drop, and a gone agent's is cleaned up.
 #[test]
@@ -67,7 +93,7 @@ fn an_instance_of_its_own_on_the_real_tracefs() {
     // A process id above the kernel's limit is never alive.
     let stale = root.join("instances").join(format!("{PREFIX}4194305"));
     fs::create_dir(&stale).expect("making a stale instance");
-    let w = Witness::start(&root).expect("starting the witness");
+    let w = Witness::start(&root, 0).expect("starting the witness");
     assert!(!stale.exists(), "the gone agent's instance is still there");
     assert_eq!(
         w.dir(),
