@@ -302,7 +302,7 @@ fn main() -> ExitCode {
                 .enable_all()
                 .build()
                 .map_err(anyhow::Error::from)?;
-            let result = rt.block_on(agent::run(opts, view));
+            let result = rt.block_on(agent::run(opts, view, None));
             // A volume probe stuck on a hung mount holds a blocking thread
             // that may never return; dropping the runtime would wait for it.
             rt.shutdown_timeout(Duration::from_millis(200));

@@ -9,6 +9,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
+use futures_util::future::BoxFuture;
 use tokio::signal::unix::{signal, SignalKind};
 
 use crate::dev::Dev;
@@ -17,6 +18,7 @@ use crate::kernel::collector::{Collector, KernelError, KernelMapsRest};
 use crate::kernel::probes::{self, ProbeOptions, SourceState};
 use crate::report::Reporter;
 
+mod doorbell;
 mod kernel_maps;
 pub mod priority;
 mod witness;
@@ -53,23 +55,41 @@ const MIN_RESCAN_GAP: Duration = Duration::from_secs(1);
 /// The name of the thread the loop runs on (`ps -L`, `top -H`).
 pub const EVENT_THREAD: &str = "health-events";
 
+/// A task the caller wants next to the loop, on the event thread's own
+/// runtime, instead of on the caller's: cluster mode's Event writer, so that
+/// the first Event of an episode is written by the thread that drained the
+/// error, on the CPU it already runs on, without waking a thread of another
+/// runtime (which the kernel may place on the CPU still busy printing the
+/// failed request; BENCHMARKS.md section 5).
+pub struct Companion {
+    /// Spawned on the event thread's runtime before the loop starts; it
+    /// runs whenever the loop waits, at the thread's priority, so what it
+    /// does per wake-up must be bounded (the Event writer's is: a few
+    /// writes in flight, a per-object cap).
+    pub task: BoxFuture<'static, ()>,
+    /// Run on the same runtime after the loop ended, with `task` still
+    /// alive (the writer's final flush); `task` is dropped after it.
+    pub drain: BoxFuture<'static, ()>,
+}
+
 /// The agent loop: kernel errors, topology, volumes, and a reporter.
 ///
 /// The loop runs on its own thread ([`EVENT_THREAD`]) with its own
 /// single-threaded runtime, so that the wait on the sample ring buffer is
 /// this thread's own and can be given a raised priority ([`priority`]):
 /// tasks of the caller's runtime (HTTP, the API client) stay where they are,
-/// at normal priority.
+/// at normal priority; only a [`Companion`] joins the loop there.
 pub async fn run<R: Reporter + Send + 'static>(
     opts: AgentOptions,
     reporter: R,
+    companion: Option<Companion>,
 ) -> anyhow::Result<()> {
     let (done_tx, done_rx) = tokio::sync::oneshot::channel();
     let thread = std::thread::Builder::new()
         .name(EVENT_THREAD.into())
         .spawn(move || {
             // The receiver only goes away when the caller was dropped.
-            let _ = done_tx.send(event_thread(opts, reporter));
+            let _ = done_tx.send(event_thread(opts, reporter, companion));
         })
         .context("starting the event thread")?;
     let result = done_rx.await;
@@ -79,7 +99,11 @@ pub async fn run<R: Reporter + Send + 'static>(
     result.context("the event thread ended without a result")?
 }
 
-fn event_thread<R: Reporter>(opts: AgentOptions, reporter: R) -> anyhow::Result<()> {
+fn event_thread<R: Reporter>(
+    opts: AgentOptions,
+    reporter: R,
+    companion: Option<Companion>,
+) -> anyhow::Result<()> {
     let (prio, outcome) = EventThread::raise(opts.event_priority);
     if let Some(why) = &outcome.fallback {
         tracing::warn!("{why}");
@@ -94,7 +118,17 @@ fn event_thread<R: Reporter>(opts: AgentOptions, reporter: R) -> anyhow::Result<
         .enable_all()
         .build()
         .context("building the event thread's runtime")?;
+    let (task, drain) = match companion {
+        Some(c) => (Some(rt.spawn(c.task)), Some(c.drain)),
+        None => (None, None),
+    };
     let result = rt.block_on(agent_loop(opts, reporter, prio));
+    if let Some(drain) = drain {
+        rt.block_on(drain);
+    }
+    if let Some(task) = task {
+        task.abort();
+    }
     // A volume probe stuck on a hung mount holds a blocking thread that may
     // never return; dropping the runtime would wait for it.
     rt.shutdown_timeout(Duration::from_millis(200));
@@ -124,6 +158,13 @@ async fn agent_loop<R: Reporter>(
         tracing::info!("adopted programs that kept counting since the previous agent stopped");
     }
     let mut witness = witness::start(&opts.probes.sys_root, &collector);
+    let bells = match doorbell::Doorbells::start(collector.samples_fd(), opts.event_priority) {
+        Ok(b) => Some(b),
+        Err(e) => {
+            tracing::info!("no doorbells: {e}");
+            None
+        }
+    };
     let mut topo = Topology::scan(&opts.host).context("reading the device topology")?;
     reporter.input_errors(&topo.input_errors());
     if kernel_maps::sync(&topo, &opts.host, &mut rest).bio_based > 0 {
@@ -164,9 +205,14 @@ async fn agent_loop<R: Reporter>(
         // every other one is periodic or bulk work and runs at normal
         // priority until the end of the turn (see `priority`).
         let _bulk = tokio::select! {
-            r = collector.next_batch(&mut batch) => { r?; None }
+            r = collector.next_batch(&mut batch) => {
+                if let Some(b) = &bells { b.settle() }
+                r?;
+                None
+            }
             _ = reconcile.tick() => {
                 let bulk = prio.bulk();
+                if let Some(b) = &bells { b.settle() }
                 let traced = witness::read(&mut witness);
                 collector.reconcile(false, &mut batch)?;
                 let mut stats = collector.kernel_stats()?;

@@ -25,9 +25,12 @@
 //! which drops the thread to normal priority for that duration. What stays
 //! prioritized per wake-up is bounded: one drain of the ring buffer (at most
 //! its size in samples, `SAMPLES` in health-ebpf: 256 KiB / 112-byte records,
-//! about 2300) and their lines. `SCHED_RESET_ON_FORK` keeps the priority to
-//! this thread: threads it creates (tokio's blocking pool, where the volume
-//! probes run) start at normal priority.
+//! about 2300) and their lines, and a [`super::Companion`] task (cluster
+//! mode's Event writer, bounded by its recorder: a few writes in flight, a
+//! per-object cap). `SCHED_RESET_ON_FORK` keeps the priority to this thread:
+//! threads it creates (tokio's blocking pool, where the volume probes run)
+//! start at normal priority; the doorbells ([`super::doorbell`]) raise
+//! themselves to it.
 
 use std::cell::Cell;
 use std::fmt;

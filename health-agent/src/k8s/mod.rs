@@ -102,7 +102,14 @@ const FINAL_FLUSH: Duration = Duration::from_secs(3);
 
 /// `health-agent run`: the DaemonSet agent.
 pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
-    let client = client(opts.kubeconfig.as_deref()).await?;
+    let config = config(opts.kubeconfig.as_deref()).await?;
+    let client =
+        kube::Client::try_from(config.clone()).context("creating the Kubernetes client")?;
+    // The Event writer's own client: built here, where building can fail,
+    // and started on the event thread's runtime (its request queue and
+    // connections are tasks of the runtime it starts on).
+    let writer_client =
+        kube::client::ClientBuilder::try_from(config).context("creating the Kubernetes client")?;
     let metrics = Arc::new(Metrics::new());
     let health = Health::new(STALE_AFTER);
     let listener = http::bind(opts.metrics_addr).await?;
@@ -114,11 +121,28 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
     let (view, watchers) =
         cluster::ClusterView::start(client.clone(), &opts.node, Some(Arc::clone(&observer)));
     let shared = writer::Shared::new(events::Recorder::new(opts.events.clone()));
-    let writer = tokio::spawn(writer::run(
-        client.clone(),
-        Arc::clone(&shared),
-        Some(Arc::clone(&observer)),
-    ));
+    // Taking over an earlier process's open Events lists pages of them:
+    // bulk work, done here at normal priority. The writes wait for it.
+    let (recovered_tx, recovered_rx) = tokio::sync::oneshot::channel();
+    let recovery = tokio::spawn({
+        let (client, shared, observer) =
+            (client.clone(), Arc::clone(&shared), Arc::clone(&observer));
+        async move {
+            writer::recover(&client, &shared, Some(&*observer)).await;
+            let _ = recovered_tx.send(());
+        }
+    });
+    let companion = agent::Companion {
+        task: Box::pin({
+            let (shared, observer) = (Arc::clone(&shared), Arc::clone(&observer));
+            async move {
+                if recovered_rx.await.is_ok() {
+                    writer::write(writer_client.build(), shared, Some(observer)).await
+                }
+            }
+        }),
+        drain: Box::pin(final_flush(Arc::clone(&shared))),
+    };
     let board = status::SharedBoard::new(
         status::Board::new(
             opts.events.min_update_interval,
@@ -139,18 +163,9 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
     };
     let reporter =
         report::ClusterReporter::new(view, Arc::clone(&shared), metrics, health, Some(sink));
-    let result = agent::run(opts.agent, reporter).await;
+    let result = agent::run(opts.agent, reporter, Some(companion)).await;
 
-    // Give Events recorded at the end (the final reconcile) a moment.
-    let deadline = tokio::time::Instant::now() + FINAL_FLUSH;
-    shared.wake();
-    while shared.lock().has_pending() && tokio::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    if shared.lock().has_pending() {
-        tracing::warn!("stopping with Events not yet written (API server slow or away)");
-    }
-    writer.abort();
+    recovery.abort();
     status_writer.abort();
     server.abort();
     for w in watchers {
@@ -159,19 +174,36 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
     result
 }
 
-pub(crate) async fn client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<kube::Client> {
-    let config = match kubeconfig {
+/// Gives Events recorded at the end (the final reconcile) a moment to be
+/// written, on the runtime the writer runs on.
+async fn final_flush(shared: Arc<writer::Shared>) {
+    let deadline = tokio::time::Instant::now() + FINAL_FLUSH;
+    shared.wake();
+    while shared.lock().has_pending() && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    if shared.lock().has_pending() {
+        tracing::warn!("stopping with Events not yet written (API server slow or away)");
+    }
+}
+
+async fn config(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<kube::Config> {
+    match kubeconfig {
         Some(path) => {
             let kc = kube::config::Kubeconfig::read_from(path)
                 .with_context(|| format!("reading kubeconfig {}", path.display()))?;
             kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
                 .await
-                .with_context(|| format!("using kubeconfig {}", path.display()))?
+                .with_context(|| format!("using kubeconfig {}", path.display()))
         }
         None => kube::Config::infer().await.context(
             "no Kubernetes configuration: not in a pod with a service account, and no --kubeconfig",
-        )?,
-    };
+        ),
+    }
+}
+
+pub(crate) async fn client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<kube::Client> {
+    let config = config(kubeconfig).await?;
     kube::Client::try_from(config).context("creating the Kubernetes client")
 }
 

@@ -181,6 +181,13 @@ impl Collector {
         ))
     }
 
+    /// The sample ring buffer's descriptor, readable while samples are
+    /// unread (for the agent's doorbells).
+    pub fn samples_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        use std::os::fd::AsFd as _;
+        self.samples.get_ref().as_fd()
+    }
+
     /// Waits until the ring buffer has samples, then reads all of them.
     pub async fn next_batch(&mut self, out: &mut Vec<KernelError>) -> Result<(), CollectorError> {
         let mut guard = self.samples.readable_mut().await?;
