@@ -89,6 +89,7 @@ impl Doorbells {
                 cpu,
                 samples: samples.try_clone_to_owned().map_err(DoorbellError::Setup)?,
                 event_thread,
+                full,
                 flags: Arc::clone(&flags),
                 stop: Arc::clone(&stop),
                 priority,
@@ -155,6 +156,8 @@ struct Bell {
     cpu: usize,
     samples: OwnedFd,
     event_thread: Pid,
+    /// The event thread's own CPU set.
+    full: CpuSet,
     flags: Arc<Flags>,
     stop: Arc<EventFd>,
     priority: EventPriority,
@@ -201,12 +204,29 @@ impl Bell {
                 here.set(self.cpu)?;
                 // ESRCH: the event thread ended; the drop stops us next.
                 match sched_setaffinity(self.event_thread, &here) {
-                    Ok(()) => self.flags.narrowed.store(true, Ordering::Release),
+                    Ok(()) => self.narrowed()?,
                     Err(nix::Error::ESRCH) => {}
                     Err(e) => return Err(e.into()),
                 }
             }
         }
+    }
+
+    /// Records the narrowing for [`Doorbells::settle`]. The event thread may
+    /// have read the samples and settled between this doorbell's claim and
+    /// its narrowing (the claim is cleared then): nothing would give the
+    /// thread its CPU set back before the next tick, so the doorbell does.
+    fn narrowed(&self) -> io::Result<()> {
+        self.flags.narrowed.store(true, Ordering::Release);
+        if !self.flags.claimed.load(Ordering::Acquire)
+            && self.flags.narrowed.swap(false, Ordering::AcqRel)
+        {
+            match sched_setaffinity(self.event_thread, &self.full) {
+                Ok(()) | Err(nix::Error::ESRCH) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
     }
 
     /// Samples are still in the ring buffer: the event thread has not run

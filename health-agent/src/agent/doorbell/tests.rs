@@ -97,6 +97,7 @@ fn a_doorbell_sees_unread_data_only_while_it_is_there() {
         cpu: 0,
         samples: rx.as_fd().try_clone_to_owned().unwrap(),
         event_thread: nix::unistd::gettid(),
+        full: sched_getaffinity(Pid::from_raw(0)).unwrap(),
         flags: Arc::new(Flags::default()),
         stop: Arc::new(EventFd::new().unwrap()),
         priority: EventPriority::Normal,
@@ -107,4 +108,38 @@ fn a_doorbell_sees_unread_data_only_while_it_is_there() {
     let mut buf = [0u8; 8];
     nix::unistd::read(&rx, &mut buf).unwrap();
     assert!(!bell.unread().unwrap());
+}
+
+/// The event thread settled between a doorbell's claim and its narrowing:
+/// the doorbell gives the set back itself; while the claim stands, it does
+/// not.
+#[test]
+fn a_narrowing_after_the_settle_is_undone_by_the_doorbell() {
+    let full = cpus_of_this_thread();
+    let bell = Bell {
+        cpu: full[0],
+        samples: nix::unistd::pipe().unwrap().0,
+        event_thread: nix::unistd::gettid(),
+        full: sched_getaffinity(Pid::from_raw(0)).unwrap(),
+        flags: Arc::new(Flags::default()),
+        stop: Arc::new(EventFd::new().unwrap()),
+        priority: EventPriority::Normal,
+    };
+    let mut one = CpuSet::new();
+    one.set(full[0]).unwrap();
+
+    // The claim stands: the narrowing stays, for `settle` to undo.
+    bell.flags.claimed.store(true, Ordering::Release);
+    sched_setaffinity(Pid::from_raw(0), &one).unwrap();
+    bell.narrowed().unwrap();
+    assert_eq!(cpus_of_this_thread(), vec![full[0]]);
+    assert!(bell.flags.narrowed.load(Ordering::Acquire));
+
+    // Settled meanwhile (claim cleared, nothing narrowed yet to undo).
+    bell.flags.claimed.store(false, Ordering::Release);
+    bell.flags.narrowed.store(false, Ordering::Release);
+    sched_setaffinity(Pid::from_raw(0), &one).unwrap();
+    bell.narrowed().unwrap();
+    assert_eq!(cpus_of_this_thread(), full);
+    assert!(!bell.flags.narrowed.load(Ordering::Acquire));
 }
