@@ -29,6 +29,7 @@
 //! `default`, `kube-system`, `kube-public` and `kube-node-lease` must be created,
 //! ServiceAccounts get no token Secrets, nothing is garbage-collected).
 
+mod access;
 mod identity;
 mod impersonate;
 mod process;
@@ -40,6 +41,7 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context, Result};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 
+pub use self::access::{attributes, may, wait_allowed};
 pub use self::identity::{service_account_user, Identity};
 pub use self::impersonate::{Impersonation, NODE_NAME_EXTRA};
 use self::process::{exited, free_port, kill_group, Keeper};

@@ -40,6 +40,7 @@ pub mod faultdisk;
 pub mod fs;
 pub mod hung_fuse;
 pub mod k8s_tools;
+pub mod kubelet;
 pub mod manifests;
 pub mod program_runs;
 pub mod protocol;

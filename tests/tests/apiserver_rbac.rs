@@ -13,19 +13,16 @@
 
 use std::collections::BTreeSet;
 use std::path::Path;
-use std::time::Duration;
 
-use anyhow::{bail, ensure, Context, Result};
+use anyhow::{ensure, Context, Result};
 use health_agent::k8s::ApiAccess;
 use health_tests::envtest::{
-    apply_manifest, runtime, Identity, Options, RealApiServer, FIELD_MANAGER,
+    apply_manifest, attributes, may, runtime, wait_allowed, Identity, Options, RealApiServer,
+    FIELD_MANAGER,
 };
 use health_tests::manifests::{apply_all, manifests, repo_root};
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::authorization::v1::{
-    ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
-};
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, Patch, PatchParams};
 use kube::Client;
 use serde_json::{json, Value};
 
@@ -44,33 +41,6 @@ const VERBS: &[&str] = &[
     "delete",
     "deletecollection",
 ];
-
-async fn may(admin: &Client, who: &Identity, attributes: ResourceAttributes) -> Result<bool> {
-    let review = SubjectAccessReview {
-        spec: SubjectAccessReviewSpec {
-            user: Some(who.user.clone()),
-            groups: Some(who.groups.clone()),
-            resource_attributes: Some(attributes),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    let answer = Api::<SubjectAccessReview>::all(admin.clone())
-        .create(&PostParams::default(), &review)
-        .await
-        .context("SubjectAccessReview")?;
-    Ok(answer.status.map(|s| s.allowed).unwrap_or(false))
-}
-
-fn attributes(group: &str, resource: &str, verb: &str, ns: Option<&str>) -> ResourceAttributes {
-    ResourceAttributes {
-        group: Some(group.to_string()),
-        resource: Some(resource.to_string()),
-        verb: Some(verb.to_string()),
-        namespace: ns.map(str::to_string),
-        ..Default::default()
-    }
-}
 
 /// Every (verb, resource) of `access` is allowed in `ns` (None: cluster-wide),
 /// and every other verb on those resources is denied there.
@@ -118,27 +88,6 @@ async fn check_denied(
     Ok(())
 }
 
-/// RBAC reads bindings through an informer: wait until `who` may `verb`.
-async fn wait_for_binding(
-    admin: &Client,
-    who: &Identity,
-    a: &ApiAccess,
-    ns: Option<&str>,
-) -> Result<()> {
-    for _ in 0..100 {
-        if may(admin, who, attributes(a.group, a.resource, a.verbs[0], ns)).await? {
-            return Ok(());
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    bail!(
-        "{} still may not {} {} after 5 s",
-        who.user,
-        a.verbs[0],
-        a.resource
-    )
-}
-
 fn start() -> Option<RealApiServer> {
     Options::new()
         .service_account(AGENT_NS, AGENT_SA)
@@ -178,11 +127,13 @@ fn the_server_accepts_deploy_and_each_account_gets_exactly_its_access() -> Resul
         let controller = server
             .service_account(DRIVER_NS, CONTROLLER_SA)
             .context("controller identity")?;
-        wait_for_binding(&admin, agent, &health_agent::k8s::API_ACCESS[0], None).await?;
-        wait_for_binding(
+        let a = &health_agent::k8s::API_ACCESS[0];
+        wait_allowed(&admin, agent, (a.group, a.resource, a.verbs[0]), None).await?;
+        let lease = &health_agent::controller::LEASE_ACCESS[0];
+        wait_allowed(
             &admin,
             controller,
-            &health_agent::controller::LEASE_ACCESS[0],
+            (lease.group, lease.resource, lease.verbs[0]),
             Some(DRIVER_NS),
         )
         .await?;

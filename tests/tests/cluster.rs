@@ -2,32 +2,28 @@
 //! against the real kernel and a fake kube-apiserver speaking the real
 //! protocol over HTTP (`health_tests::apiserver`).
 //!
-//! The fixture: one fault disk with ext4, staged where kubelet stages a CSI
-//! PV and bind-published into two pods' volume directories, as kubelet does
-//! for a PVC used by two pods on one node. The API server knows the PV
-//! (claimRef shop/data) and the two pods on node-1. Failed O_DIRECT writes
-//! to the disk are block I/O errors the kernel reports on that device.
+//! The fixture: one CSI volume on a fault disk, published into two pods'
+//! volume directories (`health_tests::kubelet::CsiVolume`). The API server
+//! knows the PV (claimRef shop/data) and the two pods on node-1. The same
+//! restart mid-episode against the real kube-apiserver, as the agent's
+//! ServiceAccount, is `cluster_real_api.rs`.
 //!
 //! These tests need root and fail (not skip) without it.
 
-use std::io::{Read as _, Write as _};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::SocketAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use health_agent::k8s::API_ACCESS;
 use health_tests::agent::Agent;
 use health_tests::apiserver::{FakeApiServer, Mode, Recorded};
+use health_tests::kubelet::{free_port, http_get, sample, wait_ready, CsiVolume};
 use health_tests::program_runs::{check_against_runs, ProgramRuns};
-use health_tests::{
-    fs, kernel_alone, require_env, shared_kernel, FaultDisk, KernelUse, LoopDevice, Mount, Op, Rule,
-};
+use health_tests::{kernel_alone, require_env, shared_kernel, KernelUse};
 use serde_json::{json, Value};
 use tempfile::TempDir;
 
-const MIB: u64 = 1 << 20;
-const EIO: i32 = libc::EIO;
 const POD_A: &str = "1a1a1a1a-0000-4000-8000-00000000001a";
 const POD_B: &str = "1b1b1b1b-0000-4000-8000-00000000001b";
 const PVC_UID: &str = "2c2c2c2c-0000-4000-8000-00000000002c";
@@ -37,9 +33,7 @@ const DRIVER: &str = "disk.csi.volume-health.test";
 /// Everything one test runs on; torn down in reverse order.
 struct Fixture {
     agent: Option<Agent>,
-    mounts: Vec<Mount>,
-    lo: Option<LoopDevice>,
-    disk: Option<FaultDisk>,
+    volume: Option<CsiVolume>,
     api: FakeApiServer,
     metrics: SocketAddr,
     /// The agent's command line after `run`, for a restart.
@@ -52,24 +46,8 @@ struct Fixture {
 impl Drop for Fixture {
     fn drop(&mut self) {
         drop(self.agent.take());
-        while let Some(m) = self.mounts.pop() {
-            drop(m);
-        }
-        drop(self.lo.take());
-        drop(self.disk.take());
+        drop(self.volume.take());
     }
-}
-
-fn vol_data(pv: &str) -> String {
-    json!({
-        "attachmentID": "csi-e2e",
-        "driverName": DRIVER,
-        "nodeName": "node-1",
-        "specVolID": pv,
-        "volumeHandle": "handle-e2e",
-        "volumeLifecycleMode": "Persistent",
-    })
-    .to_string()
 }
 
 fn pod(name: &str, uid: &str) -> Value {
@@ -82,11 +60,6 @@ fn pod(name: &str, uid: &str) -> Value {
             "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}]
         }
     })
-}
-
-fn free_port() -> Result<SocketAddr> {
-    let l = TcpListener::bind("127.0.0.1:0")?;
-    Ok(l.local_addr()?)
 }
 
 impl Fixture {
@@ -104,39 +77,20 @@ impl Fixture {
         let api = FakeApiServer::start()?;
         let mut fx = Fixture {
             agent: None,
-            mounts: Vec::new(),
-            lo: None,
-            disk: None,
+            volume: None,
             metrics: free_port()?,
             args: Vec::new(),
             api,
             root,
             _kernel: kernel,
         };
-        let disk = FaultDisk::start(64 * MIB)?;
-        let lo = disk.attach_loop(false)?;
-        fs::mkfs_ext4(lo.path())?;
-        let dev = lo.path().to_path_buf();
-        fx.disk = Some(disk);
-        fx.lo = Some(lo);
-
-        let staging_dir = fx.root().join("plugins/kubernetes.io/csi/pv").join(PV);
-        let staging = staging_dir.join("globalmount");
-        std::fs::create_dir_all(&staging)?;
-        std::fs::write(staging_dir.join("vol_data.json"), vol_data(PV))?;
-        fx.mounts.push(Mount::at(&dev, &staging, "ext4", "")?);
-        for uid in [POD_A, POD_B] {
-            let dir = fx
-                .root()
-                .join("pods")
-                .join(uid)
-                .join("volumes/kubernetes.io~csi")
-                .join(PV);
-            std::fs::create_dir_all(dir.join("mount"))?;
-            std::fs::write(dir.join("vol_data.json"), vol_data(PV))?;
-            fx.mounts
-                .push(Mount::at(&staging, dir.join("mount"), "none", "bind")?);
-        }
+        fx.volume = Some(CsiVolume::publish(
+            fx.root.path(),
+            PV,
+            DRIVER,
+            "node-1",
+            &[POD_A, POD_B],
+        )?);
 
         fx.api.put(json!({
             "apiVersion": "v1", "kind": "PersistentVolume",
@@ -205,43 +159,19 @@ impl Fixture {
     }
 
     fn device_name(&self) -> String {
-        let lo = self.lo.as_ref().expect("a loop device");
-        lo.path()
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default()
+        self.volume().device_name()
     }
 
     fn wait_ready(&self) -> Result<()> {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Ok((200, _)) = http_get(self.metrics, "/readyz") {
-                return Ok(());
-            }
-            if Instant::now() >= deadline {
-                let r = http_get(self.metrics, "/readyz");
-                bail!("the agent did not become ready: {r:?}");
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        wait_ready(self.metrics)
     }
 
-    /// `n` failed O_DIRECT writes to the disk: exactly `n` failed block
-    /// requests (the loop device caps a request at one FUSE request).
     fn fail_writes(&self, n: u64) -> Result<()> {
-        let disk = self.disk.as_ref().context("a disk")?;
-        let lo = self.lo.as_ref().context("a loop device")?;
-        let before = disk.stats()?.injected(Op::Write, EIO);
-        let rule = disk.add_rule(Rule::new(Op::Write, EIO).range(48 * MIB, 8 * MIB))?;
-        for i in 0..n {
-            let err = fs::o_direct_write(lo.path(), 48 * MIB + (i % 2048) * 4096, &[0xab; 4096])
-                .expect_err("the write must fail");
-            assert_eq!(err.raw_os_error(), Some(EIO), "write {i}");
-        }
-        disk.remove_rule(rule)?;
-        let injected = disk.stats()?.injected(Op::Write, EIO) - before;
-        assert_eq!(injected, n, "the fault disk failed exactly the writes made");
-        Ok(())
+        self.volume().fail_writes(n)
+    }
+
+    fn volume(&self) -> &CsiVolume {
+        self.volume.as_ref().expect("the fixture's volume")
     }
 
     fn stop(&mut self) -> Result<String> {
@@ -249,28 +179,6 @@ impl Fixture {
         let run = agent.stop_cleanly()?;
         Ok(run.stderr)
     }
-}
-
-/// A plain HTTP/1.1 GET on loopback: status and body.
-fn http_get(addr: SocketAddr, path: &str) -> Result<(u16, String)> {
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
-    s.set_read_timeout(Some(Duration::from_secs(5)))?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )?;
-    let mut text = String::new();
-    s.read_to_string(&mut text)?;
-    let status = text
-        .split(' ')
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .with_context(|| format!("no status line in {text:?}"))?;
-    let body = text
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    Ok((status, body))
 }
 
 /// Events on `kind/name` with `reason`.
@@ -644,7 +552,7 @@ fn a_restart_mid_episode_continues_the_same_events() -> Result<()> {
         let m = e["message"].as_str().unwrap_or_default();
         assert!(
             m.contains(": Degraded BlockIOErrors: 3 block I/O errors (write, EIO) on ")
-                && m.ends_with(" (and 5 before the agent restarted)"),
+                && m.ends_with(" (and 5 reported before the agent restarted)"),
             "{m}"
         );
     }
@@ -734,7 +642,7 @@ fn a_restart_mid_episode_continues_the_same_events() -> Result<()> {
         let m = e["message"].as_str().unwrap_or_default();
         assert!(
             m.contains("Degraded BlockIOErrors cleared; it was: 3 block I/O errors")
-                && m.ends_with(" (and 5 before the agent restarted)"),
+                && m.ends_with(" (and 5 reported before the agent restarted)"),
             "{m}"
         );
     }
@@ -840,16 +748,12 @@ fn errors_during_an_outage_are_reported_with_exact_counts_after() -> Result<()> 
     // through, and its metrics say so.
     assert!(fx.api.events().is_empty());
     let (_, text) = http_get(fx.metrics, "/metrics")?;
-    let failed: u64 = text
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix(
-                "volume_health_api_requests_total{verb=\"create\",resource=\"events\",code=\"error\"} ",
-            )
-        })
-        .and_then(|n| n.parse().ok())
-        .with_context(|| format!("no failed event creates in the metrics:\n{text}"))?;
-    assert!(failed >= 1);
+    let failed = sample(
+        &text,
+        "volume_health_api_requests_total{verb=\"create\",resource=\"events\",code=\"error\"}",
+    )
+    .with_context(|| format!("no failed event creates in the metrics:\n{text}"))?;
+    assert!(failed >= 1.0);
     // Still detecting: more errors while the API server is away.
     fx.fail_writes(5)?;
     // Exactly what the program ran for; a request the kernel never ran it

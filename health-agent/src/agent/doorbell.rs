@@ -107,9 +107,13 @@ impl Doorbells {
 
     /// The event thread has read the ring buffer: the next samples may be
     /// steered again, and the thread takes back the CPU set a doorbell
-    /// narrowed, so that nothing but a wake-up by samples is steered. Also
-    /// called on the reconcile tick, for a doorbell that narrowed it just
-    /// after the last call.
+    /// narrowed, so that nothing but a wake-up by samples is steered.
+    ///
+    /// Also called on the reconcile tick. A doorbell still running for
+    /// samples that this turn has already read can find more of them unread
+    /// and claim after this call: its claim would keep the next arrival from
+    /// being steered, and its narrowing would pin the event thread to one
+    /// CPU, both until the next settle. The tick bounds that to a second.
     pub fn settle(&self) {
         self.flags.claimed.store(false, Ordering::Release);
         if self.flags.narrowed.swap(false, Ordering::AcqRel) {

@@ -136,7 +136,7 @@ fn an_open_episode_goes_on_in_the_same_event_with_its_count() {
         &json!({
             "count": 8,
             "lastTimestamp": stamp(71),
-            "message": "PVC shop/data (PV pv-1, volume \"data\"): Degraded BlockIOErrors: 3 block I/O errors (write, EIO) on loop3 (7:3) (and 5 before the agent restarted)"
+            "message": "PVC shop/data (PV pv-1, volume \"data\"): Degraded BlockIOErrors: 3 block I/O errors (write, EIO) on loop3 (7:3) (and 5 reported before the agent restarted)"
         })
     );
     let (name, patch) = patch_of(&writes[1]);

@@ -450,7 +450,7 @@ pub(super) fn refresh(s: &mut Series) {
     ));
     if let Some(n) = before_restart {
         s.message = clip(format!(
-            "{} (and {n} before the agent restarted)",
+            "{} (and {n} reported before the agent restarted)",
             s.message
         ));
     }
