@@ -309,7 +309,7 @@ fn main() -> ExitCode {
             result
         }),
         Command::Volumes(args) => volumes_command(args, host),
-        Command::Uninstall(args) => uninstall(&args.pin_dir),
+        Command::Uninstall(args) => uninstall(&args.pin_dir, &host.sys_root),
         Command::Controller(args) => controller_options(args).and_then(|opts| {
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)
@@ -549,7 +549,15 @@ fn check_config(args: &VolumeArgs, host: &HostPaths) -> anyhow::Result<CheckConf
     })
 }
 
-fn uninstall(root: &std::path::Path) -> anyhow::Result<()> {
+fn uninstall(root: &std::path::Path, sys_root: &std::path::Path) -> anyhow::Result<()> {
+    // The tracer witness is kept with the pins, named for their STATS map.
+    // Not finding the map here is not an error of its own: the uninstall
+    // below reports what is wrong with the pin directory.
+    let stats_id = pins::committed_layout(root)
+        .ok()
+        .flatten()
+        .and_then(|layout| aya::maps::MapInfo::from_pin(pins::map_path(&layout, "STATS")).ok())
+        .map(|info| info.id());
     match pins::uninstall(root)? {
         None => println!("nothing pinned at {}", root.display()),
         Some(r) => println!(
@@ -560,7 +568,27 @@ fn uninstall(root: &std::path::Path) -> anyhow::Result<()> {
             r.maps
         ),
     }
+    if let Some(id) = stats_id {
+        remove_pinned_witness(sys_root, id);
+    }
     Ok(())
+}
+
+/// Removes the tracer witness kept with uninstalled pins; one that cannot
+/// be removed is said, not fatal (the pins are gone, and the next agent
+/// removes it as stale).
+fn remove_pinned_witness(sys_root: &std::path::Path, stats_id: u32) {
+    use health_agent::kernel::{tracefs::Tracefs, witness};
+    let removed = Tracefs::locate(sys_root)
+        .map_err(anyhow::Error::from)
+        .and_then(|t| Ok(witness::remove_pinned(t.root(), stats_id)?));
+    match removed {
+        Ok(true) => println!("removed the tracer witness kept with them"),
+        Ok(false) => {}
+        Err(e) => eprintln!(
+            "health-agent: the tracer witness kept with the pins may remain (the next agent removes it): {e:#}"
+        ),
+    }
 }
 
 fn volumes_command(args: VolumesArgs, host: HostPaths) -> anyhow::Result<()> {

@@ -168,7 +168,14 @@ pub mod stat {
     /// Failed bios of a stacking device that carried an error up from a
     /// device below it, already counted there.
     pub const BIO_PROPAGATED: u32 = 4;
-    pub const LEN: u32 = 5;
+    /// Written by userspace only (no program touches it): what the
+    /// counters of pruned keys had counted under `block_rq_error`, so that
+    /// the programs' count of that source stays whole across a restart.
+    pub const PRUNED_RQ_ERRORS: u32 = 5;
+    /// Written by userspace only: the programs' `block_rq_error` count when
+    /// the pinned tracer witness was made (its baseline).
+    pub const WITNESS_BASE: u32 = 6;
+    pub const LEN: u32 = 7;
 }
 
 /// Partitions of one disk, so that the kernel can attribute a block error

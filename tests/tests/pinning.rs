@@ -3,19 +3,19 @@
 //! adopted by the next agent, replaced when the layout differs, removed by
 //! `uninstall`, and kept bounded by pruning the counters of gone devices.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use aya::maps::{Map, MapData, PerCpuHashMap};
+use aya::maps::{Map, MapData, MapInfo, PerCpuArray, PerCpuHashMap};
 use aya::programs::{loaded_programs, ProgramInfo};
-use health_common::{CounterKey, ErrorTimes};
+use health_common::{stat, CounterKey, ErrorTimes};
 use health_tests::agent::{agent_bin, agent_output, Agent, EventFilter};
 use health_tests::bpffs::Bpffs;
-use health_tests::program_runs::{check_against_runs, ProgramRuns};
+use health_tests::program_runs::{check_against_runs, witness_figures, ProgramRuns};
 use health_tests::{fs, kernel_alone, require_root, shared_kernel, FaultDisk, Op, Rule};
 
 const MIB: u64 = 1 << 20;
@@ -139,6 +139,24 @@ fn a_killed_agent_restarts_and_every_error_is_reported_exactly_once() -> Result<
     if let Err(e) = check_against_runs("restart", injected, counted, Some(ran), injected / 100) {
         panic!("{e}:\n{}", after.stderr);
     }
+    // Nothing lost unreported across the restart either: the tracer witness
+    // is kept with the pins, so the second agent's figures cover the first
+    // run, the gap and its own.
+    let layout = program
+        .parent()
+        .and_then(Path::parent)
+        .context("the layout")?;
+    if kept_witness(layout)?.is_some() {
+        let w = witness_figures(&after.stderr)
+            .with_context(|| format!("no tracer witness figures:\n{}", after.stderr))?;
+        assert_eq!(w.traced, injected, "{}", after.stderr);
+        assert_eq!(counted + w.uncounted, injected, "{}", after.stderr);
+        assert!(
+            after.stderr.contains("(adopted with the pinned state)"),
+            "{}",
+            after.stderr
+        );
+    }
     assert!(
         after.stderr.contains("adopting the pinned kernel state"),
         "{}",
@@ -153,6 +171,18 @@ fn a_killed_agent_restarts_and_every_error_is_reported_exactly_once() -> Result<
         .count();
     assert!(gap_samples > 0, "no sample of the gap was read");
     Ok(())
+}
+
+/// The tracer witness kept with a pinned layout (named for its `STATS`
+/// map), where the kernel has `block_rq_error`; `None` where it has none.
+fn kept_witness(layout: &Path) -> Result<Option<PathBuf>> {
+    let tracefs = health_agent::kernel::tracefs::Tracefs::locate(Path::new("/sys"))?;
+    if !tracefs.root().join("events/block/block_rq_error").exists() {
+        return Ok(None);
+    }
+    let id = MapInfo::from_pin(layout.join("maps/STATS"))?.id();
+    let name = format!("instances/volume-health-pins-{id}");
+    Ok(Some(tracefs.root().join(name)))
 }
 
 /// The device's total in the agent's final `totals:` block (the kernel's
@@ -260,6 +290,11 @@ fn pins_are_adopted_replaced_on_a_new_layout_and_uninstalled() -> Result<()> {
     }
     let old_id = pinned_program_id(&layout, block)?;
     assert!(is_loaded(old_id), "the pinned program went with its agent");
+    // The tracer witness stays with the pins.
+    let old_witness = kept_witness(&layout)?;
+    if let Some(w) = &old_witness {
+        assert!(w.is_dir(), "{} went with its agent", w.display());
+    }
 
     // Another sample rate is another layout: the old one is detached and
     // replaced.
@@ -277,6 +312,12 @@ fn pins_are_adopted_replaced_on_a_new_layout_and_uninstalled() -> Result<()> {
     assert!(wait_unloaded(old_id), "program {old_id} is still loaded");
     let layout = bpffs.pin_dir().join(&second[0]);
     let new_id = pinned_program_id(&layout, block)?;
+    // The replaced layout's witness went with it; the new one has its own.
+    let new_witness = kept_witness(&layout)?;
+    if let (Some(old), Some(new)) = (&old_witness, &new_witness) {
+        assert!(!old.exists(), "{} outlived its pins", old.display());
+        assert!(new.is_dir(), "{} is missing", new.display());
+    }
 
     // The same options: adopted, not reloaded.
     let c = Agent::start(&[&quiet[..], &["--pin-dir", &pin, "--sample-rate", "50"]].concat())?;
@@ -317,15 +358,22 @@ fn pins_are_adopted_replaced_on_a_new_layout_and_uninstalled() -> Result<()> {
 
     let (code, stdout, stderr) = agent_output(&["uninstall", "--pin-dir", &pin])?;
     assert_eq!(code, 0, "{stderr}");
+    let witness_line = match &new_witness {
+        Some(_) => "removed the tracer witness kept with them\n",
+        None => "",
+    };
     assert_eq!(
         stdout,
         format!(
-            "removed {pin}: {n} links detached, {n} programs and {m} maps unpinned\n",
+            "removed {pin}: {n} links detached, {n} programs and {m} maps unpinned\n{witness_line}",
             n = links.len(),
             m = maps.len()
         )
     );
     assert!(!bpffs.pin_dir().exists());
+    if let Some(w) = &new_witness {
+        assert!(!w.exists(), "{} outlived uninstall", w.display());
+    }
     assert!(wait_unloaded(new_id), "program {new_id} is still loaded");
     let (code, stdout, _) = agent_output(&["uninstall", "--pin-dir", &pin])?;
     assert_eq!(code, 0);
@@ -393,5 +441,14 @@ fn the_counters_of_a_detached_loop_device_are_pruned() -> Result<()> {
     );
     // Pruning lost and repeated nothing.
     assert_eq!(filter.sum(&run.events), 5);
+    // What the pruned keys had counted is kept for the next process (the
+    // tracer witness compares the programs' whole count). At least this
+    // device's 5: the programs count every device, and other tests' loop
+    // devices come and go meanwhile.
+    let stats: PerCpuArray<MapData, u64> = PerCpuArray::try_from(Map::from_map_data(
+        MapData::from_pin(layout.join("maps/STATS"))?,
+    )?)?;
+    let pruned: u64 = stats.get(&stat::PRUNED_RQ_ERRORS, 0)?.iter().sum();
+    assert!(pruned >= 5, "{pruned} pruned block_rq_error counts kept");
     Ok(())
 }

@@ -157,7 +157,7 @@ async fn agent_loop<R: Reporter>(
     if attached.adopted() {
         tracing::info!("adopted programs that kept counting since the previous agent stopped");
     }
-    let mut witness = witness::start(&opts.probes.sys_root, &collector);
+    let mut witness = witness::start(&opts.probes.sys_root, &attached, &mut collector);
     let bells = match doorbell::Doorbells::start(collector.samples_fd(), opts.event_priority) {
         Ok(b) => Some(b),
         Err(e) => {

@@ -7,11 +7,17 @@ use std::path::Path;
 use health_common::source;
 
 use crate::kernel::collector::{Collector, KernelStats};
+use crate::kernel::probes::Attached;
 use crate::kernel::tracefs::Tracefs;
-use crate::kernel::witness::{Witness, WitnessError};
+use crate::kernel::witness::{self, Lifetime, Witness, WitnessError};
 
-/// Starts the witness; says in one line what it does or why there is none.
-pub(super) fn start(sys_root: &Path, collector: &Collector) -> Option<Witness> {
+/// Starts the witness, kept with the pinned state when there is one; says
+/// in one line what it does or why there is none.
+pub(super) fn start(
+    sys_root: &Path,
+    attached: &Attached,
+    collector: &mut Collector,
+) -> Option<Witness> {
     let counted = match collector.counted(source::BLOCK_RQ_ERROR) {
         Ok(n) => n,
         Err(e) => {
@@ -26,10 +32,35 @@ pub(super) fn start(sys_root: &Path, collector: &Collector) -> Option<Witness> {
             return None;
         }
     };
-    match Witness::start(tracefs.root(), counted) {
+    for &id in attached.replaced_pins() {
+        match witness::remove_pinned(tracefs.root(), id) {
+            Ok(true) => tracing::info!("removed the tracer witness of the replaced pinned state"),
+            Ok(false) => {}
+            Err(e) => tracing::warn!("removing the replaced pinned state's tracer witness: {e}"),
+        }
+    }
+    let lifetime = match lifetime(attached, collector) {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::warn!("no tracer witness ({e:#}): {UNNOTICED}");
+            return None;
+        }
+    };
+    match Witness::start(tracefs.root(), counted, lifetime) {
         Ok(w) => {
+            if w.made() && lifetime != Lifetime::Process {
+                if let Err(e) = collector.set_witness_base(counted) {
+                    // The next process then takes 0: its figure falls short.
+                    tracing::warn!("keeping the tracer witness's base: {e}");
+                }
+            }
+            let how = match (lifetime, w.made()) {
+                (Lifetime::Process, _) => "",
+                (_, true) => " (kept with the pinned state)",
+                (_, false) => " (adopted with the pinned state)",
+            };
             tracing::info!(
-                "tracer witness: {} counts the failed requests the kernel traces at block_rq_error",
+                "tracer witness: {}{how} counts the failed requests the kernel traces at block_rq_error",
                 w.dir().display()
             );
             Some(w)
@@ -49,6 +80,18 @@ pub(super) fn start(sys_root: &Path, collector: &Collector) -> Option<Witness> {
 }
 
 const UNNOTICED: &str = "failed requests the kernel runs no program for would go unnoticed";
+
+/// The pinned state's lifetime (its `STATS` map's id and the kept base),
+/// or the process's without pins.
+fn lifetime(attached: &Attached, collector: &Collector) -> anyhow::Result<Lifetime> {
+    use anyhow::Context as _;
+    let Some(id) = attached.pinned_stats_id() else {
+        return Ok(Lifetime::Process);
+    };
+    let map_id = id.context("the pinned STATS map's id")?;
+    let base = collector.witness_base()?;
+    Ok(Lifetime::Pins { map_id, base })
+}
 
 /// The witness's count, read before the programs' (see
 /// [`crate::kernel::witness::Uncounted`]); a witness that cannot be read

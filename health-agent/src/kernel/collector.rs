@@ -25,7 +25,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io;
 
 use aya::maps::{MapData, PerCpuArray, PerCpuHashMap, PerCpuValues, RingBuf};
-use health_common::{stat, CounterKey, ErrorSample, ErrorTimes};
+use health_common::{source, stat, CounterKey, ErrorSample, ErrorTimes};
 use tokio::io::unix::AsyncFd;
 
 use crate::kernel::probes::KernelMaps;
@@ -101,7 +101,8 @@ pub struct Collector {
     settled: HashMap<Slot, u64>,
     late_samples: u64,
     bad_records: u64,
-    /// What the pruned keys had counted, per source (see [`Collector::counted`]).
+    /// What the pruned keys had counted, per source (see [`Collector::counted`]);
+    /// `block_rq_error`'s is kept pinned (`stat::PRUNED_RQ_ERRORS`).
     pruned: HashMap<u8, u64>,
     /// The counters' sums per source as the last [`Collector::reconcile`]
     /// read them (`None` before the first).
@@ -143,7 +144,7 @@ impl Collector {
                 }
             }
         }
-        let collector = Self {
+        let mut collector = Self {
             // SAFETY: the RingBuf owns its map descriptor for as long as the
             // AsyncFd holds it, and always reports that same descriptor.
             samples: unsafe {
@@ -170,6 +171,10 @@ impl Collector {
             pruned: HashMap::new(),
             reconciled: None,
         };
+        if persist {
+            let pruned = collector.stat(stat::PRUNED_RQ_ERRORS)?;
+            collector.pruned.insert(source::BLOCK_RQ_ERROR, pruned);
+        }
         Ok((
             collector,
             KernelMapsRest {
@@ -311,8 +316,17 @@ impl Collector {
             }
         }
         self.absent = absent;
+        if gone.is_empty() {
+            return Ok(0);
+        }
         for (key, per_cpu) in &gone {
             *self.pruned.entry(key.source).or_insert(0) += per_cpu.iter().sum::<u64>();
+        }
+        // Kept before the keys go: a process killed in between counts them
+        // twice, and the witness's figure can only fall short.
+        let pruned = self.pruned.get(&source::BLOCK_RQ_ERROR).copied();
+        self.keep_stat(stat::PRUNED_RQ_ERRORS, pruned.unwrap_or(0))?;
+        for (key, per_cpu) in &gone {
             for (cpu, &value) in per_cpu.iter().enumerate() {
                 let slot = (*key, cpu as u32);
                 let acct = self.accounted.remove(&slot).unwrap_or(0);
@@ -380,6 +394,35 @@ impl Collector {
         };
         let pruned = self.pruned.get(&source).copied().unwrap_or(0);
         Ok(pruned + in_counters + self.stat(stat::COUNTER_MAP_FULL)?)
+    }
+
+    /// The programs' `block_rq_error` count when the pinned tracer witness
+    /// was made (0 if never set: the figure then only falls short).
+    pub fn witness_base(&self) -> Result<u64, CollectorError> {
+        self.stat(stat::WITNESS_BASE)
+    }
+
+    /// Records the pinned witness's baseline (see [`Collector::witness_base`]).
+    pub fn set_witness_base(&mut self, counted: u64) -> Result<(), CollectorError> {
+        self.keep_stat(stat::WITNESS_BASE, counted)
+    }
+
+    /// Writes a userspace-owned stat slot (no program touches it) for the
+    /// next process; nothing when nothing is pinned.
+    fn keep_stat(&mut self, slot: u32, value: u64) -> Result<(), CollectorError> {
+        let Some((_, cpus)) = &self.persisted else {
+            return Ok(());
+        };
+        let values: Vec<u64> = (0..*cpus)
+            .map(|cpu| if cpu == 0 { value } else { 0 })
+            .collect();
+        let values = PerCpuValues::try_from(values).map_err(CollectorError::Cpus)?;
+        self.stats
+            .set(slot, values, 0)
+            .map_err(|error| CollectorError::Map {
+                map: "STATS",
+                error,
+            })
     }
 
     /// One kernel stat, summed over CPUs.

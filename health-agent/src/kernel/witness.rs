@@ -19,8 +19,17 @@
 //!
 //! [`Uncounted`] turns that and the programs' own count into the number of
 //! traced failures no program counted, never over-estimated (see there).
-//! The instance is this process's: it is removed on drop, and instances
-//! left by processes that are gone (SIGKILL) are removed at start.
+//!
+//! How long an instance lives follows the counters it is compared with
+//! ([`Lifetime`]). With pinned state the programs count while no agent
+//! runs, so the instance does too: `instances/volume-health-pins-<id>`,
+//! named for the kernel id of the pinned `STATS` map, is kept on exit and
+//! adopted by the next process, and its baseline (the programs' count when
+//! it was made) is kept in that map. It goes with the pins: `uninstall`
+//! removes it, and one whose map is gone (pins replaced) is removed at the
+//! next start. With `--no-pin` it is the process's, `volume-health-<pid>`,
+//! removed on drop, and one left by a process that is gone (SIGKILL) is
+//! removed at start.
 
 use std::fs;
 use std::io;
@@ -28,8 +37,9 @@ use std::path::{Path, PathBuf};
 
 /// The event the witness counts.
 const EVENT: &str = "events/block/block_rq_error/enable";
-/// Instances are named `<PREFIX><pid>`.
+/// Instances are named `<PREFIX><pid>` or `<PREFIX><PINS><map id>`.
 const PREFIX: &str = "volume-health-";
+const PINS: &str = "pins-";
 /// The ring buffer size asked for, per CPU; the kernel rounds it up to a
 /// page. The events are only counted, never read.
 const BUFFER_KB: &str = "4";
@@ -51,25 +61,56 @@ fn io_error(path: &Path) -> impl FnOnce(io::Error) -> WitnessError + '_ {
     }
 }
 
+/// Whose the instance is, and so how long it lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Lifetime {
+    /// This process's (`--no-pin`): removed on drop.
+    Process,
+    /// The pinned state's, whose `STATS` map has kernel id `map_id`: kept
+    /// on exit. `base`: the programs' count when it was made, as kept in
+    /// that map (0 if never written: the figure then only falls short).
+    Pins { map_id: u32, base: u64 },
+}
+
 /// A tracefs instance counting `block_rq_error` events, and the figure
 /// drawn from it.
 #[derive(Debug)]
 pub struct Witness {
     dir: PathBuf,
+    lifetime: Lifetime,
+    /// Made by this process (else adopted from an earlier one).
+    made: bool,
     figures: Uncounted,
 }
 
 impl Witness {
-    /// Makes this process's instance under the tracefs at `tracefs_root`
-    /// and enables the event in it. `counted`: the programs' count for
-    /// `block_rq_error`, read first (see [`Uncounted::new`]).
-    pub fn start(tracefs_root: &Path, counted: u64) -> Result<Self, WitnessError> {
+    /// Makes (or, pinned, adopts) the instance under the tracefs at
+    /// `tracefs_root` and enables the event in it. `counted`: the
+    /// programs' count for `block_rq_error`, read first (see
+    /// [`Uncounted::new`]); a pinned instance made now has it as its base,
+    /// which the caller keeps (see [`Witness::made`]).
+    pub fn start(
+        tracefs_root: &Path,
+        counted: u64,
+        lifetime: Lifetime,
+    ) -> Result<Self, WitnessError> {
         if !tracefs_root.join(EVENT).exists() {
             return Err(WitnessError::NoEvent);
         }
         let instances = tracefs_root.join("instances");
         remove_stale(&instances);
-        let dir = instances.join(format!("{PREFIX}{}", std::process::id()));
+        let dir = instances.join(name(lifetime));
+        if let (Lifetime::Pins { base, .. }, true) = (lifetime, dir.exists()) {
+            let witness = Self {
+                dir,
+                lifetime,
+                made: false,
+                figures: Uncounted::new(0, base),
+            };
+            // Whatever switched it off, it counts from here on.
+            witness.enable()?;
+            return Ok(witness);
+        }
         // Only a process that is gone could have left one with our pid.
         if dir.exists() {
             remove(&dir)?;
@@ -78,18 +119,31 @@ impl Witness {
         // Owned from here on: a failure below removes it again.
         let mut witness = Self {
             dir,
+            lifetime: Lifetime::Process,
+            made: true,
             figures: Uncounted::default(),
         };
         let size = witness.dir.join("buffer_size_kb");
         fs::write(&size, BUFFER_KB).map_err(io_error(&size))?;
-        let enable = witness.dir.join(EVENT);
-        fs::write(&enable, "1").map_err(io_error(&enable))?;
+        witness.enable()?;
         witness.figures = Uncounted::new(witness.traced()?, counted);
+        witness.lifetime = lifetime;
         Ok(witness)
+    }
+
+    fn enable(&self) -> Result<(), WitnessError> {
+        let enable = self.dir.join(EVENT);
+        fs::write(&enable, "1").map_err(io_error(&enable))
     }
 
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// Whether this process made the instance (a pinned one made now needs
+    /// its base kept), rather than adopting it.
+    pub fn made(&self) -> bool {
+        self.made
     }
 
     /// See [`Uncounted::observe`].
@@ -123,10 +177,33 @@ impl Witness {
 
 impl Drop for Witness {
     fn drop(&mut self) {
+        if self.lifetime != Lifetime::Process {
+            return;
+        }
         if let Err(e) = remove(&self.dir) {
             tracing::warn!("removing the tracer witness: {e}");
         }
     }
+}
+
+fn name(lifetime: Lifetime) -> String {
+    match lifetime {
+        Lifetime::Process => format!("{PREFIX}{}", std::process::id()),
+        Lifetime::Pins { map_id, .. } => format!("{PREFIX}{PINS}{map_id}"),
+    }
+}
+
+/// Removes the instance kept with the pinned state whose `STATS` map had
+/// id `map_id` (`uninstall`); whether there was one.
+pub fn remove_pinned(tracefs_root: &Path, map_id: u32) -> Result<bool, WitnessError> {
+    let dir = tracefs_root
+        .join("instances")
+        .join(name(Lifetime::Pins { map_id, base: 0 }));
+    if !dir.exists() {
+        return Ok(false);
+    }
+    remove(&dir)?;
+    Ok(true)
 }
 
 /// Events written to one CPU's ring buffer, from its `stats` file: those
@@ -173,26 +250,47 @@ fn remove(dir: &Path) -> Result<(), WitnessError> {
     fs::remove_dir(dir).map_err(io_error(dir))
 }
 
-/// Removes the instances of agent processes that no longer exist.
+/// Removes the instances of agent processes that no longer exist, and
+/// those of pinned state whose maps are gone (replaced or uninstalled).
 fn remove_stale(instances: &Path) {
     let Ok(entries) = fs::read_dir(instances) else {
         return;
     };
     for entry in entries.flatten() {
         let name = entry.file_name();
-        let Some(pid) = name
-            .to_str()
-            .and_then(|n| n.strip_prefix(PREFIX))
-            .and_then(|p| p.parse::<u32>().ok())
-        else {
+        let Some(rest) = name.to_str().and_then(|n| n.strip_prefix(PREFIX)) else {
             continue;
         };
-        if pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists() {
-            match remove(&entry.path()) {
-                Ok(()) => tracing::info!(pid, "removed the tracer witness of a gone agent"),
-                Err(e) => tracing::warn!("removing a gone agent's tracer witness: {e}"),
+        let whose = if let Some(id) = rest.strip_prefix(PINS) {
+            match id.parse::<u32>() {
+                Ok(id) if map_is_gone(id) => "gone pinned state",
+                _ => continue,
             }
+        } else {
+            match rest.parse::<u32>() {
+                Ok(pid)
+                    if pid != std::process::id()
+                        && !Path::new(&format!("/proc/{pid}")).exists() =>
+                {
+                    "gone agent"
+                }
+                _ => continue,
+            }
+        };
+        match remove(&entry.path()) {
+            Ok(()) => tracing::info!("removed the tracer witness of a {whose}: {rest}"),
+            Err(e) => tracing::warn!("removing the tracer witness of a {whose}: {e}"),
         }
+    }
+}
+
+/// Whether the kernel has no map of id `id` any more. Any other answer
+/// (no privilege, an old kernel) keeps the instance.
+fn map_is_gone(id: u32) -> bool {
+    use aya::maps::MapError;
+    match aya::maps::MapInfo::from_id(id) {
+        Err(MapError::SyscallError(e)) => e.io_error.raw_os_error() == Some(libc::ENOENT),
+        _ => false,
     }
 }
 

@@ -19,7 +19,7 @@ mod errors;
 pub(crate) mod layout;
 mod loader;
 pub mod pins;
-mod preflight;
+pub(crate) mod preflight;
 mod requests;
 
 use std::fmt;
@@ -204,6 +204,20 @@ impl Attached {
     /// Whether the programs stay attached after this process exits.
     pub fn pinned(&self) -> bool {
         self.pins.is_some()
+    }
+
+    /// The kernel id of the pinned `STATS` map: what the pinned state is
+    /// known by outside bpffs (the tracer witness's instance is named for
+    /// it). `None` when nothing is pinned.
+    pub fn pinned_stats_id(&self) -> Option<Result<u32, aya::maps::MapError>> {
+        let dir = self.pins.as_ref()?.dir();
+        let info = aya::maps::MapInfo::from_pin(pins::map_path(dir, "STATS"));
+        Some(info.map(|i| i.id()))
+    }
+
+    /// The `STATS` map ids of the pinned layouts this process replaced.
+    pub fn replaced_pins(&self) -> &[u32] {
+        self.pins.as_ref().map_or(&[], pins::PinSet::replaced)
     }
 
     /// Whether this process adopted programs an earlier one left pinned.

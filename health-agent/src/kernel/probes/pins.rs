@@ -25,6 +25,7 @@ use std::fs::File;
 use std::io;
 use std::path::{Path, PathBuf};
 
+use aya::maps::MapInfo;
 use aya::programs::links::FdLink;
 use aya::programs::{ProgramFd, ProgramInfo};
 use aya::Ebpf;
@@ -103,6 +104,9 @@ pub struct PinSet {
     dir: PathBuf,
     committed: PathBuf,
     adopted: bool,
+    /// The kernel ids of the `STATS` maps of layouts removed here (what
+    /// the tracer witness kept with them is named for).
+    replaced: Vec<u32>,
     /// An exclusive lock on `<root>` for as long as this process runs: two
     /// agents on one pin directory would steal each other's samples (one
     /// ring buffer), or one would remove the other's programs (another
@@ -119,6 +123,7 @@ impl PinSet {
         std::fs::create_dir_all(root).map_err(io_err("creating", root))?;
         let lock = lock(root)?;
         let committed = root.join(stamp);
+        let mut replaced = Vec::new();
         for entry in std::fs::read_dir(root).map_err(io_err("reading", root))? {
             let entry = entry.map_err(io_err("reading", root))?;
             if entry.file_name().to_str() == Some(stamp) {
@@ -129,6 +134,10 @@ impl PinSet {
                 "removing pinned kernel state of another layout: {}",
                 path.display()
             );
+            // A build that never finished may have no STATS pinned.
+            if let Ok(info) = MapInfo::from_pin(map_path(&path, "STATS")) {
+                replaced.push(info.id());
+            }
             remove(&path)?;
         }
         if committed.join(MAPS).is_dir() {
@@ -140,6 +149,7 @@ impl PinSet {
                 dir: committed.clone(),
                 committed,
                 adopted: true,
+                replaced,
                 _lock: lock,
             });
         }
@@ -155,6 +165,7 @@ impl PinSet {
             dir,
             committed,
             adopted: false,
+            replaced,
             _lock: lock,
         })
     }
@@ -166,6 +177,11 @@ impl PinSet {
 
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// See `replaced` in [`PinSet`].
+    pub fn replaced(&self) -> &[u32] {
+        &self.replaced
     }
 
     /// The maps pinned so far, by name (for `EbpfLoader::map_pin_path`).

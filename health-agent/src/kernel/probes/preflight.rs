@@ -60,8 +60,26 @@ pub(super) fn raise_memlock_limit() {
 
 /// Creates and closes a one-entry array map: the cheapest question that
 /// tells "no BPF in this kernel" (ENOSYS) from "BPF forbidden" (EPERM).
-/// Written here because no crate offers this probe on its own.
 pub(super) fn check_bpf() -> Result<(), ProbeError> {
+    let err = match tiny_array_map() {
+        Ok(fd) => {
+            drop(fd);
+            return Ok(());
+        }
+        Err(err) => err,
+    };
+    Err(match err.raw_os_error() {
+        Some(libc::ENOSYS) => ProbeError::BpfUnavailable("the kernel has no bpf() system call (CONFIG_BPF_SYSCALL is off)".into()),
+        Some(libc::EPERM) => ProbeError::BpfUnavailable(format!(
+            "bpf() was refused ({err}): kernel lockdown, a seccomp profile or an LSM policy forbids it"
+        )),
+        _ => ProbeError::BpfUnavailable(format!("creating a test map failed: {err}")),
+    })
+}
+
+/// A one-entry array map of our own, freed when the descriptor closes.
+/// Written here because no crate offers a map without an object to load.
+pub(crate) fn tiny_array_map() -> io::Result<OwnedFd> {
     #[repr(C)]
     struct MapCreate {
         map_type: u32,
@@ -88,17 +106,9 @@ pub(super) fn check_bpf() -> Result<(), ProbeError> {
             std::mem::size_of::<MapCreate>() as libc::c_uint,
         )
     };
-    if fd >= 0 {
-        // SAFETY: the kernel just returned this descriptor to us.
-        drop(unsafe { OwnedFd::from_raw_fd(fd as i32) });
-        return Ok(());
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
     }
-    let err = io::Error::last_os_error();
-    Err(match err.raw_os_error() {
-        Some(libc::ENOSYS) => ProbeError::BpfUnavailable("the kernel has no bpf() system call (CONFIG_BPF_SYSCALL is off)".into()),
-        Some(libc::EPERM) => ProbeError::BpfUnavailable(format!(
-            "bpf() was refused ({err}): kernel lockdown, a seccomp profile or an LSM policy forbids it"
-        )),
-        _ => ProbeError::BpfUnavailable(format!("creating a test map failed: {err}")),
-    })
+    // SAFETY: the kernel just returned this descriptor to us.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }

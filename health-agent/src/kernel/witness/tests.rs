@@ -82,18 +82,12 @@ proptest::proptest! {
 /// buffer, counts, is removed on drop, and a gone agent's is cleaned up.
 #[test]
 fn an_instance_of_its_own_on_the_real_tracefs() {
-    assert!(
-        nix::unistd::geteuid().is_root(),
-        "the witness test makes a tracefs instance: run it as root"
-    );
-    let root = crate::kernel::tracefs::Tracefs::locate(Path::new("/sys"))
-        .expect("tracefs")
-        .root()
-        .to_path_buf();
+    let root = tracefs_root();
     // A process id above the kernel's limit is never alive.
     let stale = root.join("instances").join(format!("{PREFIX}4194305"));
     fs::create_dir(&stale).expect("making a stale instance");
-    let w = Witness::start(&root, 0).expect("starting the witness");
+    let w = Witness::start(&root, 0, Lifetime::Process).expect("starting the witness");
+    assert!(w.made());
     assert!(!stale.exists(), "the gone agent's instance is still there");
     assert_eq!(
         w.dir(),
@@ -111,4 +105,87 @@ fn an_instance_of_its_own_on_the_real_tracefs() {
     let dir = w.dir().to_path_buf();
     drop(w);
     assert!(!dir.exists(), "{} left behind", dir.display());
+}
+
+/// A BPF map of its own, for a map id that is alive while it is held.
+fn live_map() -> (std::os::fd::OwnedFd, u32) {
+    use std::os::fd::AsRawFd;
+    let fd = crate::kernel::probes::preflight::tiny_array_map().expect("BPF_MAP_CREATE");
+    let info = fs::read_to_string(format!("/proc/self/fdinfo/{}", fd.as_raw_fd())).unwrap();
+    let id = info
+        .lines()
+        .find_map(|l| l.strip_prefix("map_id:"))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("a map_id in the map's fdinfo");
+    (fd, id)
+}
+
+/// The real tracefs, as root.
+fn tracefs_root() -> std::path::PathBuf {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "the witness test makes a tracefs instance: run it as root"
+    );
+    crate::kernel::tracefs::Tracefs::locate(Path::new("/sys"))
+        .expect("tracefs")
+        .root()
+        .to_path_buf()
+}
+
+/// Kept with pinned state: not removed on drop, adopted with the base it
+/// was given, removed as stale once its map is gone, and by
+/// `remove_pinned`.
+#[test]
+fn an_instance_kept_with_the_pinned_state_on_the_real_tracefs() {
+    let root = tracefs_root();
+    let (map, map_id) = live_map();
+    // Ids above INT_MAX - 1 are never given out: a map that is gone.
+    let stale = root.join(format!("instances/{PREFIX}{PINS}2147483646"));
+    fs::create_dir(&stale).expect("making a stale instance");
+
+    let made = Witness::start(&root, 40, Lifetime::Pins { map_id, base: 0 }).unwrap();
+    assert!(!stale.exists(), "the instance of gone pins is still there");
+    assert!(made.made());
+    let dir = made.dir().to_path_buf();
+    assert_eq!(dir, root.join(format!("instances/{PREFIX}{PINS}{map_id}")));
+    drop(made);
+    assert!(dir.exists(), "a pinned instance went with its process");
+
+    // The next process: the same instance, counting from its base.
+    let mut adopted = Witness::start(&root, 90, Lifetime::Pins { map_id, base: 40 }).unwrap();
+    assert!(!adopted.made());
+    assert_eq!(adopted.dir(), dir);
+    assert_eq!(fs::read_to_string(dir.join(EVENT)).unwrap().trim(), "1");
+    // 55 traced since it was made, 50 counted since (90 - 40), and later
+    // one more of each.
+    assert_eq!(adopted.observe(55, 90), 5);
+    assert_eq!(adopted.observe(56, 91), 0);
+    assert_eq!(
+        (adopted.figures().traced, adopted.figures().uncounted),
+        (56, 5)
+    );
+    drop(adopted);
+
+    // Its map gone, the next start (of anyone) removes it.
+    drop(map);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while !map_is_gone(map_id) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "map {map_id} still there"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let other = Witness::start(&root, 0, Lifetime::Process).unwrap();
+    assert!(!dir.exists(), "the instance of a gone map is still there");
+    drop(other);
+
+    // `uninstall`'s removal.
+    let (_map, map_id) = live_map();
+    let kept = Witness::start(&root, 0, Lifetime::Pins { map_id, base: 0 }).unwrap();
+    let dir = kept.dir().to_path_buf();
+    drop(kept);
+    assert!(remove_pinned(&root, map_id).unwrap());
+    assert!(!dir.exists());
+    assert!(!remove_pinned(&root, map_id).unwrap());
 }
