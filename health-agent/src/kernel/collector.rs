@@ -57,7 +57,8 @@ pub struct KernelStats {
     /// Ring-buffer records of another size than a sample, skipped.
     pub bad_records: u64,
     /// Failed requests the kernel's tracer saw at `block_rq_error` since
-    /// this process started, `None` without a tracer witness; filled in by
+    /// the witness was made (with pinned state, by the first agent on those
+    /// pins), `None` without a tracer witness; filled in by
     /// the agent loop from [`crate::kernel::witness`], not from a map.
     pub traced: Option<u64>,
     /// Of those, the ones no program counted (the kernel ran none for
