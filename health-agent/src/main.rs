@@ -556,8 +556,7 @@ fn uninstall(root: &std::path::Path, sys_root: &std::path::Path) -> anyhow::Resu
     let stats_id = pins::committed_layout(root)
         .ok()
         .flatten()
-        .and_then(|layout| aya::maps::MapInfo::from_pin(pins::map_path(&layout, "STATS")).ok())
-        .map(|info| info.id());
+        .and_then(|layout| pins::stats_map_id(&layout).ok());
     match pins::uninstall(root)? {
         None => println!("nothing pinned at {}", root.display()),
         Some(r) => println!(

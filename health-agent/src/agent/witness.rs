@@ -39,13 +39,11 @@ pub(super) fn start(
             Err(e) => tracing::warn!("removing the replaced pinned state's tracer witness: {e}"),
         }
     }
-    let lifetime = match lifetime(attached, collector) {
-        Ok(l) => l,
-        Err(e) => {
-            tracing::warn!("no tracer witness ({e:#}): {UNNOTICED}");
-            return None;
-        }
-    };
+    let lifetime = lifetime(attached, collector).unwrap_or_else(|e| {
+        // Still a witness, only not one that outlives this process.
+        tracing::warn!("the tracer witness will not outlive this agent ({e:#})");
+        Lifetime::Process
+    });
     match Witness::start(tracefs.root(), counted, lifetime) {
         Ok(w) => {
             if w.made() && lifetime != Lifetime::Process {

@@ -206,13 +206,9 @@ impl Attached {
         self.pins.is_some()
     }
 
-    /// The kernel id of the pinned `STATS` map: what the pinned state is
-    /// known by outside bpffs (the tracer witness's instance is named for
-    /// it). `None` when nothing is pinned.
+    /// See [`pins::stats_map_id`]; `None` when nothing is pinned.
     pub fn pinned_stats_id(&self) -> Option<Result<u32, aya::maps::MapError>> {
-        let dir = self.pins.as_ref()?.dir();
-        let info = aya::maps::MapInfo::from_pin(pins::map_path(dir, "STATS"));
-        Some(info.map(|i| i.id()))
+        Some(pins::stats_map_id(self.pins.as_ref()?.dir()))
     }
 
     /// The `STATS` map ids of the pinned layouts this process replaced.

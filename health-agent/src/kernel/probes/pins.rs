@@ -135,8 +135,8 @@ impl PinSet {
                 path.display()
             );
             // A build that never finished may have no STATS pinned.
-            if let Ok(info) = MapInfo::from_pin(map_path(&path, "STATS")) {
-                replaced.push(info.id());
+            if let Ok(id) = stats_map_id(&path) {
+                replaced.push(id);
             }
             remove(&path)?;
         }
@@ -305,6 +305,13 @@ pub fn committed_layout(root: &Path) -> Result<Option<PathBuf>, PinError> {
 /// A pinned map of a committed layout directory.
 pub fn map_path(layout: &Path, name: &str) -> PathBuf {
     layout.join(MAPS).join(name)
+}
+
+/// The kernel id of a layout's pinned `STATS` map: what the pinned state
+/// is known by outside bpffs (the tracer witness kept with it is named for
+/// it).
+pub fn stats_map_id(layout: &Path) -> Result<u32, aya::maps::MapError> {
+    MapInfo::from_pin(map_path(layout, "STATS")).map(|info| info.id())
 }
 
 /// What `uninstall` removed.

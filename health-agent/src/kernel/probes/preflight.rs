@@ -62,10 +62,7 @@ pub(super) fn raise_memlock_limit() {
 /// tells "no BPF in this kernel" (ENOSYS) from "BPF forbidden" (EPERM).
 pub(super) fn check_bpf() -> Result<(), ProbeError> {
     let err = match tiny_array_map() {
-        Ok(fd) => {
-            drop(fd);
-            return Ok(());
-        }
+        Ok(_) => return Ok(()),
         Err(err) => err,
     };
     Err(match err.raw_os_error() {
