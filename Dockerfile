@@ -9,10 +9,12 @@
 # (rustc-web, cargo-web, rust-web-src), LLVM of that compiler's major and
 # builds bpf-linker against it (xtask/src/bootstrap.rs; it needs apt and
 # root, which a Debian image has), then builds the kernel programs and the
-# release agent with them embedded. The runtime image holds that one binary.
+# release agent with them embedded, and the controller. The runtime image
+# holds those two binaries (the controller, the CSI sidecar's command,
+# carries no kernel programs).
 #
 # Without an engine, `cargo xtask image` writes the agent's image as an OCI
-# archive (README, "The image"); xtask/tests/image.rs checks that its config
+# archive (README, "The image"); tests/tests/image.rs checks that its config
 # has this file's ENTRYPOINT and CMD (those of the last stage).
 
 ARG RUST_VERSION=1.95
@@ -25,8 +27,9 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/root/.cache/volume-health \
     --mount=type=cache,target=/src/target \
     cargo xtask build \
+    && cargo build --release --locked --package health-controller \
     && mkdir -p /out \
-    && cp target/release/health-agent /out/health-agent
+    && cp target/release/health-agent target/release/health-controller /out/
 
 # The fault disk server for `cargo xtask kind` (not part of the agent image);
 # plain cargo, no eBPF toolchain. Built on Debian bookworm, whose glibc is no
@@ -49,5 +52,6 @@ COPY --from=faultdisk-builder /out/faultdisk /faultdisk
 # (deploy/daemonset.yaml says which and why).
 FROM gcr.io/distroless/cc-debian12 AS runtime
 COPY --from=builder /out/health-agent /usr/local/bin/health-agent
+COPY --from=builder /out/health-controller /usr/local/bin/health-controller
 ENTRYPOINT ["/usr/local/bin/health-agent"]
 CMD ["run"]

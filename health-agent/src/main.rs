@@ -1,21 +1,29 @@
-//! `health-agent`: the volume-health node agent.
+//! `health-agent`: the volume-health node agent's command line, over the
+//! `health-node` library. The kernel object is embedded here (build.rs), so
+//! that every library below compiles without it.
 
 use std::io::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use anyhow::Context as _;
 use clap::{Parser, Subcommand};
-use health_agent::agent::{self, AgentOptions, EventPriority};
-use health_agent::dev::Dev;
-use health_agent::kernel::probes::{pins, BioErrors, BlockAttach, ProbeError, ProbeOptions};
-use health_agent::report::watch::View;
-use health_agent::topology::HostPaths;
-use health_agent::volumes::checks::CheckConfig;
-use health_agent::volumes::conditions::ConditionConfig;
-use health_agent::volumes::kubelet::DEFAULT_KUBELET_ROOT;
-use health_agent::volumes::{self, view, LiveVolumesConfig};
+use health_core::conditions::ConditionConfig;
+use health_core::dev::Dev;
 use health_csi::DriverOverride;
+use health_kernel::probes::{self, pins, BioErrors, BlockAttach, ProbeError, ProbeOptions};
+use health_kube::events::EventArgs;
+use health_node::agent::{self, AgentOptions, EventPriority};
+use health_node::report::watch::View;
+use health_node::volumes::checks::CheckConfig;
+use health_node::volumes::kubelet::DEFAULT_KUBELET_ROOT;
+use health_node::volumes::{self, view, LiveVolumesConfig};
+use health_topology::HostPaths;
+
+/// The kernel programs (`health-ebpf`), as `cargo xtask build` built them.
+static KERNEL_OBJECT: &[u8] =
+    health_kernel::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/health-ebpf.o"));
 
 #[derive(Parser)]
 #[command(
@@ -32,7 +40,7 @@ struct Cli {
     /// Where the host's /sys is.
     #[arg(long, global = true, default_value = "/sys", env = "HEALTH_HOST_SYS")]
     host_sys: PathBuf,
-    /// Log filter (tracing's env-filter syntax), e.g. `info` or `health_agent=debug`.
+    /// Log filter (tracing's env-filter syntax), e.g. `info` or `health_node=debug`.
     #[arg(long, global = true, default_value = "info", env = "HEALTH_LOG")]
     log: String,
 }
@@ -47,88 +55,12 @@ enum Command {
     Run(RunArgs),
     /// Detach the programs an agent left pinned and remove every pin.
     Uninstall(PinArgs),
-    /// Cluster-side controller (a sidecar of a CSI controller plugin): CSI
-    /// controller volume health and node-down, as Events on PVCs.
-    Controller(ControllerArgs),
-}
-
-#[derive(clap::Args)]
-struct ControllerArgs {
-    /// The CSI driver's controller socket (shared with the driver's container).
-    #[arg(
-        long,
-        value_name = "PATH",
-        default_value = "/csi/csi.sock",
-        env = "CSI_ADDRESS"
-    )]
-    csi_address: PathBuf,
-    /// kubeconfig to use instead of the pod's service account.
-    #[arg(long, value_name = "PATH")]
-    kubeconfig: Option<PathBuf>,
-    /// The driver's name as PVs give it (spec.csi.driver); default: the driver's GetPluginInfo name.
-    #[arg(long, value_name = "NAME")]
-    driver: Option<String>,
-    /// Seconds between two health cycles over the driver's volumes.
-    #[arg(long, value_name = "SECS", default_value_t = 15.0)]
-    monitor_interval: f64,
-    /// max_entries of each ControllerListVolumeHealth / ListVolumes page.
-    #[arg(long, value_name = "N", default_value_t = 500)]
-    list_page_size: u32,
-    /// Seconds one CSI call may take.
-    #[arg(long, value_name = "SECS", default_value_t = 10.0)]
-    call_timeout: f64,
-    /// Per-volume Get calls in flight at once (drivers without a health list).
-    #[arg(long, value_name = "N", default_value_t = 4)]
-    get_concurrency: usize,
-    /// Seconds a node must be NotReady or unreachable before its volumes are reported Inaccessible.
-    #[arg(long, value_name = "SECS", default_value_t = 60.0)]
-    node_grace: f64,
-    /// The Lease electing the active replica; default: volume-health-<driver>.
-    #[arg(long, value_name = "NAME")]
-    lease_name: Option<String>,
-    /// The Lease's namespace (the controller's own).
-    #[arg(long, value_name = "NS", env = "POD_NAMESPACE")]
-    lease_namespace: Option<String>,
-    /// This replica's identity in the Lease and Events (reportingInstance); default: hostname.
-    #[arg(long, value_name = "ID", env = "POD_NAME")]
-    identity: Option<String>,
-    /// Seconds the Lease is valid without renewal (a standby takes over within this).
-    #[arg(long, value_name = "SECS", default_value_t = 15)]
-    lease_duration: u64,
-    /// Where /metrics, /healthz and /readyz are served.
-    #[arg(
-        long,
-        value_name = "ADDR:PORT",
-        default_value = "0.0.0.0:9809",
-        env = "HEALTH_METRICS_ADDR"
-    )]
-    metrics_addr: std::net::SocketAddr,
-    #[command(flatten)]
-    events: EventArgs,
-}
-
-/// How Events are aggregated, the same for `run` and `controller`.
-#[derive(clap::Args)]
-struct EventArgs {
-    /// Hard cap on Event writes per pod or PVC per rolling minute.
-    #[arg(long, value_name = "N", default_value_t = 6)]
-    event_writes_per_minute: u32,
-    /// Seconds between two updates of one aggregated Event.
-    #[arg(long, value_name = "SECS", default_value_t = 10.0)]
-    event_update_interval: f64,
-}
-
-impl EventArgs {
-    /// The cap and the update interval, checked.
-    fn checked(&self) -> anyhow::Result<(u32, Duration)> {
-        anyhow::ensure!(
-            self.event_writes_per_minute > 0,
-            "--event-writes-per-minute must be at least 1"
-        );
-        let update = seconds("event-update-interval", self.event_update_interval)
-            .map_err(anyhow::Error::msg)?;
-        Ok((self.event_writes_per_minute, update))
-    }
+    /// Moved to its own binary and image: `health-controller`.
+    #[command(hide = true, disable_help_flag = true)]
+    Controller {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        _args: Vec<String>,
+    },
 }
 
 #[derive(clap::Args)]
@@ -171,7 +103,7 @@ struct KernelArgs {
     #[arg(long)]
     flush_errors: bool,
     /// Samples per device per second per CPU (counting is never limited).
-    #[arg(long, default_value_t = 100)]
+    #[arg(long, default_value_t = probes::DEFAULT_SAMPLES_PER_SEC)]
     sample_rate: u32,
     /// Errors raised inside device-mapper and md (block_bio_complete, which runs on every bio):
     /// attached once such a device exists (auto), at start (always), or not at all (never).
@@ -205,15 +137,15 @@ struct KernelArgs {
 #[derive(clap::Args)]
 struct IntervalArgs {
     /// Seconds between volume checks and kubelet rediscoveries.
-    #[arg(long, value_name = "SECS", default_value_t = 10.0)]
+    #[arg(long, value_name = "SECS", default_value_t = volumes::DEFAULT_CHECK_INTERVAL.as_secs_f64())]
     check_interval: f64,
     /// Seconds between CSI node health calls for each volume (and storage
     /// health calls for each driver).
-    #[arg(long, value_name = "SECS", default_value_t = 60.0)]
+    #[arg(long, value_name = "SECS", default_value_t = volumes::DEFAULT_CSI_INTERVAL.as_secs_f64())]
     csi_interval: f64,
     /// A kernel error condition clears after this many seconds without a
     /// new error of its kind.
-    #[arg(long, value_name = "SECS", default_value_t = 300.0)]
+    #[arg(long, value_name = "SECS", default_value_t = ConditionConfig::default().kernel_quiet_window.as_secs_f64())]
     kernel_quiet_window: f64,
 }
 
@@ -226,17 +158,17 @@ struct VolumeArgs {
     kubelet_root: Option<PathBuf>,
     /// Seconds one volume probe (statvfs, stat) or CSI call may take before
     /// it counts as hung / failed.
-    #[arg(long, value_name = "SECS", default_value_t = 5.0)]
+    #[arg(long, value_name = "SECS", default_value_t = CheckConfig::default().timeout.as_secs_f64())]
     check_timeout: f64,
     /// Use this socket for this CSI driver (DRIVER=PATH); repeatable. Sockets
-    /// under <kubelet-root>/plugins are found without this.
+    /// under `<kubelet-root>/plugins` are found without this.
     #[arg(long = "csi-socket", value_name = "DRIVER=PATH")]
     csi_sockets: Vec<DriverOverride>,
     /// Degraded (CapacityLow) below this percentage of free bytes.
-    #[arg(long, value_name = "PERCENT", default_value_t = 5.0)]
+    #[arg(long, value_name = "PERCENT", default_value_t = CheckConfig::default().capacity_low_percent)]
     capacity_low_percent: f64,
     /// Degraded (InodesLow) below this percentage of free inodes.
-    #[arg(long, value_name = "PERCENT", default_value_t = 5.0)]
+    #[arg(long, value_name = "PERCENT", default_value_t = CheckConfig::default().inodes_low_percent)]
     inodes_low_percent: f64,
 }
 
@@ -297,39 +229,15 @@ fn main() -> ExitCode {
         sys_root: cli.host_sys.clone(),
     };
     let result = match cli.command {
-        Command::Watch(args) => watch_options(args, host).and_then(|(opts, view)| {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .map_err(anyhow::Error::from)?;
-            let result = rt.block_on(agent::run(opts, view, None));
-            // A volume probe stuck on a hung mount holds a blocking thread
-            // that may never return; dropping the runtime would wait for it.
-            rt.shutdown_timeout(Duration::from_millis(200));
-            result
-        }),
+        Command::Watch(args) => watch_options(args, host)
+            .and_then(|(opts, view)| block_on(Runtime::CurrentThread, agent::run(opts, view, None))?),
         Command::Volumes(args) => volumes_command(args, host),
         Command::Uninstall(args) => uninstall(&args.pin_dir, &host.sys_root),
-        Command::Controller(args) => controller_options(args).and_then(|opts| {
-            let rt = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()
-                .map_err(anyhow::Error::from)?;
-            let result = rt.block_on(health_agent::controller::run(opts));
-            rt.shutdown_timeout(Duration::from_millis(200));
-            result
-        }),
-        Command::Run(args) => run_options(args, host).and_then(|opts| {
-            let rt = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()
-                .map_err(anyhow::Error::from)?;
-            let result = rt.block_on(health_agent::k8s::run(opts));
-            rt.shutdown_timeout(Duration::from_millis(200));
-            result
-        }),
+        Command::Controller { .. } => Err(anyhow::anyhow!(
+            "the controller is its own binary now: run `health-controller` (image volume-health-controller)"
+        )),
+        Command::Run(args) => run_options(args, host)
+            .and_then(|opts| block_on(Runtime::TwoWorkers, health_node::cluster::run(opts))?),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -343,63 +251,34 @@ fn main() -> ExitCode {
     }
 }
 
-fn controller_options(
-    args: ControllerArgs,
-) -> anyhow::Result<health_agent::controller::ControllerOptions> {
-    use anyhow::Context as _;
-    let secs = |name: &str, v: f64| seconds(name, v).map_err(anyhow::Error::msg);
-    let monitor_interval = secs("monitor-interval", args.monitor_interval)?;
-    anyhow::ensure!(
-        !monitor_interval.is_zero(),
-        "--monitor-interval must be above 0"
-    );
-    let call_timeout = secs("call-timeout", args.call_timeout)?;
-    anyhow::ensure!(!call_timeout.is_zero(), "--call-timeout must be above 0");
-    anyhow::ensure!(
-        args.list_page_size > 0,
-        "--list-page-size must be at least 1"
-    );
-    anyhow::ensure!(
-        args.get_concurrency > 0,
-        "--get-concurrency must be at least 1"
-    );
-    anyhow::ensure!(
-        args.lease_duration >= 2,
-        "--lease-duration must be at least 2 seconds"
-    );
-    let (event_writes_per_minute, event_update_interval) = args.events.checked()?;
-    let lease_namespace = args
-        .lease_namespace
-        .filter(|ns| !ns.is_empty())
-        .context("no namespace for the lease: pass --lease-namespace or set POD_NAMESPACE")?;
-    let identity = match args.identity.filter(|id| !id.is_empty()) {
-        Some(id) => id,
-        // The kernel's view of the hostname: the pod's name in a pod.
-        None => std::fs::read_to_string("/proc/sys/kernel/hostname")
-            .context("no --identity (POD_NAME) and the hostname is unreadable")?
-            .trim()
-            .to_string(),
-    };
-    Ok(health_agent::controller::ControllerOptions {
-        csi_address: args.csi_address,
-        kubeconfig: args.kubeconfig,
-        driver: args.driver.filter(|d| !d.is_empty()),
-        monitor_interval,
-        list_page_size: args.list_page_size,
-        call_timeout,
-        get_concurrency: args.get_concurrency,
-        node_grace: secs("node-grace", args.node_grace)?,
-        lease_name: args.lease_name.filter(|n| !n.is_empty()),
-        lease_namespace,
-        identity,
-        lease_duration: Duration::from_secs(args.lease_duration),
-        metrics_addr: args.metrics_addr,
-        event_writes_per_minute,
-        event_update_interval,
-    })
+enum Runtime {
+    CurrentThread,
+    TwoWorkers,
 }
 
-fn run_options(args: RunArgs, host: HostPaths) -> anyhow::Result<health_agent::k8s::RunOptions> {
+/// Runs `work` on a tokio runtime of that kind. A volume probe stuck on a
+/// hung mount holds a blocking thread that may never return: the runtime
+/// gives such threads a moment, then is dropped without them, so that a
+/// finding never turns into a hang of the agent.
+fn block_on<F: std::future::Future>(kind: Runtime, work: F) -> anyhow::Result<F::Output> {
+    let mut builder = match kind {
+        Runtime::CurrentThread => tokio::runtime::Builder::new_current_thread(),
+        Runtime::TwoWorkers => {
+            let mut b = tokio::runtime::Builder::new_multi_thread();
+            b.worker_threads(2);
+            b
+        }
+    };
+    let rt = builder
+        .enable_all()
+        .build()
+        .context("starting the runtime")?;
+    let output = rt.block_on(work);
+    rt.shutdown_timeout(Duration::from_millis(200));
+    Ok(output)
+}
+
+fn run_options(args: RunArgs, host: HostPaths) -> anyhow::Result<health_node::cluster::RunOptions> {
     anyhow::ensure!(
         !args.node_name.is_empty(),
         "--node-name (NODE_NAME) is empty"
@@ -425,7 +304,7 @@ fn run_options(args: RunArgs, host: HostPaths) -> anyhow::Result<health_agent::k
         totals_interval: Duration::from_secs(60),
         volumes: Some(volumes),
     };
-    let mut events = health_agent::k8s::events::RecorderConfig::new(&args.node_name);
+    let mut events = health_kube::events::RecorderConfig::new(&args.node_name);
     events.writes_per_object_per_minute = writes_per_minute;
     events.min_update_interval = update;
     events.unclaimed_clear_after = agent
@@ -434,7 +313,7 @@ fn run_options(args: RunArgs, host: HostPaths) -> anyhow::Result<health_agent::k
         .map_or(events.unclaimed_clear_after, |v| {
             v.conditions.kernel_quiet_window
         });
-    Ok(health_agent::k8s::RunOptions {
+    Ok(health_node::cluster::RunOptions {
         agent,
         node: args.node_name,
         kubeconfig: args.kubeconfig,
@@ -445,6 +324,7 @@ fn run_options(args: RunArgs, host: HostPaths) -> anyhow::Result<health_agent::k
 
 fn probe_options(args: &KernelArgs, host: &HostPaths) -> ProbeOptions {
     ProbeOptions {
+        object: KERNEL_OBJECT,
         sys_root: host.sys_root.clone(),
         proc_root: host.proc_root.clone(),
         flush_errors: args.flush_errors,
@@ -577,7 +457,7 @@ fn uninstall(root: &std::path::Path, sys_root: &std::path::Path) -> anyhow::Resu
 /// be removed is said, not fatal (the pins are gone, and the next agent
 /// removes it as stale).
 fn remove_pinned_witness(sys_root: &std::path::Path, stats_id: u32) {
-    use health_agent::kernel::{tracefs::Tracefs, witness};
+    use health_kernel::{tracefs::Tracefs, witness};
     let removed = Tracefs::locate(sys_root)
         .map_err(anyhow::Error::from)
         .and_then(|t| Ok(witness::remove_pinned(t.root(), stats_id)?));
@@ -609,16 +489,7 @@ fn volumes_command(args: VolumesArgs, host: HostPaths) -> anyhow::Result<()> {
         check,
         csi_overrides: args.volume.csi_sockets,
     };
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .map_err(anyhow::Error::from)?;
-    let result = rt.block_on(view::collect(&opts));
-    // A probe stuck on a hung mount holds a blocking thread that may never
-    // come back; waiting for it would turn a finding into a hang.
-    rt.shutdown_timeout(Duration::from_millis(100));
-    let (views, evidence) = result?;
+    let (views, evidence) = block_on(Runtime::TwoWorkers, view::collect(&opts))??;
     if let view::KernelEvidence::Unavailable(why) = &evidence {
         eprintln!("volume-health: {why}");
     }

@@ -2,7 +2,7 @@
 //! the real binary and a fake /proc and /sys: the exact message (file and
 //! line once, not repeated by the error chain), a bad line skipped while
 //! the rest of the table is used, and a huge single line refused without
-//! being read whole; and a missing CSI socket named once.
+//! being read whole.
 
 use std::path::Path;
 use std::process::Command;
@@ -84,28 +84,5 @@ fn a_huge_single_line_is_refused_not_read_whole() {
             "health-agent: reading the device topology: malformed mountinfo {} line 1: line of 1048576 bytes or more, longer than the 262144 accepted; skipped without reading it whole (no line of the file is a valid mount)",
             file.display()
         )
-    );
-}
-
-/// A misconfigured controller sidecar: the socket's absence said once, with
-/// the option that named it (the cause is not repeated by the error chain).
-#[test]
-fn a_missing_csi_socket_is_named_once() {
-    let dir = tempfile::tempdir().unwrap();
-    let socket = dir.path().join("csi.sock");
-    let out = Command::new(env!("CARGO_BIN_EXE_health-agent"))
-        .args(["--log", "warn", "controller", "--csi-address"])
-        .arg(&socket)
-        .args(["--kubeconfig", "/dev/null"])
-        .env("POD_NAMESPACE", "csi")
-        .env("NO_COLOR", "1")
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
-    let s = socket.display();
-    assert_eq!(
-        stderr.lines().last().unwrap_or_default(),
-        format!("health-agent: CSI socket {s} (--csi-address): cannot connect to CSI socket {s}: No such file or directory (os error 2)")
     );
 }

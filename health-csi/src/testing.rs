@@ -732,12 +732,6 @@ impl TestDriverHandle {
         lock(&self.state.list_max_entries).clone()
     }
 
-    pub fn reset_calls(&self) {
-        for counter in &self.state.calls {
-            counter.store(0, Ordering::Relaxed);
-        }
-    }
-
     /// Arguments of the last NodeGetVolumeHealth or NodeGetVolumeStats.
     pub fn last_node_request(&self) -> Option<SeenNodeRequest> {
         lock(&self.state.last_node_request).clone()

@@ -4,6 +4,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 
+use health_core::conditions::{CsiEntry, Status};
 use serde::{Deserialize, Serialize};
 
 use crate::proto;
@@ -86,6 +87,27 @@ impl HealthEntry {
             status,
             reason: reason.into(),
             message: message.into(),
+        }
+    }
+
+    /// This entry in the condition machine's words (the node agent's CSI
+    /// prober and the controller both feed these to it).
+    pub fn to_evidence(&self) -> CsiEntry {
+        let (status, message) = match self.status {
+            HealthStatus::Inaccessible => (Status::Inaccessible, self.message.clone()),
+            HealthStatus::DataLoss => (Status::DataLoss, self.message.clone()),
+            HealthStatus::Degraded => (Status::Degraded, self.message.clone()),
+            // An adverse condition of a type newer than we know: the mildest
+            // status claims no more than the driver did, and the message says so.
+            HealthStatus::Unknown => (
+                Status::Degraded,
+                format!("(health type unknown to this agent) {}", self.message),
+            ),
+        };
+        CsiEntry {
+            status,
+            reason: self.reason.clone(),
+            message,
         }
     }
 }

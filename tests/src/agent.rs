@@ -12,18 +12,32 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use serde_json::Value;
 
+use crate::mount_ns::PrivateMounts;
+
 /// How long the agent may take to load and attach its programs.
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The agent binary: `HEALTH_AGENT_BIN` (set by `cargo xtask test`), else
 /// the workspace's release build.
 pub fn agent_bin() -> Result<PathBuf> {
-    if let Some(p) = std::env::var_os("HEALTH_AGENT_BIN") {
+    release_bin("health-agent", "HEALTH_AGENT_BIN")
+}
+
+/// The controller binary: `HEALTH_CONTROLLER_BIN` (set by `cargo xtask
+/// test`), else the workspace's release build.
+pub fn controller_bin() -> Result<PathBuf> {
+    release_bin("health-controller", "HEALTH_CONTROLLER_BIN")
+}
+
+fn release_bin(name: &str, env: &str) -> Result<PathBuf> {
+    if let Some(p) = std::env::var_os(env) {
         return Ok(PathBuf::from(p));
     }
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/release/health-agent");
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../target/release")
+        .join(name);
     if !p.is_file() {
-        bail!("{} is missing: run the tests with `cargo xtask test` (it builds the agent with its kernel programs)", p.display());
+        bail!("{} is missing: run the tests with `cargo xtask test` (it builds {name}, the agent with its kernel programs)", p.display());
     }
     Ok(p)
 }
@@ -76,17 +90,22 @@ impl Agent {
     /// Starts `health-agent watch --json <args>` and waits until it says it
     /// is attached.
     pub fn start(args: &[&str]) -> Result<Agent> {
-        Self::start_mode(&["watch", "--json"], args)
+        Self::start_mode(&["watch", "--json"], args, None)
+    }
+
+    /// [`Agent::start`] in a mount namespace of the test's own.
+    pub fn start_in(mounts: &PrivateMounts, args: &[&str]) -> Result<Agent> {
+        Self::start_mode(&["watch", "--json"], args, Some(mounts))
     }
 
     /// Starts `health-agent run <args>` (cluster mode, which prints no
     /// events on stdout) and waits until it says it is attached. Proxy
     /// variables are removed: the fake API server is on loopback.
     pub fn start_cluster(args: &[&str]) -> Result<Agent> {
-        Self::start_mode(&["run"], args)
+        Self::start_mode(&["run"], args, None)
     }
 
-    fn start_mode(mode: &[&str], args: &[&str]) -> Result<Agent> {
+    fn start_mode(mode: &[&str], args: &[&str], mounts: Option<&PrivateMounts>) -> Result<Agent> {
         let bin = agent_bin()?;
         // Pinned state outlives the agent: a test that does not ask for it
         // (with its own --pin-dir, see `crate::bpffs`) must leave nothing
@@ -96,7 +115,11 @@ impl Agent {
         } else {
             &["--no-pin"]
         };
-        let mut child = agent_command(&bin)
+        let mut command = agent_command(&bin);
+        if let Some(mounts) = mounts {
+            mounts.enter(&mut command)?;
+        }
+        let mut child = command
             .args(mode)
             .args(args)
             .args(no_pin)
@@ -340,13 +363,31 @@ pub fn tally(events: &[Value]) -> BTreeMap<(String, String, String, i64), u64> {
     out
 }
 
+/// A pin directory no agent ever pinned in: what `volumes` reads when a
+/// test gives it none, instead of whatever an agent left pinned on the host
+/// (a developer's, or the README's `cargo xtask run`).
+pub fn no_pins() -> String {
+    std::env::temp_dir()
+        .join("volume-health-tests-no-pins")
+        .to_string_lossy()
+        .into_owned()
+}
+
 /// Runs `health-agent volumes --json` and returns its array, bounded by a
 /// generous deadline so that a hang fails the test instead of stalling it.
+/// Without `--pin-dir` in `extra` it reads [`no_pins`].
 pub fn volumes_json(root: &str, extra: &[&str]) -> Result<(Vec<Value>, Duration, String)> {
     let started = Instant::now();
+    let no_pins = no_pins();
+    let pins: &[&str] = if extra.contains(&"--pin-dir") {
+        &[]
+    } else {
+        &["--pin-dir", &no_pins]
+    };
     let mut child = agent_command(&agent_bin()?)
         .args(["volumes", "--json", "--kubelet-root", root])
         .args(extra)
+        .args(pins)
         .env("HEALTH_LOG", "warn")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())

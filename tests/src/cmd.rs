@@ -33,7 +33,7 @@ const PACKAGES: &[(&str, &str)] = &[
     ("partx", "util-linux"),
     ("etcd", "etcd-server"),
     ("openssl", "openssl"),
-    // xtask/tests/image.rs: the OCI image read by independent tools, the
+    // tests/tests/image.rs: the OCI image read by independent tools, the
     // agent run from its root filesystem.
     ("skopeo", "skopeo"),
     ("umoci", "umoci"),
@@ -43,7 +43,7 @@ const PACKAGES: &[(&str, &str)] = &[
     ("readelf", "binutils"),
 ];
 
-/// What xtask/tests/image.rs drives: the OCI image read by skopeo and umoci,
+/// What tests/tests/image.rs drives: the OCI image read by skopeo and umoci,
 /// the agent run from its root filesystem (`cargo xtask test` installs them).
 pub const IMAGE_TEST_TOOLS: &[&str] =
     &["skopeo", "umoci", "unshare", "chroot", "timeout", "readelf"];

@@ -259,6 +259,12 @@ impl RealApiServer {
         Options::new().start()
     }
 
+    /// The process ids of kube-apiserver and etcd (a benchmark gives them a
+    /// priority of their own).
+    pub fn pids(&self) -> [u32; 2] {
+        [self.apiserver.id(), self.etcd.id()]
+    }
+
     fn start_once(assets: &Assets, identities: &[Identity], extra: &[String]) -> Result<Self> {
         let began = Instant::now();
         let dir = tempfile::Builder::new()

@@ -501,7 +501,7 @@ pub fn sync_fs(path: &Path) -> Result<()> {
 
 /// Makes XFS on `dev` ("loop3", "loop3p1" or "/dev/loop3") shut down on the first failed
 /// metadata write instead of retrying forever: writes 0 to
-/// /sys/fs/xfs/<dev>/error/metadata/EIO/max_retries. The filesystem must be mounted.
+/// `/sys/fs/xfs/<dev>/error/metadata/EIO/max_retries`. The filesystem must be mounted.
 pub fn xfs_fail_fast(dev: &str) -> Result<()> {
     let name = dev.strip_prefix("/dev/").unwrap_or(dev);
     let p = format!("/sys/fs/xfs/{name}/error/metadata/EIO/max_retries");

@@ -93,6 +93,16 @@ impl CsiVolume {
         Ok(volume)
     }
 
+    /// The fault disk under the volume: its rules, and when it failed what.
+    pub fn disk(&self) -> &FaultDisk {
+        self.disk.as_ref().expect("a disk")
+    }
+
+    /// The loop device over the fault disk.
+    pub fn loop_device(&self) -> &LoopDevice {
+        self.lo.as_ref().expect("a loop device")
+    }
+
     /// The kernel's name of the volume's device (`loopN`).
     pub fn device_name(&self) -> String {
         let lo = self.lo.as_ref().expect("a loop device");

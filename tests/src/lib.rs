@@ -27,7 +27,7 @@
 //! [`apiserver::FakeApiServer`], a fake kube-apiserver for cluster mode, needs neither
 //! root nor tools. [`envtest::RealApiServer`] runs the real kube-apiserver and etcd
 //! (from `HEALTH_K8S_ASSETS`) for what a cluster decides: validation, RBAC;
-//! [`controller`] runs `health-agent controller` against it.
+//! [`controller`] runs `health-controller` against it.
 
 pub mod agent;
 pub mod apiserver;
@@ -42,9 +42,13 @@ pub mod hung_fuse;
 pub mod k8s_tools;
 pub mod kubelet;
 pub mod manifests;
+pub mod mount_ns;
 pub mod program_runs;
 pub mod protocol;
+pub mod real_cluster;
 pub mod sys;
+
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
 pub use apiserver::{FakeApiServer, Mode, Recorded};
 pub use envtest::{require_api_server, RealApiServer};
@@ -56,8 +60,6 @@ pub use fs::{
 pub use hung_fuse::HungFuse;
 pub use protocol::{ByteRange, Injection, Op, Rule, ServerInfo, Stats, TracedRequest};
 pub use sys::{require_root, BlockStat, MountInfo};
-
-use std::sync::{Mutex, MutexGuard, PoisonError};
 
 /// Real-kernel tests of one binary run one at a time. Two reasons, both
 /// measured: while any BPF tracing program runs on a CPU, an interrupt there

@@ -3,7 +3,7 @@
 //!
 //! On this project's VMs the kernel occasionally does not run a tracepoint
 //! program for a request that failed in a softirq, and counts no recursion
-//! miss either (BENCHMARKS.md §3, "Where the shortfall came from"): a flood
+//! miss either (BENCHMARKS.md, "Error flood", "Where the shortfall came from"): a flood
 //! comes out a few errors in a million short. A test that compares the
 //! agent with the injected count would then fail for the kernel's reason.
 //! With [`ProgramRuns`] held, the kernel counts every run of every program
@@ -11,6 +11,7 @@
 //! exactly what its program saw (any loss of ours fails) and report the
 //! kernel's shortfall, measured, instead of hiding it or failing on it.
 
+use std::collections::HashSet;
 use std::os::fd::OwnedFd;
 use std::path::Path;
 
@@ -30,19 +31,22 @@ impl ProgramRuns {
         Ok(ProgramRuns { _stats: fd })
     }
 
-    /// Runs of the loaded `block_rq_error` programs (the tracefs one and
-    /// the `tp_btf` one, whose 15-character kernel name is
-    /// `block_rq_error_`), counted since statistics were enabled; `None`
-    /// when no such program is loaded (kernels that count failed requests
-    /// on `block_rq_complete`, whose runs are every completion).
-    /// Every such program runs for every failed request of the machine, so
-    /// exactly one may be loaded (one agent); more is an error.
-    pub fn block_rq_error_runs(&self) -> Result<Option<u64>> {
+    /// Runs of the `block_rq_error` programs of the agent process `pid`
+    /// (the tracefs one and the `tp_btf` one, whose 15-character kernel
+    /// name is `block_rq_error_`), counted since statistics were enabled;
+    /// `None` when it holds no such program (kernels that count failed
+    /// requests on `block_rq_complete`, whose runs are every completion).
+    /// Only the programs that process holds count: an agent running or
+    /// pinned elsewhere on the machine (a developer's, the README's first
+    /// command) has its own, which run for the same requests.
+    pub fn block_rq_error_runs(&self, pid: u32) -> Result<Option<u64>> {
+        let held = program_ids_of(pid)?;
         let mut found = Vec::new();
         for program in loaded_programs() {
             let program = program.context("listing the loaded BPF programs")?;
             let name = program.name_as_str().unwrap_or_default();
-            if name == "block_rq_error" || name.starts_with("block_rq_error_") {
+            let ours = held.contains(&program.id());
+            if ours && (name == "block_rq_error" || name.starts_with("block_rq_error_")) {
                 found.push((program.id(), program.run_count()));
             }
         }
@@ -50,7 +54,7 @@ impl ProgramRuns {
             [] => Ok(None),
             [(_, runs)] => Ok(Some(*runs)),
             more => anyhow::bail!(
-                "{} block_rq_error programs are loaded (ids {:?}): another agent is running, so runs cannot be attributed",
+                "the agent (pid {pid}) holds {} block_rq_error programs (ids {:?}); one attaches",
                 more.len(),
                 more.iter().map(|(id, _)| id).collect::<Vec<_>>()
             ),
@@ -63,6 +67,25 @@ impl ProgramRuns {
             .with_context(|| format!("no program pinned at {}", path.display()))?;
         Ok(info.run_count())
     }
+}
+
+/// The ids of the BPF programs process `pid` holds a descriptor of (a
+/// program's, or a link's to it), from `/proc/PID/fdinfo`.
+fn program_ids_of(pid: u32) -> Result<HashSet<u32>> {
+    let dir = format!("/proc/{pid}/fdinfo");
+    let mut ids = HashSet::new();
+    for entry in std::fs::read_dir(&dir).with_context(|| format!("listing {dir}"))? {
+        let Ok(text) = std::fs::read_to_string(entry?.path()) else {
+            // Closed since the listing.
+            continue;
+        };
+        ids.extend(
+            text.lines()
+                .filter_map(|l| l.strip_prefix("prog_id:"))
+                .filter_map(|id| id.trim().parse::<u32>().ok()),
+        );
+    }
+    Ok(ids)
 }
 
 /// What a test concludes from the injected count, the agent's count and the
@@ -98,7 +121,7 @@ pub fn check_against_runs(
     }
     if kernel_loss > 0 {
         eprintln!(
-            "\n*** {what}: KNOWN KERNEL LOSS: the kernel ran the block_rq_error program {runs} times for {injected} failed requests; {kernel_loss} never reached it (no recursion miss counted). The agent reported exactly what the program saw. See BENCHMARKS.md §3. ***\n"
+            "\n*** {what}: KNOWN KERNEL LOSS: the kernel ran the block_rq_error program {runs} times for {injected} failed requests; {kernel_loss} never reached it (no recursion miss counted). The agent reported exactly what the program saw. See BENCHMARKS.md, \"Error flood\". ***\n"
         );
     }
     Ok(())

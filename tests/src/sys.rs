@@ -7,14 +7,17 @@ use anyhow::{bail, Context, Result};
 use nix::errno::Errno;
 use nix::mount::MntFlags;
 
-/// Fails unless running as root, which every real-kernel test needs.
+/// Fails unless running as root, which every real-kernel test needs: the one
+/// root check of the test tree (a test that lost its privileges fails, never
+/// skips).
 pub fn require_root() -> Result<()> {
     if nix::unistd::geteuid().is_root() {
         Ok(())
     } else {
         bail!(
-            "must run as root: the real-kernel tests attach loop devices and mount \
-             filesystems (running as uid {})",
+            "must run as root: the real-kernel tests attach loop devices, mount \
+             filesystems (FUSE included), and use tracefs and BPF (running as uid {}); \
+             run them with `cargo xtask test`",
             nix::unistd::geteuid()
         )
     }
@@ -170,7 +173,7 @@ pub fn parse_maj_min(s: &str) -> Result<(u32, u32)> {
     ))
 }
 
-/// Completed request counters of a whole block device, from /sys/block/<name>/stat
+/// Completed request counters of a whole block device, from `/sys/block/<name>/stat`
 /// (requests after merging, i.e. what the driver saw; partitions included).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct BlockStat {
@@ -182,7 +185,7 @@ pub struct BlockStat {
     pub flushes: u64,
 }
 
-/// Reads /sys/block/<name>/stat.
+/// Reads `/sys/block/<name>/stat`.
 pub fn block_stat(name: &str) -> Result<BlockStat> {
     let p = format!("/sys/block/{name}/stat");
     let text = read_sysfs(&p)?;

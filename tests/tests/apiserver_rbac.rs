@@ -2,8 +2,8 @@
 //! manifest of the node agent and of the controller is accepted under
 //! server-side apply with strict field validation, the controller's sidecar
 //! patches apply to a driver's StatefulSet, and then each ServiceAccount may do
-//! exactly what its code declares (`health_agent::k8s::API_ACCESS`,
-//! `health_agent::controller::{API_ACCESS, LEASE_ACCESS}`) and nothing more.
+//! exactly what its code declares (`health_node::cluster::API_ACCESS`,
+//! `health_controller::{API_ACCESS, LEASE_ACCESS}`) and nothing more.
 //!
 //! The server is v1.26, the oldest Kubernetes the manifests support; that
 //! every file and rendering for such a cluster passes `kubectl apply
@@ -15,7 +15,7 @@ use std::collections::BTreeSet;
 use std::path::Path;
 
 use anyhow::{ensure, Context, Result};
-use health_agent::k8s::ApiAccess;
+use health_kube::ApiAccess;
 use health_tests::envtest::{
     apply_manifest, attributes, may, runtime, wait_allowed, Identity, Options, RealApiServer,
     FIELD_MANAGER,
@@ -127,9 +127,9 @@ fn the_server_accepts_deploy_and_each_account_gets_exactly_its_access() -> Resul
         let controller = server
             .service_account(DRIVER_NS, CONTROLLER_SA)
             .context("controller identity")?;
-        let a = &health_agent::k8s::API_ACCESS[0];
+        let a = &health_node::cluster::API_ACCESS[0];
         wait_allowed(&admin, agent, (a.group, a.resource, a.verbs[0]), None).await?;
-        let lease = &health_agent::controller::LEASE_ACCESS[0];
+        let lease = &health_controller::LEASE_ACCESS[0];
         wait_allowed(
             &admin,
             controller,
@@ -140,13 +140,13 @@ fn the_server_accepts_deploy_and_each_account_gets_exactly_its_access() -> Resul
 
         // Cluster-wide grants hold in any namespace and across the cluster.
         for ns in [None, Some("default"), Some(DRIVER_NS)] {
-            check_exact(&admin, agent, health_agent::k8s::API_ACCESS, ns).await?;
-            check_exact(&admin, controller, health_agent::controller::API_ACCESS, ns).await?;
+            check_exact(&admin, agent, health_node::cluster::API_ACCESS, ns).await?;
+            check_exact(&admin, controller, health_controller::API_ACCESS, ns).await?;
         }
         check_exact(
             &admin,
             controller,
-            health_agent::controller::LEASE_ACCESS,
+            health_controller::LEASE_ACCESS,
             Some(DRIVER_NS),
         )
         .await?;

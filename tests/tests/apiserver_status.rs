@@ -21,11 +21,10 @@ use std::process::Command;
 use std::time::{Duration, SystemTime};
 
 use anyhow::{bail, ensure, Context, Result};
-use health_agent::k8s::status::{
+use health_core::conditions::Status;
+use health_kube::status::{
     self, Claim, EntryCondition, EntryKind, Put, SourceEntry, StatusApi, VolumeHealth,
 };
-use health_agent::volumes::conditions::Status;
-
 use health_tests::envtest::{apply_manifest, Impersonation, Options, RealApiServer};
 use k8s_openapi::api::core::v1::{Namespace, PersistentVolumeClaim};
 use kube::api::{Api, Patch, PatchParams, PostParams};
@@ -607,8 +606,8 @@ fn the_schema_refuses_bad_objects() -> Result<()> {
 
 #[test]
 fn the_controller_writes_its_own_entries_beside_the_nodes() -> Result<()> {
-    use health_agent::controller::status::{entry_names, upstream::HealthStatusWriter};
-    use health_agent::volumes::conditions::{Condition, Source};
+    use health_controller::status::{entry_names, upstream::HealthStatusWriter};
+    use health_core::conditions::{Condition, Source};
     health_tests::multi_thread_runtime()?.block_on(async {
         let Some(env) = Env::start().await? else { return Ok(()) };
         for d in documents(&repo().join("deploy/controller/rbac/clusterrole.yaml"))? {

@@ -1,6 +1,6 @@
 //! The fake kube-apiserver's server-side apply of `VolumeHealth` objects and PVC
 //! labels (`health_tests::apiserver`, modules `volumehealth` and `apply`), driven
-//! by the agent's own writer (`health_agent::k8s::status::StatusApi`) and by raw
+//! by the agent's own writer (`health_kube::status::StatusApi`) and by raw
 //! kube-rs requests: what tests/apiserver_status.rs checks on a real API server
 //! (the union, per-node entries, the label) must hold on the fake too, so that the
 //! cluster tests against the fake mean the same.
@@ -11,8 +11,8 @@ use std::collections::BTreeMap;
 use std::time::SystemTime;
 
 use anyhow::{bail, Context, Result};
-use health_agent::k8s::status::{self, Claim, Put, SourceEntry, StatusApi, VolumeHealth};
-use health_agent::volumes::conditions::Status;
+use health_core::conditions::Status;
+use health_kube::status::{self, Claim, Put, SourceEntry, StatusApi, VolumeHealth};
 use health_tests::FakeApiServer;
 use status_fixtures::{cond, node_entry};
 

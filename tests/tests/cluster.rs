@@ -15,7 +15,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use health_agent::k8s::API_ACCESS;
+use health_node::cluster::API_ACCESS;
 use health_tests::agent::Agent;
 use health_tests::apiserver::{FakeApiServer, Mode, Recorded};
 use health_tests::kubelet::{free_port, http_get, sample, wait_ready, CsiVolume};
@@ -65,6 +65,11 @@ fn pod(name: &str, uid: &str) -> Value {
 impl Fixture {
     /// The disk, the two published pod volumes, the API objects and the
     /// agent, ready (its `/readyz` says the first lists are done).
+    /// The running agent's process id.
+    fn agent_pid(&self) -> u32 {
+        self.agent.as_ref().map_or(0, Agent::pid)
+    }
+
     fn start(extra_args: &[&str]) -> Result<Fixture> {
         Self::start_with(extra_args, Mode::Up, shared_kernel())
     }
@@ -490,7 +495,7 @@ fn errors_on_a_shared_volume_reach_both_pods_and_the_pvc_then_recover() -> Resul
     assert!(pod_lists
         .iter()
         .all(|r| r.param("fieldSelector") == Some("spec.nodeName=node-1")));
-    // Only the verbs the RBAC grants (health_agent::k8s::API_ACCESS).
+    // Only the verbs the RBAC grants (health_node::cluster::API_ACCESS).
     for r in &requests {
         let granted = r.access().is_some_and(|(group, resource, verb)| {
             API_ACCESS
@@ -667,7 +672,7 @@ fn a_storm_of_10000_errors_costs_a_handful_of_writes() -> Result<()> {
     // The Events must add up to exactly what the agent's program ran for;
     // requests the kernel never ran it for are its known loss, reported and
     // bounded (tests/src/program_runs.rs).
-    let ran = runs.block_rq_error_runs()?;
+    let ran = runs.block_rq_error_runs(fx.agent_pid())?;
     let seen = ran.unwrap_or(10_000);
     check_against_runs("storm", 10_000, seen, ran, 100).map_err(anyhow::Error::msg)?;
     wait_counts(
@@ -759,7 +764,7 @@ fn errors_during_an_outage_are_reported_with_exact_counts_after() -> Result<()> 
     // Exactly what the program ran for; a request the kernel never ran it
     // for is its known loss (seen once in CI: 11 of 12), reported and
     // bounded (tests/src/program_runs.rs).
-    let ran = runs.block_rq_error_runs()?;
+    let ran = runs.block_rq_error_runs(fx.agent_pid())?;
     let seen = ran.unwrap_or(12);
     check_against_runs("outage", 12, seen, ran, 1).map_err(anyhow::Error::msg)?;
     fx.api.set_mode(Mode::Up);

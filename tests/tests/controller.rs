@@ -1,4 +1,4 @@
-//! `health-agent controller` end to end (issue 11): the real binary, as the
+//! `health-controller` end to end (issue 11): the real binary, as the
 //! ServiceAccount that deploy/controller/rbac binds, against a real CSI
 //! controller service (health-csi's test driver over a unix socket) and a real
 //! kube-apiserver (`health_tests::envtest`), each test on its own server.

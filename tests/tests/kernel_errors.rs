@@ -574,12 +574,12 @@ fn a_flood_of_errors_is_counted_exactly_despite_sampling() -> Result<()> {
     // While the agent still holds its programs: how often the kernel ran
     // the block_rq_error program (None where failed requests are counted
     // on block_rq_complete, 5.10).
-    let ran = runs.block_rq_error_runs()?;
+    let ran = runs.block_rq_error_runs(agent.pid())?;
     let run = finish(&disk, agent)?;
 
     // Exactly what the program saw, every line's count added up; requests
     // the kernel never ran it for (a known, rare loss on this VM kind,
-    // BENCHMARKS.md §3) are reported and bounded, not hidden.
+    // BENCHMARKS.md, "Error flood") are reported and bounded, not hidden.
     let counted = tally(&run.events)
         .get(&key(lo.maj_min(), "block_io_error", "write", EIO))
         .copied()

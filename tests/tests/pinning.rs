@@ -15,6 +15,7 @@ use aya::programs::{loaded_programs, ProgramInfo};
 use health_common::{stat, CounterKey, ErrorTimes};
 use health_tests::agent::{agent_bin, agent_output, Agent, EventFilter};
 use health_tests::bpffs::Bpffs;
+use health_tests::mount_ns::PrivateMounts;
 use health_tests::program_runs::{check_against_runs, witness_figures, ProgramRuns};
 use health_tests::{fs, kernel_alone, require_root, shared_kernel, FaultDisk, Op, Rule};
 
@@ -176,7 +177,7 @@ fn a_killed_agent_restarts_and_every_error_is_reported_exactly_once() -> Result<
 /// The tracer witness kept with a pinned layout (named for its `STATS`
 /// map), where the kernel has `block_rq_error`; `None` where it has none.
 fn kept_witness(layout: &Path) -> Result<Option<PathBuf>> {
-    let tracefs = health_agent::kernel::tracefs::Tracefs::locate(Path::new("/sys"))?;
+    let tracefs = health_kernel::tracefs::Tracefs::locate(Path::new("/sys"))?;
     if !tracefs.root().join("events/block/block_rq_error").exists() {
         return Ok(None);
     }
@@ -451,4 +452,99 @@ fn the_counters_of_a_detached_loop_device_are_pruned() -> Result<()> {
     let pruned: u64 = stats.get(&stat::PRUNED_RQ_ERRORS, 0)?.iter().sum();
     assert!(pruned >= 5, "{pruned} pruned block_rq_error counts kept");
     Ok(())
+}
+
+/// A host where nothing mounted bpffs at /sys/fs/bpf (a fresh VM, a node
+/// image without the systemd mount): the agent mounts one there itself,
+/// says so and pins, so a killed agent's successor continues the count with
+/// the errors of the gap. In a mount namespace of the test's own, so the
+/// host's /sys/fs/bpf is untouched.
+#[test]
+fn on_a_host_without_bpffs_the_agent_mounts_it_and_a_restart_loses_nothing() -> Result<()> {
+    require_root()?;
+    let _kernel = shared_kernel();
+    let host_before = host_pins();
+    let mounts = PrivateMounts::new(&["/sys/fs/bpf"])?;
+    let bpf = Path::new("/sys/fs/bpf");
+    assert!(
+        !mounts.is_bpffs(bpf)?,
+        "bpffs is still mounted in the namespace"
+    );
+    let disk = FaultDisk::start(64 * MIB)?;
+    let lo = disk.attach_loop(false)?;
+    let pin = "/sys/fs/bpf/volume-health";
+    let args = ["--device", lo.maj_min(), "--pin-dir", pin];
+    let filter = EventFilter::device(lo.maj_min());
+    let fail = |n: u64| -> Result<()> {
+        disk.add_rule(Rule::new(Op::Write, EIO).range(0, 16 * MIB))?;
+        for i in 0..n {
+            let err = fs::o_direct_write(lo.path(), i * 4096, &[0; 4096])
+                .expect_err("the write must fail");
+            assert_eq!(err.raw_os_error(), Some(EIO));
+        }
+        disk.clear_rules()
+    };
+
+    let mut first = Agent::start_in(&mounts, &args)?;
+    assert!(mounts.is_bpffs(bpf)?, "the agent mounted no bpffs");
+    fail(5)?;
+    first.wait_for_count(&filter, 5, WAIT);
+    let killed = first.kill()?;
+    assert_eq!(filter.sum(&killed.events), 5);
+    assert!(
+        killed.stderr.contains(
+            "mounted a BPF filesystem at /sys/fs/bpf (nothing was mounted there) to pin the kernel state"
+        ),
+        "{}",
+        killed.stderr
+    );
+    fail(4)?;
+    let mut second = Agent::start_in(&mounts, &args)?;
+    fail(3)?;
+    second.wait_for_count(&filter, 7, WAIT);
+    let after = second.stop_cleanly()?;
+    assert_eq!(filter.sum(&after.events), 7, "{}", after.stderr);
+    assert_eq!(
+        final_total(&after.stderr, lo.maj_min())?,
+        12,
+        "{}",
+        after.stderr
+    );
+    assert!(
+        after.stderr.contains("adopting the pinned kernel state"),
+        "{}",
+        after.stderr
+    );
+    assert!(
+        !after.stderr.contains("mounted a BPF filesystem"),
+        "{}",
+        after.stderr
+    );
+    // Nothing of it outside the namespace (where an agent of the host's may
+    // have pinned: its state is as it was).
+    assert_eq!(host_pins(), host_before);
+    // The tracer witness kept with the pins lives in the host's tracefs.
+    let mut uninstall = std::process::Command::new(agent_bin()?);
+    mounts.enter(&mut uninstall)?;
+    let out = uninstall.args(["uninstall", "--pin-dir", pin]).output()?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.starts_with(&format!("removed {pin}: ")), "{stdout}");
+    Ok(())
+}
+
+/// What the host's mount namespace has pinned at the default place: the
+/// layouts under /sys/fs/bpf/volume-health, if any.
+fn host_pins() -> Option<Vec<String>> {
+    let dir = std::fs::read_dir("/sys/fs/bpf/volume-health").ok()?;
+    let mut names: Vec<String> = dir
+        .filter_map(Result::ok)
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    Some(names)
 }

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use health_csi::testing::{DriverMode, Rpc, TestDriver, TestDriverHandle};
 use health_csi::{AccessType, HealthEntry, HealthStatus, StorageHealthEntry, StorageHealthStatus};
-use health_tests::agent::{agent_bin, volumes_json, Agent};
+use health_tests::agent::{agent_bin, no_pins, volumes_json, Agent};
 use health_tests::bpffs::Bpffs;
 use health_tests::{fs, require_env, FaultDisk, HungFuse, LoopDevice, Mount, Op, Rule};
 use serde_json::{json, Value};
@@ -857,6 +857,8 @@ fn one_shot_view_shows_each_volume_and_its_conditions() -> Result<()> {
             tree.root_arg(),
             "--check-timeout",
             "1",
+            "--pin-dir",
+            &no_pins(),
         ])
         .env("HEALTH_LOG", "error")
         .output()?;

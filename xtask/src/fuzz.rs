@@ -2,7 +2,7 @@
 //! agent's parsers of outside input with afl.
 //!
 //! Targets are the binaries `fuzz/src/bin/*.rs` (each calls
-//! `health_agent::fuzz_targets::<name>::run`), seeded from
+//! `health_node::fuzz_targets::<name>::run`), seeded from
 //! `fuzz/corpus/<name>/`. The fuzzer and its runtime come from Debian's
 //! `afl++` package (installed on demand), the `fuzz!` harness from the
 //! `afl` crate pinned in fuzz/Cargo.toml. We instrument the build the way

@@ -1,4 +1,4 @@
-//! helm and kubectl for the manifest tests (health-agent/tests/deploy.rs),
+//! helm and kubectl for the manifest tests (tests/tests/deploy.rs),
 //! which render the Helm chart and the kustomization for real, and promtool
 //! for the chart's alert rules (see `promtool`).
 //!

@@ -29,6 +29,25 @@ pub fn run(cmd: &mut Command) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Runs `cmd` in the foreground until it exits, and returns how it
+/// exited. A terminal's Ctrl-C reaches it too (the whole process group is
+/// signalled): it cleans up and exits, and this process waits for that
+/// instead of dying first. SIGINT is ignored here only once `cmd` started,
+/// with the default disposition.
+pub fn run_foreground(cmd: &mut Command) -> anyhow::Result<std::process::ExitStatus> {
+    use nix::sys::signal::{signal, SigHandler, Signal};
+    let line = format!("{cmd:?}");
+    let mut child = cmd.spawn().with_context(|| format!("starting {line}"))?;
+    // SAFETY: setting a signal to SIG_IGN runs no handler code.
+    let previous = unsafe { signal(Signal::SIGINT, SigHandler::SigIgn) };
+    let status = child.wait().with_context(|| format!("waiting for {line}"));
+    if let Ok(previous) = previous {
+        // SAFETY: restores the disposition read above.
+        let _ = unsafe { signal(Signal::SIGINT, previous) };
+    }
+    status
+}
+
 /// Runs `cmd` and returns its stdout.
 pub fn output(cmd: &mut Command) -> anyhow::Result<String> {
     let line = format!("{cmd:?}");

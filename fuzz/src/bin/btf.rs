@@ -1,4 +1,4 @@
-//! afl target `btf`: see `health_agent::fuzz_targets::btf`.
+//! afl target `btf`: see `health_node::fuzz_targets::btf`.
 fn main() {
-    afl::fuzz!(|data: &[u8]| health_agent::fuzz_targets::btf::run(data));
+    afl::fuzz!(|data: &[u8]| health_node::fuzz_targets::btf::run(data));
 }

@@ -1,4 +1,4 @@
-//! afl target `csi`: see `health_agent::fuzz_targets::csi`.
+//! afl target `csi`: see `health_node::fuzz_targets::csi`.
 fn main() {
-    afl::fuzz!(|data: &[u8]| health_agent::fuzz_targets::csi::run(data));
+    afl::fuzz!(|data: &[u8]| health_node::fuzz_targets::csi::run(data));
 }

@@ -1,4 +1,4 @@
-//! afl target `mountinfo`: see `health_agent::fuzz_targets::mountinfo`.
+//! afl target `mountinfo`: see `health_node::fuzz_targets::mountinfo`.
 fn main() {
-    afl::fuzz!(|data: &[u8]| health_agent::fuzz_targets::mountinfo::run(data));
+    afl::fuzz!(|data: &[u8]| health_node::fuzz_targets::mountinfo::run(data));
 }

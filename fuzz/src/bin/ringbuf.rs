@@ -1,4 +1,4 @@
-//! afl target `ringbuf`: see `health_agent::fuzz_targets::ringbuf`.
+//! afl target `ringbuf`: see `health_node::fuzz_targets::ringbuf`.
 fn main() {
-    afl::fuzz!(|data: &[u8]| health_agent::fuzz_targets::ringbuf::run(data));
+    afl::fuzz!(|data: &[u8]| health_node::fuzz_targets::ringbuf::run(data));
 }

@@ -1,4 +1,4 @@
-//! afl target `sysfs`: see `health_agent::fuzz_targets::sysfs`.
+//! afl target `sysfs`: see `health_node::fuzz_targets::sysfs`.
 fn main() {
-    afl::fuzz!(|data: &[u8]| health_agent::fuzz_targets::sysfs::run(data));
+    afl::fuzz!(|data: &[u8]| health_node::fuzz_targets::sysfs::run(data));
 }

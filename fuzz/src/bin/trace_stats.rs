@@ -1,4 +1,4 @@
-//! afl target `trace_stats`: see `health_agent::fuzz_targets::trace_stats`.
+//! afl target `trace_stats`: see `health_node::fuzz_targets::trace_stats`.
 fn main() {
-    afl::fuzz!(|data: &[u8]| health_agent::fuzz_targets::trace_stats::run(data));
+    afl::fuzz!(|data: &[u8]| health_node::fuzz_targets::trace_stats::run(data));
 }

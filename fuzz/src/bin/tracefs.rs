@@ -1,4 +1,4 @@
-//! afl target `tracefs`: see `health_agent::fuzz_targets::tracefs`.
+//! afl target `tracefs`: see `health_node::fuzz_targets::tracefs`.
 fn main() {
-    afl::fuzz!(|data: &[u8]| health_agent::fuzz_targets::tracefs::run(data));
+    afl::fuzz!(|data: &[u8]| health_node::fuzz_targets::tracefs::run(data));
 }

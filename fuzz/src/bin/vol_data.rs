@@ -1,4 +1,4 @@
-//! afl target `vol_data`: see `health_agent::fuzz_targets::vol_data`.
+//! afl target `vol_data`: see `health_node::fuzz_targets::vol_data`.
 fn main() {
-    afl::fuzz!(|data: &[u8]| health_agent::fuzz_targets::vol_data::run(data));
+    afl::fuzz!(|data: &[u8]| health_node::fuzz_targets::vol_data::run(data));
 }

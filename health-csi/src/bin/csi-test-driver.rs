@@ -1,5 +1,5 @@
 //! The test CSI driver as its own process, for benchmarks and manual runs
-//! of `health-agent controller` against a driver in another process (as a
+//! of `health-controller` against a driver in another process (as a
 //! real driver is, beside its sidecars).
 //!
 //! ```text

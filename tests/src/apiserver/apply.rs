@@ -218,8 +218,9 @@ fn remove(obj: &mut Value, field: &Field) {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use serde_json::json;
+
+    use super::*;
 
     fn sources(obj: &Value) -> Vec<&str> {
         obj["status"]["sources"]

@@ -124,8 +124,9 @@ impl WatchSpec {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use serde_json::json;
+
+    use super::*;
 
     #[test]
     fn selector_terms() {

@@ -17,8 +17,6 @@ use hyper_util::rt::TokioIo;
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::protocol::mono_ns;
-
 use super::events::{create_event, get_event, list_events, patch_event};
 use super::json::status_json;
 use super::list::{collection, get_object};
@@ -30,6 +28,7 @@ use super::volumehealth::{
     apply_pvc_labels, apply_volume_health, apply_volume_health_status, GROUP, VERSION,
 };
 use super::{Mode, Recorded};
+use crate::protocol::mono_ns;
 
 /// Response bodies: a whole JSON document or a watch stream.
 type Body = BoxBody<Bytes, Infallible>;

@@ -1,4 +1,4 @@
-//! `health-agent controller` end to end: the real binary as a child process,
+//! `health-controller` end to end: the real binary as a child process,
 //! a real kube-apiserver ([`crate::envtest`]) holding the PVs, PVCs, Nodes and
 //! Pods it reads, and the Events and Lease it writes read back as admin.
 //!

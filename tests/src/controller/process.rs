@@ -1,4 +1,4 @@
-//! One `health-agent controller` replica as a child process: its command
+//! One `health-controller` replica as a child process: its command
 //! line ([`Replica`]), its stderr collected as it comes, and its end by
 //! SIGTERM or SIGKILL.
 
@@ -46,7 +46,7 @@ impl Replica {
     }
 
     fn args(&self, kubeconfig: &Path) -> Vec<String> {
-        let mut args: Vec<String> = vec!["controller".into(), "--kubeconfig".into()];
+        let mut args: Vec<String> = vec!["--kubeconfig".into()];
         args.push(kubeconfig.display().to_string());
         args.push("--csi-address".into());
         args.push(self.csi_address.display().to_string());
@@ -68,7 +68,7 @@ impl Replica {
     }
 }
 
-/// A running `health-agent controller`; its stderr is collected as it comes.
+/// A running `health-controller`; its stderr is collected as it comes.
 /// Dropped without [`ControllerProcess::terminate`], it is killed.
 pub struct ControllerProcess {
     identity: String,
@@ -86,14 +86,14 @@ pub struct Exited {
 
 impl ControllerProcess {
     pub(super) fn start(replica: &Replica, kubeconfig: &Path) -> Result<ControllerProcess> {
-        let bin = crate::agent::agent_bin()?;
+        let bin = crate::agent::controller_bin()?;
         let mut child = crate::agent::agent_command(&bin)
             .args(replica.args(kubeconfig))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
-            .with_context(|| format!("starting {} controller", bin.display()))?;
+            .with_context(|| format!("starting {}", bin.display()))?;
         let stderr = child.stderr.take().context("controller stderr")?;
         let log = Arc::new(Mutex::new(String::new()));
         let sink = Arc::clone(&log);

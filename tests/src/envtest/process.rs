@@ -108,8 +108,9 @@ pub fn free_port() -> Result<u16> {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use std::time::{Duration, Instant};
+
+    use super::*;
 
     /// Polls `probe` every `interval` until it returns `Some` or `timeout` passes.
     fn poll<T>(

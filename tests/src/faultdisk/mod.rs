@@ -19,14 +19,13 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, Context, Result};
 use tempfile::TempDir;
 
+use self::loop_device::LoopShared;
+pub use self::loop_device::{LoopDevice, LoopOptions, Partition};
 use crate::protocol::{
     Injection, Request, Response, Rule, ServerInfo, Stats, TracedRequest, CONTROL_SOCKET,
     IMAGE_NAME, LOG_NAME, MOUNT_DIR,
 };
 use crate::sys;
-
-use self::loop_device::LoopShared;
-pub use self::loop_device::{LoopDevice, LoopOptions, Partition};
 
 /// How long the server may take to mount and report ready.
 const READY_TIMEOUT: Duration = Duration::from_secs(30);

@@ -19,7 +19,7 @@ pub const LEASE_DURATION: Duration = Duration::from_secs(3);
 pub const SOON: Duration = Duration::from_secs(20);
 
 pub fn lease() -> String {
-    health_agent::controller::default_lease_name(DRIVER)
+    health_controller::default_lease_name(DRIVER)
 }
 
 pub fn degraded(message: &str) -> Vec<HealthEntry> {

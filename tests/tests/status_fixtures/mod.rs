@@ -2,8 +2,8 @@
 //! (tests/apiserver_status.rs on a real API server, tests/apiserver_volumehealth.rs
 //! on the fake): a node's entry in namespace `shop`, kernel conditions.
 
-use health_agent::k8s::status::{EntryCondition, EntryKind, SourceEntry};
-use health_agent::volumes::conditions::Status;
+use health_core::conditions::Status;
+use health_kube::status::{EntryCondition, EntryKind, SourceEntry};
 
 pub fn cond(status: Status, reason: &str, count: Option<u64>) -> EntryCondition {
     EntryCondition {

@@ -28,7 +28,7 @@
 //! `git log -1 --format=%ct`). The agent binary itself is the same only from
 //! the same checkout path and toolchain: it carries absolute source paths
 //! (the kernel object's BTF, generated code, the cargo registry). The Dockerfile stays for users who build with
-//! an engine; the tests (xtask/tests/image.rs) check that both describe the
+//! an engine; the tests (tests/tests/image.rs) check that both describe the
 //! same entrypoint and command.
 
 pub mod oci;
@@ -39,13 +39,16 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{bail, Context};
+use rootfs::{Entry, Rootfs};
 
 use crate::build;
 use crate::util::{output, say, workspace_root};
-use rootfs::{Entry, Rootfs};
 
 /// Where the agent is in the image; the entrypoint.
 pub const AGENT_PATH: &str = "/usr/local/bin/health-agent";
+/// Where the controller is in the image: the sidecar's command (it carries
+/// no kernel programs; the image holds both binaries).
+pub const CONTROLLER_PATH: &str = "/usr/local/bin/health-controller";
 /// The Dockerfile's `ENTRYPOINT` and `CMD` (the tests compare them).
 pub const ENTRYPOINT: &[&str] = &[AGENT_PATH];
 pub const CMD: &[&str] = &["run"];
@@ -64,6 +67,9 @@ pub struct ImageArgs {
     /// (it must have been built with its kernel programs embedded).
     #[arg(long, value_name = "FILE")]
     pub agent: Option<PathBuf>,
+    /// Put this controller binary in the image as it is instead of building one.
+    #[arg(long, value_name = "FILE")]
+    pub controller: Option<PathBuf>,
     /// Image repository: the name without the tag [default: volume-health-agent, as deploy/ and the chart].
     #[arg(long)]
     pub repository: Option<String>,
@@ -76,18 +82,16 @@ pub struct ImageArgs {
     pub source: Option<String>,
 }
 
-/// The tools the image tests drive, each with its Debian package.
-pub fn test_tools() -> anyhow::Result<Vec<(&'static str, &'static str)>> {
-    use health_tests::cmd::{package_of, IMAGE_TEST_TOOLS};
-    IMAGE_TEST_TOOLS
-        .iter()
-        .map(|tool| {
-            package_of(tool)
-                .map(|package| (*tool, package))
-                .with_context(|| format!("no Debian package known for {tool}"))
-        })
-        .collect()
-}
+/// The tools the image tests drive (`health_tests::cmd::IMAGE_TEST_TOOLS`),
+/// each with its Debian package: `cargo xtask test` installs them.
+pub const TEST_TOOLS: &[(&str, &str)] = &[
+    ("skopeo", "skopeo"),
+    ("umoci", "umoci"),
+    ("unshare", "util-linux"),
+    ("chroot", "coreutils"),
+    ("timeout", "coreutils"),
+    ("readelf", "binutils"),
+];
 
 /// A written image.
 pub struct Image {
@@ -119,6 +123,10 @@ pub fn build(args: &ImageArgs) -> anyhow::Result<Image> {
         Some(agent) => agent.clone(),
         None => build::all()?.agent,
     };
+    let controller = match &args.controller {
+        Some(controller) => controller.clone(),
+        None => build::release_controller()?,
+    };
     let commit = Commit::read(&workspace_root())?;
     let repository = args.repository.as_deref().unwrap_or(REPOSITORY);
     let version = env!("CARGO_PKG_VERSION");
@@ -137,21 +145,36 @@ pub fn build(args: &ImageArgs) -> anyhow::Result<Image> {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
 
-    say(format!("image {full_name}: agent {}", agent.display()));
-    let stripped = strip(&agent)?;
-    let architecture = elf_architecture(&stripped)
-        .with_context(|| format!("reading the ELF header of {}", agent.display()))?;
+    say(format!(
+        "image {full_name}: agent {}, controller {}",
+        agent.display(),
+        controller.display()
+    ));
     let mut fs = Rootfs::default();
-    fs.add(
-        AGENT_PATH.trim_start_matches('/'),
-        Entry::File {
-            data: stripped,
-            executable: true,
-        },
-    )?;
-    for library in rootfs::linked_libraries(&agent)? {
-        fs.copy_host_path(&library)?;
+    let mut architecture = None;
+    for (binary, path) in [(&agent, AGENT_PATH), (&controller, CONTROLLER_PATH)] {
+        let stripped = strip(binary)?;
+        let arch = elf_architecture(&stripped)
+            .with_context(|| format!("reading the ELF header of {}", binary.display()))?;
+        if architecture.is_some_and(|a| a != arch) {
+            bail!(
+                "{} is built for {arch}, the agent for another architecture",
+                binary.display()
+            );
+        }
+        architecture = Some(arch);
+        fs.add(
+            path.trim_start_matches('/'),
+            Entry::File {
+                data: stripped,
+                executable: true,
+            },
+        )?;
+        for library in rootfs::linked_libraries(binary)? {
+            fs.copy_host_path(&library)?;
+        }
     }
+    let architecture = architecture.context("no binary in the image")?;
 
     // --source, else the checkout's `origin`, else the workspace's
     // `repository`: the label is always set.
@@ -189,7 +212,7 @@ fn labels(version: &str, revision: &str, created: &str, source: &str) -> BTreeMa
     set("title", REPOSITORY);
     set(
         "description",
-        "volume-health node agent: kernel storage errors (eBPF) reported as Events on Pods and PVCs and as Prometheus metrics",
+        "volume-health node agent (kernel storage errors, eBPF, reported as Events on Pods and PVCs and as Prometheus metrics) and its cluster-side controller",
     );
     set("version", version);
     set("revision", revision);
@@ -199,15 +222,15 @@ fn labels(version: &str, revision: &str, created: &str, source: &str) -> BTreeMa
     labels
 }
 
-/// The agent without debug info, as `objcopy --strip-debug` leaves it (the
+/// A binary without debug info, as `objcopy --strip-debug` leaves it (the
 /// same input gives the same output).
-fn strip(agent: &Path) -> anyhow::Result<Vec<u8>> {
+fn strip(binary: &Path) -> anyhow::Result<Vec<u8>> {
     let dir = tempfile::tempdir()?;
-    let out = dir.path().join("health-agent");
+    let out = dir.path().join("stripped");
     output(
         Command::new("objcopy")
             .arg("--strip-debug")
-            .arg(agent)
+            .arg(binary)
             .arg(&out),
     )?;
     std::fs::read(&out).with_context(|| format!("reading {}", out.display()))
@@ -356,10 +379,13 @@ mod tests {
     }
 
     #[test]
-    fn every_test_tool_has_its_package() {
-        let tools = test_tools().unwrap();
-        assert_eq!(tools.len(), health_tests::cmd::IMAGE_TEST_TOOLS.len());
-        assert!(tools.contains(&("skopeo", "skopeo")) && tools.contains(&("umoci", "umoci")));
+    fn the_test_tools_are_those_the_image_tests_drive_with_their_packages() {
+        use health_tests::cmd::{package_of, IMAGE_TEST_TOOLS};
+        let tools: Vec<&str> = TEST_TOOLS.iter().map(|(tool, _)| *tool).collect();
+        assert_eq!(tools, IMAGE_TEST_TOOLS);
+        for (tool, package) in TEST_TOOLS {
+            assert_eq!(package_of(tool), Some(*package), "{tool}");
+        }
     }
 
     #[test]

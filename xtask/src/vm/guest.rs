@@ -56,9 +56,15 @@ pub struct Machine {
     pub timeout: Duration,
 }
 
+/// How long before the run's timeout the guest records what every task is
+/// waiting on (`hang.txt`): a run that hangs then says where.
+const HANG_REPORT_BEFORE_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// The shell script the guest runs: load modules, run each step with its
-/// output in files, write the exit status last.
-fn script(dir: &Path, steps: &[Step], env: &Env) -> String {
+/// output in files, write the exit status last. After `hang_report`, a
+/// background shell writes each user task's state and kernel stack to
+/// `hang.txt` and asks the kernel for its blocked tasks (console).
+fn script(dir: &Path, steps: &[Step], env: &Env, hang_report: Option<Duration>) -> String {
     let d = quote(&dir.to_string_lossy());
     let mut s = String::from("#!/bin/sh\n# written by `cargo xtask vm`\n");
     s.push_str(&format!("exec > {d}/stdout 2> {d}/stderr\n"));
@@ -80,6 +86,17 @@ fn script(dir: &Path, steps: &[Step], env: &Env) -> String {
     ));
     // The guest counts as up once it is ready for the command.
     s.push_str(&format!(": > {d}/started\n"));
+    if let Some(after) = hang_report {
+        s.push_str(&format!(
+            "(sleep {secs}; {{ echo \"xtask vm: still running after {secs} s; every user task:\"; \
+             for t in /proc/[0-9]*/task/[0-9]*; do \
+             [ -n \"$(tr -d '\\000' < $t/cmdline 2>/dev/null | head -c 1)\" ] || continue; \
+             echo \"== $t $(cat $t/comm 2>/dev/null) $(grep '^State:' $t/status 2>/dev/null) wchan=$(cat $t/wchan 2>/dev/null)\"; \
+             cat $t/stack 2>/dev/null; done; }} > {d}/hang.txt 2>&1; \
+             echo w > /proc/sysrq-trigger 2>/dev/null) &\n",
+            secs = after.as_secs()
+        ));
+    }
     for (key, value) in env {
         s.push_str(&format!("export {key}={}\n", quote(value)));
     }
@@ -137,7 +154,11 @@ pub fn run_in_guest(
         .context("creating the guest's shared directory")?;
     let scratch = scratch_disk(dir.path())?;
     let script_path = dir.path().join("run.sh");
-    fs::write(&script_path, script(dir.path(), steps, env))
+    let hang_report = machine
+        .timeout
+        .checked_sub(HANG_REPORT_BEFORE_TIMEOUT)
+        .filter(|d| *d >= HANG_REPORT_BEFORE_TIMEOUT);
+    fs::write(&script_path, script(dir.path(), steps, env, hang_report))
         .with_context(|| format!("writing {}", script_path.display()))?;
     let console = dir.path().join("console.log");
     let console_file =
@@ -194,8 +215,19 @@ pub fn run_in_guest(
             // Keep the evidence: the script, the console and the output files.
             let _ = fs::remove_file(&scratch);
             let kept = dir.keep();
+            let hang = kept.join("hang.txt");
+            let stacks = if hang.exists() {
+                format!(
+                    "\nwhat each user task waited on {} s before the timeout ({}):\n{}",
+                    HANG_REPORT_BEFORE_TIMEOUT.as_secs(),
+                    hang.display(),
+                    tail(&hang, 150)
+                )
+            } else {
+                String::new()
+            };
             bail!(
-                "{e:#}\nthe guest's files are kept in {}; the last 40 lines of its console:\n{}",
+                "{e:#}\nthe guest's files are kept in {}; the last 40 lines of its console:\n{}{stacks}",
                 kept.display(),
                 tail(&kept.join("console.log"), 40)
             )
@@ -376,7 +408,14 @@ mod tests {
             cwd: "/".into(),
             argv: vec!["echo".into(), "a b".into()],
         }];
-        let s = script(Path::new("/tmp/d"), &steps, &vec![("K".into(), "v".into())]);
+        let s = script(
+            Path::new("/tmp/d"),
+            &steps,
+            &vec![("K".into(), "v".into())],
+            Some(Duration::from_secs(540)),
+        );
+        assert!(s.contains("(sleep 540; "), "{s}");
+        assert!(s.contains("> '/tmp/d'/hang.txt 2>&1"), "{s}");
         assert!(s.contains("(cd '/' && exec 'echo' 'a b')"), "{s}");
         assert!(
             s.trim_end()

@@ -26,11 +26,11 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
+use guest::{Env, Machine, Outcome, Step};
+use kernels::Series;
 use serde_json::Value;
 
 use crate::util::{cargo, is_root, say, workspace_root};
-use guest::{Env, Machine, Outcome, Step};
-use kernels::Series;
 
 /// Integration test binaries that drive the real kernel through the agent
 /// and count exactly: `kernel_errors` covers every kernel source (block,

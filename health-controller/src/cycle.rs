@@ -1,0 +1,276 @@
+//! One poll of the CSI controller service: every monitored PV gets exactly
+//! one observation per cycle.
+//!
+//! List mode (preferred, one walk for all volumes): CSI 1.13
+//! ControllerListVolumeHealth, or legacy ListVolumes with VOLUME_CONDITION,
+//! walked in pages of `--list-page-size` up to a page limit. A volume on a
+//! page is `Listed`; a volume on no page is `Absent` only if the walk
+//! completed (the condition machine clears after two such cycles), and
+//! `CycleFailed` otherwise; a failed walk is `CycleFailed` for all.
+//!
+//! Get mode, when no list carries health (both list RPCs UNIMPLEMENTED, or
+//! legacy ListVolumes without VOLUME_CONDITION): ControllerGetVolumeHealth
+//! (or legacy ControllerGetVolume) per volume handle, once per cycle, a
+//! bounded number at a time. Every call is bounded by the client's call
+//! timeout (`--call-timeout`).
+
+use std::collections::BTreeMap;
+
+use futures_util::stream::{self, StreamExt as _};
+use health_core::conditions::{CsiEntry, CsiListSighting, CsiReport, Observation, Status};
+use health_csi::{
+    ControllerCapabilities, ControllerClient, ControllerHealthSource, CsiError, HealthEntry,
+    RpcSupport,
+};
+
+use super::inventory::MonitoredVolume;
+use super::metrics::{ControllerMetrics, CycleResult};
+
+/// Reason of the condition raised when the driver answers a Get with
+/// NOT_FOUND for a volume a PV still names.
+pub const VOLUME_NOT_FOUND: &str = "VolumeNotFound";
+
+#[derive(Clone, Debug)]
+pub struct CycleConfig {
+    /// `max_entries` of each list page.
+    pub page_size: u32,
+    /// Pages walked at most per cycle (a driver whose token chain never
+    /// ends cannot hold a cycle forever).
+    pub max_pages: u32,
+    /// Per-volume Gets in flight at once.
+    pub get_concurrency: usize,
+}
+
+/// How the driver is asked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    List,
+    Get,
+}
+
+/// What one cycle learnt.
+#[derive(Debug)]
+pub struct Probed {
+    /// One per monitored volume, in the order given.
+    pub observations: Vec<(MonitoredVolume, Observation)>,
+    pub result: CycleResult,
+}
+
+/// Polls one driver's controller service; remembers which mode works.
+pub struct Prober {
+    csi: ControllerClient,
+    caps: ControllerCapabilities,
+    config: CycleConfig,
+    mode: Mode,
+}
+
+impl Prober {
+    pub fn new(csi: ControllerClient, caps: ControllerCapabilities, config: CycleConfig) -> Self {
+        Prober {
+            csi,
+            caps,
+            config,
+            mode: Mode::List,
+        }
+    }
+
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    /// One cycle over `volumes`.
+    pub async fn cycle(
+        &mut self,
+        volumes: &[MonitoredVolume],
+        metrics: &ControllerMetrics,
+    ) -> Probed {
+        // Once the 1.13 list is known to be missing, the legacy list is
+        // only worth calling if it carries conditions.
+        let legacy_list_useless = self.csi.list_volume_health_support() == RpcSupport::Unsupported
+            && !(self.caps.list_volumes && self.caps.volume_condition);
+        if self.mode == Mode::List && legacy_list_useless {
+            self.switch_to_get("the driver's ListVolumes carries no volume condition");
+        }
+        if self.mode == Mode::List {
+            if let Some(probed) = self.list_cycle(volumes, metrics).await {
+                return probed;
+            }
+        }
+        self.get_cycle(volumes, metrics).await
+    }
+
+    fn switch_to_get(&mut self, why: &str) {
+        tracing::info!("{why}; asking ControllerGetVolumeHealth per volume from now on");
+        self.mode = Mode::Get;
+    }
+
+    /// `None` when it turns out no list carries health (then Get mode).
+    async fn list_cycle(
+        &mut self,
+        volumes: &[MonitoredVolume],
+        metrics: &ControllerMetrics,
+    ) -> Option<Probed> {
+        let walk = self
+            .csi
+            .list_volume_health(self.config.page_size, self.config.max_pages)
+            .await;
+        let list = match walk {
+            Ok(list) => list,
+            Err(e @ CsiError::Unsupported { .. }) => {
+                metrics.csi_calls(rpc_of(&e), &code_of(&e), 1);
+                self.switch_to_get("neither ControllerListVolumeHealth nor ListVolumes is served");
+                return None;
+            }
+            Err(e) => {
+                metrics.csi_calls(rpc_of(&e), &code_of(&e), 1);
+                tracing::warn!("listing volume health failed: {e}");
+                let why = e.to_string();
+                let observations = volumes
+                    .iter()
+                    .map(|v| {
+                        let failed = CsiListSighting::CycleFailed(why.clone());
+                        (v.clone(), Observation::CsiControllerList(failed))
+                    })
+                    .collect();
+                return Some(Probed {
+                    observations,
+                    result: CycleResult::Failed,
+                });
+            }
+        };
+        metrics.csi_calls(source_name(list.source), "OK", u64::from(list.pages));
+        if list.source == ControllerHealthSource::ListVolumes
+            && list.volumes.values().any(Option::is_none)
+        {
+            self.switch_to_get("the driver's ListVolumes carries no volume condition");
+            return None;
+        }
+        let mut observations = Vec::with_capacity(volumes.len());
+        for v in volumes {
+            let sighting = match list.volumes.get(&v.handle) {
+                Some(Some(entries)) => {
+                    CsiListSighting::Listed(entries.iter().map(HealthEntry::to_evidence).collect())
+                }
+                _ if list.complete => CsiListSighting::Absent,
+                _ => CsiListSighting::CycleFailed(format!(
+                    "the list stopped after {} pages without reaching its end",
+                    list.pages
+                )),
+            };
+            observations.push((v.clone(), Observation::CsiControllerList(sighting)));
+        }
+        let result = if list.complete {
+            CycleResult::Complete
+        } else {
+            CycleResult::Partial
+        };
+        Some(Probed {
+            observations,
+            result,
+        })
+    }
+
+    async fn get_cycle(&self, volumes: &[MonitoredVolume], metrics: &ControllerMetrics) -> Probed {
+        // Two PVs may name one handle: the driver is asked once.
+        let mut handles: Vec<&str> = volumes.iter().map(|v| v.handle.as_str()).collect();
+        handles.sort_unstable();
+        handles.dedup();
+        let csi = &self.csi;
+        let answers: BTreeMap<&str, CsiReport> = stream::iter(handles)
+            .map(|handle| async move { (handle, get_one(csi, handle, metrics).await) })
+            .buffer_unordered(self.config.get_concurrency.max(1))
+            .collect()
+            .await;
+        let failed = answers
+            .values()
+            .filter(|r| matches!(r, CsiReport::ProbeFailed(_)))
+            .count();
+        let result = match failed {
+            0 => CycleResult::Complete,
+            n if n == answers.len() => CycleResult::Failed,
+            _ => CycleResult::Partial,
+        };
+        let observations = volumes
+            .iter()
+            .map(|v| {
+                let report = answers
+                    .get(v.handle.as_str())
+                    .cloned()
+                    .unwrap_or_else(|| CsiReport::ProbeFailed("not asked".into()));
+                (v.clone(), Observation::CsiControllerGet(report))
+            })
+            .collect();
+        Probed {
+            observations,
+            result,
+        }
+    }
+}
+
+async fn get_one(csi: &ControllerClient, handle: &str, metrics: &ControllerMetrics) -> CsiReport {
+    match csi.get_volume_health(handle).await {
+        Ok(report) => {
+            metrics.csi_calls(source_name(report.source), "OK", 1);
+            match report.entries {
+                Some(entries) => {
+                    CsiReport::Health(entries.iter().map(HealthEntry::to_evidence).collect())
+                }
+                None => CsiReport::NoHealthInfo,
+            }
+        }
+        Err(e) => {
+            metrics.csi_calls(rpc_of(&e), &code_of(&e), 1);
+            match e {
+                // An answer, not a failed probe: the PV names a volume the
+                // driver does not have.
+                CsiError::VolumeGone { .. } => CsiReport::Health(vec![CsiEntry {
+                    status: Status::Inaccessible,
+                    reason: VOLUME_NOT_FOUND.to_string(),
+                    message: format!("the CSI driver does not know volume {handle}"),
+                }]),
+                e => {
+                    tracing::debug!(handle, "volume health probe failed: {e}");
+                    CsiReport::ProbeFailed(e.to_string())
+                }
+            }
+        }
+    }
+}
+
+/// Health entries of the driver in the condition machine's words.
+pub fn entries(list: &[HealthEntry]) -> Vec<CsiEntry> {
+    list.iter().map(HealthEntry::to_evidence).collect()
+}
+
+fn source_name(source: ControllerHealthSource) -> &'static str {
+    match source {
+        ControllerHealthSource::ControllerGetVolumeHealth => "ControllerGetVolumeHealth",
+        ControllerHealthSource::ControllerGetVolume => "ControllerGetVolume",
+        ControllerHealthSource::ControllerListVolumeHealth => "ControllerListVolumeHealth",
+        ControllerHealthSource::ListVolumes => "ListVolumes",
+    }
+}
+
+fn rpc_of(e: &CsiError) -> &'static str {
+    match e {
+        CsiError::Timeout { rpc, .. }
+        | CsiError::Unsupported { rpc }
+        | CsiError::VolumeGone { rpc, .. }
+        | CsiError::Status { rpc, .. }
+        | CsiError::InvalidResponse { rpc, .. } => rpc,
+        _ => "connect",
+    }
+}
+
+fn code_of(e: &CsiError) -> String {
+    match e {
+        CsiError::Timeout { .. } => "Timeout".into(),
+        CsiError::Connect { .. } => "Connect".into(),
+        CsiError::Unsupported { .. } => "Unimplemented".into(),
+        CsiError::VolumeGone { .. } => "NotFound".into(),
+        // tonic's code names (`Unavailable`, `Internal`...).
+        CsiError::Status { code, .. } => format!("{code:?}"),
+        CsiError::InvalidResponse { .. } => "InvalidResponse".into(),
+        _ => "Error".into(),
+    }
+}

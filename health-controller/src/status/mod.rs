@@ -1,0 +1,176 @@
+//! The controller's part of each claim's `VolumeHealth` (see
+//! [`health_kube::status`]): the entry `CSIDriver` (what the driver's
+//! controller service asserts about the claim's PV) and the entry
+//! `Controller` (the claim's pods are on a node down past the grace). Only
+//! the leader writes; a new leader lists the objects and continues them.
+//!
+//! Where the API server has `pvc.status.healthStatus` (the upstream field
+//! of the 2026 KEP-1432 revision, alpha behind `CSIVolumeHealth`), the same
+//! conditions are also written there ([`upstream`]).
+
+pub mod upstream;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use health_core::conditions::Condition;
+use health_kube::events::ObjectRef;
+use health_kube::status::{
+    self, Board, Claim, EntryKind, SharedBoard, SourceEntry, StatusApi, CONTROLLER_MANAGER,
+};
+use health_kube::writer::Observer;
+use kube::Client;
+use upstream::HealthStatusWriter;
+
+use super::inventory::MonitoredVolume;
+
+/// The entries the controller writes.
+pub fn entry_names() -> Vec<String> {
+    vec![
+        EntryKind::Controller.entry_name(None),
+        EntryKind::CsiDriver.entry_name(None),
+    ]
+}
+
+/// The leader's status writing: the board and its writer task (aborted
+/// when the leadership ends), and the upstream field's writer.
+pub struct StatusWriter {
+    board: Arc<SharedBoard>,
+    task: tokio::task::JoinHandle<()>,
+    driver: String,
+    upstream: HealthStatusWriter,
+}
+
+impl Drop for StatusWriter {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl StatusWriter {
+    pub fn start(
+        client: Client,
+        driver: &str,
+        update_interval: std::time::Duration,
+        observer: Arc<dyn Observer>,
+    ) -> Self {
+        // Controller conditions end on evidence, never by time after a takeover.
+        let mut board = Board::new(update_interval, std::time::Duration::ZERO);
+        board.set_ready();
+        let board = SharedBoard::new(board);
+        let api = StatusApi::new(
+            client.clone(),
+            CONTROLLER_MANAGER.to_string(),
+            entry_names(),
+            Some(Arc::clone(&observer)),
+        );
+        let task = tokio::spawn(status::run(api, Arc::clone(&board), client.clone()));
+        StatusWriter {
+            board,
+            task,
+            driver: driver.to_string(),
+            upstream: HealthStatusWriter::new(client, Some(observer)),
+        }
+    }
+
+    /// Hands the board the controller's entries for every claim that has
+    /// (or had) one, from the PVs' conditions and the down nodes', and
+    /// writes `pvc.status.healthStatus` where the server has it.
+    pub async fn sync(
+        &mut self,
+        pvs: Vec<(ObjectRef, String, Vec<Condition>)>,
+        down: Vec<(ObjectRef, Condition)>,
+        volumes: &[MonitoredVolume],
+        now: SystemTime,
+    ) {
+        let mut by_claim: BTreeMap<Claim, (Vec<Condition>, Vec<Condition>)> = BTreeMap::new();
+        for (claim, pv, conditions) in pvs {
+            if let Some(c) = claim_of(&claim, Some(pv)) {
+                by_claim.entry(c).or_default().0.extend(conditions);
+            }
+        }
+        for (claim, condition) in down {
+            let pv = volumes
+                .iter()
+                .find(|v| v.claim.as_ref() == Some(&claim))
+                .map(|v| v.pv.clone());
+            if let Some(c) = claim_of(&claim, pv) {
+                by_claim.entry(c).or_default().1.push(condition);
+            }
+        }
+        let mut upstream = Vec::new();
+        {
+            let mut board = self.board.lock();
+            let bound: std::collections::HashSet<(&str, &str)> = volumes
+                .iter()
+                .filter_map(|v| v.claim.as_ref())
+                .map(|c| (c.namespace.as_str(), c.name.as_str()))
+                .collect();
+            let is_bound = |c: &Claim| bound.contains(&(c.namespace.as_str(), c.name.as_str()));
+            // Claims the board had entries for and that are still bound
+            // keep them (emptied); the others are released.
+            for claim in board.claims() {
+                if !by_claim.contains_key(&claim) && is_bound(&claim) {
+                    board.set(&claim, Vec::new());
+                    upstream.push((claim, Vec::new()));
+                }
+            }
+            for (claim, (driver, controller)) in &by_claim {
+                let entries = vec![
+                    entry(EntryKind::Controller, None, controller, now),
+                    entry(EntryKind::CsiDriver, Some(&self.driver), driver, now),
+                ]
+                .into_iter()
+                .filter(|e| !e.conditions.is_empty())
+                .collect();
+                board.set(claim, entries);
+                let all: Vec<Condition> = controller.iter().chain(driver).cloned().collect();
+                upstream.push((claim.clone(), all));
+            }
+            let keep: Vec<Claim> = board
+                .claims()
+                .into_iter()
+                .filter(|c| is_bound(c) || by_claim.contains_key(c))
+                .collect();
+            board.release_others(&keep);
+        }
+        self.board.wake();
+        for (claim, conditions) in upstream {
+            self.upstream.write(&claim, &conditions).await;
+        }
+    }
+}
+
+fn claim_of(o: &ObjectRef, pv: Option<String>) -> Option<Claim> {
+    (!o.uid.is_empty()).then(|| Claim {
+        namespace: o.namespace.clone(),
+        name: o.name.clone(),
+        uid: o.uid.clone(),
+        pv,
+    })
+}
+
+fn entry(
+    kind: EntryKind,
+    driver: Option<&str>,
+    conditions: &[Condition],
+    now: SystemTime,
+) -> SourceEntry {
+    let mut out: Vec<status::EntryCondition> = conditions
+        .iter()
+        .map(status::EntryCondition::from_condition)
+        .collect();
+    out.sort_by(|a, b| (a.status, &a.reason).cmp(&(b.status, &b.reason)));
+    out.dedup_by(|a, b| a.status == b.status && a.reason == b.reason);
+    SourceEntry {
+        name: kind.entry_name(None),
+        kind,
+        node: None,
+        driver: driver.map(String::from),
+        pods: Vec::new(),
+        pod_count: None,
+        update_time: status::types::time(now),
+        conditions: out,
+    }
+}

@@ -1,0 +1,342 @@
+//! Evidence about one volume, one [`Observation`] at a time: kernel error
+//! counts, findings of the built-in checks and what the CSI driver said.
+//! Each kind of evidence knows the status, reason and message it stands for.
+
+use std::path::PathBuf;
+use std::time::{Duration, SystemTime};
+
+use serde::Serialize;
+
+use super::format::{errno_name, human_bytes, human_duration, percent, rfc3339};
+use super::vocabulary::{CheckKind, Status};
+use crate::dev::Dev;
+
+/// Kinds of kernel evidence the eBPF collector counts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub enum KernelErrorKind {
+    /// Failed block requests or bios (`block_rq_error`, `block_bio_complete`)
+    /// without a more specific errno: `EIO`, a target error.
+    BlockIo,
+    /// `ENODATA`: the medium failed (unreadable or unwritable sectors).
+    MediumError,
+    /// `EILSEQ`: protection information did not match (DIF/DIX, dm-integrity).
+    IntegrityError,
+    /// `ETIMEDOUT`: commands timed out.
+    Timeout,
+    /// `ENOLINK`: the transport (link, path) failed.
+    TransportError,
+    /// `ENODEV`, `ENXIO`: the device went offline.
+    DeviceOffline,
+    /// `EBADE`: another initiator holds a reservation.
+    ReservationConflict,
+    /// `ENOSPC`: the backing store is out of space (a full thin pool).
+    OutOfSpace,
+    /// Any failure of a member of a redundant md array below the volume:
+    /// the array keeps serving, with less redundancy.
+    ArrayMemberErrors,
+    /// Writeback errors recorded on a mapping (`filemap_set_wb_err`): data an
+    /// application believed written is lost.
+    Writeback,
+    /// `ext4_error`.
+    FilesystemError,
+    /// XFS corruption reports.
+    XfsCorruption,
+    /// Filesystem shutdown (`xfs_force_shutdown`, `ext4_shutdown`).
+    Shutdown,
+}
+
+impl KernelErrorKind {
+    pub fn status(self) -> Status {
+        match self {
+            KernelErrorKind::BlockIo
+            | KernelErrorKind::OutOfSpace
+            | KernelErrorKind::ArrayMemberErrors => Status::Degraded,
+            KernelErrorKind::Writeback
+            | KernelErrorKind::FilesystemError
+            | KernelErrorKind::XfsCorruption
+            | KernelErrorKind::MediumError
+            | KernelErrorKind::IntegrityError => Status::DataLoss,
+            KernelErrorKind::Shutdown
+            | KernelErrorKind::Timeout
+            | KernelErrorKind::TransportError
+            | KernelErrorKind::DeviceOffline
+            | KernelErrorKind::ReservationConflict => Status::Inaccessible,
+        }
+    }
+
+    pub fn reason(self) -> &'static str {
+        match self {
+            KernelErrorKind::BlockIo => "BlockIOErrors",
+            KernelErrorKind::MediumError => "MediumErrors",
+            KernelErrorKind::IntegrityError => "IntegrityErrors",
+            KernelErrorKind::Timeout => "IOTimeouts",
+            KernelErrorKind::TransportError => "TransportErrors",
+            KernelErrorKind::DeviceOffline => "DeviceOffline",
+            KernelErrorKind::ReservationConflict => "ReservationConflict",
+            KernelErrorKind::OutOfSpace => "OutOfSpace",
+            KernelErrorKind::ArrayMemberErrors => "ArrayMemberErrors",
+            KernelErrorKind::Writeback => "WritebackErrors",
+            KernelErrorKind::FilesystemError => "FilesystemErrors",
+            KernelErrorKind::XfsCorruption => "FilesystemCorruption",
+            KernelErrorKind::Shutdown => "FilesystemShutdown",
+        }
+    }
+
+    pub(super) fn noun(self, count: u64) -> &'static str {
+        let one = count == 1;
+        match self {
+            KernelErrorKind::BlockIo if one => "block I/O error",
+            KernelErrorKind::BlockIo => "block I/O errors",
+            KernelErrorKind::MediumError if one => "medium error",
+            KernelErrorKind::MediumError => "medium errors",
+            KernelErrorKind::IntegrityError if one => "integrity error",
+            KernelErrorKind::IntegrityError => "integrity errors",
+            KernelErrorKind::Timeout if one => "I/O timeout",
+            KernelErrorKind::Timeout => "I/O timeouts",
+            KernelErrorKind::TransportError if one => "transport error",
+            KernelErrorKind::TransportError => "transport errors",
+            KernelErrorKind::DeviceOffline if one => "I/O error of an offline device",
+            KernelErrorKind::DeviceOffline => "I/O errors of an offline device",
+            KernelErrorKind::ReservationConflict if one => "reservation conflict",
+            KernelErrorKind::ReservationConflict => "reservation conflicts",
+            KernelErrorKind::OutOfSpace if one => "out-of-space error",
+            KernelErrorKind::OutOfSpace => "out-of-space errors",
+            KernelErrorKind::ArrayMemberErrors if one => "error of a redundant array's member",
+            KernelErrorKind::ArrayMemberErrors => "errors of a redundant array's members",
+            KernelErrorKind::Writeback if one => "writeback error",
+            KernelErrorKind::Writeback => "writeback errors",
+            KernelErrorKind::FilesystemError if one => "filesystem error",
+            KernelErrorKind::FilesystemError => "filesystem errors",
+            KernelErrorKind::XfsCorruption if one => "XFS corruption report",
+            KernelErrorKind::XfsCorruption => "XFS corruption reports",
+            KernelErrorKind::Shutdown if one => "filesystem shutdown",
+            KernelErrorKind::Shutdown => "filesystem shutdowns",
+        }
+    }
+}
+
+/// New kernel errors of one kind for one volume since the previous kernel
+/// observation of that volume (a delta, not a running total).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KernelErrors {
+    pub kind: KernelErrorKind,
+    pub count: u64,
+    /// Time of the first and the last of these errors.
+    pub first: SystemTime,
+    pub last: SystemTime,
+    pub device: Option<Dev>,
+    pub mount_point: Option<PathBuf>,
+    /// `read`, `write`, `flush`, `discard`... where known.
+    pub op: Option<String>,
+    /// Positive errno (`libc::EIO`), where known.
+    pub errno: Option<i32>,
+    /// The device's kernel name (`loop3`), where known: messages name it.
+    pub device_name: Option<String>,
+}
+
+/// A finding of a built-in check: what `checks` saw, with the numbers the
+/// message needs. Status and reason follow from the variant.
+#[derive(Clone, Debug, PartialEq)]
+pub enum CheckFinding {
+    MountMissing {
+        path: PathBuf,
+    },
+    PathUnreachable {
+        path: PathBuf,
+        op: &'static str,
+        errno: i32,
+    },
+    /// A probe did not return within `timeout`; it was started at `since` and
+    /// may still be stuck (the message stays the same while it is, so that a
+    /// stuck path does not cause a write per probe).
+    PathHung {
+        path: PathBuf,
+        op: &'static str,
+        since: SystemTime,
+        timeout: Duration,
+    },
+    ReadOnlyRemount {
+        mount_point: PathBuf,
+        device: Dev,
+        fs_type: String,
+    },
+    CapacityLow {
+        free_bytes: u64,
+        total_bytes: u64,
+        threshold_percent: f64,
+    },
+    CapacityExhausted {
+        total_bytes: u64,
+    },
+    InodesLow {
+        free: u64,
+        total: u64,
+        threshold_percent: f64,
+    },
+    InodesExhausted {
+        total: u64,
+    },
+    DeviceMissing {
+        path: PathBuf,
+        detail: String,
+    },
+    DeviceZeroSize {
+        path: PathBuf,
+        device: Dev,
+    },
+}
+
+impl CheckFinding {
+    pub fn status(&self) -> Status {
+        match self {
+            CheckFinding::MountMissing { .. }
+            | CheckFinding::PathUnreachable { .. }
+            | CheckFinding::PathHung { .. }
+            | CheckFinding::ReadOnlyRemount { .. }
+            | CheckFinding::DeviceMissing { .. }
+            | CheckFinding::DeviceZeroSize { .. } => Status::Inaccessible,
+            CheckFinding::CapacityLow { .. }
+            | CheckFinding::CapacityExhausted { .. }
+            | CheckFinding::InodesLow { .. }
+            | CheckFinding::InodesExhausted { .. } => Status::Degraded,
+        }
+    }
+
+    pub fn reason(&self) -> &'static str {
+        match self {
+            CheckFinding::MountMissing { .. } => "MountMissing",
+            CheckFinding::PathUnreachable { .. } => "PathUnreachable",
+            CheckFinding::PathHung { .. } => "PathHung",
+            CheckFinding::ReadOnlyRemount { .. } => "ReadOnlyRemount",
+            CheckFinding::CapacityLow { .. } => "CapacityLow",
+            CheckFinding::CapacityExhausted { .. } => "CapacityExhausted",
+            CheckFinding::InodesLow { .. } => "InodesLow",
+            CheckFinding::InodesExhausted { .. } => "InodesExhausted",
+            CheckFinding::DeviceMissing { .. } => "DeviceMissing",
+            CheckFinding::DeviceZeroSize { .. } => "DeviceZeroSize",
+        }
+    }
+
+    pub fn message(&self) -> String {
+        match self {
+            CheckFinding::MountMissing { path } => {
+                format!("no mount at {}", path.display())
+            }
+            CheckFinding::PathUnreachable { path, op, errno } => {
+                format!("{op} of {} failed: {}", path.display(), errno_name(*errno))
+            }
+            CheckFinding::PathHung {
+                path,
+                op,
+                since,
+                timeout,
+            } => format!(
+                "{op} of {} has not returned since {} (timeout {})",
+                path.display(),
+                rfc3339(*since),
+                human_duration(*timeout)
+            ),
+            CheckFinding::ReadOnlyRemount {
+                mount_point,
+                device,
+                fs_type,
+            } => format!(
+                "{fs_type} on {device} at {} was remounted read-only after an error; writes fail with EROFS",
+                mount_point.display()
+            ),
+            CheckFinding::CapacityLow {
+                free_bytes,
+                total_bytes,
+                threshold_percent,
+            } => format!(
+                "{} of {} bytes free ({} of {}, {:.2}%), below {threshold_percent}%",
+                free_bytes,
+                total_bytes,
+                human_bytes(*free_bytes),
+                human_bytes(*total_bytes),
+                percent(*free_bytes, *total_bytes)
+            ),
+            CheckFinding::CapacityExhausted { total_bytes } => format!(
+                "0 of {total_bytes} bytes free ({}): no space left",
+                human_bytes(*total_bytes)
+            ),
+            CheckFinding::InodesLow {
+                free,
+                total,
+                threshold_percent,
+            } => format!(
+                "{free} of {total} inodes free ({:.2}%), below {threshold_percent}%",
+                percent(*free, *total)
+            ),
+            CheckFinding::InodesExhausted { total } => {
+                format!("0 of {total} inodes free: no inodes left")
+            }
+            CheckFinding::DeviceMissing { path, detail } => {
+                format!("block device {} is gone: {detail}", path.display())
+            }
+            CheckFinding::DeviceZeroSize { path, device } => {
+                format!("block device {} ({device}) has size 0", path.display())
+            }
+        }
+    }
+}
+
+/// What one run of one check concluded.
+#[derive(Clone, Debug, PartialEq)]
+pub enum CheckResult {
+    /// Ran and found nothing: evidence of health, clears this check's conditions.
+    Pass,
+    /// Ran and found these (the complete set for this check).
+    Found(Vec<CheckFinding>),
+    /// Could not determine anything (EACCES, ...): never a recovery.
+    ProbeFailed(String),
+}
+
+/// One CSI health entry as the driver said it; `driver_words::fit` makes it
+/// fit (CamelCase reason, clean bounded message, few entries) before it is kept.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct CsiEntry {
+    pub status: Status,
+    pub reason: String,
+    pub message: String,
+}
+
+/// The answer of a Node or Controller Get call for one volume.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CsiReport {
+    /// The driver's complete list; empty means healthy and clears at once.
+    Health(Vec<CsiEntry>),
+    /// The answer carried no health information: neither raise nor clear.
+    NoHealthInfo,
+    /// Error or timeout: never a recovery.
+    ProbeFailed(String),
+}
+
+/// What one cycle of `ControllerListVolumeHealth` said about one volume. The
+/// caller merges duplicates of the volume within a cycle into one `Listed`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CsiListSighting {
+    Listed(Vec<CsiEntry>),
+    /// A complete cycle ended without the volume. Drivers omit healthy
+    /// volumes, but pages may also omit unhealthy ones, so it takes
+    /// [`ConditionConfig::list_cycles_to_clear`](super::ConditionConfig::list_cycles_to_clear) of these in a row to clear.
+    Absent,
+    /// The cycle did not complete (error mid-pagination): no evidence.
+    CycleFailed(String),
+}
+
+/// One piece of evidence about one volume.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Observation {
+    Kernel(Vec<KernelErrors>),
+    Check {
+        check: CheckKind,
+        result: CheckResult,
+    },
+    CsiNode(CsiReport),
+    /// The driver's NodeGetStorageHealth answer, reduced to the entries that
+    /// concern this volume: `Health(vec![])` clears at once, as a Get does.
+    CsiStorage(CsiReport),
+    CsiControllerGet(CsiReport),
+    CsiControllerList(CsiListSighting),
+}

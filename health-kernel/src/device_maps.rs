@@ -1,0 +1,82 @@
+//! The kernel maps that hold the device topology the programs need to
+//! attribute an error to the right device: partition tables (errors of a
+//! whole disk counted against the partition of the sector), the set of
+//! block devices (block-device inodes), the bio-based stacking devices and
+//! which device sits below which (a layer's own failed bios counted once).
+//! The caller computes what they must hold ([`DeviceTables`]) from its
+//! topology; this module only makes the maps hold exactly that.
+
+use std::collections::{HashMap, HashSet};
+use std::hash::Hash;
+
+use aya::maps::{HashMap as BpfHashMap, MapData};
+use aya::Pod;
+use health_common::{PartTable, StackPair};
+use health_core::dev::Dev;
+
+/// The maps the caller keeps current from the device topology.
+pub struct KernelMapsRest {
+    pub(crate) partitions: BpfHashMap<MapData, u32, PartTable>,
+    pub(crate) block_devs: BpfHashMap<MapData, u32, u8>,
+    /// Bio-based stacking devices whose failed bios are counted.
+    pub(crate) bio_devs: BpfHashMap<MapData, u32, u8>,
+    /// Which devices sit below which, to recognise a failure passed up.
+    pub(crate) stacked: BpfHashMap<MapData, StackPair, u8>,
+}
+
+/// What the maps must hold, in the kernel's device encoding.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DeviceTables {
+    /// Each whole disk that has partitions, and its partition table.
+    pub partitions: HashMap<u32, PartTable>,
+    /// Every block device.
+    pub block_devs: HashSet<u32>,
+    /// Every bio-based dm or md device, and its partitions.
+    pub bio_devs: HashSet<u32>,
+    /// (upper, lower) for every device and each device built on it.
+    pub stacked: HashSet<StackPair>,
+}
+
+impl KernelMapsRest {
+    /// Makes every map hold exactly what `tables` says; stale entries are
+    /// removed. A failed update is said and the rest carries on: the next
+    /// scan tries again.
+    pub fn write(&mut self, tables: &DeviceTables) {
+        for (&disk, table) in &tables.partitions {
+            if self.partitions.get(&disk, 0).ok() != Some(*table) {
+                if let Err(e) = self.partitions.insert(disk, table, 0) {
+                    tracing::warn!(disk = %Dev::from_kernel(disk), "updating the kernel partition table failed: {e}");
+                }
+            }
+        }
+        let stale: Vec<u32> = self
+            .partitions
+            .keys()
+            .filter_map(Result::ok)
+            .filter(|k| !tables.partitions.contains_key(k))
+            .collect();
+        for k in stale {
+            let _ = self.partitions.remove(&k);
+        }
+        replace_set(&mut self.block_devs, &tables.block_devs, "device set");
+        replace_set(&mut self.bio_devs, &tables.bio_devs, "bio-based device set");
+        replace_set(&mut self.stacked, &tables.stacked, "device stack");
+    }
+}
+
+/// Makes a kernel set map hold exactly `wanted`.
+fn replace_set<K>(map: &mut BpfHashMap<MapData, K, u8>, wanted: &HashSet<K>, what: &str)
+where
+    K: Pod + Eq + Hash,
+{
+    let present: HashSet<K> = map.keys().filter_map(Result::ok).collect();
+    for k in wanted.difference(&present) {
+        if let Err(e) = map.insert(*k, 1, 0) {
+            tracing::warn!("updating the kernel {what} failed: {e}");
+            break;
+        }
+    }
+    for k in present.difference(wanted) {
+        let _ = map.remove(k);
+    }
+}

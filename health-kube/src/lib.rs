@@ -1,0 +1,64 @@
+//! Kubernetes plumbing shared by the node agent (`health-node`'s cluster
+//! mode) and the controller (`health-controller`):
+//! - [`events`]: the recorder that aggregates condition changes into Events
+//!   per (object, reason) within a per-object budget, and continues them
+//!   across restarts; [`writer`] creates and patches them;
+//! - [`status`]: the `VolumeHealth` object per PVC and its label, written
+//!   by server-side apply;
+//! - [`reflect`], [`pages`], [`pv`]: watching, paged listing, slim PVs;
+//! - [`metrics`]: the API traffic families; [`http`]: `/metrics`,
+//!   `/healthz` and `/readyz`;
+//! - [`ApiAccess`] (what each component declares it calls), the client and
+//!   the writers' [`backoff`].
+//!
+//! Uses `health-core` (the condition vocabulary) and kube-rs; never aya or
+//! the node's stages.
+
+pub mod backoff;
+pub mod events;
+pub mod http;
+pub mod metrics;
+pub mod pages;
+pub mod pv;
+pub mod reflect;
+pub mod status;
+#[cfg(feature = "testing")]
+pub mod testing;
+pub mod writer;
+
+use anyhow::Context as _;
+
+/// One RBAC rule: every API call a component makes is listed in its
+/// `API_ACCESS` (`health_node::cluster`, `health_controller`), and
+/// `deploy/` grants exactly these (checked by the manifest tests in
+/// `tests/`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ApiAccess {
+    /// API group; "" is the core group.
+    pub group: &'static str,
+    pub resource: &'static str,
+    pub verbs: &'static [&'static str],
+}
+
+/// The client configuration: from `kubeconfig` when given, else in-cluster
+/// (or `KUBECONFIG`, for development).
+pub async fn config(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<kube::Config> {
+    match kubeconfig {
+        Some(path) => {
+            let kc = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("reading kubeconfig {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+                .await
+                .with_context(|| format!("using kubeconfig {}", path.display()))
+        }
+        None => kube::Config::infer().await.context(
+            "no Kubernetes configuration: not in a pod with a service account, and no --kubeconfig",
+        ),
+    }
+}
+
+/// A client from [`config`].
+pub async fn client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<kube::Client> {
+    let config = config(kubeconfig).await?;
+    kube::Client::try_from(config).context("creating the Kubernetes client")
+}

@@ -1,0 +1,278 @@
+//! Writes what the [`Recorder`] decides against the API server, a few
+//! requests at a time: `POST` for a new Event, a JSON merge `PATCH` of
+//! `count`, `lastTimestamp` and `message` to aggregate. Before the first
+//! write it lists the Events of an earlier agent process on this node
+//! ([`recover`]). Failures the server may get
+//! over (unreachable, 5xx, 429, timeouts) back off exponentially while the
+//! recorder keeps aggregating, so an outage costs one request per backoff
+//! step and nothing detected meanwhile is lost.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use futures_util::stream::FuturesUnordered;
+use futures_util::StreamExt as _;
+use k8s_openapi::api::core::v1::Event;
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use super::backoff::Backoff;
+use super::events::{Next, Outcome, Recorder, Write};
+
+/// What the writer reports as it goes (metrics in the agent, nothing in
+/// tests that don't care).
+pub trait Observer: Send + Sync {
+    /// One API request: its verb, resource and HTTP status (`None`: no
+    /// response).
+    fn api_request(&self, verb: &str, resource: &str, code: Option<u16>);
+    /// An Event write the server accepted.
+    fn event_written(&self, type_: &str, reason: &str);
+    /// A write held back by the per-object cap.
+    fn event_write_deferred(&self);
+}
+
+/// The recorder shared between the agent loop (which records) and the
+/// writer task (which writes). The lock is held only for bookkeeping, never
+/// across a request.
+pub struct Shared {
+    recorder: Mutex<Recorder>,
+    notify: Notify,
+}
+
+impl Shared {
+    pub fn new(recorder: Recorder) -> Arc<Shared> {
+        Arc::new(Shared {
+            recorder: Mutex::new(recorder),
+            notify: Notify::new(),
+        })
+    }
+
+    /// The recorder, for recording; call [`Shared::wake`] after.
+    pub fn lock(&self) -> MutexGuard<'_, Recorder> {
+        // A panic while holding the lock leaves plain data behind; the
+        // recorder's invariants hold between any two calls.
+        self.recorder.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Tells the writer there may be something to write.
+    pub fn wake(&self) {
+        self.notify.notify_one();
+    }
+}
+
+/// How long one Event request may take before it counts as failed.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// Writes in flight at once. The pod's and the PVC's Event of one failure
+/// go out together instead of the second waiting for the first's answer
+/// (a round trip, and on a busy API server most of the PVC's latency); a
+/// handful bounds what an outage's end can fire at the server at once.
+const MAX_IN_FLIGHT: usize = 4;
+/// Events listed per page when recovering after a restart.
+const LIST_PAGE: u32 = 500;
+
+/// Runs until the task is dropped. First takes over the open Events of an
+/// earlier agent process on this node ([`recover`]), then writes what the
+/// recorder decides.
+pub async fn run(client: Client, shared: Arc<Shared>, metrics: Option<Arc<dyn Observer>>) {
+    recover(&client, &shared, metrics.as_deref()).await;
+    write(client, shared, metrics).await
+}
+
+/// The writing half of [`run`], for a caller that has called [`recover`]
+/// itself (the controller, which seeds its state from what was adopted
+/// before anything is written).
+pub async fn write(client: Client, shared: Arc<Shared>, metrics: Option<Arc<dyn Observer>>) {
+    let mut backoff = Backoff::default();
+    // After a failure no new write starts before this.
+    let mut paused_until: Option<Instant> = None;
+    let mut in_flight = FuturesUnordered::new();
+    // The recorder counts deferrals when it looks for the next write; the
+    // metric follows that count.
+    let mut deferred_reported = 0;
+    loop {
+        let mut wake = paused_until.filter(|at| *at > Instant::now());
+        if wake.is_none() {
+            paused_until = None;
+            while in_flight.len() < MAX_IN_FLIGHT {
+                let (next, deferred) = {
+                    let mut r = shared.lock();
+                    let next = r.next_write(Instant::now());
+                    (next, r.stats().deferred)
+                };
+                if let Some(m) = &metrics {
+                    for _ in deferred_reported..deferred {
+                        m.event_write_deferred();
+                    }
+                }
+                deferred_reported = deferred;
+                match next {
+                    Next::Write(write) => {
+                        let client = client.clone();
+                        let metrics = metrics.clone();
+                        in_flight.push(async move {
+                            let outcome = perform(&client, &write, metrics.as_deref()).await;
+                            (write, outcome)
+                        });
+                    }
+                    Next::Idle(at) => {
+                        wake = at;
+                        break;
+                    }
+                }
+            }
+        }
+        tokio::select! {
+            Some((write, outcome)) = in_flight.next(), if !in_flight.is_empty() => {
+                let retry = outcome == Outcome::Retry;
+                shared.lock().finish(&write, outcome, Instant::now());
+                if retry {
+                    let pause = backoff.failed();
+                    tracing::debug!(?pause, "event write failed; backing off");
+                    paused_until = Some(Instant::now() + pause);
+                } else {
+                    backoff.succeeded();
+                }
+            }
+            _ = shared.notify.notified() => {}
+            _ = sleep_until(wake) => {}
+        }
+    }
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Why the Events of an earlier agent process could not be listed.
+pub type ListError = super::pages::PageError;
+
+/// Every Event written by `component`, in all namespaces: one list the
+/// server selects (`fieldSelector=reportingComponent=...`; there is no
+/// selector on the reporting instance), in pages. Events expire after the
+/// server's TTL (an hour by default), which bounds it.
+pub async fn list_own_events(client: &Client, component: &str) -> Result<Vec<Event>, ListError> {
+    let api: Api<Event> = Api::all(client.clone());
+    let params = ListParams::default()
+        .fields(&format!("reportingComponent={component}"))
+        .limit(LIST_PAGE);
+    let mut events = Vec::new();
+    super::pages::list_pages(&api, params, REQUEST_TIMEOUT, |page| events.extend(page)).await?;
+    Ok(events)
+}
+
+/// Seeds the recorder with the Events an earlier process wrote (the agent
+/// before a restart on this node; for the controller, any replica before a
+/// takeover), so that an open episode goes on in the same Event. A failed list is logged as an error and counted, and the
+/// agent goes on as a first start would: open episodes get new Events.
+pub async fn recover(client: &Client, shared: &Shared, metrics: Option<&dyn Observer>) {
+    let (component, whose) = {
+        let recorder = shared.lock();
+        let config = recorder.config();
+        let whose = if config.adopt_any_instance {
+            "any replica's"
+        } else {
+            "this node's"
+        };
+        (config.component.clone(), whose)
+    };
+    let listed = list_own_events(client, &component).await;
+    if let Some(m) = metrics {
+        let code = match &listed {
+            Ok(_) => Some(200),
+            Err(e) => e.code(),
+        };
+        m.api_request("list", "events", code);
+    }
+    match listed {
+        Ok(events) => {
+            let adopted =
+                shared
+                    .lock()
+                    .adopt(&events, std::time::SystemTime::now(), Instant::now());
+            tracing::info!(
+                listed = events.len(),
+                own = adopted.own,
+                open = adopted.warnings,
+                recoveries = adopted.normals,
+                "took over {whose} Events from before this process started"
+            );
+            shared.wake();
+        }
+        Err(e) => tracing::error!(
+            "could not read back {whose} Events ({e}); episodes open before this process started will be reported as new Events"
+        ),
+    }
+}
+
+/// Makes one request and classifies how it ended.
+pub async fn perform(client: &Client, write: &Write, metrics: Option<&dyn Observer>) -> Outcome {
+    let (verb, result) = match write {
+        Write::Create { event, .. } => {
+            let ns = event.metadata.namespace.clone().unwrap_or_default();
+            let api: Api<Event> = Api::namespaced(client.clone(), &ns);
+            let r =
+                tokio::time::timeout(REQUEST_TIMEOUT, api.create(&PostParams::default(), event))
+                    .await;
+            ("create", r.map(|r| r.map(drop)))
+        }
+        Write::Patch {
+            namespace,
+            name,
+            patch,
+            ..
+        } => {
+            let api: Api<Event> = Api::namespaced(client.clone(), namespace);
+            let r = tokio::time::timeout(
+                REQUEST_TIMEOUT,
+                api.patch(name, &PatchParams::default(), &Patch::Merge(patch)),
+            )
+            .await;
+            ("patch", r.map(|r| r.map(drop)))
+        }
+    };
+    let (code, outcome) = match result {
+        Ok(Ok(())) => (
+            Some(if verb == "create" { 201 } else { 200 }),
+            Outcome::Done,
+        ),
+        Ok(Err(kube::Error::Api(status))) => {
+            let code = status.code;
+            let outcome = match (verb, code) {
+                ("patch", 404) => Outcome::NotFound,
+                ("create", 409) => Outcome::Conflict,
+                (_, 429) | (_, 500..=599) => Outcome::Retry,
+                _ => {
+                    tracing::error!(
+                        verb,
+                        code,
+                        message = %status.message,
+                        "the API server refused an event; dropping it (check the agent's RBAC)"
+                    );
+                    Outcome::Rejected
+                }
+            };
+            (Some(code), outcome)
+        }
+        Ok(Err(e)) => {
+            tracing::warn!(verb, "event write failed: {e}");
+            (None, Outcome::Retry)
+        }
+        Err(_) => {
+            tracing::warn!(verb, "event write timed out after {REQUEST_TIMEOUT:?}");
+            (None, Outcome::Retry)
+        }
+    };
+    if let Some(m) = metrics {
+        m.api_request(verb, "events", code);
+        if outcome == Outcome::Done {
+            let (type_, reason) = write.kind();
+            m.event_written(type_.as_str(), reason);
+        }
+    }
+    outcome
+}

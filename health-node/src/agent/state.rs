@@ -1,0 +1,311 @@
+//! What the loop keeps between turns (the attached programs, the
+//! collector, the topology, the volumes and the reporter), with one method
+//! per kind of work the loop does: reconcile the counters, rescan the
+//! topology, hand a turn's results on, and finish.
+
+use std::collections::HashSet;
+use std::time::Instant;
+
+use anyhow::Context as _;
+use health_core::dev::Dev;
+use health_kernel::clock::Clock;
+use health_kernel::collector::{Collector, KernelError};
+use health_kernel::device_maps::KernelMapsRest;
+use health_kernel::probes::{self, SourceState};
+use health_kernel::witness::Witness;
+use health_topology::{HostPaths, MountWatcher, Topology};
+
+use super::priority::EventThread;
+use super::{kernel_maps, witness, AgentOptions, MIN_RESCAN_GAP};
+use crate::report::Reporter;
+use crate::volumes::{Handled, LiveVolumes, Wake};
+
+/// What the volumes are told after a rescan.
+pub(super) enum Then {
+    /// Devices may have come or gone.
+    TopologyChanged,
+    /// The mount table changed: kubelet likely set a volume up or tore one
+    /// down, so its directories are read again too.
+    Rediscover,
+}
+
+pub(super) struct Agent<R> {
+    host: HostPaths,
+    attached: probes::Attached,
+    pub(super) collector: Collector,
+    rest: KernelMapsRest,
+    witness: Option<Witness>,
+    pub(super) topo: Topology,
+    pub(super) mounts: MountWatcher,
+    pub(super) vols: Option<LiveVolumes>,
+    pub(super) reporter: R,
+    clock: Clock,
+    /// The turn's kernel errors, and the volumes' condition changes.
+    pub(super) batch: Vec<KernelError>,
+    handled: Handled,
+    misses: Misses,
+    last_rescan: Instant,
+    pruned_at: Instant,
+}
+
+impl<R: Reporter> Agent<R> {
+    /// Attaches the programs and takes the first look at the host.
+    pub(super) fn start(opts: &AgentOptions, mut reporter: R) -> anyhow::Result<Self> {
+        let (mut attached, maps) = probes::attach(&opts.probes)?;
+        for s in &attached.sources {
+            if matches!(s.state, SourceState::Missing { .. }) {
+                tracing::warn!("{s}");
+            } else {
+                tracing::info!("{s}");
+            }
+        }
+        let mut maps = Some(maps);
+        let (mut collector, mut rest) =
+            Collector::new(&mut maps, attached.pinned()).context("setting up the sample reader")?;
+        if attached.adopted() {
+            tracing::info!("adopted programs that kept counting since the previous agent stopped");
+        }
+        let witness = witness::start(&opts.probes.sys_root, &attached, &mut collector);
+        let topo = Topology::scan(&opts.host).context("reading the device topology")?;
+        reporter.input_errors(&topo.input_errors());
+        if kernel_maps::sync(&topo, &opts.host, &mut rest).bio_based > 0 {
+            attached.attach_bio_errors();
+        }
+        let mounts = MountWatcher::new(&opts.host).context("watching the mount table")?;
+        let vols = opts.volumes.clone().map(|cfg| LiveVolumes::new(cfg, &topo));
+        let now = Instant::now();
+        Ok(Agent {
+            host: opts.host.clone(),
+            attached,
+            collector,
+            rest,
+            witness,
+            topo,
+            mounts,
+            vols,
+            reporter,
+            clock: Clock::new(),
+            batch: Vec::new(),
+            handled: Handled::default(),
+            misses: Misses::default(),
+            last_rescan: now,
+            pruned_at: now,
+        })
+    }
+
+    pub(super) fn active_sources(&self) -> usize {
+        self.attached
+            .sources
+            .iter()
+            .filter(|s| matches!(s.state, SourceState::Active { .. }))
+            .count()
+    }
+
+    /// Counters against samples: errors whose samples were rate-limited
+    /// away become summaries; the kernel side's own figures are reported.
+    pub(super) fn reconcile(&mut self) -> anyhow::Result<()> {
+        let traced = witness::read(&mut self.witness);
+        self.collector.reconcile(false, &mut self.batch)?;
+        let mut stats = self.collector.kernel_stats()?;
+        stats.program_misses = self.misses.read(&self.attached);
+        witness::check(&mut self.witness, traced, &self.collector, &mut stats)?;
+        self.reporter.kernel_stats(&stats);
+        Ok(())
+    }
+
+    /// A fresh topology, written into the kernel maps, and the volumes told.
+    pub(super) fn rescan(&mut self, then: Then) {
+        match Topology::scan(&self.host) {
+            Ok(t) => {
+                self.reporter.input_errors(&t.input_errors());
+                if kernel_maps::sync(&t, &self.host, &mut self.rest).bio_based > 0 {
+                    self.attached.attach_bio_errors();
+                }
+                self.topo = t;
+            }
+            // Keep the last good view: a failed scan is not a topology change.
+            Err(e) => tracing::warn!(
+                "rescanning the device topology failed, keeping the previous view: {e}"
+            ),
+        }
+        self.last_rescan = Instant::now();
+        if let Some(v) = &mut self.vols {
+            match then {
+                Then::TopologyChanged => v.topology_changed(&self.topo),
+                Then::Rediscover => v.rediscover(&self.topo),
+            }
+        }
+    }
+
+    /// A check, CSI call or rediscovery the volumes scheduled is due.
+    pub(super) fn volumes_woke(&mut self, wake: Wake) {
+        if let Some(v) = &mut self.vols {
+            self.handled = v.handle(wake, &self.topo);
+        }
+    }
+
+    /// After every turn: counters of devices gone are pruned, a device the
+    /// topology does not know yet is looked for, and the turn's errors and
+    /// changes go to the reporter.
+    pub(super) fn end_turn(&mut self, prio: &EventThread) -> anyhow::Result<()> {
+        self.attached.flush_kernel_log();
+        if self.last_rescan != self.pruned_at {
+            self.pruned_at = self.last_rescan;
+            let pruned = self
+                .collector
+                .prune(&live_devices(&self.topo), &mut self.batch)?;
+            if pruned > 0 {
+                tracing::info!(
+                    keys = pruned,
+                    "pruned the counters of devices that are gone"
+                );
+            }
+        }
+        if self
+            .batch
+            .iter()
+            .any(|e| is_unknown_block_device(&self.topo, e))
+            && self.last_rescan.elapsed() >= MIN_RESCAN_GAP
+        {
+            let _rescan = prio.bulk();
+            self.rescan(Then::TopologyChanged);
+        }
+        self.deliver()?;
+        self.collector.persist()?;
+        Ok(())
+    }
+
+    fn deliver(&mut self) -> anyhow::Result<()> {
+        deliver(
+            &mut self.reporter,
+            &mut self.vols,
+            &mut self.batch,
+            &mut self.handled,
+            &self.topo,
+            &self.clock,
+        )
+    }
+
+    /// Unpinned: detach first, then collect what the kernel counted up to
+    /// that point: the last lines printed make every total exact. (Skipped
+    /// runs are read before: they go with the programs.) Pinned: the
+    /// programs keep counting for the next process; what is reported now
+    /// is recorded as reported, and a sample of it still in the ring buffer
+    /// is a late one for the next process, not a second report.
+    pub(super) fn finish(self) -> anyhow::Result<()> {
+        let Agent {
+            attached,
+            mut collector,
+            mut witness,
+            topo,
+            mut vols,
+            mut reporter,
+            clock,
+            mut batch,
+            mut handled,
+            mut misses,
+            ..
+        } = self;
+        let program_misses = misses.read(&attached);
+        // Read before the programs detach: failures after it are traced but
+        // were never going to be counted by this process.
+        let traced = witness::read(&mut witness);
+        if !attached.pinned() {
+            drop(attached);
+        }
+        collector.drain(&mut batch);
+        collector.reconcile(true, &mut batch)?;
+        deliver(
+            &mut reporter,
+            &mut vols,
+            &mut batch,
+            &mut handled,
+            &topo,
+            &clock,
+        )?;
+        collector.persist()?;
+        let mut stats = collector.kernel_stats()?;
+        stats.program_misses = program_misses;
+        witness::check(&mut witness, traced, &collector, &mut stats)?;
+        reporter.kernel_stats(&stats);
+        reporter.finish(&collector.totals()?, &topo, &stats)
+    }
+}
+
+/// Hands one turn's results to the reporter: the batch goes to the volumes
+/// first (a new condition is raised at once), then the errors, then what
+/// changed. Empties `batch` and `handled` for the next turn.
+fn deliver<R: Reporter>(
+    reporter: &mut R,
+    vols: &mut Option<LiveVolumes>,
+    batch: &mut Vec<KernelError>,
+    handled: &mut Handled,
+    topo: &Topology,
+    clock: &Clock,
+) -> anyhow::Result<()> {
+    if let Some(v) = vols.as_mut() {
+        handled.changes.extend(v.take_inherited());
+        handled.changes.extend(v.record(batch));
+    }
+    reporter.errors(batch, topo, clock, vols.as_ref().map(LiveVolumes::index))?;
+    batch.clear();
+    if let Some(v) = vols.as_mut() {
+        let gone = v.take_gone();
+        if !handled.changes.is_empty()
+            || !handled.csi.is_empty()
+            || !handled.storage.is_empty()
+            || !gone.is_empty()
+        {
+            reporter.changes(handled, &gone, v);
+        }
+    }
+    handled.changes.clear();
+    handled.csi.clear();
+    handled.storage.clear();
+    Ok(())
+}
+
+/// Follows the kernel's count of skipped program runs and says so, once per
+/// increase, when it grows: each one is an error the totals cannot contain.
+#[derive(Default)]
+struct Misses {
+    last: u64,
+}
+
+impl Misses {
+    fn read(&mut self, attached: &probes::Attached) -> u64 {
+        let now = attached.program_misses().unwrap_or(0);
+        if now > self.last {
+            tracing::warn!(
+                skipped = now - self.last,
+                total = now,
+                "the kernel skipped error tracepoint programs while another BPF program ran on the same CPU; those errors are not in the counts"
+            );
+            self.last = now;
+        }
+        now
+    }
+}
+
+/// A block device the topology has not seen yet (attached after the last
+/// scan). Anonymous devices (btrfs, the block-device pseudo filesystem) are
+/// never in sysfs, so they must not trigger a rescan: a btrfs error flood
+/// would otherwise rescan the whole host every second.
+fn is_unknown_block_device(topo: &Topology, e: &KernelError) -> bool {
+    let dev = Dev::from_kernel(e.key.dev);
+    !dev.is_anonymous() && topo.device(dev).is_none()
+}
+
+/// Every device number an error key can carry that the topology still
+/// knows: block devices with a medium and the devices of mounted
+/// filesystems (btrfs and other anonymous ones). A device of size 0 (a
+/// detached loop device, a drive without a medium) stays in sysfs but holds
+/// nothing its old counters were about.
+fn live_devices(topo: &Topology) -> HashSet<u32> {
+    topo.devices()
+        .iter()
+        .filter(|d| d.size_sectors > 0)
+        .map(|d| d.dev.to_kernel())
+        .chain(topo.mounts().iter().map(|m| m.dev.to_kernel()))
+        .collect()
+}

@@ -1,0 +1,174 @@
+//! Cluster mode (`health-agent run`): this node's pods and the PVs they use
+//! ([`view`]), and Kubernetes Events and `VolumeHealth` entries on every pod
+//! and PVC a volume condition concerns ([`report`]). The last stage: uses
+//! [`crate::volumes`], [`crate::report`] and `health_kube`, and runs the
+//! agent loop with its own reporter; nothing uses it but the binary.
+//!
+//! Where an error travels in cluster mode: the collector's batch reaches
+//! [`crate::volumes::VolumeMonitor`], whose condition changes go to the
+//! event recorder (`health_kube::events`), which aggregates them per
+//! (object, reason) and writes core/v1 Events within a per-object budget.
+
+/// Everything the agent asks of the API server, cluster-wide:
+/// - pods: a reflector over this node's pods (`fieldSelector=spec.nodeName=NODE`);
+/// - persistentvolumes: a reflector; a PV's `spec.claimRef` names its PVC
+///   (namespace, name, uid), so no cluster-wide PVC watch is needed;
+/// - events (core/v1, which the Node authorizer also allows): created, then
+///   aggregated by patching `count`, `lastTimestamp` and `message`; listed
+///   once at start (`fieldSelector=reportingComponent=volume-health-agent`)
+///   to continue the episodes open across a restart;
+/// - volumehealths (the project's CRD): read, created by server-side apply
+///   (patch), listed once at start to continue this node's entries;
+///   volumehealths/status: this node's entries by server-side apply;
+/// - persistentvolumeclaims: patch, for the label `volume-health.io/health`
+///   only (the admission policy in deploy/ holds the agent to that).
+pub const API_ACCESS: &[ApiAccess] = &[
+    ApiAccess {
+        group: "",
+        resource: "pods",
+        verbs: &["list", "watch"],
+    },
+    ApiAccess {
+        group: "",
+        resource: "persistentvolumes",
+        verbs: &["list", "watch"],
+    },
+    ApiAccess {
+        group: "",
+        resource: "events",
+        verbs: &["list", "create", "patch"],
+    },
+    ApiAccess {
+        group: "",
+        resource: "persistentvolumeclaims",
+        verbs: &["patch"],
+    },
+    ApiAccess {
+        group: status::types::GROUP,
+        resource: "volumehealths",
+        verbs: &["get", "list", "create", "patch"],
+    },
+    ApiAccess {
+        group: status::types::GROUP,
+        resource: "volumehealths/status",
+        verbs: &["patch"],
+    },
+];
+
+pub mod report;
+pub mod view;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use health_kube::http::{self, Health};
+use health_kube::{config, events, status, writer, ApiAccess};
+
+use crate::agent::{self, AgentOptions};
+use crate::report::metrics::Metrics;
+
+#[derive(Clone, Debug)]
+pub struct RunOptions {
+    pub agent: AgentOptions,
+    pub node: String,
+    /// `None`: in-cluster configuration (or `KUBECONFIG`, for development).
+    pub kubeconfig: Option<PathBuf>,
+    pub metrics_addr: SocketAddr,
+    pub events: events::RecorderConfig,
+}
+
+/// How long the agent may go without a loop iteration before `/healthz`
+/// fails. The loop wakes at least once a second (the reconcile tick).
+const STALE_AFTER: Duration = Duration::from_secs(30);
+/// On shutdown, Events still unwritten get this long.
+const FINAL_FLUSH: Duration = Duration::from_secs(3);
+
+/// `health-agent run`: the DaemonSet agent.
+pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
+    let config = config(opts.kubeconfig.as_deref()).await?;
+    let client =
+        kube::Client::try_from(config.clone()).context("creating the Kubernetes client")?;
+    // The Event writer's own client: built here, where building can fail,
+    // and started on the event thread's runtime (its request queue and
+    // connections are tasks of the runtime it starts on).
+    let writer_client =
+        kube::client::ClientBuilder::try_from(config).context("creating the Kubernetes client")?;
+    let metrics = Arc::new(Metrics::new());
+    let health = Health::new(STALE_AFTER);
+    let listener = http::bind(opts.metrics_addr).await?;
+    let server = tokio::spawn(http::serve(listener, metrics.clone(), health.clone()));
+
+    // Nothing below waits for the API server: detection starts at once,
+    // the reflectors and the writer retry in the background.
+    let observer: Arc<dyn writer::Observer> = metrics.clone();
+    let (view, watchers) =
+        view::ClusterView::start(client.clone(), &opts.node, Some(Arc::clone(&observer)));
+    let shared = writer::Shared::new(events::Recorder::new(opts.events.clone()));
+    // Taking over an earlier process's open Events lists pages of them:
+    // bulk work, done here at normal priority. The writes wait for it.
+    let (recovered_tx, recovered_rx) = tokio::sync::oneshot::channel();
+    let recovery = tokio::spawn({
+        let (client, shared, observer) =
+            (client.clone(), Arc::clone(&shared), Arc::clone(&observer));
+        async move {
+            writer::recover(&client, &shared, Some(&*observer)).await;
+            let _ = recovered_tx.send(());
+        }
+    });
+    let companion = agent::Companion {
+        task: Box::pin({
+            let (shared, observer) = (Arc::clone(&shared), Arc::clone(&observer));
+            async move {
+                if recovered_rx.await.is_ok() {
+                    writer::write(writer_client.build(), shared, Some(observer)).await
+                }
+            }
+        }),
+        drain: Box::pin(final_flush(Arc::clone(&shared))),
+    };
+    let board = status::SharedBoard::new(
+        status::Board::new(
+            opts.events.min_update_interval,
+            opts.events.unclaimed_clear_after,
+        )
+        .with_settle(status::SETTLE),
+    );
+    let status_api = status::StatusApi::new(
+        client.clone(),
+        status::node_manager(&opts.node),
+        status::node_entry_names(&opts.node),
+        Some(Arc::clone(&observer)),
+    );
+    let status_writer = tokio::spawn(status::run(status_api, Arc::clone(&board), client.clone()));
+    let sink = report::StatusSink {
+        node: opts.node.clone(),
+        board,
+    };
+    let reporter =
+        report::ClusterReporter::new(view, Arc::clone(&shared), metrics, health, Some(sink));
+    let result = agent::run(opts.agent, reporter, Some(companion)).await;
+
+    recovery.abort();
+    status_writer.abort();
+    server.abort();
+    for w in watchers {
+        w.abort();
+    }
+    result
+}
+
+/// Gives Events recorded at the end (the final reconcile) a moment to be
+/// written, on the runtime the writer runs on.
+async fn final_flush(shared: Arc<writer::Shared>) {
+    let deadline = tokio::time::Instant::now() + FINAL_FLUSH;
+    shared.wake();
+    while shared.lock().has_pending() && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    if shared.lock().has_pending() {
+        tracing::warn!("stopping with Events not yet written (API server slow or away)");
+    }
+}

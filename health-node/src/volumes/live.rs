@@ -1,0 +1,324 @@
+//! Pod volumes while `watch` runs: the index that annotates events, kept
+//! current, and the conditions of each volume from kernel errors, checks and
+//! CSI, printed when they change.
+//!
+//! The agent loop (`crate::agent`) calls in at four points: after each topology rescan
+//! ([`LiveVolumes::topology_changed`]), after a mount-table change
+//! ([`LiveVolumes::rediscover`]), with each batch of kernel errors
+//! ([`LiveVolumes::record`]), and in its select loop ([`next_wake`] then
+//! [`LiveVolumes::handle`]). Checks and CSI probes run in spawned tasks so
+//! that a hung volume never holds up the event stream. Each volume is
+//! checked on its own schedule (`schedule`) and its report applied as soon
+//! as it comes, so a hung volume never delays another's checks; a CSI round
+//! (every volume's node health and each driver's storage health) runs in a
+//! task of its own, at most one at a time.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use health_core::conditions::ConditionConfig;
+use health_csi::DriverOverride;
+use health_kernel::collector::KernelError;
+use health_topology::{MountEntry, Topology};
+use tokio::sync::Mutex;
+use tokio::task::JoinHandle;
+use tokio::time::{Instant, Interval, MissedTickBehavior};
+
+use super::schedule::{CheckSchedule, Checked};
+use super::{
+    CsiOutcome, CsiProber, IndexedVolume, StorageOutcome, VolumeChanges, VolumeIndex, VolumeKey,
+    VolumeMonitor,
+};
+use crate::volumes::checks::{CheckConfig, Checker};
+use crate::volumes::kubelet::{self, KubeletVolume};
+
+#[derive(Clone, Debug)]
+pub struct LiveVolumesConfig {
+    pub kubelet_root: PathBuf,
+    pub check: CheckConfig,
+    /// Checks and kubelet rediscovery.
+    pub check_interval: Duration,
+    /// CSI node health calls, per volume, and storage health calls, per
+    /// driver. Longer than the check interval by default: each is a request
+    /// to a driver, and kubelet itself asks only every minute or two.
+    pub csi_interval: Duration,
+    pub csi_overrides: Vec<DriverOverride>,
+    pub conditions: ConditionConfig,
+}
+
+/// Default interval of CSI node health calls.
+pub const DEFAULT_CSI_INTERVAL: Duration = Duration::from_secs(60);
+/// Kernel errors are handed to the condition machine at most this often, so
+/// a flood costs one observation per volume per interval.
+const KERNEL_FLUSH_EVERY: Duration = Duration::from_secs(1);
+
+/// What woke the volume side of the watch loop.
+#[derive(Debug)]
+pub enum Wake {
+    /// Rediscovery, kernel quiet windows, a CSI round when due.
+    CheckTick,
+    FlushKernel,
+    /// Some volume's check is due.
+    CheckDue,
+    /// One volume's check ended.
+    Checked(Checked),
+    /// A CSI round ended (`None`: no driver connection could be made).
+    Csi(Result<Option<CsiRound>, tokio::task::JoinError>),
+}
+
+/// One CSI cycle: each volume's answer and each driver's storage answer.
+#[derive(Debug)]
+pub struct CsiRound {
+    volumes: Vec<CsiOutcome>,
+    storage: Vec<StorageOutcome>,
+}
+
+/// What one [`LiveVolumes::handle`] or [`LiveVolumes::record`] produced.
+#[derive(Debug, Default)]
+pub struct Handled {
+    pub changes: Vec<VolumeChanges>,
+    /// CSI answers of a finished round (for metrics).
+    pub csi: Vec<CsiOutcome>,
+    /// Storage answers of a finished round, one per driver (for metrics).
+    pub storage: Vec<StorageOutcome>,
+}
+
+pub struct LiveVolumes {
+    cfg: LiveVolumesConfig,
+    /// Volumes dropped from the index since the last [`LiveVolumes::take_gone`].
+    gone: Vec<VolumeKey>,
+    discovered: Vec<KubeletVolume>,
+    monitor: VolumeMonitor,
+    checker: Checker,
+    csi: Arc<Mutex<Option<CsiProber>>>,
+    check_tick: Interval,
+    flush_tick: Interval,
+    next_csi: Instant,
+    csi_round: Option<JoinHandle<Option<CsiRound>>>,
+    schedule: CheckSchedule,
+    /// The mount table the checks use, shared with their tasks; replaced
+    /// with the index.
+    mounts: Arc<[MountEntry]>,
+}
+
+impl LiveVolumes {
+    /// Discovers the volumes now; the first check round starts at once.
+    pub fn new(cfg: LiveVolumesConfig, topo: &Topology) -> Self {
+        let discovered = kubelet::discover(&cfg.kubelet_root);
+        let index = VolumeIndex::build(topo, discovered.clone());
+        tracing::info!(
+            root = %cfg.kubelet_root.display(),
+            volumes = index.len(),
+            "watching pod volumes"
+        );
+        let mut check_tick = tokio::time::interval(cfg.check_interval);
+        check_tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        let mut flush_tick = tokio::time::interval(KERNEL_FLUSH_EVERY);
+        flush_tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        let mut schedule = CheckSchedule::new(cfg.check_interval);
+        schedule.sync(index.volumes(), Instant::now());
+        Self {
+            monitor: VolumeMonitor::new(index, cfg.conditions.clone()),
+            checker: Checker::new(cfg.check.clone()),
+            cfg,
+            gone: Vec::new(),
+            discovered,
+            csi: Arc::new(Mutex::new(None)),
+            check_tick,
+            flush_tick,
+            next_csi: Instant::now(),
+            csi_round: None,
+            schedule,
+            mounts: topo.mounts().into(),
+        }
+    }
+
+    /// Volume checks running now (each until its report or its timeout).
+    pub fn checks_running(&self) -> usize {
+        self.schedule.running()
+    }
+
+    /// Probes blocked in the kernel now (each holds a thread).
+    pub fn stuck_probes(&self) -> usize {
+        self.checker.stuck_probes()
+    }
+
+    pub fn index(&self) -> &VolumeIndex {
+        self.monitor.index()
+    }
+
+    /// One volume's conditions and probe history.
+    pub fn health(&self, key: &VolumeKey) -> Option<&health_core::conditions::VolumeHealth> {
+        self.monitor.health(key)
+    }
+
+    /// Re-resolves the known volumes against a new topology.
+    pub fn topology_changed(&mut self, topo: &Topology) {
+        self.rebuild(topo);
+    }
+
+    /// Reads the kubelet tree again (a mount change usually means a volume
+    /// came or went) and rebuilds the index.
+    pub fn rediscover(&mut self, topo: &Topology) {
+        self.discovered = kubelet::discover(&self.cfg.kubelet_root);
+        self.rebuild(topo);
+    }
+
+    fn rebuild(&mut self, topo: &Topology) {
+        let index = VolumeIndex::build(topo, self.discovered.clone());
+        let before = self.monitor.index().len();
+        let gone = self.monitor.replace_index(index);
+        if before != self.monitor.index().len() || !gone.is_empty() {
+            tracing::info!(
+                volumes = self.monitor.index().len(),
+                gone = gone.len(),
+                "pod volumes changed"
+            );
+        }
+        self.gone.extend(gone);
+        self.mounts = topo.mounts().into();
+        self.schedule
+            .sync(self.monitor.index().volumes(), Instant::now());
+    }
+
+    /// Volumes that left the index since the last call (pods deleted).
+    pub fn take_gone(&mut self) -> Vec<VolumeKey> {
+        std::mem::take(&mut self.gone)
+    }
+
+    /// Condition changes of volumes that joined with their driver's storage
+    /// conditions since the last call (the index is rebuilt outside
+    /// [`LiveVolumes::handle`] too, on mount changes).
+    pub fn take_inherited(&mut self) -> Vec<VolumeChanges> {
+        self.monitor.take_inherited()
+    }
+
+    /// Accounts a batch of kernel errors to their volumes. They reach the
+    /// condition machine on the next flush tick, or at once when they would
+    /// raise a condition not yet raised: the first report of a failure is
+    /// never held back, a flood's updates are.
+    pub fn record(&mut self, batch: &[KernelError]) -> Vec<VolumeChanges> {
+        let now = SystemTime::now();
+        for e in batch {
+            self.monitor.record(e, now);
+        }
+        if self.monitor.take_urgent() {
+            self.monitor.flush_kernel(now)
+        } else {
+            Vec::new()
+        }
+    }
+
+    /// Handles what [`next_wake`] returned.
+    pub fn handle(&mut self, wake: Wake, topo: &Topology) -> Handled {
+        let now = SystemTime::now();
+        let mut csi_out = Vec::new();
+        let mut storage_out = Vec::new();
+        let changes = match wake {
+            Wake::FlushKernel => self.monitor.flush_kernel(now),
+            Wake::CheckTick => {
+                self.rediscover(topo);
+                if self.csi_round.is_none() && Instant::now() >= self.next_csi {
+                    self.start_csi_round();
+                }
+                let mut changes = self.monitor.flush_kernel(now);
+                changes.extend(self.monitor.tick(now));
+                changes
+            }
+            // Started below, with any other volume due by now.
+            Wake::CheckDue => Vec::new(),
+            Wake::Checked(Checked { key, report }) => match report {
+                Ok(report) => self.monitor.apply_checks(now, vec![(key, report)]),
+                // No evidence: the volume keeps what it had.
+                Err(e) => {
+                    tracing::warn!(pod = %key.pod_uid, volume = %key.name, "a volume check failed: {e}");
+                    Vec::new()
+                }
+            },
+            Wake::Csi(result) => {
+                self.csi_round = None;
+                match result {
+                    Ok(Some(csi)) => {
+                        let mut changes = self.monitor.apply_csi(now, &csi.volumes);
+                        changes.extend(self.monitor.apply_storage(now, &csi.storage));
+                        csi_out = csi.volumes;
+                        storage_out = csi.storage;
+                        changes
+                    }
+                    Ok(None) => Vec::new(),
+                    Err(e) => {
+                        tracing::warn!("a CSI probe round failed: {e}");
+                        Vec::new()
+                    }
+                }
+            }
+        };
+        self.schedule.start_due(
+            Instant::now(),
+            self.monitor.index(),
+            &self.mounts,
+            &self.checker,
+        );
+        Handled {
+            changes,
+            csi: csi_out,
+            storage: storage_out,
+        }
+    }
+
+    fn start_csi_round(&mut self) {
+        let volumes: Vec<IndexedVolume> = self.monitor.index().volumes().to_vec();
+        self.next_csi = Instant::now() + self.cfg.csi_interval;
+        let csi = Arc::clone(&self.csi);
+        let root = self.cfg.kubelet_root.clone();
+        let overrides = self.cfg.csi_overrides.clone();
+        let timeout = self.cfg.check.timeout;
+        self.csi_round = Some(tokio::spawn(async move {
+            let mut guard = csi.lock().await;
+            match guard.as_mut() {
+                Some(p) => p.refresh(Some(&root)).await,
+                None => *guard = Some(CsiProber::connect(Some(&root), &overrides, timeout).await),
+            }
+            let p = guard.as_ref()?;
+            // One storage call per driver beside the volume calls: both
+            // bounded by the call timeout, so the cycle takes no longer
+            // than before.
+            let (volumes, storage) = tokio::join!(p.probe(&volumes), p.probe_storage());
+            Some(CsiRound { volumes, storage })
+        }));
+    }
+}
+
+/// Waits for the next thing the volume side must do; never resolves when
+/// volumes are not watched. Cancel-safe (ticks and the join handle are).
+pub async fn next_wake(volumes: &mut Option<LiveVolumes>) -> Wake {
+    let Some(v) = volumes else {
+        return std::future::pending().await;
+    };
+    let has_pending = v.monitor.has_pending();
+    let next_due = v.schedule.next_due();
+    tokio::select! {
+        _ = v.check_tick.tick() => Wake::CheckTick,
+        _ = v.flush_tick.tick(), if has_pending => Wake::FlushKernel,
+        _ = sleep_until(next_due) => Wake::CheckDue,
+        c = v.schedule.next_checked() => Wake::Checked(c),
+        r = wait_csi(&mut v.csi_round) => Wake::Csi(r),
+    }
+}
+
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn wait_csi(
+    round: &mut Option<JoinHandle<Option<CsiRound>>>,
+) -> Result<Option<CsiRound>, tokio::task::JoinError> {
+    match round {
+        Some(h) => h.await,
+        None => std::future::pending().await,
+    }
+}

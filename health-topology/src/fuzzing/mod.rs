@@ -1,0 +1,6 @@
+//! Fuzz entry points of this crate's parsers of outside input (mountinfo,
+//! sysfs); listed with every other target in `health_node::fuzz_targets`,
+//! whose doc gives the convention.
+
+pub mod mountinfo;
+pub mod sysfs;

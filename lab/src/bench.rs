@@ -1,0 +1,537 @@
+//! `cargo xtask bench`: measures the agent against real kernel errors and
+//! records the figures in BENCHMARKS.md.
+//!
+//! Four parts, each a submodule:
+//! * [`latency`]: from a failed request to the agent's line;
+//! * [`overhead`]: healthy I/O with and without the agent, A/B;
+//! * [`flood`]: exact totals, CPU and memory under an error flood;
+//! * [`micro`]: criterion benchmark of the per-event userspace path;
+//! * [`events`]: cluster mode, from a failed request to the Event request;
+//! * [`event_watch`]: cluster mode on the real API server, from a failed
+//!   request to the Warning at a client watching Events;
+//! * [`status`]: cluster mode, the VolumeHealth and label writes of an error
+//!   storm;
+//! * [`controller`]: `health-controller` over 10,000 volumes on a real
+//!   API server, and from a backend condition to the PVC's Event (needs no
+//!   root, only kube-apiserver).
+//!
+//! These are measurements, not tests: nothing here asserts a target, but
+//! every part checks that what it measured is real (errors reported equal
+//! errors injected) and fails loudly when it is not.
+
+mod agent;
+mod controller;
+pub mod dio;
+mod event_watch;
+mod events;
+mod flood;
+pub mod interrupt;
+mod latency;
+mod micro;
+mod overhead;
+mod report;
+mod stats;
+mod status;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+pub use agent::AgentProc;
+use anyhow::{bail, Context, Result};
+use xtask::build;
+use xtask::util::{cargo, is_root, output, run, say, workspace_root};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Part {
+    Latency,
+    Overhead,
+    Flood,
+    Micro,
+    Events,
+    EventWatch,
+    Status,
+    Controller,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct BenchArgs {
+    /// Run only these parts (comma-separated); all by default.
+    #[arg(long, value_delimiter = ',', value_enum)]
+    only: Vec<Part>,
+    /// Failed requests in the latency measurement.
+    #[arg(long, default_value_t = 1000)]
+    latency_errors: u32,
+    /// Pause after each failed request in the latency measurement, in ms (keeps
+    /// the rate under the agent's default budget of 100 samples/s per device per CPU).
+    #[arg(long, default_value_t = 11)]
+    latency_gap_ms: u64,
+    /// CPU-bound busy threads spinning through the latency measurement (the
+    /// machine has 2 cores: 4 is 2x oversubscription).
+    #[arg(long, default_value_t = 0)]
+    load: u32,
+    /// The agent's --event-priority in the latency measurement (rt, nice,
+    /// normal); the agent's default when not given.
+    #[arg(long)]
+    latency_priority: Option<String>,
+    /// A/B rounds per agent configuration in the overhead measurement.
+    #[arg(long, default_value_t = 10)]
+    rounds: u32,
+    /// Seconds of requests in each overhead run.
+    #[arg(long, default_value_t = 1.0)]
+    run_secs: f64,
+    /// Seconds of the error flood.
+    #[arg(long, default_value_t = 10.0)]
+    flood_secs: f64,
+    /// Writer threads in the error flood.
+    #[arg(long, default_value_t = 4)]
+    flood_threads: u32,
+    /// Run a second BPF tracing tool (an agent with tracefs programs) on the
+    /// same tracepoints during the flood; recorded in its own section.
+    #[arg(long)]
+    flood_beside_tracer: bool,
+    /// Rounds (failure, Events, recovery) in the event latency measurement.
+    #[arg(long, default_value_t = 60)]
+    event_rounds: u32,
+    /// Rounds (failure, Events, recovery) on the real API server in the
+    /// event-watch measurement (with `--load` busy threads).
+    #[arg(long, default_value_t = 40)]
+    event_watch_rounds: u32,
+    /// Print every API request of each event round with its time after the
+    /// failed request (on stderr), to see what the Events wait behind.
+    #[arg(long)]
+    event_trace: bool,
+    /// Run the agent with --early-block-errors in the event latency and
+    /// flood measurements (failed requests counted at block_rq_complete,
+    /// before the kernel prints them); recorded in their own sections.
+    #[arg(long)]
+    early_block_errors: bool,
+    /// Storms (errors, VolumeHealth writes, recovery) in the status measurement.
+    #[arg(long, default_value_t = 3)]
+    status_rounds: u32,
+    /// Failed writes per storm in the status measurement.
+    #[arg(long, default_value_t = 10_000)]
+    status_errors: u64,
+    /// PVs (and driver volumes) in the controller measurement.
+    #[arg(long, default_value_t = 10_000)]
+    controller_volumes: usize,
+    /// Rounds (condition, Warning, recovery, Normal) per monitor interval in
+    /// the controller measurement.
+    #[arg(long, default_value_t = 10)]
+    controller_rounds: u32,
+    /// Steady cycles measured per CSI driver kind in the controller measurement.
+    #[arg(long, default_value_t = 3)]
+    controller_cycles: u32,
+    /// PV creates in flight while setting up the controller measurement.
+    #[arg(long, default_value_t = 8)]
+    controller_in_flight: usize,
+    /// The controller's --monitor-interval with the per-volume Get driver, in
+    /// seconds (longer than a cycle, so calls are counted between cycles).
+    #[arg(long, default_value_t = 5.0)]
+    controller_get_interval: f64,
+    /// Print the results but leave BENCHMARKS.md alone.
+    #[arg(long)]
+    no_write: bool,
+}
+
+/// The binaries the measurements run.
+pub struct Tools {
+    pub agent: PathBuf,
+    pub faultdisk: PathBuf,
+}
+
+/// Builds the agent (with its kernel programs) and the faultdisk server, or
+/// takes both from HEALTH_AGENT_BIN and FAULTDISK_BIN.
+pub fn prepare() -> Result<Tools> {
+    if !is_root() {
+        bail!("this drives the real kernel (eBPF programs, loop devices, FUSE, mounts) and must run as root");
+    }
+    // Prebuilt binaries (e.g. from CI artifacts, or to repeat a run against
+    // the very same build): both given means nothing is built.
+    if let (Some(agent), Some(faultdisk)) = (
+        std::env::var_os("HEALTH_AGENT_BIN"),
+        std::env::var_os("FAULTDISK_BIN"),
+    ) {
+        let tools = Tools {
+            agent: PathBuf::from(agent),
+            faultdisk: PathBuf::from(faultdisk),
+        };
+        for bin in [&tools.agent, &tools.faultdisk] {
+            if !bin.is_file() {
+                bail!(
+                    "{} (from HEALTH_AGENT_BIN / FAULTDISK_BIN) does not exist",
+                    bin.display()
+                );
+            }
+        }
+        say(format!("using {} and {} as they are (HEALTH_AGENT_BIN and FAULTDISK_BIN are set; nothing built)", tools.agent.display(), tools.faultdisk.display()));
+        health_tests::require_env(&[])?;
+        return Ok(tools);
+    }
+    let built = build::all()?;
+    // bootstrap (inside build::all) installs the tools; check them anyway so a
+    // missing one is named with its package before anything is set up.
+    health_tests::require_env(&[])?;
+    say("building the faultdisk server (release)");
+    run(cargo().current_dir(workspace_root()).args([
+        "build",
+        "--release",
+        "--package",
+        "health-tests",
+        "--bin",
+        "faultdisk",
+    ]))?;
+    let faultdisk = build::target_dir().join("release/faultdisk");
+    if !faultdisk.is_file() {
+        bail!("the build succeeded but {} is missing", faultdisk.display());
+    }
+    Ok(Tools {
+        agent: built.agent,
+        faultdisk,
+    })
+}
+
+/// Progress on stderr, so stdout stays for results.
+pub fn say_progress(msg: impl AsRef<str>) {
+    say(msg);
+}
+
+/// What the figures were measured on.
+struct Machine {
+    date: String,
+    kernel: String,
+    cpu: String,
+    cores: usize,
+    mem_gib: f64,
+    commit: String,
+}
+
+impl Machine {
+    fn read() -> Machine {
+        let date = time::OffsetDateTime::now_utc()
+            .format(time::macros::format_description!(
+                "[year]-[month]-[day] [hour]:[minute] UTC"
+            ))
+            .unwrap_or_else(|_| "unknown date".into());
+        let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+            .map_or_else(|_| "unknown".into(), |s| s.trim().to_string());
+        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+        let cpu = cpuinfo
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix("model name")
+                    .and_then(|r| r.split_once(':'))
+                    .map(|(_, v)| v.trim().to_string())
+            })
+            .unwrap_or_else(|| "unknown CPU".into());
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let mem_gib = std::fs::read_to_string("/proc/meminfo")
+            .ok()
+            .and_then(|m| {
+                m.lines()
+                    .find_map(|l| l.strip_prefix("MemTotal:"))
+                    .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+            })
+            .map_or(0.0, |kb| kb / 1024.0 / 1024.0);
+        let commit = output(
+            Command::new("git")
+                .current_dir(workspace_root())
+                .args(["describe", "--always", "--dirty"]),
+        )
+        .map_or_else(|_| "unknown".into(), |s| s.trim().to_string());
+        Machine {
+            date,
+            kernel,
+            cpu,
+            cores,
+            mem_gib,
+            commit,
+        }
+    }
+
+    /// The italic line heading each result block. Called right after the
+    /// part ran, so the load average describes the machine during it: on a
+    /// shared machine that explains more of the variance than anything else.
+    fn line(&self, command: &str, took: Duration) -> String {
+        let load = std::fs::read_to_string("/proc/loadavg")
+            .ok()
+            .and_then(|l| l.split_whitespace().next().map(str::to_string))
+            .unwrap_or_else(|| "?".into());
+        format!(
+            "_Measured {} on Linux {}, {} ({} cores), {:.0} GiB RAM; commit {}; `{command}`, {:.0} s; \
+             1-minute load average {load} at the end._\n\n",
+            self.date,
+            self.kernel,
+            self.cpu,
+            self.cores,
+            self.mem_gib,
+            self.commit,
+            took.as_secs_f64()
+        )
+    }
+}
+
+/// Runs the selected parts, prints their headlines and updates BENCHMARKS.md.
+pub fn run_bench(args: &BenchArgs) -> Result<()> {
+    interrupt::install()?;
+    let started = Instant::now();
+    let parts: Vec<Part> = if args.only.is_empty() {
+        vec![
+            Part::Latency,
+            Part::Overhead,
+            Part::Flood,
+            Part::Micro,
+            Part::Events,
+            Part::EventWatch,
+            Part::Status,
+            Part::Controller,
+        ]
+    } else {
+        args.only.clone()
+    };
+    // The controller part drives no kernel: it needs neither root nor the
+    // kernel programs, only its two binaries.
+    let kernel_tools = if parts.iter().any(|p| *p != Part::Controller) {
+        Some(prepare()?)
+    } else {
+        None
+    };
+    let tools = || {
+        kernel_tools
+            .as_ref()
+            .context("the kernel parts' tools were not prepared")
+    };
+    let controller_tools = if parts.contains(&Part::Controller) {
+        Some(controller::prepare()?)
+    } else {
+        None
+    };
+    let machine = Machine::read();
+    let file = workspace_root().join("BENCHMARKS.md");
+    let mut headlines = Vec::new();
+    let mut inexact = false;
+    for part in parts {
+        interrupt::check()?;
+        let t = Instant::now();
+        let (id, command, headline, body) = match part {
+            Part::Latency => {
+                say(format!(
+                    "latency: {} failing writes, {} ms apart, {} busy threads",
+                    args.latency_errors, args.latency_gap_ms, args.load
+                ));
+                let cfg = latency::Config {
+                    errors: args.latency_errors,
+                    gap: Duration::from_millis(args.latency_gap_ms),
+                    load: args.load,
+                    event_priority: args.latency_priority.clone(),
+                };
+                let r = latency::run(tools()?, &cfg)?;
+                let priority = args
+                    .latency_priority
+                    .as_ref()
+                    .map(|p| format!(" --latency-priority {p}"))
+                    .unwrap_or_default();
+                (
+                    "latency",
+                    format!(
+                        "cargo xtask bench --only latency --latency-errors {} --latency-gap-ms {} --load {}{priority}",
+                        args.latency_errors, args.latency_gap_ms, args.load
+                    ),
+                    r.headline(),
+                    r.markdown(),
+                )
+            }
+            Part::Overhead => {
+                say(format!(
+                    "overhead: {} A/B rounds per configuration",
+                    args.rounds
+                ));
+                let cfg = overhead::Config {
+                    rounds: args.rounds,
+                    run_time: Duration::try_from_secs_f64(args.run_secs).context("--run-secs")?,
+                };
+                let r = overhead::run(tools()?, &cfg)?;
+                (
+                    "overhead",
+                    format!(
+                        "cargo xtask bench --only overhead --rounds {} --run-secs {}",
+                        args.rounds, args.run_secs
+                    ),
+                    r.headline(),
+                    r.markdown(Path::new("/dev/shm")),
+                )
+            }
+            Part::Flood => {
+                say(format!(
+                    "flood: {} writers failing for {} s",
+                    args.flood_threads, args.flood_secs
+                ));
+                let cfg = flood::Config {
+                    threads: args.flood_threads,
+                    duration: Duration::try_from_secs_f64(args.flood_secs)
+                        .context("--flood-secs")?,
+                    beside_tracer: args.flood_beside_tracer,
+                    early_block_errors: args.early_block_errors,
+                };
+                let r = flood::run(tools()?, &cfg)?;
+                // Recorded anyway (the file says NOT EXACT), then reported
+                // as a failure once everything else ran.
+                inexact |= !r.exact() && !r.accounted();
+                let id = match (args.flood_beside_tracer, args.early_block_errors) {
+                    (true, true) => "flood-beside-early",
+                    (true, false) => "flood-beside",
+                    (false, true) => "flood-early",
+                    (false, false) => "flood",
+                };
+                let flag = |on: bool, name: &'static str| if on { name } else { "" };
+                let beside = [
+                    flag(args.flood_beside_tracer, " --flood-beside-tracer"),
+                    flag(args.early_block_errors, " --early-block-errors"),
+                ]
+                .concat();
+                (
+                    id,
+                    format!(
+                        "cargo xtask bench --only flood --flood-threads {} --flood-secs {}{beside}",
+                        args.flood_threads, args.flood_secs
+                    ),
+                    r.headline(),
+                    r.markdown(),
+                )
+            }
+            Part::Events => {
+                say(format!(
+                    "events: {} rounds of failure, Events, recovery",
+                    args.event_rounds
+                ));
+                let r = events::run(
+                    tools()?,
+                    &events::Config {
+                        rounds: args.event_rounds,
+                        trace: args.event_trace,
+                        early_block_errors: args.early_block_errors,
+                    },
+                )?;
+                let (id, early) = if args.early_block_errors {
+                    ("events-early", " --early-block-errors")
+                } else {
+                    ("events", "")
+                };
+                (
+                    id,
+                    format!(
+                        "cargo xtask bench --only events --event-rounds {}{early}",
+                        args.event_rounds
+                    ),
+                    r.headline(),
+                    r.markdown(),
+                )
+            }
+            Part::Status => {
+                say(format!(
+                    "status: {} storms of {} errors, VolumeHealth writes, recovery",
+                    args.status_rounds, args.status_errors
+                ));
+                let r = status::run(
+                    tools()?,
+                    &status::Config {
+                        rounds: args.status_rounds,
+                        errors: args.status_errors,
+                    },
+                )?;
+                (
+                    "status",
+                    format!(
+                        "cargo xtask bench --only status --status-rounds {} --status-errors {}",
+                        args.status_rounds, args.status_errors
+                    ),
+                    r.headline(),
+                    r.markdown(),
+                )
+            }
+            Part::Controller => {
+                say(format!(
+                    "controller: {} volumes, {} rounds per interval",
+                    args.controller_volumes, args.controller_rounds
+                ));
+                let cfg = controller::Config {
+                    volumes: args.controller_volumes,
+                    rounds: args.controller_rounds,
+                    cycles: args.controller_cycles,
+                    in_flight: args.controller_in_flight,
+                    get_interval: args.controller_get_interval,
+                };
+                let bins = controller_tools
+                    .as_ref()
+                    .context("the controller's tools were not prepared")?;
+                let r = controller::run(bins, &cfg)?;
+                (
+                    "controller",
+                    format!(
+                        "cargo xtask bench --only controller --controller-volumes {} --controller-rounds {} --controller-cycles {} --controller-get-interval {}",
+                        args.controller_volumes,
+                        args.controller_rounds,
+                        args.controller_cycles,
+                        args.controller_get_interval
+                    ),
+                    r.headline(),
+                    r.markdown(),
+                )
+            }
+            Part::EventWatch => {
+                say(format!(
+                    "event-watch: {} rounds on the real API server, {} busy threads",
+                    args.event_watch_rounds, args.load
+                ));
+                let r = event_watch::run(
+                    tools()?,
+                    &event_watch::Config {
+                        rounds: args.event_watch_rounds,
+                        load: args.load,
+                    },
+                )?;
+                let id = if args.load > 0 {
+                    "event-watch-load"
+                } else {
+                    "event-watch"
+                };
+                (
+                    id,
+                    format!(
+                        "cargo xtask bench --only event-watch --event-watch-rounds {} --load {}",
+                        args.event_watch_rounds, args.load
+                    ),
+                    r.headline(),
+                    r.markdown(),
+                )
+            }
+            Part::Micro => {
+                say("micro: criterion benchmark of the event path");
+                let r = micro::run_all(Duration::from_secs(1), Duration::from_secs(3))?;
+                (
+                    "micro",
+                    "cargo xtask bench --only micro".to_string(),
+                    r.headline(),
+                    r.markdown(),
+                )
+            }
+        };
+        say(&headline);
+        headlines.push(headline);
+        let body = format!("{}{body}", machine.line(&command, t.elapsed()));
+        if args.no_write {
+            println!("\n{body}");
+        } else {
+            report::update(&file, id, &body)?;
+        }
+    }
+    println!("{}", headlines.join("\n"));
+    if !args.no_write {
+        say(format!("results written to {}", file.display()));
+    }
+    say(format!("took {:.0} s", started.elapsed().as_secs_f64()));
+    if inexact {
+        bail!("the agent's totals under the flood did not match what was injected, and the difference was not reported (see above)");
+    }
+    Ok(())
+}

@@ -1,0 +1,61 @@
+//! `health-lab`: the built agent driven end to end on this machine, run by
+//! `cargo xtask bench`, `cargo xtask demo` and `cargo xtask kind`.
+//!
+//! [`bench`] measures it against real kernel errors and writes
+//! BENCHMARKS.md; [`demo`] shows it catching errors on a fault disk;
+//! [`kind`] installs it into a kind cluster. All three use the test
+//! harness (`health-tests`: fault disks, filesystems, the API servers) and
+//! xtask's library (building the agent, its image).
+
+mod bench;
+mod demo;
+mod kind;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "health-lab",
+    about = "volume-health end to end on this machine"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Measure latency, overhead, an error flood and the event path (root); updates BENCHMARKS.md.
+    Bench(bench::BenchArgs),
+    /// Show the agent catching real I/O errors on a fault disk (root, ~1 minute).
+    Demo,
+    /// End to end in a kind cluster: image, deploy/, a failing disk, Events (needs docker, kind, kubectl).
+    Kind(kind::KindArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Bench(args) => bench::run_bench(&args),
+        Command::Demo => demo::run(),
+        Command::Kind(args) => kind::run(&args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        // Ctrl-C: everything was cleaned up on the way out; exit as a shell
+        // reports a SIGINT.
+        Err(e) if e.is::<bench::interrupt::Interrupted>() || bench::interrupt::interrupted() => {
+            if !e.is::<bench::interrupt::Interrupted>() {
+                eprintln!("health-lab: stopped by a signal: {e:#}");
+            }
+            eprintln!("health-lab: interrupted");
+            ExitCode::from(130)
+        }
+        Err(e) => {
+            eprintln!("health-lab: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,352 @@
+//! `deploy/` and the Helm chart as the real tools render them, for old and
+//! new clusters.
+//!
+//! Two renderings of the node agent exist, and every way of producing one
+//! must give exactly one of them, each object parsed into its typed
+//! k8s-openapi object (strictly: see deploy_common::typed):
+//! - old (any supported cluster, 1.26+): the files of `deploy/`, no mount
+//!   with `recursiveReadOnly`. `kubectl kustomize deploy/`; `helm template`
+//!   for a cluster before 1.31, or with `recursiveReadOnly=disabled`.
+//! - new (1.31+, where the API server keeps the field by default): the same
+//!   objects with `recursiveReadOnly: IfPossible` on exactly the mounts
+//!   `MOUNTS` marks recursive and nothing else changed. A kustomization
+//!   naming `deploy/` and `deploy/components/recursive-read-only` (as
+//!   README's Deploy section tells users to write it); `helm template` for
+//!   1.31 and newer, or with `recursiveReadOnly=enabled`.
+//!
+//! helm and kubectl: HELM_BIN / KUBECTL_BIN, the xtask tools cache, or PATH
+//! (`cargo xtask tools` installs them). Whether a real 1.26 API server takes
+//! the old rendering and refuses the new one is
+//! tests/tests/apiserver_deploy.rs (crate health-tests).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+mod deploy_common;
+
+use deploy_common::agent_objects::{
+    agent, by_key, deploy_objects, env_value, mount_path_of_host_path, name, namespace_of,
+    parse_documents, pod_spec, split, Parsed, MOUNTS,
+};
+use deploy_common::{chart_dir, deploy_dir, read, run_tool, tool};
+use serde_json::Value;
+
+/// The value the new rendering sets on each recursive mount.
+const RECURSIVE: &str = "IfPossible";
+/// The Component that turns the old rendering into the new one.
+const COMPONENT: &str = "components/recursive-read-only";
+
+type Objects = BTreeMap<(String, String, String), Value>;
+
+fn kustomize(dir: &Path) -> Vec<Parsed> {
+    let home = tempfile::tempdir().unwrap();
+    let text = run_tool(
+        &tool("KUBECTL_BIN", "kubectl"),
+        &["kustomize", dir.to_str().unwrap()],
+        home.path(),
+    );
+    parse_documents(&text, &format!("kubectl kustomize {}", dir.display()))
+}
+
+/// deploy/ with the Component, through a kustomization of the user's kind
+/// (one inside deploy/ cannot name deploy/: kustomize refuses the cycle).
+fn kustomize_with_component() -> Vec<Parsed> {
+    let user = tempfile::tempdir().unwrap();
+    health_tests::k8s_tools::write_kustomization(
+        user.path(),
+        &[&deploy_dir()],
+        &[&deploy_dir().join(COMPONENT)],
+    )
+    .unwrap_or_else(|e| panic!("{e:#}"));
+    kustomize(user.path())
+}
+
+fn helm_template(extra: &[&str]) -> Vec<Parsed> {
+    let home = tempfile::tempdir().unwrap();
+    let chart = chart_dir();
+    let chart = chart.to_str().unwrap();
+    // crds/ too: the CRD is part of what deploy/ holds.
+    let mut args = vec!["template", "volume-health", chart, "--include-crds"];
+    args.extend_from_slice(extra);
+    let text = run_tool(&tool("HELM_BIN", "helm"), &args, home.path());
+    parse_documents(&text, &format!("helm template {extra:?}"))
+}
+
+/// `helm template` that must fail: its stderr.
+fn helm_template_refused(extra: &[&str]) -> String {
+    let home = tempfile::tempdir().unwrap();
+    let chart = chart_dir();
+    let mut args = vec!["template", "volume-health", chart.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    let out = health_tests::k8s_tools::output(&tool("HELM_BIN", "helm"), &args, home.path())
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    assert!(!out.status.success(), "helm template {extra:?} succeeded");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// The mount paths that carry recursiveReadOnly (each must say
+/// `IfPossible`), and the objects with the field taken out.
+fn take_recursive(objects: &[Parsed], origin: &str) -> (BTreeSet<String>, Objects) {
+    let mut paths = BTreeSet::new();
+    let mut rest = by_key(objects, origin);
+    for json in rest.values_mut() {
+        // pointer_mut: indexing with [] would insert nulls into other kinds.
+        let containers = json
+            .pointer_mut("/spec/template/spec/containers")
+            .and_then(Value::as_array_mut);
+        for container in containers.into_iter().flatten() {
+            let mounts = container
+                .pointer_mut("/volumeMounts")
+                .and_then(Value::as_array_mut);
+            for mount in mounts.into_iter().flatten() {
+                let path = mount["mountPath"].as_str().unwrap_or_default().to_string();
+                let Some(value) = mount.as_object_mut().unwrap().remove("recursiveReadOnly") else {
+                    continue;
+                };
+                assert_eq!(value, RECURSIVE, "{origin}: {path}");
+                assert_eq!(mount["readOnly"], true, "{origin}: {path} is not readOnly");
+                assert!(paths.insert(path.clone()), "{origin}: {path} twice");
+            }
+        }
+    }
+    (paths, rest)
+}
+
+fn files() -> Objects {
+    by_key(&deploy_objects(), "deploy/")
+}
+
+/// The objects of deploy/, no mount recursively read-only.
+fn assert_old(objects: &[Parsed], origin: &str) {
+    let (recursive, rest) = take_recursive(objects, origin);
+    assert_eq!(
+        recursive,
+        BTreeSet::new(),
+        "{origin}: recursiveReadOnly mounts"
+    );
+    assert_objects(&rest, origin);
+}
+
+/// The objects of deploy/ with recursiveReadOnly on exactly the recursive
+/// mounts of MOUNTS.
+fn assert_new(objects: &[Parsed], origin: &str) {
+    let (recursive, rest) = take_recursive(objects, origin);
+    let expected: BTreeSet<String> = MOUNTS
+        .iter()
+        .filter(|m| m.recursive)
+        .map(|m| m.mount.to_string())
+        .collect();
+    assert_eq!(expected.len(), 3, "/host/proc, /sys and /dev");
+    assert_eq!(recursive, expected, "{origin}: recursiveReadOnly mounts");
+    assert_objects(&rest, origin);
+}
+
+fn assert_objects(rendered: &Objects, origin: &str) {
+    let files = files();
+    assert_eq!(
+        rendered.keys().collect::<Vec<_>>(),
+        files.keys().collect::<Vec<_>>(),
+        "{origin}: objects"
+    );
+    for (key, value) in &files {
+        assert_eq!(
+            &rendered[key], value,
+            "{key:?} differs between {origin} and deploy/"
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------
+// kustomize
+
+#[test]
+fn kustomize_renders_the_files_unchanged() {
+    assert_old(&kustomize(&deploy_dir()), "kubectl kustomize deploy/");
+}
+
+#[test]
+fn the_component_adds_recursive_read_only_to_exactly_its_mounts() {
+    let text = read(&deploy_dir().join(COMPONENT).join("kustomization.yaml"));
+    let component: Value = serde_yaml::from_str(&text).unwrap();
+    assert_eq!(component["kind"], "Component");
+    assert_eq!(component["apiVersion"], "kustomize.config.k8s.io/v1alpha1");
+    assert_new(&kustomize_with_component(), "deploy/ + the Component");
+}
+
+#[test]
+fn a_kustomization_of_the_user_names_deploy_by_relative_paths() {
+    let user = tempfile::tempdir().unwrap();
+    health_tests::k8s_tools::write_kustomization(
+        user.path(),
+        &[&deploy_dir()],
+        &[&deploy_dir().join(COMPONENT)],
+    )
+    .unwrap();
+    let written: Value =
+        serde_yaml::from_str(&read(&user.path().join("kustomization.yaml"))).unwrap();
+    let deploy = deploy_dir().canonicalize().unwrap();
+    let resolved = |v: &Value| {
+        let p = user.path().join(v.as_str().unwrap());
+        assert!(v.as_str().unwrap().starts_with("../"), "{v}");
+        p.canonicalize().unwrap()
+    };
+    assert_eq!(written["resources"].as_array().unwrap().len(), 1);
+    assert_eq!(resolved(&written["resources"][0]), deploy);
+    assert_eq!(written["components"].as_array().unwrap().len(), 1);
+    assert_eq!(resolved(&written["components"][0]), deploy.join(COMPONENT));
+}
+
+// ---------------------------------------------------------------------------
+// helm
+
+#[test]
+fn helm_lints_and_renders_deploy_for_each_cluster_version() {
+    let home = tempfile::tempdir().unwrap();
+    let chart = chart_dir();
+    run_tool(
+        &tool("HELM_BIN", "helm"),
+        &["lint", "--strict", chart.to_str().unwrap()],
+        home.path(),
+    );
+    // 1.30 has the field behind an alpha gate that is off by default: the
+    // server would drop it, so it is not sent.
+    for version in ["1.26.1", "1.30.0", "v1.30.14+k3s1"] {
+        assert_old(
+            &helm_template(&["--kube-version", version]),
+            &format!("helm template --kube-version {version}"),
+        );
+    }
+    for version in ["1.31.0", "1.33.0", "v1.31.2-eks-7f9249a"] {
+        assert_new(
+            &helm_template(&["--kube-version", version]),
+            &format!("helm template --kube-version {version}"),
+        );
+    }
+    let refused = helm_template_refused(&["--kube-version", "1.25.16"]);
+    assert!(
+        refused.contains(
+            "chart requires kubeVersion: >=1.26.0-0 which is incompatible with Kubernetes v1.25.16"
+        ),
+        "{refused}"
+    );
+}
+
+/// Without --kube-version, helm renders for its own client's version.
+#[test]
+fn helm_renders_for_its_own_kube_version_by_default() {
+    let home = tempfile::tempdir().unwrap();
+    let version = run_tool(
+        &tool("HELM_BIN", "helm"),
+        &["version", "--template", "{{.KubeClientVersion}}"],
+        home.path(),
+    );
+    let minor: u32 = version
+        .trim()
+        .strip_prefix("v1.")
+        .and_then(|m| m.split('.').next())
+        .and_then(|m| m.parse().ok())
+        .unwrap_or_else(|| panic!("helm's Kubernetes version: {version:?}"));
+    let rendered = helm_template(&[]);
+    let origin = format!(
+        "helm template (helm's default, Kubernetes {})",
+        version.trim()
+    );
+    if minor >= 31 {
+        assert_new(&rendered, &origin);
+    } else {
+        assert_old(&rendered, &origin);
+    }
+}
+
+#[test]
+fn the_recursive_read_only_value_overrides_the_version() {
+    assert_new(
+        &helm_template(&[
+            "--kube-version",
+            "1.26.1",
+            "--set",
+            "recursiveReadOnly=enabled",
+        ]),
+        "helm template --kube-version 1.26.1 recursiveReadOnly=enabled",
+    );
+    assert_old(
+        &helm_template(&[
+            "--kube-version",
+            "1.33.0",
+            "--set",
+            "recursiveReadOnly=disabled",
+        ]),
+        "helm template --kube-version 1.33.0 recursiveReadOnly=disabled",
+    );
+    let refused = helm_template_refused(&["--set", "recursiveReadOnly=yes"]);
+    assert!(
+        refused.contains(r#"recursiveReadOnly must be auto, enabled or disabled, not "yes""#),
+        "{refused}"
+    );
+}
+
+#[test]
+fn helm_values_change_what_they_claim_to() {
+    let objects = helm_template(&[
+        "--set",
+        "privileged=true",
+        "--set",
+        "extraArgs={--flush-errors,--event-writes-per-minute=10}",
+        "--set",
+        "namespace.name=storage-watch",
+        "--set",
+        "metrics.port=9900",
+        "--set",
+        "kubeletRoot=/data/kubelet",
+        "--set",
+        "image.repository=registry.example/vh,image.tag=1.2.3",
+        "--set",
+        "nodeSelector.disk=ssd",
+    ]);
+    let d = split(&objects, "helm template --set ...");
+    let ds = &d.daemon_set;
+    let c = agent(ds);
+    assert_eq!(c.image.as_deref(), Some("registry.example/vh:1.2.3"));
+    assert_eq!(
+        c.args.clone().unwrap(),
+        ["run", "--flush-errors", "--event-writes-per-minute=10"]
+    );
+    let sc = c.security_context.clone().unwrap();
+    assert_eq!(sc.privileged, Some(true));
+    assert!(sc.capabilities.is_none() && sc.allow_privilege_escalation.is_none());
+    assert_eq!(env_value(c, "HEALTH_METRICS_ADDR"), "0.0.0.0:9900");
+    assert_eq!(c.ports.as_ref().unwrap()[0].container_port, 9900);
+    assert_eq!(d.service.spec.unwrap().ports.unwrap()[0].port, 9900);
+    assert_eq!(env_value(c, "HEALTH_KUBELET_ROOT"), "/data/kubelet");
+    assert_eq!(
+        mount_path_of_host_path(ds, "/data/kubelet"),
+        "/data/kubelet"
+    );
+    let selector = pod_spec(ds).node_selector.clone().unwrap();
+    assert_eq!(selector.get("disk").map(String::as_str), Some("ssd"));
+    assert_eq!(name(&d.namespace.metadata), "storage-watch");
+    for ns in [
+        namespace_of(&ds.metadata),
+        namespace_of(&d.service_account.metadata),
+        namespace_of(&d.service.metadata),
+        d.binding.subjects.as_ref().unwrap()[0]
+            .namespace
+            .as_deref()
+            .unwrap(),
+    ] {
+        assert_eq!(ns, "storage-watch");
+    }
+    // Without the namespace and the Service, the rest stays.
+    let fewer = helm_template(&["--set", "namespace.create=false,metrics.service=false"]);
+    let kinds: BTreeSet<String> = fewer.iter().map(|p| p.key().0).collect();
+    let expected: BTreeSet<String> = [
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "CustomResourceDefinition",
+        "DaemonSet",
+        "ServiceAccount",
+    ]
+    .map(String::from)
+    .into();
+    assert_eq!(kinds, expected);
+}

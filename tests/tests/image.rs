@@ -1,0 +1,459 @@
+//! `cargo xtask image` as independent tools see its archive: skopeo reads
+//! it, umoci unpacks it, the agent runs from the unpacked root filesystem
+//! alone (chroot, mounts as the DaemonSet has them) and attaches its
+//! programs; the Dockerfile says the same entrypoint and command; two
+//! builds of one commit are the same bytes.
+//!
+//! Root and the real tools are required (`cargo xtask test` installs
+//! skopeo and umoci); a missing one fails the test with its package named.
+//! The image is built once per run (the agent from `HEALTH_AGENT_BIN`, as
+//! the other real-kernel tests use) and shared; the files stay in the test
+//! binary's scratch directory under target/ for a look after a failure.
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+use anyhow::{anyhow, bail, ensure, Context, Result};
+use health_tests::cmd;
+use serde_json::Value;
+
+const SOURCE: &str = "https://example.org/volume-health";
+const TAG: &str = "image-test";
+const FULL_NAME: &str = "docker.io/library/volume-health-agent:image-test";
+
+/// The root filesystem of the image on amd64 built on Debian bookworm (the
+/// README's build host, merged /usr): the agent, the controller and exactly
+/// the files their dynamic loader needs, with the host's symlinks. Type, mode, path, link.
+const ROOTFS_AMD64: &[&str] = &[
+    "l 777 lib -> usr/lib",
+    "l 777 lib64 -> usr/lib64",
+    "d 755 usr",
+    "d 755 usr/lib",
+    "d 755 usr/lib/x86_64-linux-gnu",
+    "f 755 usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2",
+    "f 755 usr/lib/x86_64-linux-gnu/libc.so.6",
+    "f 644 usr/lib/x86_64-linux-gnu/libgcc_s.so.1",
+    "f 644 usr/lib/x86_64-linux-gnu/libm.so.6",
+    "d 755 usr/lib64",
+    "l 777 usr/lib64/ld-linux-x86-64.so.2 -> /lib/x86_64-linux-gnu/ld-linux-x86-64.so.2",
+    "d 755 usr/local",
+    "d 755 usr/local/bin",
+    "f 755 usr/local/bin/health-agent",
+    "f 755 usr/local/bin/health-controller",
+];
+
+/// The xtask binary: `HEALTH_XTASK_BIN` (`cargo xtask test` sets it to
+/// itself), else the workspace's debug build, which `cargo xtask` runs.
+fn xtask_bin() -> PathBuf {
+    std::env::var_os("HEALTH_XTASK_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/debug/xtask"))
+}
+
+fn scratch() -> PathBuf {
+    PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("image-test")
+}
+
+fn agent() -> Result<PathBuf> {
+    health_tests::agent::agent_bin()
+}
+
+/// `cargo xtask image --agent AGENT --controller CONTROLLER --output OUT`
+/// with this test's name.
+fn build_image(agent: &Path, out: &Path) -> Result<()> {
+    let xtask = xtask_bin();
+    let result = Command::new(&xtask)
+        .args(["image", "--tag", TAG, "--source", SOURCE, "--agent"])
+        .arg(agent)
+        .arg("--controller")
+        .arg(health_tests::agent::controller_bin()?)
+        .arg("--output")
+        .arg(out)
+        .output()
+        .with_context(|| format!("starting {}", xtask.display()))?;
+    if !result.status.success() {
+        bail!(
+            "xtask image failed ({}): {}",
+            result.status,
+            String::from_utf8_lossy(&result.stderr)
+        );
+    }
+    Ok(())
+}
+
+/// What every test shares: the archive, and what skopeo and umoci made of it.
+struct Built {
+    archive: PathBuf,
+    /// `skopeo inspect` and `skopeo inspect --config`.
+    inspect: Value,
+    config: Value,
+    /// The unpacked root filesystem and its listing taken right after
+    /// unpacking (a later test adds mount points to it).
+    rootfs: PathBuf,
+    listing: Vec<String>,
+}
+
+fn built() -> Result<&'static Built> {
+    static BUILT: OnceLock<std::result::Result<Built, String>> = OnceLock::new();
+    BUILT
+        .get_or_init(|| build_and_unpack().map_err(|e| format!("{e:#}")))
+        .as_ref()
+        .map_err(|e| anyhow!("building and unpacking the image: {e}"))
+}
+
+fn build_and_unpack() -> Result<Built> {
+    health_tests::require_root()?;
+    cmd::require_tools(cmd::IMAGE_TEST_TOOLS)?;
+    let dir = scratch();
+    if dir.exists() {
+        std::fs::remove_dir_all(&dir).with_context(|| format!("removing {}", dir.display()))?;
+    }
+    std::fs::create_dir_all(&dir)?;
+    let archive = dir.join("first.oci.tar");
+    build_image(&agent()?, &archive)?;
+    // Selected by the tag (org.opencontainers.image.ref.name).
+    let reference = format!("oci-archive:{}:{TAG}", archive.display());
+    let inspect = json(&cmd::run("skopeo", &["inspect", &reference])?.stdout)?;
+    let config = json(&cmd::run("skopeo", &["inspect", "--config", &reference])?.stdout)?;
+    let layout = format!("oci:{}:{TAG}", dir.join("layout").display());
+    cmd::run("skopeo", &["copy", "--quiet", &reference, &layout])?;
+    let bundle = dir.join("bundle");
+    let image = format!("{}:{TAG}", dir.join("layout").display());
+    cmd::run(
+        "umoci",
+        &["unpack", "--image", &image, &bundle.to_string_lossy()],
+    )?;
+    let rootfs = bundle.join("rootfs");
+    let listing = list(&rootfs)?;
+    Ok(Built {
+        archive,
+        inspect,
+        config,
+        rootfs,
+        listing,
+    })
+}
+
+fn json(text: &str) -> Result<Value> {
+    serde_json::from_str(text).with_context(|| format!("not JSON: {text}"))
+}
+
+/// Every entry under `root` as "type mode path[ -> target]", sorted;
+/// anything not owned by root:root is an error.
+fn list(root: &Path) -> Result<Vec<String>> {
+    let mut out: Vec<(String, String)> = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for entry in
+            std::fs::read_dir(&dir).with_context(|| format!("listing {}", dir.display()))?
+        {
+            let path = entry?.path();
+            let meta = std::fs::symlink_metadata(&path)?;
+            let rel = path.strip_prefix(root)?.to_string_lossy().into_owned();
+            ensure!(
+                meta.uid() == 0 && meta.gid() == 0,
+                "{rel} is owned by {}:{}",
+                meta.uid(),
+                meta.gid()
+            );
+            let mode = meta.permissions().mode() & 0o7777;
+            let line = if meta.file_type().is_symlink() {
+                format!(
+                    "l {mode:o} {rel} -> {}",
+                    std::fs::read_link(&path)?.display()
+                )
+            } else if meta.is_dir() {
+                stack.push(path.clone());
+                format!("d {mode:o} {rel}")
+            } else if meta.is_file() {
+                format!("f {mode:o} {rel}")
+            } else {
+                bail!("{rel} is neither a file, a directory nor a symlink");
+            };
+            out.push((rel, line));
+        }
+    }
+    out.sort();
+    Ok(out.into_iter().map(|(_, line)| line).collect())
+}
+
+fn git(args: &[&str]) -> Result<String> {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
+    let out = cmd::run("git", &[&["-C", root][..], args].concat())?;
+    Ok(out.stdout.trim().to_string())
+}
+
+#[test]
+fn skopeo_and_umoci_read_the_labels_config_and_files() -> Result<()> {
+    let built = built()?;
+    let labels = &built.inspect["Labels"];
+    let mut revision = git(&["rev-parse", "HEAD"])?;
+    if !git(&["status", "--porcelain", "--untracked-files=no"])?.is_empty() {
+        revision.push_str("-dirty");
+    }
+    let seconds: i64 = match std::env::var("SOURCE_DATE_EPOCH") {
+        Ok(v) => v.trim().parse()?,
+        Err(_) => git(&["log", "-1", "--format=%ct"])?.parse()?,
+    };
+    let created = time::OffsetDateTime::from_unix_timestamp(seconds)?
+        .format(&time::format_description::well_known::Rfc3339)?;
+    let expected: BTreeMap<&str, &str> = BTreeMap::from([
+        ("org.opencontainers.image.created", created.as_str()),
+        (
+            "org.opencontainers.image.description",
+            "volume-health node agent (kernel storage errors, eBPF, reported as Events on Pods and PVCs and as Prometheus metrics) and its cluster-side controller",
+        ),
+        ("org.opencontainers.image.licenses", "Apache-2.0"),
+        ("org.opencontainers.image.revision", revision.as_str()),
+        ("org.opencontainers.image.source", SOURCE),
+        ("org.opencontainers.image.title", "volume-health-agent"),
+        ("org.opencontainers.image.version", env!("CARGO_PKG_VERSION")),
+    ]);
+    let got: BTreeMap<&str, &str> = labels
+        .as_object()
+        .context("no labels")?
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str().unwrap_or("(not a string)")))
+        .collect();
+    assert_eq!(got, expected);
+    assert_eq!(built.inspect["Architecture"], "amd64");
+    assert_eq!(built.inspect["Os"], "linux");
+    assert_eq!(built.inspect["Created"], created.as_str());
+    assert_eq!(built.inspect["Layers"].as_array().map(Vec::len), Some(1));
+    let config = &built.config["config"];
+    assert_eq!(
+        config["Entrypoint"],
+        serde_json::json!(["/usr/local/bin/health-agent"])
+    );
+    assert_eq!(config["Cmd"], serde_json::json!(["run"]));
+    assert_eq!(built.config["os"], "linux");
+
+    // index.json names the image for containerd, podman and Docker.
+    let index = json(
+        &cmd::run(
+            "tar",
+            &["-xOf", &built.archive.to_string_lossy(), "index.json"],
+        )?
+        .stdout,
+    )?;
+    let manifest = &index["manifests"][0];
+    assert_eq!(index["manifests"].as_array().map(Vec::len), Some(1));
+    assert_eq!(manifest["digest"], built.inspect["Digest"]);
+    assert_eq!(
+        manifest["annotations"]["io.containerd.image.name"],
+        FULL_NAME
+    );
+    assert_eq!(
+        manifest["annotations"]["org.opencontainers.image.ref.name"],
+        TAG
+    );
+
+    assert_eq!(
+        built.listing, ROOTFS_AMD64,
+        "the image's files (expected: the list for amd64 on Debian bookworm)"
+    );
+    // The libraries are the host's very files; the agent has no debug info.
+    for line in ROOTFS_AMD64
+        .iter()
+        .filter(|l| l.starts_with('f') && l.contains(".so"))
+    {
+        let rel = line.rsplit(' ').next().unwrap_or_default();
+        let host = std::fs::read(Path::new("/").join(rel))?;
+        assert!(
+            std::fs::read(built.rootfs.join(rel))? == host,
+            "{rel} differs from the host's"
+        );
+    }
+    for binary in ["health-agent", "health-controller"] {
+        let sections = cmd::run(
+            "readelf",
+            &[
+                "-S",
+                "-W",
+                &built
+                    .rootfs
+                    .join("usr/local/bin")
+                    .join(binary)
+                    .to_string_lossy(),
+            ],
+        )?
+        .stdout;
+        assert!(sections.contains(" .text "), "{binary}: {sections}");
+        // (.debug_gdb_scripts, 34 bytes that are loaded, stays.)
+        assert!(
+            !sections.contains(".debug_info") && !sections.contains(".debug_line"),
+            "debug sections left in {binary}:\n{sections}"
+        );
+    }
+    Ok(())
+}
+
+/// Shell script run in a private mount namespace (`unshare --mount`): every
+/// mount goes away with the namespace, however the test ends. The mounts
+/// are the DaemonSet's: the host's /proc at /host/proc, /sys, tracefs and
+/// /dev read-only, a bpffs (a fresh instance, seen by no other test) for
+/// the pins, and the root filesystem read-only.
+const RUN_SCRIPT: &str = r#"set -eu
+root=$1
+mkdir -p "$root/proc" "$root/sys" "$root/dev" "$root/host/proc"
+mount --bind "$root" "$root"
+mount -t proc proc "$root/proc"
+mount --bind -o ro /proc "$root/host/proc"
+mount --bind -o ro /sys "$root/sys"
+mount -t tracefs -o ro tracefs "$root/sys/kernel/tracing"
+mount -t bpf bpf "$root/sys/fs/bpf"
+mount --bind -o ro /dev "$root/dev"
+mount -o remount,bind,ro "$root"
+status=0
+"$(command -v env)" -i HEALTH_HOST_PROC=/host/proc HEALTH_HOST_SYS=/sys HEALTH_LOG=info NO_COLOR=1 \
+  "$(command -v timeout)" --kill-after=5 60 "$(command -v chroot)" "$root" \
+  /usr/local/bin/health-agent watch --duration 2 --pin-dir /sys/fs/bpf/volume-health || status=$?
+cd "$root/sys/fs/bpf/volume-health"
+for dir in */links */programs; do echo "pinned $dir: $(ls "$dir" | wc -l)"; done
+echo "agent exit status: $status"
+"#;
+
+#[test]
+fn the_agent_runs_from_the_unpacked_image_alone_and_attaches() -> Result<()> {
+    let built = built()?;
+    let _kernel = health_tests::shared_kernel();
+    let rootfs = built.rootfs.to_string_lossy().into_owned();
+    let out = cmd::run(
+        "unshare",
+        &[
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            RUN_SCRIPT,
+            "sh",
+            &rootfs,
+        ],
+    )?;
+    let all = format!("{}\n{}", out.stdout, out.stderr);
+    assert!(all.contains("agent exit status: 0\n"), "{all}");
+    let ready = out
+        .stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("volume-health: ready, "))
+        .with_context(|| format!("no ready line:\n{all}"))?;
+    let sources: usize = ready
+        .strip_suffix(" error sources attached")
+        .with_context(|| format!("unexpected ready line {ready:?}"))?
+        .parse()?;
+    assert!(sources > 0, "{all}");
+    assert!(
+        out.stderr.contains("active   block:block_rq_error"),
+        "{all}"
+    );
+    assert!(!out.stderr.contains("ERROR"), "{all}");
+    // One committed layout, with a pinned program and link per source.
+    let pinned: Vec<&str> = out
+        .stdout
+        .lines()
+        .filter(|l| l.starts_with("pinned "))
+        .collect();
+    assert_eq!(pinned.len(), 2, "{all}");
+    for line in pinned {
+        assert!(
+            line.ends_with(&format!(": {sources}")),
+            "{line} (expected {sources}):\n{all}"
+        );
+    }
+    Ok(())
+}
+
+/// The controller (the CSI sidecar's command) runs from the image's files
+/// alone too: its dynamic loader finds every library it links.
+#[test]
+fn the_controller_runs_from_the_unpacked_image_alone() -> Result<()> {
+    let built = built()?;
+    let out = cmd::run(
+        "chroot",
+        &[
+            &built.rootfs.to_string_lossy(),
+            "/usr/local/bin/health-controller",
+            "--version",
+        ],
+    )?;
+    assert_eq!(
+        out.stdout,
+        format!("health-controller {}\n", env!("CARGO_PKG_VERSION"))
+    );
+    Ok(())
+}
+
+/// The last stage's exec-form `ENTRYPOINT` and `CMD` (the stage `docker
+/// build` builds by default).
+fn dockerfile_entrypoint_and_cmd(text: &str) -> Result<(Value, Value)> {
+    let last_stage = text
+        .rsplit_once("\nFROM ")
+        .map(|(_, stage)| stage)
+        .context("no FROM in the Dockerfile")?;
+    let instruction = |name: &str| -> Result<Value> {
+        let mut found = last_stage
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix(&format!("{name} ")));
+        let value = found
+            .next()
+            .with_context(|| format!("no {name} in the last stage"))?;
+        ensure!(found.next().is_none(), "{name} twice in the last stage");
+        serde_json::from_str(value)
+            .with_context(|| format!("{name} {value} is not in exec (JSON) form"))
+    };
+    Ok((instruction("ENTRYPOINT")?, instruction("CMD")?))
+}
+
+#[test]
+fn the_dockerfile_and_the_image_have_one_entrypoint_and_command() -> Result<()> {
+    let dockerfile =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../Dockerfile"))?;
+    let (entrypoint, command) = dockerfile_entrypoint_and_cmd(&dockerfile)?;
+    let built = built()?;
+    assert_eq!(built.config["config"]["Entrypoint"], entrypoint);
+    assert_eq!(built.config["config"]["Cmd"], command);
+    let (e, c) = dockerfile_entrypoint_and_cmd(
+        "FROM a AS b\nCMD [\"x\"]\nFROM c AS runtime\nENTRYPOINT [\"/e\"]\nCMD [\"run\", \"-v\"]\n",
+    )?;
+    assert_eq!(
+        (e, c),
+        (serde_json::json!(["/e"]), serde_json::json!(["run", "-v"]))
+    );
+    assert!(
+        dockerfile_entrypoint_and_cmd("FROM a\nFROM b\nENTRYPOINT /e\nCMD [\"run\"]\n").is_err()
+    );
+    Ok(())
+}
+
+#[test]
+fn two_builds_of_one_commit_are_the_same_bytes() -> Result<()> {
+    let built = built()?;
+    // The second build reads a copy of the agent with another mtime and
+    // mode: neither may reach the image.
+    let copy = scratch().join("agent-copy");
+    std::fs::copy(agent()?, &copy)?;
+    std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o700))?;
+    let second = scratch().join("second.oci.tar");
+    build_image(&copy, &second)?;
+    std::fs::remove_file(&copy)?;
+    let reference = format!("oci-archive:{}", second.display());
+    let inspect = json(&cmd::run("skopeo", &["inspect", &reference])?.stdout)?;
+    assert_eq!(inspect["Digest"], built.inspect["Digest"]);
+    let (one, two) = (std::fs::read(&built.archive)?, std::fs::read(&second)?);
+    assert!(
+        one == two,
+        "{} and {} differ",
+        built.archive.display(),
+        second.display()
+    );
+    eprintln!(
+        "image: {} bytes, manifest {}",
+        one.len(),
+        built.inspect["Digest"].as_str().unwrap_or_default()
+    );
+    Ok(())
+}

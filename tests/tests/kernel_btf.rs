@@ -1,0 +1,46 @@
+//! The host's kernel BTF as the block programs read it: the members exist
+//! where the kernel says they do. Values of the host's kernel (6.18, whose
+//! BTF names the request flag bits, as 6.1 does not); `cargo xtask vm`
+//! does not run this on the guests' kernels.
+
+use std::path::Path;
+
+use health_common::rq;
+use health_kernel::probes::btf::{counts_early, request_layout, KernelBtf};
+
+/// The running kernel's BTF: the members the block programs read exist
+/// where the kernel says they do.
+#[test]
+fn running_kernel_request_layout() {
+    let btf = KernelBtf::read(Path::new("/sys/kernel/btf/vmlinux")).unwrap();
+    let layout = request_layout(&btf).unwrap();
+    assert_eq!(layout[rq::Q], 0, "request.q is the first member");
+    assert!(layout[rq::SECTOR] > 0 && layout[rq::SECTOR] < 512);
+    assert_eq!(
+        layout[rq::RQ_DISK],
+        rq::ABSENT,
+        "6.x keeps the disk in the queue"
+    );
+    assert_ne!(layout[rq::Q_DISK], rq::ABSENT);
+    assert_eq!(layout[rq::COMPLETE_ARG_ERRNO], 0, "6.x passes blk_status_t");
+    assert_eq!(
+        btf.tracepoint_arg_type("block_rq_error", 1).as_deref(),
+        Some("blk_status_t")
+    );
+    let bits: Vec<u32> = [
+        rq::BIT_PREFLUSH,
+        rq::BIT_FUA,
+        rq::BIT_RAHEAD,
+        rq::BIT_SYNC,
+        rq::BIT_META,
+    ]
+    .iter()
+    .map(|&s| layout[s])
+    .collect();
+    assert!(bits.iter().all(|&b| (8..32).contains(&b)), "{bits:?}");
+    // 6.18 names the request flag bits in its BTF (6.1 does not).
+    assert!(counts_early(&layout), "{layout:?}");
+    assert_eq!(layout[rq::BIT_RQF_QUIET], 7, "__RQF_QUIET on 6.18");
+    assert!(layout[rq::RQ_BIO] > layout[rq::CMD_FLAGS]);
+    assert!(layout[rq::DISK_STATE] > 0 && layout[rq::DISK_STATE] < 1024);
+}

@@ -1,0 +1,41 @@
+//! The `lab` crate's binary, which xtask builds and runs: the benchmarks,
+//! the demo and the kind run drive the built agent end to end through the
+//! test harness (kube, aya, FUSE), which xtask itself does not compile.
+
+use std::process::Command;
+
+use crate::build::target_dir;
+use crate::util::{cargo, run as run_cmd, run_foreground, say, workspace_root};
+
+/// The lab ended with this exit status (130 after Ctrl-C); xtask exits
+/// with it too.
+#[derive(Debug, thiserror::Error)]
+#[error("the lab exited with status {0}")]
+pub struct Exited(pub u8);
+
+/// Builds the lab (release) and runs `health-lab COMMAND ARGS`.
+pub fn run(command: &str, args: &[String]) -> anyhow::Result<()> {
+    say("building the lab (release)");
+    run_cmd(cargo().current_dir(workspace_root()).args([
+        "build",
+        "--release",
+        "--package",
+        "health-lab",
+    ]))?;
+    let bin = target_dir().join("release/health-lab");
+    let mut lab = Command::new(&bin);
+    // The real kube-apiserver of the benchmarks, found as the tests find it.
+    if let Some(assets) = crate::build::k8s_assets() {
+        lab.env(crate::build::ASSETS_ENV, assets);
+    }
+    // After Ctrl-C the lab cleans up its disks and mounts and exits 130.
+    let status = run_foreground(lab.arg(command).args(args))?;
+    match status.code() {
+        Some(0) => Ok(()),
+        Some(code) => Err(Exited(code as u8).into()),
+        None => {
+            use std::os::unix::process::ExitStatusExt as _;
+            Err(Exited(128 + status.signal().unwrap_or(0) as u8).into())
+        }
+    }
+}
