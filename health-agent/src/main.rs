@@ -143,6 +143,11 @@ struct IntervalArgs {
     /// health calls for each driver).
     #[arg(long, value_name = "SECS", default_value_t = volumes::DEFAULT_CSI_INTERVAL.as_secs_f64())]
     csi_interval: f64,
+    /// Seconds between reads of the layers under each volume (multipath
+    /// paths, thin pool space, md members, disk state): sysfs and one
+    /// device-mapper status call per dm device, no I/O on the devices.
+    #[arg(long, value_name = "SECS", default_value_t = volumes::DEFAULT_STACK_INTERVAL.as_secs_f64())]
+    stack_interval: f64,
     /// A kernel error condition clears after this many seconds without a
     /// new error of its kind.
     #[arg(long, value_name = "SECS", default_value_t = ConditionConfig::default().kernel_quiet_window.as_secs_f64())]
@@ -170,6 +175,10 @@ struct VolumeArgs {
     /// Degraded (InodesLow) below this percentage of free inodes.
     #[arg(long, value_name = "PERCENT", default_value_t = CheckConfig::default().inodes_low_percent)]
     inodes_low_percent: f64,
+    /// Degraded (ThinPoolLow) when a thin pool under a volume uses this
+    /// percentage of its data or metadata space or more.
+    #[arg(long, value_name = "PERCENT", default_value_t = CheckConfig::default().thin_pool_low_percent)]
+    thin_pool_low_percent: f64,
 }
 
 #[derive(clap::Args)]
@@ -346,6 +355,12 @@ fn volumes_config(
         seconds("check-interval", intervals.check_interval).map_err(anyhow::Error::msg)?;
     let csi_interval =
         seconds("csi-interval", intervals.csi_interval).map_err(anyhow::Error::msg)?;
+    let stack_interval =
+        seconds("stack-interval", intervals.stack_interval).map_err(anyhow::Error::msg)?;
+    anyhow::ensure!(
+        !stack_interval.is_zero(),
+        "--stack-interval must be greater than zero"
+    );
     anyhow::ensure!(
         !check_interval.is_zero(),
         "--check-interval must be greater than zero"
@@ -365,6 +380,7 @@ fn volumes_config(
         check: check_config(volume, host)?,
         check_interval,
         csi_interval,
+        stack_interval,
         csi_overrides: volume.csi_sockets.clone(),
         conditions: ConditionConfig {
             kernel_quiet_window,
@@ -415,6 +431,7 @@ fn check_config(args: &VolumeArgs, host: &HostPaths) -> anyhow::Result<CheckConf
     for (name, v) in [
         ("capacity-low-percent", args.capacity_low_percent),
         ("inodes-low-percent", args.inodes_low_percent),
+        ("thin-pool-low-percent", args.thin_pool_low_percent),
     ] {
         anyhow::ensure!(
             (0.0..=100.0).contains(&v),
@@ -426,6 +443,7 @@ fn check_config(args: &VolumeArgs, host: &HostPaths) -> anyhow::Result<CheckConf
         capacity_low_percent: args.capacity_low_percent,
         inodes_low_percent: args.inodes_low_percent,
         sys_root: host.sys_root.clone(),
+        thin_pool_low_percent: args.thin_pool_low_percent,
     })
 }
 

@@ -419,6 +419,13 @@ fn failed_request<C: EbpfContext>(
     mut f: FailedBlock,
     flush_only: bool,
 ) -> Option<()> {
+    if f.disk == 0 {
+        // A request of no disk: an NVMe controller's admin command, which
+        // 5.10's block_rq_complete (the fallback there) traces with dev
+        // 0:0, e.g. failing with ENOLINK while a controller is removed.
+        // No block device's I/O failed; block_rq_error leaves these out.
+        return Some(());
+    }
     // A failed request's bios complete without block_bio_complete (the
     // request was traced), so the request itself is what a stacking device
     // above may echo.

@@ -285,16 +285,16 @@ impl Collector {
         Ok(())
     }
 
-    /// Removes the keys of devices gone from the topology (`live`: every
-    /// device and filesystem it knows) from the kernel maps, after emitting
-    /// what they still held. A device must be absent from two scans in a
-    /// row: one attached after a scan has its first errors counted before
+    /// Removes the keys of devices gone from the topology (`is_gone` says
+    /// which: devices the topology knew and no longer does) from the kernel
+    /// maps, after emitting what they still held. A device must be gone in
+    /// two scans in a row: one attached after a scan has its first errors counted before
     /// the next scan sees it. A gone device fails no more I/O, so nothing
     /// is counted between the read and the removal. Returns how many keys
     /// went.
     pub fn prune(
         &mut self,
-        live: &HashSet<u32>,
+        is_gone: impl Fn(u32) -> bool,
         out: &mut Vec<KernelError>,
     ) -> Result<usize, CollectorError> {
         let mut gone = Vec::new();
@@ -304,7 +304,7 @@ impl Collector {
                 map: "COUNTS",
                 error,
             })?;
-            if key.dev == 0 || live.contains(&key.dev) {
+            if key.dev == 0 || !is_gone(key.dev) {
                 continue;
             }
             absent.insert(key.dev);

@@ -453,6 +453,7 @@ fn live_volumes_probe_storage_each_round_and_newcomers_inherit() {
             check: health_node::volumes::checks::CheckConfig::default(),
             check_interval: Duration::from_secs(3600),
             csi_interval: Duration::from_secs(3600),
+            stack_interval: Duration::from_secs(3600),
             csi_overrides: vec![],
             conditions: ConditionConfig::default(),
         };

@@ -29,6 +29,8 @@ pub mod fuzzing;
 pub(crate) mod mount_table;
 mod mount_tree;
 pub(crate) mod mountinfo;
+pub mod nvme;
+pub mod stack;
 mod stacking;
 pub(crate) mod sysfs;
 mod watcher;
@@ -159,6 +161,9 @@ pub struct Topology {
     /// md arrays with redundancy (raid1/4/5/6/10): a member's failure is
     /// masked by the array, which keeps serving.
     redundant_arrays: HashSet<Dev>,
+    /// dm-multipath devices: their paths' errors are not theirs (see
+    /// [`Topology::stacked_above`]).
+    multipath: HashSet<Dev>,
     input_errors: InputErrors,
 }
 
@@ -180,17 +185,21 @@ impl Topology {
     /// if the device list or every mount table is unreadable; odd single
     /// devices are skipped (debug log).
     pub fn scan(paths: &HostPaths) -> Result<Topology, TopologyError> {
-        let scan = sysfs::scan_block_devices(&paths.sys_root)?;
+        let hidden = nvme::diskstats_numbers(&paths.proc_root);
+        let mut scan = sysfs::scan_block_devices(&paths.sys_root, &hidden)?;
+        nvme::link_paths(&mut scan.devices);
         let table = mount_table::read_mount_table(paths)?;
         let btrfs = btrfs::discover(&table.entries, &table.root, &paths.sys_root);
         let redundant = sysfs::redundant_arrays(&paths.sys_root, &scan.devices);
+        let multipath = stack::multipath_devices(&paths.sys_root, &scan.devices);
         let input_errors = InputErrors {
             mountinfo_lines: table.bad_lines,
             sysfs_values: scan.bad_values,
         };
         let mut topo = Self::from_parts(scan.devices, table.entries)
             .with_btrfs(btrfs)
-            .with_redundant_arrays(redundant);
+            .with_redundant_arrays(redundant)
+            .with_multipath(multipath);
         topo.input_errors = input_errors;
         Ok(topo)
     }
@@ -271,6 +280,20 @@ impl Topology {
     /// are evidence of lost redundancy, not of lost data.
     pub fn is_redundant_array(&self, dev: Dev) -> bool {
         self.redundant_arrays.contains(&dev)
+    }
+
+    /// Marks dm-multipath devices (see [`Topology::is_multipath`]).
+    pub fn with_multipath(mut self, devices: Vec<Dev>) -> Topology {
+        self.multipath = devices.into_iter().collect();
+        self
+    }
+
+    /// Whether `dev` is a dm-multipath device: a failed request on one of its
+    /// paths is retried on another path, or failed again by the multipath
+    /// device itself, where it is traced and counted; so path errors are
+    /// not errors of what is built on it.
+    pub fn is_multipath(&self, dev: Dev) -> bool {
+        self.multipath.contains(&dev)
     }
 
     pub fn has_redundant_arrays(&self) -> bool {

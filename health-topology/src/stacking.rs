@@ -65,7 +65,10 @@ impl Topology {
     /// for a disk, its partitions, since an error reported against the
     /// whole disk without a usable sector (a failed flush) may hit any of
     /// them. Callers with a sector should narrow with
-    /// [`Topology::partition_at`] first. Cycle-safe.
+    /// [`Topology::partition_at`] first. Cycle-safe. A dm-multipath device
+    /// is not above its paths here ([`Topology::is_multipath`]): what fails
+    /// on a path is retried on another or failed again by the multipath
+    /// device, where it counts once, on the layer the application sees.
     pub fn stacked_above(&self, dev: Dev) -> Vec<Dev> {
         let mut seen = HashSet::from([dev]);
         let mut order = vec![dev];
@@ -74,6 +77,9 @@ impl Topology {
             let holders = self.device(d).map(|b| b.holders.as_slice()).unwrap_or(&[]);
             let parts = self.partitions.get(&d).map(Vec::as_slice).unwrap_or(&[]);
             for &up in parts.iter().chain(holders) {
+                if self.is_multipath(up) && !parts.contains(&up) {
+                    continue;
+                }
                 if seen.insert(up) {
                     order.push(up);
                     queue.push_back(up);
@@ -99,6 +105,29 @@ mod tests {
     use super::*;
     use crate::tests::{disk, part, SDA, SDA1, SDA2};
     use crate::{parse_mountinfo, BtrfsFilesystem};
+
+    #[test]
+    fn a_multipath_device_is_not_above_its_paths() {
+        let sdb = Dev::new(8, 16);
+        let mp = Dev::new(253, 0);
+        let lv = Dev::new(253, 1);
+        let mut a = disk(SDA, "sda", 1000);
+        let mut b = disk(sdb, "sdb", 1000);
+        a.holders = vec![mp];
+        b.holders = vec![mp];
+        let mut m = disk(mp, "dm-0", 1000);
+        m.slaves = vec![SDA, sdb];
+        m.holders = vec![lv];
+        let mut l = disk(lv, "dm-1", 100);
+        l.slaves = vec![mp];
+        let plain = Topology::from_parts(vec![a, b, m, l], vec![]);
+        assert_eq!(plain.stacked_above(SDA), [SDA, mp, lv]);
+        let t = plain.with_multipath(vec![mp]);
+        assert!(t.is_multipath(mp) && !t.is_multipath(lv));
+        assert_eq!(t.stacked_above(SDA), [SDA]);
+        assert_eq!(t.stacked_above(sdb), [sdb]);
+        assert_eq!(t.stacked_above(mp), [mp, lv]);
+    }
 
     #[test]
     fn stacking_is_transitive_and_cycle_safe() {

@@ -26,6 +26,7 @@
 //! Reads are bounded: sysfs attributes are at most a page, and a longer
 //! file is a bad value, never read whole.
 
+use std::collections::HashMap;
 use std::ffi::OsString;
 use std::fs;
 use std::io::{self, Read};
@@ -83,12 +84,18 @@ pub(crate) struct DeviceScan {
 }
 
 /// Reads every block device. Only an unreadable device list fails the scan;
-/// a device that vanishes midway or lacks its `dev` file is skipped, and a
-/// missing optional attribute takes its default (see the policy above).
-pub(crate) fn scan_block_devices(sys_root: &Path) -> Result<DeviceScan, TopologyError> {
+/// a device that vanishes midway is skipped, and a missing optional
+/// attribute takes its default (see the policy above). A hidden disk (an
+/// NVMe multipath path, see `nvme`) has no `dev` file: its number comes
+/// from `hidden_numbers` (`/proc/diskstats`), and without it the disk is
+/// skipped as a bad value (counted, warned: its errors cannot be placed).
+pub(crate) fn scan_block_devices(
+    sys_root: &Path,
+    hidden_numbers: &HashMap<String, Dev>,
+) -> Result<DeviceScan, TopologyError> {
     let mut scan = DeviceScan::default();
     for (name, dir) in list_devices(sys_root)? {
-        match read_device(&name, &dir, &mut scan.bad_values) {
+        match read_device(&name, &dir, hidden_numbers, &mut scan.bad_values) {
             Ok(d) => scan.devices.push(d),
             Err(e) => note(&mut scan.bad_values, &name, &e, "skipping block device"),
         }
@@ -152,8 +159,29 @@ enum DeviceError {
     Parse { path: PathBuf, value: String },
 }
 
-fn read_device(name: &str, dir: &Path, bad: &mut usize) -> Result<BlockDevice, DeviceError> {
-    let dev = read_dev(&dir.join("dev"))?;
+fn read_device(
+    name: &str,
+    dir: &Path,
+    hidden_numbers: &HashMap<String, Dev>,
+    bad: &mut usize,
+) -> Result<BlockDevice, DeviceError> {
+    let dev = match read_dev(&dir.join("dev")) {
+        Ok(d) => d,
+        Err(DeviceError::Io { path, error }) if error.kind() == io::ErrorKind::NotFound => {
+            match hidden_numbers.get(name) {
+                Some(&d) => d,
+                // Listed, so not vanished: a disk without a number we can read.
+                None if dir.is_dir() => {
+                    return Err(DeviceError::Parse {
+                        path,
+                        value: "no dev file, and not in /proc/diskstats".into(),
+                    })
+                }
+                None => return Err(DeviceError::Io { path, error }),
+            }
+        }
+        Err(e) => return Err(e),
+    };
     let size_sectors = optional(read_u64(&dir.join("size")), name, 0, bad);
     let read_only = optional(read_trimmed(&dir.join("ro")), name, String::new(), bad) == "1";
 
@@ -225,14 +253,18 @@ fn read_device(name: &str, dir: &Path, bad: &mut usize) -> Result<BlockDevice, D
     })
 }
 
-/// Whether a whole disk is a bio-based stacking device: device-mapper or
-/// md without a request queue of its own (`mq/`). Such a layer can fail a
-/// bio by itself (dm-flakey, dm-error, a full thin pool, a failed array)
-/// without any request failing, so the kernel side watches its bios.
-/// Request-based dm (multipath) fails requests, which are seen already.
+/// Whether a whole disk is a bio-based stacking device: device-mapper, md
+/// or an NVMe multipath head without a request queue of its own (`mq/`).
+/// Such a layer can fail a bio by itself (dm-flakey, dm-error, a full thin
+/// pool, a failed array, a head without a path) without any request
+/// failing, so the kernel side watches its bios. Request-based dm
+/// (multipath) fails requests, which are seen already. The caller picks
+/// the candidates by name; an NVMe head has neither `dm/` nor `md/`.
 pub fn is_bio_based_stack(sys_root: &Path, disk_name: &str) -> bool {
     let dir = sys_root.join("class/block").join(disk_name);
-    (dir.join("dm").is_dir() || dir.join("md").is_dir()) && !dir.join("mq").exists()
+    let stacking =
+        dir.join("dm").is_dir() || dir.join("md").is_dir() || disk_name.starts_with("nvme");
+    stacking && dir.is_dir() && !dir.join("mq").exists()
 }
 
 /// The md arrays among `devices` whose level keeps data available when a
@@ -444,7 +476,9 @@ mod tests {
         sys.stack(&p1, &dm0);
         fs::write(p2.join("ro"), "1\n").unwrap();
 
-        let devs = scan_block_devices(tmp.path()).unwrap().devices;
+        let devs = scan_block_devices(tmp.path(), &HashMap::new())
+            .unwrap()
+            .devices;
         let by_name = |n: &str| devs.iter().find(|d| d.name == n).unwrap();
         assert_eq!(devs.len(), 4);
 
@@ -504,16 +538,23 @@ mod tests {
         )
         .unwrap();
 
-        let scan = scan_block_devices(tmp.path()).unwrap();
+        let scan = scan_block_devices(tmp.path(), &HashMap::new()).unwrap();
         let devs = scan.devices;
         let names: Vec<&str> = devs.iter().map(|d| d.name.as_str()).collect();
         assert_eq!(names, ["nosize", "vda", "vda1"]);
-        // Only the garbage `dev` is a bad value; missing files are not.
-        assert_eq!(scan.bad_values, 1);
+        // The garbage `dev` and the disk without a number are bad values
+        // (their errors could not be placed); missing optional files are not.
+        assert_eq!(scan.bad_values, 2);
         assert_eq!(devs[0].size_sectors, 0);
         assert!(!devs[0].read_only);
         assert_eq!(devs[2].partition, None);
         assert!(devs[1].holders.is_empty());
+        // A hidden disk's number from /proc/diskstats places it.
+        let hidden = HashMap::from([("nodev".to_string(), Dev::new(1, 1))]);
+        let scan = scan_block_devices(tmp.path(), &hidden).unwrap();
+        let names: Vec<&str> = scan.devices.iter().map(|d| d.name.as_str()).collect();
+        assert_eq!(names, ["nodev", "nosize", "vda", "vda1"]);
+        assert_eq!(scan.bad_values, 1);
     }
 
     #[test]
@@ -523,7 +564,7 @@ mod tests {
         let vda = sys.disk("vda", "254:0", 100);
         fs::write(vda.join("size"), "1".repeat(5000)).unwrap();
         fs::write(vda.join("ro"), b"\xff\n").unwrap();
-        let scan = scan_block_devices(tmp.path()).unwrap();
+        let scan = scan_block_devices(tmp.path(), &HashMap::new()).unwrap();
         assert_eq!(scan.bad_values, 2);
         assert_eq!(scan.devices[0].size_sectors, 0);
         assert!(!scan.devices[0].read_only);
@@ -551,7 +592,7 @@ mod tests {
             let good = sys.disk("good", &format!("{major}:{minor}"), size);
             let bad = sys.disk("bad", "1:1", 1);
             fs::write(bad.join("dev"), &junk).unwrap();
-            let scan = scan_block_devices(tmp.path()).unwrap();
+            let scan = scan_block_devices(tmp.path(), &HashMap::new()).unwrap();
             let g = scan.devices.iter().find(|d| d.name == "good").unwrap();
             proptest::prop_assert_eq!((g.dev, g.size_sectors), (Dev::new(major, minor), size));
             let junk_parses = std::str::from_utf8(&junk)
@@ -572,13 +613,17 @@ mod tests {
         let sda = sys.disk("sda", "8:0", 1000);
         sys.partition(&sda, "sda1", "8:1", 1, 10, 90);
         fs::remove_dir_all(tmp.path().join("class")).unwrap();
-        let devs = scan_block_devices(tmp.path()).unwrap().devices;
+        let devs = scan_block_devices(tmp.path(), &HashMap::new())
+            .unwrap()
+            .devices;
         let names: Vec<&str> = devs.iter().map(|d| d.name.as_str()).collect();
         assert_eq!(names, ["sda", "sda1"]);
         assert_eq!(devs[1].whole_disk, Some(Dev::new(8, 0)));
 
         fs::remove_dir_all(tmp.path().join("dev")).unwrap();
-        let err = scan_block_devices(tmp.path()).unwrap_err().to_string();
+        let err = scan_block_devices(tmp.path(), &HashMap::new())
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("dev/block"), "{err}");
     }
 }

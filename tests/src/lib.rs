@@ -39,13 +39,17 @@ pub mod envtest;
 pub mod faultdisk;
 pub mod fs;
 pub mod hung_fuse;
+pub mod iscsi;
 pub mod k8s_tools;
 pub mod kubelet;
+pub mod kubelet_tree;
 pub mod manifests;
 pub mod mount_ns;
+pub mod nvmet;
 pub mod program_runs;
 pub mod protocol;
 pub mod real_cluster;
+pub mod stacks;
 pub mod sys;
 
 use std::sync::{Mutex, MutexGuard, PoisonError};

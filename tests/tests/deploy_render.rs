@@ -285,6 +285,55 @@ fn the_recursive_read_only_value_overrides_the_version() {
     );
 }
 
+/// The agent's added capabilities in one rendering.
+fn added_capabilities(objects: &[Parsed], origin: &str) -> Vec<String> {
+    let d = split(objects, origin);
+    let sc = agent(&d.daemon_set).security_context.clone().unwrap();
+    sc.capabilities.unwrap().add.unwrap()
+}
+
+#[test]
+fn device_mapper_status_adds_exactly_sys_admin_on_request() {
+    let base = [
+        "BPF",
+        "PERFMON",
+        "SYS_RESOURCE",
+        "DAC_READ_SEARCH",
+        "SYS_NICE",
+    ];
+    let with: Vec<&str> = base.iter().copied().chain(["SYS_ADMIN"]).collect();
+    assert_eq!(
+        added_capabilities(&helm_template(&[]), "helm template"),
+        base
+    );
+    assert_eq!(
+        added_capabilities(
+            &helm_template(&["--set", "deviceMapperStatus=true"]),
+            "helm template --set deviceMapperStatus=true"
+        ),
+        with
+    );
+    let user = tempfile::tempdir().unwrap();
+    health_tests::k8s_tools::write_kustomization(
+        user.path(),
+        &[&deploy_dir()],
+        &[&deploy_dir().join("components/device-mapper-status")],
+    )
+    .unwrap_or_else(|e| panic!("{e:#}"));
+    let objects = kustomize(user.path());
+    assert_eq!(added_capabilities(&objects, "the component"), with);
+    // Nothing else changes.
+    let (_, rendered) = take_recursive(&objects, "the component");
+    let (_, files) = take_recursive(&kustomize(&deploy_dir()), "deploy/");
+    let differing: Vec<_> = rendered
+        .iter()
+        .filter(|(k, v)| files.get(*k) != Some(*v))
+        .map(|(k, _)| k.clone())
+        .collect();
+    assert_eq!(differing.len(), 1, "{differing:?}");
+    assert_eq!(differing[0].0, "DaemonSet");
+}
+
 #[test]
 fn helm_values_change_what_they_claim_to() {
     let objects = helm_template(&[

@@ -18,15 +18,15 @@
 //! `kernel side:` figures, and tears its devices down even when it fails.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use health_tests::agent::{Agent, AgentRun, EventFilter};
 use health_tests::devices::{self, BlockDev, DmDevice, MdArray, NullBlk, ScsiDebug, TmpfsLoop};
-use health_tests::{cmd, fs, kernel_alone, require_root, Mount};
+use health_tests::kubelet_tree::Kubelet;
+use health_tests::{cmd, fs, kernel_alone, require_root};
 use serde_json::Value;
-use tempfile::TempDir;
 
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -41,8 +41,6 @@ const POD_B: &str = "da7a0000-0000-4000-8000-00000000000b";
 /// nothing but the test's own reads ever touches them.
 const BAD_SECTOR: u64 = 100_000;
 const BAD_COUNT: u64 = 16;
-/// Size of the filesystems put on the faulty devices.
-const FS_SIZE: &str = "32M";
 
 fn scsi_debug_with_medium_errors() -> Result<ScsiDebug> {
     ScsiDebug::load(&[
@@ -71,100 +69,6 @@ fn kernel_release() -> String {
         .unwrap_or_default()
         .trim()
         .to_string()
-}
-
-/// A kubelet-like tree with local PVs: filesystem volumes at
-/// `pods/<uid>/volumes/kubernetes.io~local-volume/<pv>` (a bind mount of
-/// the device's mount, as kubelet makes it) and block volumes at
-/// `pods/<uid>/volumeDevices/kubernetes.io~local-volume/<pv>` (a device
-/// node). Unmounted on drop, before the devices (declare it after them).
-struct Kubelet {
-    root: TempDir,
-    mounts: Vec<Mount>,
-}
-
-impl Kubelet {
-    fn new() -> Result<Kubelet> {
-        Ok(Kubelet {
-            root: tempfile::Builder::new().prefix("kubelet-").tempdir()?,
-            mounts: Vec::new(),
-        })
-    }
-
-    fn root_arg(&self) -> &str {
-        self.root.path().to_str().expect("temp paths are UTF-8")
-    }
-
-    /// ext4 of [`FS_SIZE`] on `dev`, mounted at the PV's local path and bind
-    /// mounted into the pod's volume directory; returns the pod's path.
-    fn fs_volume(&mut self, pod: &str, pv: &str, dev: &Path) -> Result<PathBuf> {
-        cmd::run(
-            "mkfs.ext4",
-            &[
-                "-q",
-                "-F",
-                "-E",
-                "lazy_itable_init=0,lazy_journal_init=0,nodiscard",
-                &dev.to_string_lossy(),
-                FS_SIZE,
-            ],
-        )?;
-        let local = self.root.path().join("local").join(pv);
-        std::fs::create_dir_all(&local)?;
-        self.mounts
-            .push(Mount::at(dev, &local, "ext4", "errors=continue")?);
-        let target = self
-            .root
-            .path()
-            .join("pods")
-            .join(pod)
-            .join("volumes/kubernetes.io~local-volume")
-            .join(pv);
-        std::fs::create_dir_all(&target)?;
-        self.mounts
-            .push(Mount::at(&local, &target, "none", "bind")?);
-        // Nothing left to write back once the agent watches.
-        fs::sync_fs(&target)?;
-        Ok(target)
-    }
-
-    /// A block-mode local PV: the device node in the pod's directory.
-    fn block_volume(&self, pod: &str, pv: &str, dev: &BlockDev) -> Result<PathBuf> {
-        let node = self
-            .root
-            .path()
-            .join("pods")
-            .join(pod)
-            .join("volumeDevices/kubernetes.io~local-volume")
-            .join(pv);
-        std::fs::create_dir_all(node.parent().context("node has a parent")?)?;
-        let (major, minor) = dev.numbers()?;
-        nix::sys::stat::mknod(
-            &node,
-            nix::sys::stat::SFlag::S_IFBLK,
-            nix::sys::stat::Mode::from_bits_truncate(0o600),
-            libc::makedev(major, minor),
-        )
-        .with_context(|| format!("mknod {}", node.display()))?;
-        Ok(node)
-    }
-
-    /// The agent, watching this tree, with checks every second.
-    fn agent(&self, extra: &[&str]) -> Result<Agent> {
-        let mut args = vec!["--kubelet-root", self.root_arg(), "--check-interval", "1"];
-        args.extend_from_slice(extra);
-        // udev's probes of the devices just made are over before it counts.
-        devices::settle();
-        Agent::start(&args)
-    }
-}
-
-impl Drop for Kubelet {
-    fn drop(&mut self) {
-        while let Some(m) = self.mounts.pop() {
-            drop(m);
-        }
-    }
 }
 
 /// (pod_uid or "-", disk, source, op, errno name) → sum of `count`.

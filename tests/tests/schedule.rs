@@ -99,6 +99,7 @@ fn a_hung_volume_holds_back_only_its_own_checks() -> Result<()> {
         },
         check_interval: Duration::from_millis(50),
         csi_interval: Duration::from_secs(3600),
+        stack_interval: Duration::from_secs(3600),
         csi_overrides: vec![],
         conditions: ConditionConfig::default(),
     };

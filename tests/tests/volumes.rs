@@ -738,6 +738,16 @@ fn one_shot_view_shows_each_volume_and_its_conditions() -> Result<()> {
     assert_eq!(v["volume_mode"], "Filesystem");
     assert_eq!(v["device"], tree.lo(trip).maj_min());
     assert_eq!(v["disk"], tree.lo(trip).name());
+    // A loop device is a one-layer stack with no state of its own.
+    assert_eq!(
+        v["stack"],
+        serde_json::json!([{
+            "dev": tree.lo(trip).maj_min(),
+            "name": tree.lo(trip).name(),
+            "kind": "plain"
+        }]),
+        "{v:#}"
+    );
     assert_eq!(v["mount"], mount_trip.to_str().unwrap());
     assert_eq!(v["fs_type"], "ext4");
     for c in v["conditions"].as_array().unwrap() {
@@ -869,6 +879,7 @@ fn one_shot_view_shows_each_volume_and_its_conditions() -> Result<()> {
         "{text}"
     );
     assert!(text.contains("Inaccessible ReadOnlyRemount"), "{text}");
+    assert!(text.contains("\n  stack: loop"), "{text}");
 
     drop(drivers);
     rt.shutdown_timeout(Duration::from_secs(1));

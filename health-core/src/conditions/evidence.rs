@@ -184,6 +184,67 @@ pub enum CheckFinding {
         path: PathBuf,
         device: Dev,
     },
+    /// A multipath device runs on fewer paths than it has.
+    PathsDown {
+        /// `dm-0 (mpatha)`-like: the kernel name, and what users call it.
+        device: String,
+        up: usize,
+        total: usize,
+        /// The paths down, each with why (`sdb failed`, `sdc offline`).
+        down: Vec<String>,
+    },
+    /// A multipath device has no usable path: I/O fails, or queues when
+    /// `queueing`.
+    AllPathsDown {
+        device: String,
+        total: usize,
+        queueing: bool,
+    },
+    /// An md array lacks members but serves I/O.
+    ArrayDegraded {
+        array: String,
+        level: String,
+        missing: u32,
+        members: u32,
+        /// `recover 40%`-like while a resync or recovery runs, in steps of
+        /// 10 % so that progress does not rewrite the condition every poll.
+        sync: Option<String>,
+    },
+    /// An md array serves no I/O (`inactive`, `broken`...).
+    ArrayFailed {
+        array: String,
+        state: String,
+    },
+    /// A thin pool's data or metadata use is at or above the threshold.
+    ThinPoolLow {
+        pool: String,
+        /// Whole percent, so that a filling pool is re-reported per percent
+        /// at most.
+        data_percent: u32,
+        metadata_percent: u32,
+        threshold_percent: f64,
+    },
+    /// A thin pool is out of data space: writes that need a new block
+    /// queue (`queueing`) or fail.
+    ThinPoolFull {
+        pool: String,
+        queueing: bool,
+    },
+    /// A thin pool stopped writing (`ro`), or failed (`Fail`).
+    ThinPoolReadOnly {
+        pool: String,
+        needs_check: bool,
+    },
+    ThinPoolFailed {
+        pool: String,
+    },
+    /// A disk under the volume is not running (`offline`,
+    /// `transport-offline`, `blocked`); paths of a multipath device are
+    /// reported as [`CheckFinding::PathsDown`] instead.
+    DeviceNotRunning {
+        device: String,
+        state: String,
+    },
 }
 
 impl CheckFinding {
@@ -194,11 +255,20 @@ impl CheckFinding {
             | CheckFinding::PathHung { .. }
             | CheckFinding::ReadOnlyRemount { .. }
             | CheckFinding::DeviceMissing { .. }
-            | CheckFinding::DeviceZeroSize { .. } => Status::Inaccessible,
+            | CheckFinding::DeviceZeroSize { .. }
+            | CheckFinding::AllPathsDown { .. }
+            | CheckFinding::ArrayFailed { .. }
+            | CheckFinding::ThinPoolFull { .. }
+            | CheckFinding::ThinPoolReadOnly { .. }
+            | CheckFinding::ThinPoolFailed { .. }
+            | CheckFinding::DeviceNotRunning { .. } => Status::Inaccessible,
             CheckFinding::CapacityLow { .. }
             | CheckFinding::CapacityExhausted { .. }
             | CheckFinding::InodesLow { .. }
-            | CheckFinding::InodesExhausted { .. } => Status::Degraded,
+            | CheckFinding::InodesExhausted { .. }
+            | CheckFinding::PathsDown { .. }
+            | CheckFinding::ArrayDegraded { .. }
+            | CheckFinding::ThinPoolLow { .. } => Status::Degraded,
         }
     }
 
@@ -214,6 +284,20 @@ impl CheckFinding {
             CheckFinding::InodesExhausted { .. } => "InodesExhausted",
             CheckFinding::DeviceMissing { .. } => "DeviceMissing",
             CheckFinding::DeviceZeroSize { .. } => "DeviceZeroSize",
+            CheckFinding::PathsDown { .. } => "PathsDown",
+            CheckFinding::AllPathsDown { .. } => "AllPathsDown",
+            CheckFinding::ArrayDegraded { .. } => "ArrayDegraded",
+            CheckFinding::ArrayFailed { .. } => "ArrayFailed",
+            CheckFinding::ThinPoolLow { .. } => "ThinPoolLow",
+            CheckFinding::ThinPoolFull { .. } => "ThinPoolFull",
+            CheckFinding::ThinPoolReadOnly { .. } => "ThinPoolReadOnly",
+            CheckFinding::ThinPoolFailed { .. } => "ThinPoolFailed",
+            CheckFinding::DeviceNotRunning { state, .. } => match state.as_str() {
+                "transport-offline" => "TransportOffline",
+                "blocked" => "DeviceBlocked",
+                "connecting" => "ControllerConnecting",
+                _ => "DeviceOffline",
+            },
         }
     }
 
@@ -277,6 +361,81 @@ impl CheckFinding {
             CheckFinding::DeviceZeroSize { path, device } => {
                 format!("block device {} ({device}) has size 0", path.display())
             }
+            CheckFinding::PathsDown {
+                device,
+                up,
+                total,
+                down,
+            } => format!(
+                "multipath device {device} runs on {up} of {total} paths; down: {}",
+                down.join(", ")
+            ),
+            CheckFinding::AllPathsDown {
+                device,
+                total,
+                queueing,
+            } => format!(
+                "multipath device {device} has none of its {total} paths up; I/O {}",
+                if *queueing {
+                    "is queued until a path returns"
+                } else {
+                    "fails"
+                }
+            ),
+            CheckFinding::ArrayDegraded {
+                array,
+                level,
+                missing,
+                members,
+                sync,
+            } => {
+                let mut m = format!(
+                    "{level} array {array} runs without {missing} of its {members} members"
+                );
+                if let Some(s) = sync {
+                    m.push_str(&format!("; {s}"));
+                }
+                m
+            }
+            CheckFinding::ArrayFailed { array, state } => {
+                format!("md array {array} serves no I/O (array_state {state})")
+            }
+            CheckFinding::ThinPoolLow {
+                pool,
+                data_percent,
+                metadata_percent,
+                threshold_percent,
+            } => format!(
+                "thin pool {pool} is {data_percent}% full (data), {metadata_percent}% (metadata), at or above {threshold_percent}%"
+            ),
+            CheckFinding::ThinPoolFull { pool, queueing } => format!(
+                "thin pool {pool} is out of data space: writes to new blocks {}",
+                if *queueing {
+                    "are queued until it grows (or no_space_timeout passes)"
+                } else {
+                    "fail with ENOSPC"
+                }
+            ),
+            CheckFinding::ThinPoolReadOnly { pool, needs_check } => format!(
+                "thin pool {pool} is read-only{}",
+                if *needs_check {
+                    "; its metadata needs thin_check"
+                } else {
+                    ""
+                }
+            ),
+            CheckFinding::ThinPoolFailed { pool } => {
+                format!("thin pool {pool} failed: every I/O to its volumes errors")
+            }
+            CheckFinding::DeviceNotRunning { device, state } => match state.as_str() {
+                "blocked" => format!(
+                    "disk {device} is blocked: its I/O is held while the transport recovers"
+                ),
+                "connecting" => format!(
+                    "disk {device}'s controller is reconnecting: its I/O waits until it is back or the controller is removed"
+                ),
+                _ => format!("disk {device} is {state}: its I/O fails"),
+            },
         }
     }
 }

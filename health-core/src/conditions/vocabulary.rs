@@ -41,6 +41,9 @@ pub enum CheckKind {
     Capacity,
     /// A block volume's device node, sysfs entry and size.
     Device,
+    /// The layers under the volume's device: multipath paths, thin pool
+    /// space, md array members, SCSI device state.
+    Stack,
 }
 
 impl fmt::Display for CheckKind {
@@ -51,6 +54,7 @@ impl fmt::Display for CheckKind {
             CheckKind::ReadOnly => "read-only",
             CheckKind::Capacity => "capacity",
             CheckKind::Device => "device",
+            CheckKind::Stack => "stack",
         })
     }
 }

@@ -80,7 +80,39 @@ fn tables(topo: &Topology, host: &HostPaths) -> DeviceTables {
     tables
 }
 
-/// Only these names can be dm or md; the sysfs check is for those alone.
+/// Only these names can be dm, md or an NVMe head; the sysfs check is for
+/// those alone.
 fn is_stacking_name(name: &str) -> bool {
-    name.starts_with("dm-") || name.starts_with("md")
+    name.starts_with("dm-") || name.starts_with("md") || is_nvme_head_name(name)
+}
+
+/// `nvme<S>n<N>`: an NVMe namespace disk, which with native multipath is
+/// the bio-based head over its path disks: when no path is left it fails
+/// the application's bios itself ("no available path"), without a failed
+/// request (`health_topology::nvme`). Without multipath it has a request
+/// queue (`mq/`) and is not bio-based.
+fn is_nvme_head_name(name: &str) -> bool {
+    name.strip_prefix("nvme")
+        .and_then(|r| r.split_once('n'))
+        .is_some_and(|(s, n)| {
+            !s.is_empty()
+                && !n.is_empty()
+                && s.bytes().all(|b| b.is_ascii_digit())
+                && n.bytes().all(|b| b.is_ascii_digit())
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stacking_names() {
+        for yes in ["dm-0", "md127", "nvme0n1", "nvme12n3"] {
+            assert!(is_stacking_name(yes), "{yes}");
+        }
+        for no in ["sda", "nvme0c1n1", "nvme0n1p1", "nvme0n", "nvmen1", "loop0"] {
+            assert!(!is_stacking_name(no), "{no}");
+        }
+    }
 }

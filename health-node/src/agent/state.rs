@@ -46,6 +46,10 @@ pub(super) struct Agent<R> {
     misses: Misses,
     last_rescan: Instant,
     pruned_at: Instant,
+    /// Every device number a topology of this process listed.
+    ever_known: HashSet<u32>,
+    /// Devices whose errors could not be placed, warned about once.
+    unplaced: HashSet<Dev>,
 }
 
 impl<R: Reporter> Agent<R> {
@@ -90,6 +94,8 @@ impl<R: Reporter> Agent<R> {
             misses: Misses::default(),
             last_rescan: now,
             pruned_at: now,
+            ever_known: HashSet::new(),
+            unplaced: HashSet::new(),
         })
     }
 
@@ -151,9 +157,16 @@ impl<R: Reporter> Agent<R> {
         self.attached.flush_kernel_log();
         if self.last_rescan != self.pruned_at {
             self.pruned_at = self.last_rescan;
-            let pruned = self
-                .collector
-                .prune(&live_devices(&self.topo), &mut self.batch)?;
+            let live = live_devices(&self.topo);
+            // Only devices a topology knew can be gone: the counters of one
+            // that never was (a disk sysfs does not list) stay, named by
+            // number, instead of vanishing from the totals.
+            let known = &mut self.ever_known;
+            known.extend(live.iter().copied());
+            let pruned = self.collector.prune(
+                |dev| known.contains(&dev) && !live.contains(&dev),
+                &mut self.batch,
+            )?;
             if pruned > 0 {
                 tracing::info!(
                     keys = pruned,
@@ -170,9 +183,25 @@ impl<R: Reporter> Agent<R> {
             let _rescan = prio.bulk();
             self.rescan(Then::TopologyChanged);
         }
+        self.warn_unplaced();
         self.deliver()?;
         self.collector.persist()?;
         Ok(())
+    }
+
+    /// Errors on a block device no scan lists (a disk sysfs hides, gone
+    /// before it could be seen) are counted and printed by number, but
+    /// reach no volume: said once per device, so it is never silent.
+    fn warn_unplaced(&mut self) {
+        for e in &self.batch {
+            let dev = Dev::from_kernel(e.key.dev);
+            if is_unknown_block_device(&self.topo, e) && self.unplaced.insert(dev) {
+                tracing::warn!(
+                    device = %dev,
+                    "errors on a block device that sysfs does not list: counted and shown by number, attributed to no volume"
+                );
+            }
+        }
     }
 
     fn deliver(&mut self) -> anyhow::Result<()> {
@@ -254,6 +283,7 @@ fn deliver<R: Reporter>(
         if !handled.changes.is_empty()
             || !handled.csi.is_empty()
             || !handled.storage.is_empty()
+            || !handled.stacks.is_empty()
             || !gone.is_empty()
         {
             reporter.changes(handled, &gone, v);
@@ -262,6 +292,7 @@ fn deliver<R: Reporter>(
     handled.changes.clear();
     handled.csi.clear();
     handled.storage.clear();
+    handled.stacks.clear();
     Ok(())
 }
 

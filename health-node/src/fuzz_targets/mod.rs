@@ -19,7 +19,7 @@ pub mod ringbuf;
 pub mod vol_data;
 
 pub use health_kernel::fuzzing::{btf, trace_stats, tracefs};
-pub use health_topology::fuzzing::{mountinfo, sysfs};
+pub use health_topology::fuzzing::{dm_status, mountinfo, sysfs};
 
 /// A target's entry point.
 pub type Run = fn(&[u8]);
@@ -28,6 +28,7 @@ pub type Run = fn(&[u8]);
 pub const TARGETS: &[(&str, Run)] = &[
     ("btf", btf::run),
     ("csi", csi::run),
+    ("dm_status", dm_status::run),
     ("kubelet_dir", kubelet_dir::run),
     ("mountinfo", mountinfo::run),
     ("ringbuf", ringbuf::run),

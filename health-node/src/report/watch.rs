@@ -34,6 +34,7 @@ impl Reporter for View {
     }
 
     fn changes(&mut self, handled: &Handled, _gone: &[VolumeKey], volumes: &LiveVolumes) {
+        print_stacks(&handled.stacks, volumes.index(), self.json);
         print_changes(&handled.changes, volumes.index(), self.json);
     }
 
@@ -212,46 +213,67 @@ impl View {
 /// Prints condition changes, one line each: on stdout, or in JSON mode on
 /// stderr (stdout stays a pure event stream).
 pub fn print_changes(changes: &[VolumeChanges], index: &VolumeIndex, json: bool) {
-    if changes.is_empty() {
+    let mut text = String::new();
+    for vc in changes {
+        let pv = pv_of(index, &vc.key);
+        for c in &vc.changes {
+            let line = match c {
+                Change::Raised(c) => {
+                    format!(
+                        "raised {} {} [{}]: {}",
+                        c.status, c.reason, c.source, c.message
+                    )
+                }
+                Change::Updated { condition: c, .. } => {
+                    format!(
+                        "updated {} {} [{}]: {}",
+                        c.status, c.reason, c.source, c.message
+                    )
+                }
+                Change::Cleared(c) => {
+                    format!("cleared {} {} [{}]", c.status, c.reason, c.source)
+                }
+            };
+            text.push_str(&format!("volume pod {} pv {pv}: {line}\n", vc.key.pod_uid));
+        }
+    }
+    print_volume_lines(&text, json, "volume condition changes");
+}
+
+/// Prints the stack under each volume whose stack changed (and each one's
+/// first), one line each, where condition changes go: an operator sees
+/// the layers behind a condition as they change.
+pub fn print_stacks(stacks: &[(VolumeKey, String)], index: &VolumeIndex, json: bool) {
+    let mut text = String::new();
+    for (key, summary) in stacks {
+        let pv = pv_of(index, key);
+        text.push_str(&format!(
+            "volume pod {} pv {pv}: stack {summary}\n",
+            key.pod_uid
+        ));
+    }
+    print_volume_lines(&text, json, "volume stacks");
+}
+
+fn pv_of(index: &VolumeIndex, key: &VolumeKey) -> String {
+    index
+        .get(key)
+        .and_then(|v| v.volume.pv.clone())
+        .unwrap_or_else(|| key.name.clone())
+}
+
+fn print_volume_lines(text: &str, json: bool, what: &str) {
+    if text.is_empty() {
         return;
     }
-    {
-        let mut text = String::new();
-        for vc in changes {
-            let pv = index
-                .get(&vc.key)
-                .and_then(|v| v.volume.pv.clone())
-                .unwrap_or_else(|| vc.key.name.clone());
-            for c in &vc.changes {
-                let line = match c {
-                    Change::Raised(c) => {
-                        format!(
-                            "raised {} {} [{}]: {}",
-                            c.status, c.reason, c.source, c.message
-                        )
-                    }
-                    Change::Updated { condition: c, .. } => {
-                        format!(
-                            "updated {} {} [{}]: {}",
-                            c.status, c.reason, c.source, c.message
-                        )
-                    }
-                    Change::Cleared(c) => {
-                        format!("cleared {} {} [{}]", c.status, c.reason, c.source)
-                    }
-                };
-                text.push_str(&format!("volume pod {} pv {pv}: {line}\n", vc.key.pod_uid));
-            }
-        }
-        let written = if json {
-            std::io::stderr().lock().write_all(text.as_bytes())
-        } else {
-            let mut out = std::io::stdout().lock();
-            out.write_all(text.as_bytes()).and_then(|()| out.flush())
-        };
-        if let Err(e) = written {
-            tracing::warn!("printing volume condition changes: {e}");
-        }
+    let written = if json {
+        std::io::stderr().lock().write_all(text.as_bytes())
+    } else {
+        let mut out = std::io::stdout().lock();
+        out.write_all(text.as_bytes()).and_then(|()| out.flush())
+    };
+    if let Err(e) = written {
+        tracing::warn!("printing {what}: {e}");
     }
 }
 

@@ -13,13 +13,15 @@
 //! (every volume's node health and each driver's storage health) runs in a
 //! task of its own, at most one at a time.
 
-use std::path::PathBuf;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use health_core::conditions::ConditionConfig;
 use health_csi::DriverOverride;
 use health_kernel::collector::KernelError;
+use health_topology::stack::{StackReader, DM_CONTROL};
 use health_topology::{MountEntry, Topology};
 use tokio::sync::Mutex;
 use tokio::task::JoinHandle;
@@ -30,6 +32,7 @@ use super::{
     CsiOutcome, CsiProber, IndexedVolume, StorageOutcome, VolumeChanges, VolumeIndex, VolumeKey,
     VolumeMonitor,
 };
+use crate::volumes::checks::stack::{check_stacks, volume_devices, StackOutcome};
 use crate::volumes::checks::{CheckConfig, Checker};
 use crate::volumes::kubelet::{self, KubeletVolume};
 
@@ -43,6 +46,8 @@ pub struct LiveVolumesConfig {
     /// driver. Longer than the check interval by default: each is a request
     /// to a driver, and kubelet itself asks only every minute or two.
     pub csi_interval: Duration,
+    /// The stack check of every volume (`checks::stack`).
+    pub stack_interval: Duration,
     pub csi_overrides: Vec<DriverOverride>,
     pub conditions: ConditionConfig,
 }
@@ -65,6 +70,10 @@ pub enum Wake {
     Checked(Checked),
     /// A CSI round ended (`None`: no driver connection could be made).
     Csi(Result<Option<CsiRound>, tokio::task::JoinError>),
+    /// The stack check is due.
+    StackTick,
+    /// A stack round ended.
+    Stack(Result<Vec<StackOutcome>, tokio::task::JoinError>),
 }
 
 /// One CSI cycle: each volume's answer and each driver's storage answer.
@@ -82,6 +91,9 @@ pub struct Handled {
     pub csi: Vec<CsiOutcome>,
     /// Storage answers of a finished round, one per driver (for metrics).
     pub storage: Vec<StorageOutcome>,
+    /// Volumes whose stack changed (or was read for the first time), with
+    /// its one-line summary (`checks::stack::summary`).
+    pub stacks: Vec<(VolumeKey, String)>,
 }
 
 pub struct LiveVolumes {
@@ -96,6 +108,13 @@ pub struct LiveVolumes {
     flush_tick: Interval,
     next_csi: Instant,
     csi_round: Option<JoinHandle<Option<CsiRound>>>,
+    stack_tick: Interval,
+    /// At most one stack round at a time: a round stuck on a locked md
+    /// attribute delays the next, never piles threads up.
+    stack_round: Option<JoinHandle<Vec<StackOutcome>>>,
+    /// Each volume's last stack summary, to report changes only.
+    stack_seen: HashMap<VolumeKey, String>,
+    stack_reader: Arc<std::sync::Mutex<StackReader>>,
     schedule: CheckSchedule,
     /// The mount table the checks use, shared with their tasks; replaced
     /// with the index.
@@ -118,6 +137,9 @@ impl LiveVolumes {
         flush_tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
         let mut schedule = CheckSchedule::new(cfg.check_interval);
         schedule.sync(index.volumes(), Instant::now());
+        let mut stack_tick = tokio::time::interval(cfg.stack_interval);
+        stack_tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        let stack_reader = StackReader::new(&cfg.check.sys_root, Path::new(DM_CONTROL));
         Self {
             monitor: VolumeMonitor::new(index, cfg.conditions.clone()),
             checker: Checker::new(cfg.check.clone()),
@@ -129,6 +151,10 @@ impl LiveVolumes {
             flush_tick,
             next_csi: Instant::now(),
             csi_round: None,
+            stack_tick,
+            stack_round: None,
+            stack_seen: HashMap::new(),
+            stack_reader: Arc::new(std::sync::Mutex::new(stack_reader)),
             schedule,
             mounts: topo.mounts().into(),
         }
@@ -177,6 +203,8 @@ impl LiveVolumes {
             );
         }
         self.gone.extend(gone);
+        let index = self.monitor.index();
+        self.stack_seen.retain(|k, _| index.get(k).is_some());
         self.mounts = topo.mounts().into();
         self.schedule
             .sync(self.monitor.index().volumes(), Instant::now());
@@ -215,6 +243,7 @@ impl LiveVolumes {
         let now = SystemTime::now();
         let mut csi_out = Vec::new();
         let mut storage_out = Vec::new();
+        let mut stacks_out = Vec::new();
         let changes = match wake {
             Wake::FlushKernel => self.monitor.flush_kernel(now),
             Wake::CheckTick => {
@@ -236,6 +265,32 @@ impl LiveVolumes {
                     Vec::new()
                 }
             },
+            Wake::StackTick => {
+                if self.stack_round.is_none() {
+                    self.start_stack_round(topo);
+                }
+                Vec::new()
+            }
+            Wake::Stack(result) => {
+                self.stack_round = None;
+                match result {
+                    Ok(outcomes) => {
+                        let mut reports = Vec::with_capacity(outcomes.len());
+                        for (key, report, summary) in outcomes {
+                            if self.stack_seen.get(&key) != Some(&summary) {
+                                self.stack_seen.insert(key.clone(), summary.clone());
+                                stacks_out.push((key.clone(), summary));
+                            }
+                            reports.push((key, report));
+                        }
+                        self.monitor.apply_checks(now, reports)
+                    }
+                    Err(e) => {
+                        tracing::warn!("a stack check round failed: {e}");
+                        Vec::new()
+                    }
+                }
+            }
             Wake::Csi(result) => {
                 self.csi_round = None;
                 match result {
@@ -264,7 +319,23 @@ impl LiveVolumes {
             changes,
             csi: csi_out,
             storage: storage_out,
+            stacks: stacks_out,
         }
+    }
+
+    fn start_stack_round(&mut self, topo: &Topology) {
+        let volumes = volume_devices(topo, self.monitor.index().volumes());
+        if volumes.is_empty() {
+            return;
+        }
+        let reader = Arc::clone(&self.stack_reader);
+        // The block devices without the mounts: all a round needs, and
+        // cheap to hand to its thread.
+        let topo = Topology::from_parts(topo.devices().to_vec(), Vec::new());
+        let threshold = self.cfg.check.thin_pool_low_percent;
+        self.stack_round = Some(tokio::task::spawn_blocking(move || {
+            check_stacks(&reader, &topo, &volumes, threshold)
+        }));
     }
 
     fn start_csi_round(&mut self) {
@@ -304,6 +375,8 @@ pub async fn next_wake(volumes: &mut Option<LiveVolumes>) -> Wake {
         _ = sleep_until(next_due) => Wake::CheckDue,
         c = v.schedule.next_checked() => Wake::Checked(c),
         r = wait_csi(&mut v.csi_round) => Wake::Csi(r),
+        _ = v.stack_tick.tick() => Wake::StackTick,
+        r = wait_round(&mut v.stack_round) => Wake::Stack(r),
     }
 }
 
@@ -317,6 +390,10 @@ async fn sleep_until(deadline: Option<Instant>) {
 async fn wait_csi(
     round: &mut Option<JoinHandle<Option<CsiRound>>>,
 ) -> Result<Option<CsiRound>, tokio::task::JoinError> {
+    wait_round(round).await
+}
+
+async fn wait_round<T>(round: &mut Option<JoinHandle<T>>) -> Result<T, tokio::task::JoinError> {
     match round {
         Some(h) => h.await,
         None => std::future::pending().await,

@@ -64,3 +64,8 @@ pub fn kubelet_root(given: Option<&Path>) -> Option<PathBuf> {
 
 /// Default interval of checks and kubelet rediscovery.
 pub const DEFAULT_CHECK_INTERVAL: Duration = Duration::from_secs(10);
+/// Default interval of the stack check: a lost path, a full pool or a
+/// degraded array is a condition within about this long of the kernel
+/// knowing (issue 27 asks for 5 s). One round reads a few sysfs files per
+/// layer and makes one device-mapper call per dm device.
+pub const DEFAULT_STACK_INTERVAL: Duration = Duration::from_secs(1);

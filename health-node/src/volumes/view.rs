@@ -16,7 +16,7 @@
 //! volume name; README.md documents each field.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
 use health_core::conditions::{
@@ -27,6 +27,7 @@ use health_csi::DriverOverride;
 use health_kernel::clock::Clock;
 use health_kernel::collector::KernelError;
 pub use health_kernel::pinned::KernelEvidence;
+use health_topology::stack::{Layer, LayerState, PoolState, StackReader, DM_CONTROL};
 use health_topology::{HostPaths, MountEntry, Topology, TopologyError};
 use serde::Serialize;
 
@@ -34,6 +35,7 @@ use super::{
     run_checks, CsiOutcome, CsiProber, CsiResult, Ext4Errors, StorageOutcome, StorageResult,
     VolumeIndex, VolumeMonitor,
 };
+use crate::volumes::checks::stack::{judge_volumes, read_stacks, volume_devices};
 use crate::volumes::checks::{CheckConfig, CheckReport, Checker};
 use crate::volumes::kubelet::{self, VolumeKind, VolumeMode};
 
@@ -137,6 +139,9 @@ pub struct VolumeView {
     /// What the agent's kernel counters hold for this volume (empty when
     /// nothing is pinned; the command says so).
     pub kernel_errors: Vec<KernelErrorView>,
+    /// The layers under each device of the volume, top first, with their
+    /// state (paths, pool usage, array members, disk state).
+    pub stack: Vec<Layer>,
 }
 
 /// Discovers, resolves, checks and probes every pod volume once, and reads
@@ -153,6 +158,13 @@ pub async fn collect(opts: &ViewOptions) -> Result<(Vec<VolumeView>, KernelEvide
     })
     .await??;
 
+    let stack_volumes = volume_devices(&topo, index.volumes());
+    let stacks = {
+        let topo = Topology::from_parts(topo.devices().to_vec(), Vec::new());
+        let reader = Mutex::new(StackReader::new(&opts.host.sys_root, Path::new(DM_CONTROL)));
+        let volumes = stack_volumes.clone();
+        tokio::task::spawn_blocking(move || read_stacks(&reader, &topo, &volumes))
+    };
     let checker = Checker::new(opts.check.clone());
     let mounts: Arc<[MountEntry]> = topo.shared_mounts();
     let checks = run_checks(&checker, index.volumes(), mounts);
@@ -165,7 +177,13 @@ pub async fn collect(opts: &ViewOptions) -> Result<(Vec<VolumeView>, KernelEvide
         .await;
         tokio::join!(prober.probe(index.volumes()), prober.probe_storage())
     };
-    let (checks, (csi, storage)) = tokio::join!(checks, csi);
+    let (mut checks, (csi, storage), stacks) = tokio::join!(checks, csi, stacks);
+    let stacks = stacks?;
+    checks.extend(judge_volumes(
+        &stacks,
+        &stack_volumes,
+        opts.check.thin_pool_low_percent,
+    ));
     if checker.stuck_probes() > 0 {
         tracing::warn!(
             stuck = checker.stuck_probes(),
@@ -282,6 +300,11 @@ pub async fn collect(opts: &ViewOptions) -> Result<(Vec<VolumeView>, KernelEvide
             csi: csi.iter().find(|o| o.key == v.key).cloned(),
             csi_storage,
             kernel_errors: kernel.iter().map(kernel_error_view).collect(),
+            stack: stack_volumes
+                .iter()
+                .find(|(k, _)| *k == v.key)
+                .map(|(_, devs)| devs.iter().filter_map(|d| stacks.get(d).cloned()).collect())
+                .unwrap_or_default(),
         });
     }
     Ok((views, evidence))
@@ -416,6 +439,60 @@ pub fn human(views: &[VolumeView]) -> String {
         for f in &v.probe_failures {
             out.push_str(&format!("  probe failed [{}]: {}\n", f.source, f.error));
         }
+        for layer in &v.stack {
+            stack_lines(layer, 1, &mut out);
+        }
     }
     out
+}
+
+/// Each layer of a stack on a line, indented by depth, with what its state
+/// says (nothing more for partitions, loop devices and linear dm).
+fn stack_lines(layer: &Layer, depth: usize, out: &mut String) {
+    let what = match &layer.state {
+        LayerState::Plain => String::new(),
+        LayerState::Multipath { queueing, paths } => {
+            let up = paths.iter().filter(|p| p.active).count();
+            let mut s = format!(" multipath, {up} of {} paths up", paths.len());
+            if *queueing {
+                s.push_str(", queueing I/O");
+            }
+            s
+        }
+        LayerState::ThinVolume => " thin volume".into(),
+        LayerState::ThinPool { status } => match status {
+            PoolState::Working {
+                mode,
+                data_percent,
+                metadata_percent,
+                ..
+            } => format!(
+                " thin pool {mode}, data {data_percent:.1}%, metadata {metadata_percent:.1}%"
+            ),
+            PoolState::Failed => " thin pool failed".into(),
+            PoolState::Error => " thin pool status unreadable".into(),
+        },
+        LayerState::Md(md) => format!(
+            " {} {}, {} of {} members{}",
+            md.level,
+            md.array_state,
+            md.raid_disks.saturating_sub(md.degraded),
+            md.raid_disks,
+            md.sync_action
+                .as_ref()
+                .map(|a| format!(", {a}"))
+                .unwrap_or_default()
+        ),
+        LayerState::Disk { state } => format!(" {state}"),
+        LayerState::Unreadable { error } => format!(" unreadable: {error}"),
+    };
+    out.push_str(&format!(
+        "  {}stack: {} ({}){what}\n",
+        "  ".repeat(depth - 1),
+        layer.name,
+        layer.dev
+    ));
+    for below in &layer.below {
+        stack_lines(below, depth + 1, out);
+    }
 }

@@ -36,6 +36,9 @@ const POWEROFF_LIMIT: Duration = Duration::from_secs(60);
 const PRELOAD_MODULES: &[&str] = &["loop", "fuse", "ext4", "xfs"];
 /// A sparse ext4 disk for TMPDIR (see `scratch_disk`).
 const SCRATCH_SIZE: &str = "8G";
+/// The scratch disk is sparse; what the tests write to it (images of a few
+/// hundred MiB, build outputs they copy) must fit on the host's disk.
+const MIN_HOST_FREE: u64 = 4 << 30;
 /// Where the guest mounts it: a tmpfs there already, so nothing of the
 /// host's is hidden (the host's /tmp stays visible in the guest).
 const SCRATCH_MOUNT: &str = "/var/tmp";
@@ -181,8 +184,11 @@ pub fn run_in_guest(
         .arg("--verbose")
         // One word with `=`: argparse would take a separate "-drive..."
         // for an option of its own.
+        // werror/rerror=report: when the host's disk fills up, the guest
+        // sees I/O errors on its scratch disk (and its tests fail saying
+        // so) instead of QEMU pausing it silently until the timeout.
         .arg(format!(
-            "--qemu-opts=-drive file={},if=virtio,format=raw,cache=unsafe",
+            "--qemu-opts=-drive file={},if=virtio,format=raw,cache=unsafe,werror=report,rerror=report",
             scratch.display()
         ))
         .arg("--exec")
@@ -241,6 +247,17 @@ pub fn run_in_guest(
 /// (no FALLOC_FL_ZERO_RANGE), which the kernel tests would see as I/O errors
 /// the host never makes. ext4 behaves as the host's root does.
 fn scratch_disk(dir: &Path) -> anyhow::Result<PathBuf> {
+    let free = nix::sys::statvfs::statvfs(dir)
+        .map(|s| s.blocks_available() * s.fragment_size())
+        .with_context(|| format!("statvfs {}", dir.display()))?;
+    if free < MIN_HOST_FREE {
+        bail!(
+            "only {} MiB free under {}: the guest's scratch disk and the tests' images need {} MiB (free some space, e.g. old target directories)",
+            free >> 20,
+            dir.display(),
+            MIN_HOST_FREE >> 20
+        );
+    }
     let image = dir.join("scratch.img");
     run(Command::new("truncate")
         .args(["-s", SCRATCH_SIZE])

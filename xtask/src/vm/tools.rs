@@ -34,6 +34,10 @@ pub fn ensure(cache: &Path) -> anyhow::Result<Tools> {
         ("dmsetup", "dmsetup"),
         ("mdadm", "mdadm"),
         ("udevadm", "udev"),
+        // The iSCSI scenarios (tests/tests/iscsi.rs) run the open-iscsi
+        // initiator (iscsid, iscsiadm) in the guest against the kernel's LIO
+        // target over loopback.
+        ("iscsiadm", "open-iscsi"),
     ])
     .context("installing the VM tools (Debian packages)")?;
     let venv = cache.join(format!("venv-{}", VIRTME_NG.replace("==", "-")));

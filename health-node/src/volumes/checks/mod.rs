@@ -30,6 +30,7 @@
 mod block;
 mod probe;
 mod reachability;
+pub mod stack;
 mod usage;
 
 use std::path::{Path, PathBuf};
@@ -58,6 +59,9 @@ pub struct CheckConfig {
     pub inodes_low_percent: f64,
     /// Where the host's /sys is visible.
     pub sys_root: PathBuf,
+    /// Degraded when a thin pool under the volume uses this percentage of
+    /// its data or metadata space or more (the stack check).
+    pub thin_pool_low_percent: f64,
 }
 
 impl Default for CheckConfig {
@@ -67,6 +71,7 @@ impl Default for CheckConfig {
             capacity_low_percent: 5.0,
             inodes_low_percent: 5.0,
             sys_root: PathBuf::from("/sys"),
+            thin_pool_low_percent: stack::DEFAULT_THIN_POOL_LOW_PERCENT,
         }
     }
 }

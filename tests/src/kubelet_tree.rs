@@ -1,0 +1,111 @@
+//! A kubelet-like directory tree of local PVs for the VM suites
+//! (tests/device_faults.rs, tests/storage_stacks.rs): the agent finds pod
+//! volumes in it as it finds them under a real kubelet's root.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use tempfile::TempDir;
+
+use crate::agent::Agent;
+use crate::devices::{self, BlockDev};
+use crate::{cmd, fs, Mount};
+
+/// Size of the filesystems [`Kubelet::fs_volume`] makes: small enough for
+/// the test devices (64 MiB scsi_debug disks) to keep a region beyond it
+/// that only the tests' own reads touch.
+pub const FS_SIZE: &str = "32M";
+
+/// A kubelet-like tree with local PVs: filesystem volumes at
+/// `pods/<uid>/volumes/kubernetes.io~local-volume/<pv>` (a bind mount of
+/// the device's mount, as kubelet makes it) and block volumes at
+/// `pods/<uid>/volumeDevices/kubernetes.io~local-volume/<pv>` (a device
+/// node). Unmounted on drop, before the devices (declare it after them).
+pub struct Kubelet {
+    pub root: TempDir,
+    mounts: Vec<Mount>,
+}
+
+impl Kubelet {
+    pub fn new() -> Result<Kubelet> {
+        Ok(Kubelet {
+            root: tempfile::Builder::new().prefix("kubelet-").tempdir()?,
+            mounts: Vec::new(),
+        })
+    }
+
+    pub fn root_arg(&self) -> &str {
+        self.root.path().to_str().expect("temp paths are UTF-8")
+    }
+
+    /// ext4 of [`FS_SIZE`] on `dev`, mounted at the PV's local path and bind
+    /// mounted into the pod's volume directory; returns the pod's path.
+    pub fn fs_volume(&mut self, pod: &str, pv: &str, dev: &Path) -> Result<PathBuf> {
+        cmd::run(
+            "mkfs.ext4",
+            &[
+                "-q",
+                "-F",
+                "-E",
+                "lazy_itable_init=0,lazy_journal_init=0,nodiscard",
+                &dev.to_string_lossy(),
+                FS_SIZE,
+            ],
+        )?;
+        let local = self.root.path().join("local").join(pv);
+        std::fs::create_dir_all(&local)?;
+        self.mounts
+            .push(Mount::at(dev, &local, "ext4", "errors=continue")?);
+        let target = self
+            .root
+            .path()
+            .join("pods")
+            .join(pod)
+            .join("volumes/kubernetes.io~local-volume")
+            .join(pv);
+        std::fs::create_dir_all(&target)?;
+        self.mounts
+            .push(Mount::at(&local, &target, "none", "bind")?);
+        // Nothing left to write back once the agent watches.
+        fs::sync_fs(&target)?;
+        Ok(target)
+    }
+
+    /// A block-mode local PV: the device node in the pod's directory.
+    pub fn block_volume(&self, pod: &str, pv: &str, dev: &BlockDev) -> Result<PathBuf> {
+        let node = self
+            .root
+            .path()
+            .join("pods")
+            .join(pod)
+            .join("volumeDevices/kubernetes.io~local-volume")
+            .join(pv);
+        std::fs::create_dir_all(node.parent().context("node has a parent")?)?;
+        let (major, minor) = dev.numbers()?;
+        nix::sys::stat::mknod(
+            &node,
+            nix::sys::stat::SFlag::S_IFBLK,
+            nix::sys::stat::Mode::from_bits_truncate(0o600),
+            libc::makedev(major, minor),
+        )
+        .with_context(|| format!("mknod {}", node.display()))?;
+        Ok(node)
+    }
+
+    /// The agent, watching this tree, with checks every second.
+    pub fn agent(&self, extra: &[&str]) -> Result<Agent> {
+        let mut args = vec!["--kubelet-root", self.root_arg(), "--check-interval", "1"];
+        args.extend_from_slice(extra);
+        // udev's probes of the devices just made are over before it counts.
+        devices::settle();
+        Agent::start(&args)
+    }
+}
+
+impl Drop for Kubelet {
+    fn drop(&mut self) {
+        while let Some(m) = self.mounts.pop() {
+            drop(m);
+        }
+    }
+}
