@@ -158,11 +158,13 @@ impl<R: Reporter> Agent<R> {
         if self.last_rescan != self.pruned_at {
             self.pruned_at = self.last_rescan;
             let live = live_devices(&self.topo);
-            // Only devices a topology knew can be gone: the counters of one
-            // that never was (a disk sysfs does not list) stay, named by
-            // number, instead of vanishing from the totals.
+            // Only devices a topology listed can be gone: the counters of
+            // one that never was (a disk sysfs does not list) stay, named
+            // by number, instead of vanishing from the totals. A detached
+            // loop device stays listed (size 0), so it is known.
             let known = &mut self.ever_known;
             known.extend(live.iter().copied());
+            known.extend(self.topo.devices().iter().map(|d| d.dev.to_kernel()));
             let pruned = self.collector.prune(
                 |dev| known.contains(&dev) && !live.contains(&dev),
                 &mut self.batch,
