@@ -1,5 +1,5 @@
 //! A kubelet-like directory tree of local PVs for the VM suites
-//! (tests/device_faults.rs, tests/storage_stacks.rs): the agent finds pod
+//! (device_faults, storage_stacks, nvme_multipath, iscsi): the agent finds pod
 //! volumes in it as it finds them under a real kubelet's root.
 
 use std::path::{Path, PathBuf};

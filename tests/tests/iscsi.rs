@@ -24,18 +24,18 @@
 //! logout, iscsid stopped, configfs entries, dm and loop devices removed).
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use health_tests::agent::{Agent, AgentRun};
-use health_tests::devices::{self, BlockDev};
+use health_tests::agent::AgentRun;
+use health_tests::devices::BlockDev;
 use health_tests::iscsi::{DirectReader, IscsiStack, LoopbackDown, Timeouts};
-use health_tests::{cmd, fs, kernel_alone, require_root, Mount};
+use health_tests::kubelet_tree::Kubelet;
+use health_tests::{fs, kernel_alone, require_root};
 use serde_json::Value;
-use tempfile::TempDir;
 
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -47,7 +47,6 @@ const POD_A: &str = "da7a0000-0000-4000-8000-0000000015c1";
 const DISK_MB: u64 = 64;
 /// Size of the filesystem on the sd disk: the sectors the test fails or
 /// reads are beyond it, so the filesystem never touches them.
-const FS_SIZE: &str = "32M";
 /// Where the backend fails (512-byte sectors): 40 MiB in.
 const BAD_SECTOR: u64 = 81_920;
 const BAD_COUNT: u64 = 8_192;
@@ -69,73 +68,6 @@ fn request_source() -> &'static str {
         "block_rq_error"
     } else {
         "block_rq_complete"
-    }
-}
-
-/// A kubelet-like tree with a local PV: ext4 on the device, mounted at the
-/// PV's local path and bind mounted into
-/// `pods/<uid>/volumes/kubernetes.io~local-volume/<pv>`. A private copy of
-/// device_faults.rs's fixture. Unmounted on drop, before the devices
-/// (declare it after them).
-struct Kubelet {
-    root: TempDir,
-    mounts: Vec<Mount>,
-}
-
-impl Kubelet {
-    fn new() -> Result<Kubelet> {
-        Ok(Kubelet {
-            root: tempfile::Builder::new().prefix("kubelet-").tempdir()?,
-            mounts: Vec::new(),
-        })
-    }
-
-    fn root_arg(&self) -> &str {
-        self.root.path().to_str().expect("temp paths are UTF-8")
-    }
-
-    fn fs_volume(&mut self, pod: &str, pv: &str, dev: &Path) -> Result<PathBuf> {
-        cmd::run(
-            "mkfs.ext4",
-            &[
-                "-q",
-                "-F",
-                "-E",
-                "lazy_itable_init=0,lazy_journal_init=0,nodiscard",
-                &dev.to_string_lossy(),
-                FS_SIZE,
-            ],
-        )?;
-        let local = self.root.path().join("local").join(pv);
-        std::fs::create_dir_all(&local)?;
-        self.mounts
-            .push(Mount::at(dev, &local, "ext4", "errors=continue")?);
-        let target = self
-            .root
-            .path()
-            .join("pods")
-            .join(pod)
-            .join("volumes/kubernetes.io~local-volume")
-            .join(pv);
-        std::fs::create_dir_all(&target)?;
-        self.mounts
-            .push(Mount::at(&local, &target, "none", "bind")?);
-        fs::sync_fs(&target)?;
-        Ok(target)
-    }
-
-    /// The agent, watching this tree, with checks every second.
-    fn agent(&self) -> Result<Agent> {
-        devices::settle();
-        Agent::start(&["--kubelet-root", self.root_arg(), "--check-interval", "1"])
-    }
-}
-
-impl Drop for Kubelet {
-    fn drop(&mut self) {
-        while let Some(m) = self.mounts.pop() {
-            drop(m);
-        }
     }
 }
 
@@ -235,7 +167,7 @@ fn iscsi_backend_errors_are_counted_on_the_sd_disk() -> Result<()> {
     let disk = stack.disk.clone();
     let mut kubelet = Kubelet::new()?;
     kubelet.fs_volume(POD_A, "pv-iscsi", &disk.path)?;
-    let mut agent = kubelet.agent()?;
+    let mut agent = kubelet.agent(&[])?;
     eprintln!(
         "{}: {} ({}) over session {} to {}, backend {} ({})",
         kernel_release(),
@@ -359,7 +291,7 @@ fn iscsi_session_lost_blocks_then_offlines_the_disk() -> Result<()> {
     let mut kubelet = Kubelet::new()?;
     let pv = "pv-iscsi-session";
     kubelet.fs_volume(POD_A, pv, &disk.path)?;
-    let agent = kubelet.agent()?;
+    let agent = kubelet.agent(&[])?;
     let blocked_line = raised(POD_A, pv, "Inaccessible DeviceBlocked", "check/stack");
     let offline_line = raised(POD_A, pv, "Inaccessible TransportOffline", "check/stack");
     let offline_cleared = cleared(POD_A, pv, "Inaccessible TransportOffline", "check/stack");

@@ -19,18 +19,18 @@
 //! condition lines, and tears its devices down even when it fails.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use health_tests::agent::{volumes_json, Agent, AgentRun};
 use health_tests::bpffs::Bpffs;
-use health_tests::devices::{self, BlockDev, DmDevice, TmpfsLoop};
+use health_tests::devices::{BlockDev, DmDevice, TmpfsLoop};
+use health_tests::kubelet_tree::Kubelet;
 use health_tests::nvmet::{self, NvmeOf, Timeouts};
-use health_tests::{cmd, fs, kernel_alone, require_root, Mount};
+use health_tests::{cmd, fs, kernel_alone, require_root};
 use serde_json::Value;
-use tempfile::TempDir;
 
 const WAIT: Duration = Duration::from_secs(30);
 const EIO: i32 = libc::EIO;
@@ -46,7 +46,6 @@ const PORT_2: u16 = 4421;
 const BACKEND_MB: u64 = 64;
 const BAD_OFFSET: u64 = 48 << 20;
 const BAD_LEN: u64 = 1 << 20;
-const FS_SIZE: &str = "32M";
 
 /// The source that reports failed requests on this kernel (see
 /// device_faults.rs).
@@ -133,97 +132,6 @@ impl Stack {
 
 // ---------------------------------------------------------------------------------------
 // A kubelet-like tree (a private copy of device_faults.rs's fixture).
-
-/// Filesystem volumes at `pods/<uid>/volumes/kubernetes.io~local-volume/<pv>`
-/// (a bind mount of the device's mount) and block volumes at
-/// `pods/<uid>/volumeDevices/kubernetes.io~local-volume/<pv>` (a device
-/// node). Unmounted on drop, before the devices (declare it after them).
-struct Kubelet {
-    root: TempDir,
-    mounts: Vec<Mount>,
-}
-
-impl Kubelet {
-    fn new() -> Result<Kubelet> {
-        Ok(Kubelet {
-            root: tempfile::Builder::new().prefix("kubelet-").tempdir()?,
-            mounts: Vec::new(),
-        })
-    }
-
-    fn root_arg(&self) -> &str {
-        self.root.path().to_str().expect("temp paths are UTF-8")
-    }
-
-    /// ext4 of [`FS_SIZE`] on `dev`, mounted and bind mounted into the pod's
-    /// volume directory; returns the pod's path.
-    fn fs_volume(&mut self, pod: &str, pv: &str, dev: &Path) -> Result<PathBuf> {
-        cmd::run(
-            "mkfs.ext4",
-            &[
-                "-q",
-                "-F",
-                "-E",
-                "lazy_itable_init=0,lazy_journal_init=0,nodiscard",
-                &dev.to_string_lossy(),
-                FS_SIZE,
-            ],
-        )?;
-        let local = self.root.path().join("local").join(pv);
-        std::fs::create_dir_all(&local)?;
-        self.mounts
-            .push(Mount::at(dev, &local, "ext4", "errors=continue")?);
-        let target = self
-            .root
-            .path()
-            .join("pods")
-            .join(pod)
-            .join("volumes/kubernetes.io~local-volume")
-            .join(pv);
-        std::fs::create_dir_all(&target)?;
-        self.mounts
-            .push(Mount::at(&local, &target, "none", "bind")?);
-        fs::sync_fs(&target)?;
-        Ok(target)
-    }
-
-    /// A block-mode local PV: the device node in the pod's directory.
-    fn block_volume(&self, pod: &str, pv: &str, dev: &BlockDev) -> Result<PathBuf> {
-        let node = self
-            .root
-            .path()
-            .join("pods")
-            .join(pod)
-            .join("volumeDevices/kubernetes.io~local-volume")
-            .join(pv);
-        std::fs::create_dir_all(node.parent().context("node has a parent")?)?;
-        let (major, minor) = dev.numbers()?;
-        nix::sys::stat::mknod(
-            &node,
-            nix::sys::stat::SFlag::S_IFBLK,
-            nix::sys::stat::Mode::from_bits_truncate(0o600),
-            libc::makedev(major, minor),
-        )
-        .with_context(|| format!("mknod {}", node.display()))?;
-        Ok(node)
-    }
-
-    /// The agent, watching this tree, with checks every second.
-    fn agent(&self, extra: &[&str]) -> Result<Agent> {
-        let mut args = vec!["--kubelet-root", self.root_arg(), "--check-interval", "1"];
-        args.extend_from_slice(extra);
-        devices::settle();
-        Agent::start(&args)
-    }
-}
-
-impl Drop for Kubelet {
-    fn drop(&mut self) {
-        while let Some(m) = self.mounts.pop() {
-            drop(m);
-        }
-    }
-}
 
 // ---------------------------------------------------------------------------------------
 // Events and condition lines.
