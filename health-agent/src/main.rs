@@ -179,6 +179,11 @@ struct VolumeArgs {
     /// percentage of its data or metadata space or more.
     #[arg(long, value_name = "PERCENT", default_value_t = CheckConfig::default().thin_pool_low_percent)]
     thin_pool_low_percent: f64,
+    /// Seconds between reads of each NVMe controller's SMART / health log
+    /// (critical warnings), and at once after a kernel error; 0: never.
+    /// Needs CAP_SYS_ADMIN (said once when missing).
+    #[arg(long, value_name = "SECS", default_value_t = CheckConfig::default().nvme_health_interval.as_secs_f64())]
+    nvme_health_interval: f64,
 }
 
 #[derive(clap::Args)]
@@ -444,6 +449,8 @@ fn check_config(args: &VolumeArgs, host: &HostPaths) -> anyhow::Result<CheckConf
         inodes_low_percent: args.inodes_low_percent,
         sys_root: host.sys_root.clone(),
         thin_pool_low_percent: args.thin_pool_low_percent,
+        nvme_health_interval: seconds("nvme-health-interval", args.nvme_health_interval)
+            .map_err(anyhow::Error::msg)?,
     })
 }
 

@@ -48,9 +48,11 @@ pub mod mount_ns;
 pub mod nvmet;
 pub mod program_runs;
 pub mod protocol;
+pub mod qemu;
 pub mod real_cluster;
 pub mod stacks;
 pub mod sys;
+pub mod vm_report;
 
 use std::sync::{Mutex, MutexGuard, PoisonError};
 

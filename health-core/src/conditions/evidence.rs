@@ -245,6 +245,20 @@ pub enum CheckFinding {
         device: String,
         state: String,
     },
+    /// An NVMe controller under the volume sets critical warning bits in
+    /// its SMART / health log: the drive says it is failing, whether or
+    /// not a request has failed yet.
+    NvmeCriticalWarning {
+        /// The namespace's disk (`nvme0n1`) and its controller (`nvme0`).
+        device: String,
+        controller: String,
+        /// The warning byte and its bits in words.
+        warning: u8,
+        words: Vec<String>,
+        available_spare: u8,
+        spare_threshold: u8,
+        percentage_used: u8,
+    },
 }
 
 impl CheckFinding {
@@ -262,6 +276,14 @@ impl CheckFinding {
             | CheckFinding::ThinPoolReadOnly { .. }
             | CheckFinding::ThinPoolFailed { .. }
             | CheckFinding::DeviceNotRunning { .. } => Status::Inaccessible,
+            // Bit 3: the media is read-only, every write fails. The other
+            // bits (spare used up, temperature, reliability, backup power)
+            // warn of a drive that still serves I/O; data the kernel saw
+            // lost is DataLoss MediumErrors from the kernel's evidence.
+            CheckFinding::NvmeCriticalWarning { warning, .. } if warning & 0x08 != 0 => {
+                Status::Inaccessible
+            }
+            CheckFinding::NvmeCriticalWarning { .. } => Status::Degraded,
             CheckFinding::CapacityLow { .. }
             | CheckFinding::CapacityExhausted { .. }
             | CheckFinding::InodesLow { .. }
@@ -298,6 +320,7 @@ impl CheckFinding {
                 "connecting" => "ControllerConnecting",
                 _ => "DeviceOffline",
             },
+            CheckFinding::NvmeCriticalWarning { .. } => "NvmeCriticalWarning",
         }
     }
 
@@ -436,6 +459,18 @@ impl CheckFinding {
                 ),
                 _ => format!("disk {device} is {state}: its I/O fails"),
             },
+            CheckFinding::NvmeCriticalWarning {
+                device,
+                controller,
+                warning,
+                words,
+                available_spare,
+                spare_threshold,
+                percentage_used,
+            } => format!(
+                "NVMe controller {controller} of disk {device} reports a critical warning ({warning:#04x}): {}; available spare {available_spare}% (threshold {spare_threshold}%), {percentage_used}% of rated life used",
+                words.join(", ")
+            ),
         }
     }
 }

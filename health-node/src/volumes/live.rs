@@ -14,14 +14,15 @@
 //! task of its own, at most one at a time.
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use health_core::conditions::ConditionConfig;
 use health_csi::DriverOverride;
 use health_kernel::collector::KernelError;
-use health_topology::stack::{StackReader, DM_CONTROL};
+use health_topology::stack::StackReader;
 use health_topology::{MountEntry, Topology};
 use tokio::sync::Mutex;
 use tokio::task::JoinHandle;
@@ -32,7 +33,7 @@ use super::{
     CsiOutcome, CsiProber, IndexedVolume, StorageOutcome, VolumeChanges, VolumeIndex, VolumeKey,
     VolumeMonitor,
 };
-use crate::volumes::checks::stack::{check_stacks, volume_devices, StackOutcome};
+use crate::volumes::checks::stack::{check_stacks, stack_reader, volume_devices, StackOutcome};
 use crate::volumes::checks::{CheckConfig, Checker};
 use crate::volumes::kubelet::{self, KubeletVolume};
 
@@ -115,6 +116,9 @@ pub struct LiveVolumes {
     /// Each volume's last stack summary, to report changes only.
     stack_seen: HashMap<VolumeKey, String>,
     stack_reader: Arc<std::sync::Mutex<StackReader>>,
+    /// Set at a kernel error: the next stack round reads the NVMe health
+    /// logs (rate limited), so a drive's warning comes with its first error.
+    nvme_health_trigger: Option<Arc<AtomicBool>>,
     schedule: CheckSchedule,
     /// The mount table the checks use, shared with their tasks; replaced
     /// with the index.
@@ -139,7 +143,7 @@ impl LiveVolumes {
         schedule.sync(index.volumes(), Instant::now());
         let mut stack_tick = tokio::time::interval(cfg.stack_interval);
         stack_tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
-        let stack_reader = StackReader::new(&cfg.check.sys_root, Path::new(DM_CONTROL));
+        let (stack_reader, nvme_health_trigger) = stack_reader(&cfg.check);
         Self {
             monitor: VolumeMonitor::new(index, cfg.conditions.clone()),
             checker: Checker::new(cfg.check.clone()),
@@ -155,6 +159,7 @@ impl LiveVolumes {
             stack_round: None,
             stack_seen: HashMap::new(),
             stack_reader: Arc::new(std::sync::Mutex::new(stack_reader)),
+            nvme_health_trigger,
             schedule,
             mounts: topo.mounts().into(),
         }
@@ -230,6 +235,9 @@ impl LiveVolumes {
         let now = SystemTime::now();
         for e in batch {
             self.monitor.record(e, now);
+        }
+        if let (Some(t), false) = (&self.nvme_health_trigger, batch.is_empty()) {
+            t.store(true, Ordering::Relaxed);
         }
         if self.monitor.take_urgent() {
             self.monitor.flush_kernel(now)

@@ -27,7 +27,7 @@ use health_csi::DriverOverride;
 use health_kernel::clock::Clock;
 use health_kernel::collector::KernelError;
 pub use health_kernel::pinned::KernelEvidence;
-use health_topology::stack::{Layer, LayerState, PoolState, StackReader, DM_CONTROL};
+use health_topology::stack::{Layer, LayerState, PoolState};
 use health_topology::{HostPaths, MountEntry, Topology, TopologyError};
 use serde::Serialize;
 
@@ -35,7 +35,7 @@ use super::{
     run_checks, CsiOutcome, CsiProber, CsiResult, Ext4Errors, StorageOutcome, StorageResult,
     VolumeIndex, VolumeMonitor,
 };
-use crate::volumes::checks::stack::{judge_volumes, read_stacks, volume_devices};
+use crate::volumes::checks::stack::{judge_volumes, read_stacks, stack_reader, volume_devices};
 use crate::volumes::checks::{CheckConfig, CheckReport, Checker};
 use crate::volumes::kubelet::{self, VolumeKind, VolumeMode};
 
@@ -161,7 +161,11 @@ pub async fn collect(opts: &ViewOptions) -> Result<(Vec<VolumeView>, KernelEvide
     let stack_volumes = volume_devices(&topo, index.volumes());
     let stacks = {
         let topo = Topology::from_parts(topo.devices().to_vec(), Vec::new());
-        let reader = Mutex::new(StackReader::new(&opts.host.sys_root, Path::new(DM_CONTROL)));
+        let check = CheckConfig {
+            sys_root: opts.host.sys_root.clone(),
+            ..opts.check.clone()
+        };
+        let reader = Mutex::new(stack_reader(&check).0);
         let volumes = stack_volumes.clone();
         tokio::task::spawn_blocking(move || read_stacks(&reader, &topo, &volumes))
     };
@@ -483,7 +487,25 @@ fn stack_lines(layer: &Layer, depth: usize, out: &mut String) {
                 .map(|a| format!(", {a}"))
                 .unwrap_or_default()
         ),
-        LayerState::Disk { state } => format!(" {state}"),
+        LayerState::Disk { state, health } => {
+            let mut s = format!(" {state}");
+            if let Some(h) = health {
+                match (&h.log, &h.error) {
+                    (Some(log), _) => s.push_str(&format!(
+                        ", {} health: critical warning {:#04x}, spare {}% (threshold {}%), {}% used, {} media errors",
+                        h.controller,
+                        log.critical_warning,
+                        log.available_spare,
+                        log.available_spare_threshold,
+                        log.percentage_used,
+                        log.media_errors
+                    )),
+                    (None, Some(e)) => s.push_str(&format!(", health log unreadable: {e}")),
+                    (None, None) => {}
+                }
+            }
+            s
+        }
         LayerState::Unreadable { error } => format!(" unreadable: {error}"),
     };
     out.push_str(&format!(

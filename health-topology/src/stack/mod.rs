@@ -14,6 +14,7 @@
 pub mod dm_ioctl;
 pub mod dm_status;
 pub mod md;
+pub mod nvme_health;
 
 use std::collections::{HashMap, HashSet};
 use std::fs;
@@ -27,6 +28,7 @@ use crate::Topology;
 use dm_ioctl::{DmControl, DmTarget, Query};
 use dm_status::{parse_multipath, parse_thin_pool, MultipathStatus, ThinPoolStatus};
 use md::{read_md, MdState};
+use nvme_health::{NvmeHealth, SmartCache};
 
 /// Where the device-mapper control node is on a host (and in the agent's
 /// container, which mounts the host's /dev).
@@ -72,6 +74,10 @@ pub enum LayerState {
     /// `connecting`, `resetting`, `deleting`, `dead`).
     Disk {
         state: String,
+        /// An NVMe namespace's controller's SMART / health log, where the
+        /// reader reads them ([`StackReader::with_nvme_health`]).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        health: Option<NvmeHealth>,
     },
     /// The layer's state could not be read; never taken as healthy.
     Unreadable {
@@ -131,6 +137,10 @@ pub struct StackReader {
     dm_warned: bool,
     /// Every path disk seen under each NVMe head, by name.
     nvme_seen: HashMap<Dev, std::collections::BTreeMap<String, Dev>>,
+    /// NVMe controllers' health logs, when read at all.
+    smart: Option<SmartCache>,
+    /// The controllers asked about this round.
+    smart_asked: HashSet<String>,
 }
 
 impl StackReader {
@@ -141,16 +151,41 @@ impl StackReader {
             dm: None,
             dm_warned: false,
             nvme_seen: HashMap::new(),
+            smart: None,
+            smart_asked: HashSet::new(),
         }
+    }
+
+    /// Also read each NVMe namespace's controller's SMART / health log
+    /// (from its character device in `dev_dir`), at most every `interval`
+    /// and sooner when the returned trigger is set (an error on a disk).
+    pub fn with_nvme_health(
+        mut self,
+        dev_dir: &Path,
+        interval: std::time::Duration,
+    ) -> (Self, std::sync::Arc<std::sync::atomic::AtomicBool>) {
+        let cache = SmartCache::new(dev_dir, interval);
+        let trigger = cache.trigger();
+        self.smart = Some(cache);
+        (self, trigger)
     }
 
     /// The stacks under `devs`, each layer read once however many stacks
     /// share it (the pool under many thin volumes).
     pub fn read(&mut self, topo: &Topology, devs: &[Dev]) -> HashMap<Dev, Layer> {
+        if let Some(c) = &mut self.smart {
+            c.start_round(std::time::Instant::now());
+        }
+        self.smart_asked.clear();
         let mut states: HashMap<Dev, LayerState> = HashMap::new();
-        devs.iter()
+        let out = devs
+            .iter()
             .map(|&d| (d, self.layer(topo, d, 0, &mut HashSet::new(), &mut states)))
-            .collect()
+            .collect();
+        if let Some(c) = &mut self.smart {
+            c.retain(&self.smart_asked);
+        }
+        out
     }
 
     fn layer(
@@ -248,9 +283,26 @@ impl StackReader {
             };
         }
         match read_attr(&dir.join("device/state")) {
-            Ok(state) => LayerState::Disk { state },
+            Ok(state) => LayerState::Disk {
+                state,
+                health: self.nvme_health(name, &dir),
+            },
             Err(_) => LayerState::Plain,
         }
+    }
+
+    /// The health log of an NVMe namespace's controller (`nvme0n1`'s
+    /// `device` is `nvme0`); `None` for other disks, or when not read.
+    fn nvme_health(&mut self, name: &str, dir: &Path) -> Option<NvmeHealth> {
+        let cache = self.smart.as_mut()?;
+        crate::nvme::head_numbers(name)?;
+        let link = fs::read_link(dir.join("device")).ok()?;
+        let ctrl = link.file_name()?.to_str()?.to_string();
+        if !ctrl.starts_with("nvme") {
+            return None;
+        }
+        self.smart_asked.insert(ctrl.clone());
+        cache.health(&ctrl, std::time::Instant::now())
     }
 
     /// An NVMe head's paths, by name from sysfs (5.10 lists the path disks
@@ -555,13 +607,15 @@ mod tests {
                 (
                     "sda",
                     &LayerState::Disk {
-                        state: "offline".into()
+                        state: "offline".into(),
+                        health: None,
                     }
                 ),
                 (
                     "sdb",
                     &LayerState::Disk {
-                        state: "running".into()
+                        state: "running".into(),
+                        health: None,
                     }
                 ),
             ]

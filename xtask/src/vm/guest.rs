@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 
+use super::devices;
 use super::kernels::Kernel;
 use super::tools::Tools;
 use crate::util::{run, say};
@@ -77,10 +78,14 @@ fn script(dir: &Path, steps: &[Step], env: &Env, hang_report: Option<Duration>) 
     // reads instead of 2). Stopped, the guest is like the host the suite
     // is written for; devtmpfs still creates the device nodes.
     s.push_str("udevadm control --exit 2>/dev/null\n");
-    // The only virtio disk is the scratch disk.
+    // The scratch disk is the virtio disk with its serial (the others are
+    // the tests', see `devices`).
     s.push_str(&format!(
-        "if modprobe -q virtio_blk && mount -t ext4 /dev/vda {m}; then chmod 1777 {m}; export TMPDIR={m}; \
+        "modprobe -q virtio_blk; scratch=; for b in /sys/block/vd*; do \
+         [ \"$(cat $b/serial 2>/dev/null)\" = {serial} ] && scratch=/dev/${{b##*/}}; done; \
+         if [ -n \"$scratch\" ] && mount -t ext4 $scratch {m}; then chmod 1777 {m}; export TMPDIR={m}; \
          else echo 'xtask vm: no scratch disk; temporary files stay in memory' >&2; fi\n",
+        serial = devices::SCRATCH_SERIAL,
         m = SCRATCH_MOUNT
     ));
     s.push_str(&format!(
@@ -161,7 +166,10 @@ pub fn run_in_guest(
         .timeout
         .checked_sub(HANG_REPORT_BEFORE_TIMEOUT)
         .filter(|d| *d >= HANG_REPORT_BEFORE_TIMEOUT);
-    fs::write(&script_path, script(dir.path(), steps, env, hang_report))
+    // The tests find the guest's faulty disks and QMP port by these.
+    let mut env = env.clone();
+    env.extend(devices::guest_env());
+    fs::write(&script_path, script(dir.path(), steps, &env, hang_report))
         .with_context(|| format!("writing {}", script_path.display()))?;
     let console = dir.path().join("console.log");
     let console_file =
@@ -184,12 +192,9 @@ pub fn run_in_guest(
         .arg("--verbose")
         // One word with `=`: argparse would take a separate "-drive..."
         // for an option of its own.
-        // werror/rerror=report: when the host's disk fills up, the guest
-        // sees I/O errors on its scratch disk (and its tests fail saying
-        // so) instead of QEMU pausing it silently until the timeout.
         .arg(format!(
-            "--qemu-opts=-drive file={},if=virtio,format=raw,cache=unsafe,werror=report,rerror=report",
-            scratch.display()
+            "--qemu-opts={}",
+            devices::qemu_opts(dir.path(), &scratch)?
         ))
         .arg("--exec")
         .arg(format!("sh {}", quote(&script_path.to_string_lossy())))

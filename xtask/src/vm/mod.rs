@@ -17,6 +17,7 @@
 //! is cached beside the eBPF toolchain, so only the first run downloads.
 
 mod apt;
+mod devices;
 mod guest;
 mod kernels;
 mod tools;

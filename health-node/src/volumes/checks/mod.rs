@@ -62,7 +62,14 @@ pub struct CheckConfig {
     /// Degraded when a thin pool under the volume uses this percentage of
     /// its data or metadata space or more (the stack check).
     pub thin_pool_low_percent: f64,
+    /// How often each NVMe controller's SMART / health log is read by the
+    /// stack check (sooner after a kernel error); zero: never.
+    pub nvme_health_interval: Duration,
 }
+
+/// Default of `--nvme-health-interval`: a drive's warnings change over
+/// hours; an error on its disks reads the log at once anyway.
+pub const DEFAULT_NVME_HEALTH_INTERVAL: Duration = Duration::from_secs(60);
 
 impl Default for CheckConfig {
     fn default() -> Self {
@@ -72,6 +79,7 @@ impl Default for CheckConfig {
             inodes_low_percent: 5.0,
             sys_root: PathBuf::from("/sys"),
             thin_pool_low_percent: stack::DEFAULT_THIN_POOL_LOW_PERCENT,
+            nvme_health_interval: DEFAULT_NVME_HEALTH_INTERVAL,
         }
     }
 }

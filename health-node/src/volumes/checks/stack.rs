@@ -11,17 +11,21 @@
 //! | thin pool out of data space (writes queue or fail) | `ThinPoolFull` | Inaccessible |
 //! | thin pool read-only / failed | `ThinPoolReadOnly` / `ThinPoolFailed` | Inaccessible |
 //! | a disk `offline`, `transport-offline` or `blocked` (not a multipath path) | `DeviceOffline`, `TransportOffline`, `DeviceBlocked` | Inaccessible |
+//! | an NVMe namespace's controller sets critical warning bits | `NvmeCriticalWarning` | Inaccessible for read-only media, else Degraded |
 //!
 //! A layer whose state could not be read makes the whole result a failed
 //! probe: it may be the layer that holds a condition, and a failed probe is
 //! never a recovery.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::Mutex;
+use std::path::Path;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
 
 use health_core::conditions::{CheckFinding, CheckKind, CheckResult};
 use health_core::dev::Dev;
-use health_topology::stack::{Layer, LayerState, PoolState, StackReader};
+use health_topology::stack::nvme_health::{warning_words, NvmeHealth};
+use health_topology::stack::{Layer, LayerState, PoolState, StackReader, DM_CONTROL};
 use health_topology::Topology;
 
 use super::CheckReport;
@@ -30,6 +34,21 @@ use crate::volumes::{IndexedVolume, VolumeKey};
 /// Default of `--thin-pool-low-percent`: LVM's own autoextend default
 /// threshold is 70-100 %; past 90 % a busy pool has little time left.
 pub const DEFAULT_THIN_POOL_LOW_PERCENT: f64 = 90.0;
+
+/// The stack reader `cfg` asks for: with NVMe health logs unless their
+/// interval is zero, and the trigger that reads them at once.
+pub fn stack_reader(cfg: &super::CheckConfig) -> (StackReader, Option<Arc<AtomicBool>>) {
+    let reader = StackReader::new(&cfg.sys_root, Path::new(DM_CONTROL));
+    if cfg.nvme_health_interval.is_zero() {
+        return (reader, None);
+    }
+    let (reader, trigger) = reader.with_nvme_health(Path::new(DEV_DIR), cfg.nvme_health_interval);
+    (reader, Some(trigger))
+}
+
+/// Where the NVMe controllers' character devices are (the host's /dev, as
+/// the agent's container mounts it).
+const DEV_DIR: &str = "/dev";
 
 /// Each volume with the block devices it lives on (several for a btrfs
 /// filesystem; none for a volume that is not mounted or has no block
@@ -126,7 +145,18 @@ fn layer_summary(l: &Layer) -> String {
                 .map(|a| format!(" {a} {}%", md.sync_percent().unwrap_or(0) / 10 * 10))
                 .unwrap_or_default()
         )),
-        LayerState::Disk { state } => s.push_str(&format!(" {state}")),
+        LayerState::Disk { state, health } => {
+            s.push_str(&format!(" {state}"));
+            if let Some(h) = health {
+                match h.log {
+                    Some(log) if log.critical_warning != 0 => {
+                        s.push_str(&format!(" critical warning {:#04x}", log.critical_warning))
+                    }
+                    None => s.push_str(" health log unreadable"),
+                    Some(_) => {}
+                }
+            }
+        }
         LayerState::Unreadable { error } => s.push_str(&format!(" unreadable ({error})")),
     }
     if !l.below.is_empty() {
@@ -233,7 +263,7 @@ fn judge_layer(
                     .iter()
                     .find(|l| l.dev == p.dev)
                     .and_then(|l| match &l.state {
-                        LayerState::Disk { state } if is_down(state) => Some(state.clone()),
+                        LayerState::Disk { state, .. } if is_down(state) => Some(state.clone()),
                         _ => None,
                     });
                 match (p.active, disk_state) {
@@ -317,12 +347,32 @@ fn judge_layer(
                 _ => {}
             },
         },
-        LayerState::Disk { state } => {
+        LayerState::Disk { state, health } => {
             if is_down(state) && !multipath_paths.contains(&layer.dev) {
                 findings.push(CheckFinding::DeviceNotRunning {
                     device: layer.name.clone(),
                     state: state.clone(),
                 });
+            }
+            // An unreadable log is no finding and no failed probe: the
+            // cache keeps the last page read, so a warning stays raised.
+            if let Some(NvmeHealth {
+                controller,
+                log: Some(log),
+                ..
+            }) = health
+            {
+                if log.critical_warning != 0 {
+                    findings.push(CheckFinding::NvmeCriticalWarning {
+                        device: layer.name.clone(),
+                        controller: controller.clone(),
+                        warning: log.critical_warning,
+                        words: warning_words(log.critical_warning),
+                        available_spare: log.available_spare,
+                        spare_threshold: log.available_spare_threshold,
+                        percentage_used: log.percentage_used,
+                    });
+                }
             }
         }
     }
@@ -358,6 +408,7 @@ mod tests {
     fn scsi(dev: Dev, name: &str, state: &str) -> Layer {
         let state = LayerState::Disk {
             state: state.into(),
+            health: None,
         };
         layer(dev, name, state, vec![])
     }
@@ -512,6 +563,55 @@ mod tests {
         assert_eq!(
             judge(&[&broken], 90.0),
             CheckResult::ProbeFailed("dm-0: opening /dev/mapper/control: EPERM".into())
+        );
+    }
+
+    fn nvme(warning: u8) -> Layer {
+        use health_topology::stack::nvme_health::{NvmeHealth, SmartLog};
+        let health = NvmeHealth {
+            controller: "nvme0".into(),
+            log: Some(SmartLog {
+                critical_warning: warning,
+                temperature_kelvin: 300,
+                available_spare: 4,
+                available_spare_threshold: 10,
+                percentage_used: 97,
+                media_errors: 12,
+            }),
+            error: None,
+        };
+        let state = LayerState::Disk {
+            state: "live".into(),
+            health: Some(health),
+        };
+        layer(Dev::new(259, 0), "nvme0n1", state, vec![])
+    }
+
+    #[test]
+    fn nvme_critical_warnings_are_degraded_and_read_only_media_inaccessible() {
+        assert_eq!(judge(&[&nvme(0)], 90.0), CheckResult::Pass);
+        assert_eq!(summary(&[&nvme(0)]), "nvme0n1 live");
+        let spare = judge(&[&nvme(0x01)], 90.0);
+        let CheckResult::Found(f) = &spare else {
+            panic!("{spare:?}")
+        };
+        assert_eq!(f[0].status(), health_core::conditions::Status::Degraded);
+        assert_eq!(
+            found(spare),
+            [(
+                "NvmeCriticalWarning".into(),
+                "NVMe controller nvme0 of disk nvme0n1 reports a critical warning (0x01): available spare below its threshold; available spare 4% (threshold 10%), 97% of rated life used".into()
+            )]
+        );
+        let ro = judge(&[&nvme(0x0c)], 90.0);
+        let CheckResult::Found(f) = &ro else {
+            panic!("{ro:?}")
+        };
+        assert_eq!(f[0].status(), health_core::conditions::Status::Inaccessible);
+        assert!(f[0].message().contains("(0x0c): reliability degraded by media or internal errors, media placed in read-only mode;"), "{}", f[0].message());
+        assert_eq!(
+            summary(&[&nvme(0x0c)]),
+            "nvme0n1 live critical warning 0x0c"
         );
     }
 }

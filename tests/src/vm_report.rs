@@ -1,0 +1,88 @@
+//! What the VM suites (device_faults, storage_stacks, nvme_multipath, iscsi,
+//! qemu_devices) read from an agent's run: its events summed per (pod,
+//! disk, source, op, errno) and its condition lines.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde_json::Value;
+
+use crate::agent::AgentRun;
+
+/// (pod_uid or "-", disk, source, op, errno name).
+pub type Key = (String, String, String, String, String);
+/// Sum of `count` per [`Key`].
+pub type Tally = BTreeMap<Key, u64>;
+
+pub fn key(pod: &str, disk: &str, source: &str, op: &str, errno: &str) -> Key {
+    let own = |s: &str| s.to_string();
+    (own(pod), own(disk), own(source), own(op), own(errno))
+}
+
+pub fn tally<'a>(events: impl IntoIterator<Item = &'a Value>) -> Tally {
+    let mut out = Tally::new();
+    for e in events {
+        let field = |name: &str| e[name].as_str().unwrap_or("-").to_string();
+        let k = (
+            field("pod_uid"),
+            field("disk"),
+            field("source"),
+            field("op"),
+            field("errno_name"),
+        );
+        *out.entry(k).or_default() += e["count"].as_u64().unwrap_or(0);
+    }
+    out
+}
+
+/// The source that reports failed requests on this kernel: `block_rq_error`
+/// where the tracepoint exists, else the agent's `block_rq_complete`
+/// fallback (5.10).
+pub fn request_source() -> &'static str {
+    let traced = |root: &str| Path::new(root).join("events/block/block_rq_error").exists();
+    if traced("/sys/kernel/tracing") || traced("/sys/kernel/debug/tracing") {
+        "block_rq_error"
+    } else {
+        "block_rq_complete"
+    }
+}
+
+/// The running kernel's release, to label what a suite prints.
+pub fn kernel_release() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|e| format!("<kernel release unreadable: {e}>"))
+}
+
+/// Every event and the agent's stderr, for a failed assertion.
+pub fn show(run: &AgentRun) -> String {
+    let lines: Vec<String> = run.events.iter().map(Value::to_string).collect();
+    format!("events:\n{}\nstderr:\n{}", lines.join("\n"), run.stderr)
+}
+
+/// The start of the line the agent prints when a condition is raised.
+pub fn raised(pod: &str, pv: &str, status_reason: &str, source: &str) -> String {
+    format!("volume pod {pod} pv {pv}: raised {status_reason} [{source}]")
+}
+
+/// The line the agent prints when a condition clears.
+pub fn cleared(pod: &str, pv: &str, status_reason: &str, source: &str) -> String {
+    format!("volume pod {pod} pv {pv}: cleared {status_reason} [{source}]")
+}
+
+pub fn assert_logged(run: &AgentRun, line: &str) {
+    assert!(
+        run.stderr.contains(line),
+        "{line:?} not in the agent's stderr:\n{}",
+        run.stderr
+    );
+}
+
+/// The pod's raised and cleared lines, in order.
+pub fn condition_lines<'a>(run: &'a AgentRun, pod: &str) -> Vec<&'a str> {
+    let prefix = format!("volume pod {pod} ");
+    run.stderr
+        .lines()
+        .filter(|l| l.contains(&prefix) && (l.contains(": raised ") || l.contains(": cleared ")))
+        .collect()
+}

@@ -1,0 +1,297 @@
+//! The agent on the disks a VM or a cloud instance has: an NVMe PCIe
+//! controller and a virtio-blk disk, as QEMU emulates them for the guest's
+//! real `nvme` and `virtio_blk` drivers, with errors injected under them
+//! (QEMU's blkdebug fails every read of one sector and every write of
+//! another) and SMART critical warnings raised on the NVMe controller
+//! through QMP (tests/src/qemu.rs).
+//!
+//! These need the devices `cargo xtask vm` emulates: the target is `test =
+//! false` and runs in its guests,
+//!
+//! ```text
+//! cargo xtask vm --kernel 6.1 --tests qemu_devices [--filter NAME]
+//! ```
+//!
+//! Every test fails (never skips) outside such a guest, runs alone, and
+//! asserts exact counts per (pod, disk, source, op, errno) and the
+//! condition lines.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use health_tests::agent::{Agent, EventFilter};
+use health_tests::devices::BlockDev;
+use health_tests::kubelet_tree::Kubelet;
+use health_tests::qemu::{self, NvmeWarning};
+use health_tests::vm_report::{
+    assert_logged, cleared, condition_lines, kernel_release, key, raised, request_source, show,
+    tally, Tally,
+};
+use health_tests::{fs, kernel_alone, require_root};
+
+const WAIT: Duration = Duration::from_secs(30);
+/// For a stack condition: generous (TCG guests are slow); the figures are
+/// printed.
+const CONDITION_WAIT: Duration = Duration::from_secs(20);
+const POD_A: &str = "9e3e0000-0000-4000-8000-0000000000a1";
+const STACK: &str = "check/stack";
+
+fn errno_name(e: &std::io::Error) -> String {
+    match e.raw_os_error() {
+        Some(libc::EIO) => "EIO".into(),
+        Some(libc::ENODATA) => "ENODATA".into(),
+        other => format!("{other:?}: {e}"),
+    }
+}
+
+/// `reads` O_DIRECT reads of the bad read sector and `writes` writes of
+/// the bad write sector of `dev`: what the application saw, per (op,
+/// errno name). Every one must fail.
+fn fail_io(dev: &Path, reads: u64, writes: u64) -> Result<BTreeMap<(String, String), u64>> {
+    let (r, w) = (qemu::bad_read_sector()?, qemu::bad_write_sector()?);
+    let mut seen = BTreeMap::new();
+    for i in 0..reads {
+        match fs::o_direct_read(dev, r * 512, 4096) {
+            Ok(_) => anyhow::bail!("read {i} of sector {r} of {} succeeded", dev.display()),
+            Err(e) => *seen.entry(("read".into(), errno_name(&e))).or_default() += 1,
+        }
+    }
+    for i in 0..writes {
+        match fs::o_direct_write(dev, w * 512, &[0x5a; 4096]) {
+            Ok(_) => anyhow::bail!("write {i} of sector {w} of {} succeeded", dev.display()),
+            Err(e) => *seen.entry(("write".into(), errno_name(&e))).or_default() += 1,
+        }
+    }
+    Ok(seen)
+}
+
+/// The pod's rows as the application saw them, on `disk`.
+fn expected(disk: &str, pv_pod: &str, seen: &BTreeMap<(String, String), u64>) -> Tally {
+    seen.iter()
+        .map(|((op, errno), n)| (key(pv_pod, disk, request_source(), op, errno), *n))
+        .collect()
+}
+
+/// The agent over a pod volume of ext4 on `dev`; waits for its first stack
+/// line, so that what follows is a change it sees.
+fn start_agent(kubelet: &mut Kubelet, dev: &BlockDev, pv: &str, extra: &[&str]) -> Result<Agent> {
+    kubelet.fs_volume(POD_A, pv, &dev.path)?;
+    let mut args = vec!["--stack-interval", "1"];
+    args.extend_from_slice(extra);
+    let agent = kubelet.agent(&args)?;
+    let first = format!("volume pod {POD_A} pv {pv}: stack ");
+    anyhow::ensure!(
+        agent.wait_for_log(&first, WAIT),
+        "no stack line for pv {pv} within {WAIT:?}"
+    );
+    Ok(agent)
+}
+
+/// Failed commands of the emulated NVMe controller: a read of the bad
+/// sector completes with "Unrecovered Read Error", a write with "Write
+/// Fault"; the kernel maps both to a medium error (ENODATA, after its own
+/// retries), one failed request each on the namespace's disk. The pod's
+/// volume gets exactly those, and DataLoss MediumErrors.
+#[test]
+fn nvme_pci_media_errors_are_counted_on_the_namespace_as_data_loss() -> Result<()> {
+    require_root()?;
+    let _kernel = kernel_alone();
+    let (ctrl, disk) = qemu::nvme_disk()?;
+    let _healthy = NvmeWarning::cleared()?;
+    let mut kubelet = Kubelet::new()?;
+    let pv = "pv-nvme-pci";
+    let mut agent = start_agent(&mut kubelet, &disk, pv, &[])?;
+
+    let seen = fail_io(&disk.path, 3, 2)?;
+    let got = agent.wait_for_count(&EventFilter::device(&disk.maj_min), 5, WAIT);
+    std::thread::sleep(Duration::from_secs(2));
+    let run = agent.stop_cleanly()?;
+    let k = kernel_release();
+    eprintln!(
+        "{k}: {ctrl} {} ({}): the application saw {seen:?}; the agent {got}",
+        disk.name, disk.maj_min
+    );
+
+    assert_eq!(
+        seen,
+        BTreeMap::from([
+            (("read".into(), "ENODATA".into()), 3),
+            (("write".into(), "ENODATA".into()), 2)
+        ]),
+        "what the application saw"
+    );
+    assert_eq!(
+        tally(&run.events),
+        expected(&disk.name, POD_A, &seen),
+        "{}",
+        show(&run)
+    );
+    for e in &run.events {
+        assert_eq!(e["pv"], pv, "{e}");
+    }
+    assert_logged(&run, &raised(POD_A, pv, "DataLoss MediumErrors", "kernel"));
+    assert_logged(
+        &run,
+        &format!("volume pod {POD_A} pv {pv}: stack {} live", disk.name),
+    );
+    let lines = condition_lines(&run, POD_A);
+    assert_eq!(lines.len(), 1, "one condition: {lines:#?}");
+    Ok(())
+}
+
+/// Failed requests of a virtio-blk disk (VIRTIO_BLK_S_IOERR, a VM's disk
+/// whose host storage failed): EIO for reads and writes, counted on the
+/// disk for the pod, Degraded BlockIOErrors.
+#[test]
+fn virtio_blk_errors_are_counted_on_the_disk_as_block_io_errors() -> Result<()> {
+    require_root()?;
+    let _kernel = kernel_alone();
+    let disk = qemu::virtio_disk()?;
+    let mut kubelet = Kubelet::new()?;
+    let pv = "pv-virtio";
+    let mut agent = start_agent(&mut kubelet, &disk, pv, &[])?;
+
+    let seen = fail_io(&disk.path, 4, 3)?;
+    let got = agent.wait_for_count(&EventFilter::device(&disk.maj_min), 7, WAIT);
+    std::thread::sleep(Duration::from_secs(2));
+    let run = agent.stop_cleanly()?;
+    eprintln!(
+        "{}: {} ({}): the application saw {seen:?}; the agent {got}",
+        kernel_release(),
+        disk.name,
+        disk.maj_min
+    );
+
+    assert_eq!(
+        seen,
+        BTreeMap::from([
+            (("read".into(), "EIO".into()), 4),
+            (("write".into(), "EIO".into()), 3)
+        ]),
+        "what the application saw"
+    );
+    assert_eq!(
+        tally(&run.events),
+        expected(&disk.name, POD_A, &seen),
+        "{}",
+        show(&run)
+    );
+    assert_logged(&run, &raised(POD_A, pv, "Degraded BlockIOErrors", "kernel"));
+    let lines = condition_lines(&run, POD_A);
+    assert_eq!(lines.len(), 1, "one condition: {lines:#?}");
+    Ok(())
+}
+
+/// SMART critical warnings of the emulated controller, read through the
+/// admin passthrough:
+/// 1. with a long schedule (an hour), a warning set while all is well is
+///    not read yet; the first failed request reads the log at once:
+///    Degraded NvmeCriticalWarning (bit 2, reliability degraded) within
+///    seconds of the error, beside DataLoss MediumErrors;
+/// 2. on a one-second schedule, media turned read-only (bit 3) is
+///    Inaccessible NvmeCriticalWarning without any I/O, and clears once
+///    the controller's log says nothing again.
+#[test]
+fn nvme_critical_warnings_are_conditions_on_the_namespaces_volumes() -> Result<()> {
+    require_root()?;
+    let _kernel = kernel_alone();
+    let (ctrl, disk) = qemu::nvme_disk()?;
+    let mut warning = NvmeWarning::cleared()?;
+    let k = kernel_release();
+
+    // 1. Read at the first error.
+    let mut kubelet = Kubelet::new()?;
+    let pv = "pv-nvme-smart";
+    let agent = start_agent(&mut kubelet, &disk, pv, &["--nvme-health-interval", "3600"])?;
+    warning.set(0x04)?;
+    // Past the agent's spacing between two reads (5 s since its first).
+    std::thread::sleep(Duration::from_secs(6));
+    let degraded = raised(POD_A, pv, "Degraded NvmeCriticalWarning", STACK);
+    let early = agent.wait_for_log(&degraded, Duration::ZERO);
+    let t0 = Instant::now();
+    let seen = fail_io(&disk.path, 1, 0)?;
+    let came = agent.wait_for_log(&degraded, CONDITION_WAIT);
+    let after_error = t0.elapsed();
+    std::thread::sleep(Duration::from_secs(1));
+    let run = agent.stop_cleanly()?;
+    eprintln!(
+        "{k}: {ctrl}: warning 0x04 raised {:.2} s after the first error",
+        after_error.as_secs_f64()
+    );
+    assert!(
+        !early,
+        "raised before any error, on an hour's schedule:\n{}",
+        run.stderr
+    );
+    assert!(
+        came,
+        "not raised within {CONDITION_WAIT:?} of the error:\n{}",
+        run.stderr
+    );
+    assert_eq!(seen.values().sum::<u64>(), 1);
+    let line = run
+        .stderr
+        .lines()
+        .find(|l| l.starts_with(&degraded))
+        .context("the raised line")?;
+    assert!(
+        line.ends_with(&format!(
+            ": NVMe controller {ctrl} of disk {} reports a critical warning (0x04): reliability degraded by media or internal errors; available spare 0% (threshold 0%), 0% of rated life used",
+            disk.name
+        )),
+        "{line}"
+    );
+    assert_logged(&run, &raised(POD_A, pv, "DataLoss MediumErrors", "kernel"));
+    drop(kubelet);
+
+    // 2. On a schedule, without I/O.
+    warning.set(0)?;
+    let mut kubelet = Kubelet::new()?;
+    let pv = "pv-nvme-ro";
+    let agent = start_agent(&mut kubelet, &disk, pv, &["--nvme-health-interval", "1"])?;
+    let read_only = raised(POD_A, pv, "Inaccessible NvmeCriticalWarning", STACK);
+    let t1 = Instant::now();
+    warning.set(0x08)?;
+    let came = agent.wait_for_log(&read_only, CONDITION_WAIT);
+    let raise_delay = t1.elapsed();
+    let back = cleared(POD_A, pv, "Inaccessible NvmeCriticalWarning", STACK);
+    let t2 = Instant::now();
+    warning.set(0)?;
+    let gone = agent.wait_for_log(&back, CONDITION_WAIT);
+    let clear_delay = t2.elapsed();
+    std::thread::sleep(Duration::from_secs(1));
+    let run = agent.stop_cleanly()?;
+    eprintln!(
+        "{k}: {ctrl}: warning 0x08 raised after {:.2} s, cleared {:.2} s after the warning went",
+        raise_delay.as_secs_f64(),
+        clear_delay.as_secs_f64()
+    );
+    assert!(
+        came,
+        "read-only media not raised within {CONDITION_WAIT:?}:\n{}",
+        run.stderr
+    );
+    assert!(
+        gone,
+        "not cleared within {CONDITION_WAIT:?}:\n{}",
+        run.stderr
+    );
+    assert!(run.events.is_empty(), "no I/O failed: {}", show(&run));
+    let lines = condition_lines(&run, POD_A);
+    assert_eq!(lines.len(), 2, "raised and cleared: {lines:#?}");
+    assert_eq!(
+        lines[0],
+        format!("{read_only}: NVMe controller {ctrl} of disk {} reports a critical warning (0x08): media placed in read-only mode; available spare 0% (threshold 0%), 0% of rated life used", disk.name)
+    );
+    assert!(lines[1].starts_with(&back), "{lines:#?}");
+    assert_logged(
+        &run,
+        &format!(
+            "volume pod {POD_A} pv {pv}: stack {} live critical warning 0x08",
+            disk.name
+        ),
+    );
+    Ok(())
+}
