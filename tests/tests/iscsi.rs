@@ -23,19 +23,19 @@
 //! alone, and tears its stack down even when it fails (loopback up,
 //! logout, iscsid stopped, configfs entries, dm and loop devices removed).
 
-use std::collections::BTreeMap;
-use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use health_tests::agent::AgentRun;
 use health_tests::devices::BlockDev;
 use health_tests::iscsi::{DirectReader, IscsiStack, LoopbackDown, Timeouts};
 use health_tests::kubelet_tree::Kubelet;
+use health_tests::vm_report::{
+    assert_logged, cleared, condition_lines, kernel_release, key, raised, request_source, show,
+    tally, Tally,
+};
 use health_tests::{fs, kernel_alone, require_root};
-use serde_json::Value;
 
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -53,90 +53,12 @@ const BAD_COUNT: u64 = 8_192;
 /// Where the application of scenario 2 reads (bytes): 48 MiB in.
 const READ_BASE: u64 = 48 << 20;
 
-fn kernel_release() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/osrelease")
-        .unwrap_or_default()
-        .trim()
-        .to_string()
-}
-
-/// The source that reports failed requests on this kernel.
-fn request_source() -> &'static str {
-    if Path::new("/sys/kernel/tracing/events/block/block_rq_error").exists()
-        || Path::new("/sys/kernel/debug/tracing/events/block/block_rq_error").exists()
-    {
-        "block_rq_error"
-    } else {
-        "block_rq_complete"
-    }
-}
-
-/// (pod_uid or "-", disk, source, op, errno name) → sum of `count`.
-type Key = (String, String, String, String, String);
-type Tally = BTreeMap<Key, u64>;
-
-fn tally(events: &[Value]) -> Tally {
-    let mut out = Tally::new();
-    for e in events {
-        let s = |k: &str| e[k].as_str().unwrap_or("-").to_string();
-        let key = (
-            s("pod_uid"),
-            s("disk"),
-            s("source"),
-            s("op"),
-            s("errno_name"),
-        );
-        *out.entry(key).or_insert(0) += e["count"].as_u64().unwrap_or(0);
-    }
-    out
-}
-
-fn k(pod: &str, disk: &str, source: &str, op: &str, errno: &str) -> Key {
-    (
-        pod.to_string(),
-        disk.to_string(),
-        source.to_string(),
-        op.to_string(),
-        errno.to_string(),
-    )
-}
-
 /// The rows of one disk.
 fn on_disk(t: &Tally, disk: &str) -> Tally {
     t.iter()
         .filter(|(key, _)| key.1 == disk)
         .map(|(key, n)| (key.clone(), *n))
         .collect()
-}
-
-fn show(run: &AgentRun) -> String {
-    let lines: Vec<String> = run.events.iter().map(|e| e.to_string()).collect();
-    format!("events:\n{}\nstderr:\n{}", lines.join("\n"), run.stderr)
-}
-
-fn raised(pod: &str, pv: &str, status_reason: &str, source: &str) -> String {
-    format!("volume pod {pod} pv {pv}: raised {status_reason} [{source}]")
-}
-
-fn cleared(pod: &str, pv: &str, status_reason: &str, source: &str) -> String {
-    format!("volume pod {pod} pv {pv}: cleared {status_reason} [{source}]")
-}
-
-/// The pod's condition lines, in order.
-fn condition_lines<'a>(run: &'a AgentRun, pod: &str) -> Vec<&'a str> {
-    let prefix = format!("volume pod {pod} ");
-    run.stderr
-        .lines()
-        .filter(|l| l.contains(&prefix) && (l.contains(": raised ") || l.contains(": cleared ")))
-        .collect()
-}
-
-fn assert_logged(run: &AgentRun, line: &str) {
-    assert!(
-        run.stderr.contains(line),
-        "{line:?} not in the agent's stderr:\n{}",
-        run.stderr
-    );
 }
 
 fn secs(d: Duration) -> String {
@@ -215,10 +137,10 @@ fn iscsi_backend_errors_are_counted_on_the_sd_disk() -> Result<()> {
     assert_eq!(good.ok(), Some(4096), "the read outside the failing range");
     let backend = &stack.backend.dm.dev.name;
     let want: Tally = [
-        (k(POD_A, &disk.name, request_source(), "read", "EIO"), N),
+        (key(POD_A, &disk.name, request_source(), "read", "EIO"), N),
         // The failed bios under the target, on its bio-based dm device:
         // counted, but no pod's.
-        (k("-", backend, "block_bio_complete", "read", "EIO"), N),
+        (key("-", backend, "block_bio_complete", "read", "EIO"), N),
     ]
     .into();
     assert_eq!(all, want, "{}", show(&run));
@@ -570,7 +492,7 @@ fn iscsi_session_lost_blocks_then_offlines_the_disk() -> Result<()> {
 
     // Each failed read counted once, on the sd disk, for the pod.
     let want: Tally = [(
-        k(POD_A, &disk.name, request_source(), "read", "EIO"),
+        key(POD_A, &disk.name, request_source(), "read", "EIO"),
         u64::from(FAILURES),
     )]
     .into();

@@ -18,8 +18,6 @@
 //! alone, asserts exact counts per (pod, disk, source, op, errno) and the
 //! condition lines, and tears its devices down even when it fails.
 
-use std::collections::BTreeMap;
-use std::path::Path;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -29,6 +27,9 @@ use health_tests::bpffs::Bpffs;
 use health_tests::devices::{BlockDev, DmDevice, TmpfsLoop};
 use health_tests::kubelet_tree::Kubelet;
 use health_tests::nvmet::{self, NvmeOf, Timeouts};
+use health_tests::vm_report::{
+    assert_logged, cleared, kernel_release, key, raised, request_source, show, tally, Tally,
+};
 use health_tests::{cmd, fs, kernel_alone, require_root};
 use serde_json::Value;
 
@@ -46,25 +47,6 @@ const PORT_2: u16 = 4421;
 const BACKEND_MB: u64 = 64;
 const BAD_OFFSET: u64 = 48 << 20;
 const BAD_LEN: u64 = 1 << 20;
-
-/// The source that reports failed requests on this kernel (see
-/// device_faults.rs).
-fn request_source() -> &'static str {
-    if Path::new("/sys/kernel/tracing/events/block/block_rq_error").exists()
-        || Path::new("/sys/kernel/debug/tracing/events/block/block_rq_error").exists()
-    {
-        "block_rq_error"
-    } else {
-        "block_rq_complete"
-    }
-}
-
-fn kernel_release() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/osrelease")
-        .unwrap_or_default()
-        .trim()
-        .to_string()
-}
 
 // ---------------------------------------------------------------------------------------
 // The backend and the fabric.
@@ -136,67 +118,11 @@ impl Stack {
 // ---------------------------------------------------------------------------------------
 // Events and condition lines.
 
-/// (pod_uid or "-", disk, source, op, errno name) → sum of `count`.
-type Tally = BTreeMap<(String, String, String, String, String), u64>;
-
-fn tally(events: &[Value]) -> Tally {
-    let mut out = Tally::new();
-    for e in events {
-        let s = |k: &str| e[k].as_str().unwrap_or("-").to_string();
-        let key = (
-            s("pod_uid"),
-            s("disk"),
-            s("source"),
-            s("op"),
-            s("errno_name"),
-        );
-        *out.entry(key).or_insert(0) += e["count"].as_u64().unwrap_or(0);
-    }
-    out
-}
-
-fn k(
-    pod: &str,
-    disk: &str,
-    source: &str,
-    op: &str,
-    errno: &str,
-) -> (String, String, String, String, String) {
-    (
-        pod.to_string(),
-        disk.to_string(),
-        source.to_string(),
-        op.to_string(),
-        errno.to_string(),
-    )
-}
-
-fn show(run: &AgentRun) -> String {
-    let lines: Vec<String> = run.events.iter().map(|e| e.to_string()).collect();
-    format!("events:\n{}\nstderr:\n{}", lines.join("\n"), run.stderr)
-}
-
 fn expect_errno(res: std::io::Result<Vec<u8>>, errno: i32, what: &str) {
     match res {
         Ok(_) => panic!("{what}: succeeded, expected errno {errno}"),
         Err(e) => assert_eq!(e.raw_os_error(), Some(errno), "{what}: {e}"),
     }
-}
-
-fn raised(pod: &str, pv: &str, status_reason: &str, source: &str) -> String {
-    format!("volume pod {pod} pv {pv}: raised {status_reason} [{source}]")
-}
-
-fn cleared(pod: &str, pv: &str, status_reason: &str, source: &str) -> String {
-    format!("volume pod {pod} pv {pv}: cleared {status_reason} [{source}]")
-}
-
-fn assert_logged(run: &AgentRun, line: &str) {
-    assert!(
-        run.stderr.contains(line),
-        "{line:?} not in the agent's stderr:\n{}",
-        run.stderr
-    );
 }
 
 /// No `[kernel]` condition was raised on the pod: losing a path fails no
@@ -352,8 +278,8 @@ fn errors_on_a_path_are_counted_once_on_the_path_disk_for_the_heads_volumes() ->
         .cloned()
         .collect();
     let want: Tally = [
-        (k(POD_A, &path.name, src, "read", "EIO"), N),
-        (k(POD_B, &path.name, src, "read", "EIO"), N),
+        (key(POD_A, &path.name, src, "read", "EIO"), N),
+        (key(POD_B, &path.name, src, "read", "EIO"), N),
     ]
     .into();
     assert_eq!(tally(&pods), want, "{}", show(&run));
@@ -390,7 +316,7 @@ fn errors_on_a_path_are_counted_once_on_the_path_disk_for_the_heads_volumes() ->
             .collect::<Vec<_>>(),
     );
     let want_others: Tally = [(
-        k(
+        key(
             "-",
             &stack.backend.dm.dev.name,
             "block_bio_complete",

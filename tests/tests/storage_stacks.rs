@@ -34,6 +34,9 @@ use health_tests::kubelet_tree::Kubelet;
 use health_tests::stacks::{
     self, poll_until, Multipath, NoSpaceTimeout, Raid1, ThinConfig, ThinStack,
 };
+use health_tests::vm_report::{
+    assert_logged, kernel_release, key, request_source, show, tally, Tally,
+};
 use health_tests::{cmd, fs, kernel_alone, require_root};
 use serde_json::Value;
 
@@ -61,24 +64,6 @@ const MIB: u64 = 1 << 20;
 // ---------------------------------------------------------------------------------------
 // What the kernel and the agent said.
 
-/// The source that reports failed requests on this kernel: `block_rq_error`
-/// where the tracepoint exists, else the agent's `block_rq_complete`
-/// fallback (5.10).
-fn request_source() -> &'static str {
-    let traced = |root: &str| Path::new(root).join("events/block/block_rq_error").exists();
-    if traced("/sys/kernel/tracing") || traced("/sys/kernel/debug/tracing") {
-        "block_rq_error"
-    } else {
-        "block_rq_complete"
-    }
-}
-
-fn kernel_release() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/osrelease")
-        .map(|s| s.trim().to_string())
-        .unwrap_or_else(|e| format!("<kernel release unreadable: {e}>"))
-}
-
 /// The errno names the agent prints, for the errnos these stacks return.
 fn errno_name(errno: i32) -> String {
     match errno {
@@ -91,42 +76,11 @@ fn errno_name(errno: i32) -> String {
     }
 }
 
-/// One counting key: (pod_uid or "-", disk, source, op, errno name).
-type Key = (String, String, String, String, String);
-/// Sum of `count` per key.
-type Tally = BTreeMap<Key, u64>;
-
-fn key(pod: &str, disk: &str, source: &str, op: &str, errno: &str) -> Key {
-    let own = |s: &str| s.to_string();
-    (own(pod), own(disk), own(source), own(op), own(errno))
-}
-
-fn tally<'a>(events: impl IntoIterator<Item = &'a Value>) -> Tally {
-    let mut out = Tally::new();
-    for e in events {
-        let field = |name: &str| e[name].as_str().unwrap_or("-").to_string();
-        let k = (
-            field("pod_uid"),
-            field("disk"),
-            field("source"),
-            field("op"),
-            field("errno_name"),
-        );
-        *out.entry(k).or_default() += e["count"].as_u64().unwrap_or(0);
-    }
-    out
-}
-
 /// The lines of a pod volume: with and without a pod.
 fn split_by_pod(run: &AgentRun, pod: &str) -> (Tally, Tally) {
     let (mine, rest): (Vec<&Value>, Vec<&Value>) =
         run.events.iter().partition(|e| e["pod_uid"] == pod);
     (tally(mine), tally(rest))
-}
-
-fn show(run: &AgentRun) -> String {
-    let lines: Vec<String> = run.events.iter().map(Value::to_string).collect();
-    format!("events:\n{}\nstderr:\n{}", lines.join("\n"), run.stderr)
 }
 
 /// `volume pod <pod> pv <pv>: <verb> <status> <reason> [<source>]`, the
@@ -185,14 +139,6 @@ fn kernel_side(run: &AgentRun) -> &str {
         .lines()
         .find(|l| l.starts_with("kernel side:"))
         .unwrap_or("<no kernel side: line>")
-}
-
-fn assert_logged(run: &AgentRun, line: &str) {
-    assert!(
-        run.stderr.contains(line),
-        "{line:?} not in the agent's stderr:\n{}",
-        run.stderr
-    );
 }
 
 /// No condition from the kernel's evidence on the pod: the stack alone
