@@ -257,8 +257,14 @@ fn errors_on_a_path_are_counted_once_on_the_path_disk_for_the_heads_volumes() ->
         "the reads went over one path: {carried:?} (paths {paths:?})"
     );
     let (path, reads) = carried[0].clone();
-    assert_eq!(reads, N, "reads completed on {}", path.name);
-    eprintln!("{}: the reads failed on {path:?}", kernel_release());
+    // Not necessarily N: besides the application's reads, a kernel may read
+    // the path for itself (6.12 counted 5 for 3). What the agent counts is
+    // asserted against what the application saw, below.
+    assert!(reads >= N, "{reads} reads completed on {}", path.name);
+    eprintln!(
+        "{}: the reads failed on {path:?} ({reads} reads completed there)",
+        kernel_release()
+    );
 
     // One line per error per pod volume; the filter is by name, since 5.10
     // gives the path disks no number outside the trace.
