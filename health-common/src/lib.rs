@@ -288,6 +288,10 @@ pub mod field {
 /// need to read a `struct request`, taken from the running kernel's BTF at
 /// load time (byte offsets of members, bit numbers of request flags).
 /// [`rq::ABSENT`] marks a member or flag this kernel does not have.
+/// Length of `gendisk.disk_name` (`DISK_NAME_LEN`, 32 since 2.6) and of
+/// the values of the `DISK_NAMES` map.
+pub const DISK_NAME_LEN: usize = 32;
+
 pub mod rq {
     /// `request.q`
     pub const Q: usize = 0;
@@ -321,7 +325,9 @@ pub mod rq {
     pub const RQ_BIO: usize = 14;
     pub const DISK_STATE: usize = 15;
     pub const BIT_RQF_QUIET: usize = 16;
-    pub const COUNT: usize = 17;
+    /// `gendisk.disk_name`, for `DISK_NAMES`.
+    pub const DISK_NAME: usize = 17;
+    pub const COUNT: usize = 18;
     pub const ABSENT: u32 = u32::MAX;
     /// Entries of the kernel global `STATUS_ERRNO` (errno per `blk_status_t`).
     pub const STATUS_COUNT: usize = 32;

@@ -24,9 +24,9 @@ use aya_ebpf::{
         bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_ktime_get_ns,
         bpf_probe_read_kernel, bpf_probe_read_kernel_str_bytes,
     },
-    macros::{btf_tracepoint, fentry, map, tracepoint},
+    macros::{btf_tracepoint, fentry, map, raw_tracepoint, tracepoint},
     maps::{HashMap, LruHashMap, LruPerCpuHashMap, PerCpuArray, PerCpuHashMap, RingBuf},
-    programs::{BtfTracePointContext, FEntryContext, TracePointContext},
+    programs::{BtfTracePointContext, FEntryContext, RawTracePointContext, TracePointContext},
     EbpfContext,
 };
 use aya_log_ebpf::debug;
@@ -35,7 +35,7 @@ mod fs;
 mod requests;
 use health_common::{
     complete_mode, field, kdev, op, op_from_rwbs, rq, source, stat, CounterKey, ErrorSample,
-    ErrorTimes, PartTable, StackPair, DETAIL_LEN, RWBS_LEN,
+    ErrorTimes, PartTable, StackPair, DETAIL_LEN, DISK_NAME_LEN, RWBS_LEN,
 };
 
 /// Byte offset of each tracepoint field, indexed by [`field`] slots.
@@ -109,6 +109,14 @@ static PARTITIONS: HashMap<u32, PartTable> = HashMap::with_max_entries(1024, 0);
 /// number.
 #[map]
 static BLOCK_DEVS: HashMap<u32, u8> = HashMap::with_max_entries(16384, 0);
+
+/// The kernel's name of each disk a failed request was seen on, by device
+/// number, written once per disk by the `tp_btf` request programs. The
+/// number a request carries is not always one userspace can see: 5.10 gives
+/// the hidden path disks of NVMe multipath no `dev` file and lists them as
+/// `0 0` in /proc/diskstats, so userspace learns their numbers from here.
+#[map]
+static DISK_NAMES: LruHashMap<u32, [u8; DISK_NAME_LEN]> = LruHashMap::with_max_entries(1024, 0);
 
 /// Bio-based stacking devices (device-mapper, md) and their partitions,
 /// kept current by userspace: only their failed bios are counted from

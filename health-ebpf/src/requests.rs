@@ -35,6 +35,21 @@ pub fn block_rq_complete_btf(ctx: BtfTracePointContext) -> u32 {
     0
 }
 
+/// Where failed requests are counted by the tracefs `block_rq_complete`
+/// program (kernels before 5.16: no `block_rq_error`, and a verifier that
+/// refuses the `tp_btf` programs above), this records each failing disk's
+/// name with its number in `DISK_NAMES`, as `request_dev` does for them.
+/// Nothing else: a small program old verifiers take. Arguments are
+/// `(struct request *rq, int error, unsigned int nr_bytes)` there.
+#[raw_tracepoint(tracepoint = "block_rq_complete")]
+pub fn block_rq_complete_names(ctx: RawTracePointContext) -> i32 {
+    let error: u64 = ctx.arg(1);
+    if error as u32 != 0 {
+        let _ = request_dev(ctx.arg(0));
+    }
+    0
+}
+
 /// `--early-block-errors`: a failed request that `blk_update_request` will
 /// print and trace with `block_rq_error` is counted here, as that
 /// tracepoint's, before the print (on a serial console milliseconds); a
@@ -128,12 +143,20 @@ fn request_disk(req: u64) -> u64 {
 }
 
 /// The device a request was for, as the tracepoints name it: its disk.
+/// The disk's name goes to `DISK_NAMES` the first time it is seen.
 #[inline(always)]
 fn request_dev(req: u64) -> u32 {
     let disk = request_disk(req);
     let major: i32 = kread(disk, rq::DISK_MAJOR).unwrap_or(0);
     let minor: i32 = kread(disk, rq::DISK_FIRST_MINOR).unwrap_or(0);
-    kdev::make(major as u32, minor as u32)
+    let dev = kdev::make(major as u32, minor as u32);
+    // SAFETY: a map lookup; the value is not kept.
+    if unsafe { DISK_NAMES.get(&dev) }.is_none() {
+        if let Some(name) = kread::<[u8; DISK_NAME_LEN]>(disk, rq::DISK_NAME) {
+            let _ = DISK_NAMES.insert(&dev, &name, 0);
+        }
+    }
+    dev
 }
 
 /// `letter` if the request flag in `slot` is set, else 0, without a branch.

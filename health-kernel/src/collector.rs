@@ -131,6 +131,7 @@ impl Collector {
             block_devs,
             bio_devs,
             stacked,
+            disk_names,
         } = maps
             .take()
             .ok_or_else(|| io::Error::other("kernel maps already taken"))?;
@@ -186,6 +187,7 @@ impl Collector {
                 block_devs,
                 bio_devs,
                 stacked,
+                disk_names,
             },
         ))
     }

@@ -11,7 +11,7 @@ use std::hash::Hash;
 
 use aya::maps::{HashMap as BpfHashMap, MapData};
 use aya::Pod;
-use health_common::{PartTable, StackPair};
+use health_common::{PartTable, StackPair, DISK_NAME_LEN};
 use health_core::dev::Dev;
 
 /// The maps the caller keeps current from the device topology.
@@ -22,6 +22,9 @@ pub struct KernelMapsRest {
     pub(crate) bio_devs: BpfHashMap<MapData, u32, u8>,
     /// Which devices sit below which, to recognise a failure passed up.
     pub(crate) stacked: BpfHashMap<MapData, StackPair, u8>,
+    /// The kernel's name of each disk a failed request was seen on (written
+    /// by the programs).
+    pub(crate) disk_names: BpfHashMap<MapData, u32, [u8; DISK_NAME_LEN]>,
 }
 
 /// What the maps must hold, in the kernel's device encoding.
@@ -38,6 +41,13 @@ pub struct DeviceTables {
 }
 
 impl KernelMapsRest {
+    /// The kernel's name of the disk with number `dev` (kernel encoding),
+    /// if a failed request on it was seen: the only place 5.10 gives the
+    /// number of a hidden NVMe path disk.
+    pub fn disk_name(&self, dev: u32) -> Option<String> {
+        disk_name_text(&self.disk_names.get(&dev, 0).ok()?)
+    }
+
     /// Makes every map hold exactly what `tables` says; stale entries are
     /// removed. A failed update is said and the rest carries on: the next
     /// scan tries again.
@@ -79,4 +89,11 @@ where
     for k in present.difference(wanted) {
         let _ = map.remove(k);
     }
+}
+
+/// A `DISK_NAMES` value as text: up to its first NUL, UTF-8, not empty.
+pub(crate) fn disk_name_text(raw: &[u8; DISK_NAME_LEN]) -> Option<String> {
+    let len = raw.iter().position(|&b| b == 0).unwrap_or(raw.len());
+    let name = std::str::from_utf8(&raw[..len]).ok()?;
+    (!name.is_empty()).then(|| name.to_string())
 }

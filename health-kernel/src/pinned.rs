@@ -6,7 +6,7 @@
 use std::path::Path;
 
 use aya::maps::{Map, MapData, PerCpuHashMap};
-use health_common::{CounterKey, ErrorTimes};
+use health_common::{CounterKey, ErrorTimes, DISK_NAME_LEN};
 
 use crate::probes::pins;
 
@@ -89,4 +89,29 @@ fn read_layout(layout: &Path) -> Result<Vec<PinnedCount>, aya::maps::MapError> {
     }
     out.sort_by_key(|c| c.key);
     Ok(out)
+}
+
+/// The disks' names the programs recorded with the numbers of failed
+/// requests (`DISK_NAMES`), pinned under `root`; empty when there are none
+/// or they cannot be read (said at debug level: only hidden disks need them).
+pub fn disk_names(root: &Path) -> Vec<(u32, String)> {
+    let read = || -> Result<Vec<(u32, String)>, String> {
+        let layout = pins::committed_layout(root)
+            .map_err(|e| e.to_string())?
+            .ok_or("nothing pinned")?;
+        let data =
+            MapData::from_pin(pins::map_path(&layout, "DISK_NAMES")).map_err(|e| e.to_string())?;
+        let map: aya::maps::HashMap<MapData, u32, [u8; DISK_NAME_LEN]> =
+            aya::maps::HashMap::try_from(Map::from_map_data(data).map_err(|e| e.to_string())?)
+                .map_err(|e| e.to_string())?;
+        Ok(map
+            .iter()
+            .filter_map(Result::ok)
+            .filter_map(|(dev, raw)| Some((dev, crate::device_maps::disk_name_text(&raw)?)))
+            .collect())
+    };
+    read().unwrap_or_else(|e| {
+        tracing::debug!(root = %root.display(), "no pinned disk names: {e}");
+        Vec::new()
+    })
 }

@@ -185,7 +185,20 @@ impl Topology {
     /// if the device list or every mount table is unreadable; odd single
     /// devices are skipped (debug log).
     pub fn scan(paths: &HostPaths) -> Result<Topology, TopologyError> {
-        let hidden = nvme::diskstats_numbers(&paths.proc_root);
+        Self::scan_with_numbers(paths, &HashMap::new())
+    }
+
+    /// [`Topology::scan`], with numbers learned elsewhere for disks sysfs
+    /// lists without one (`name → number`): 5.10 shows NVMe multipath's
+    /// hidden path disks with neither a `dev` file nor a number in
+    /// /proc/diskstats, and only a failed request on one tells its number
+    /// (the agent's kernel side records the disk's name with it).
+    pub fn scan_with_numbers(
+        paths: &HostPaths,
+        learned: &HashMap<String, Dev>,
+    ) -> Result<Topology, TopologyError> {
+        let mut hidden = learned.clone();
+        hidden.extend(nvme::diskstats_numbers(&paths.proc_root));
         let mut scan = sysfs::scan_block_devices(&paths.sys_root, &hidden)?;
         nvme::link_paths(&mut scan.devices);
         let table = mount_table::read_mount_table(paths)?;

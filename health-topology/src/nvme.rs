@@ -123,6 +123,27 @@ pub(crate) fn link_paths(devices: &mut [BlockDevice]) {
     }
 }
 
+/// Of the `(number, name)` pairs the agent's kernel side recorded for
+/// failed requests, those whose name sysfs lists without a number: the
+/// hidden path disks of NVMe multipath on 5.10, whose numbers appear
+/// nowhere else. For [`crate::Topology::scan_with_numbers`].
+pub fn unnumbered_disks(
+    sys_root: &Path,
+    seen: impl IntoIterator<Item = (Dev, String)>,
+) -> HashMap<String, Dev> {
+    seen.into_iter()
+        .filter(|(_, name)| {
+            // A kernel disk name is one path component.
+            !name.is_empty() && !name.contains('/') && name != "." && name != ".."
+        })
+        .filter(|(_, name)| {
+            let dir = sys_root.join("class/block").join(name);
+            dir.is_dir() && !dir.join("dev").exists()
+        })
+        .map(|(dev, name)| (name, dev))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -142,6 +163,31 @@ mod tests {
             assert_eq!(path_disk(not), None, "{not}");
         }
         assert_eq!(head_disk(0, 2), "nvme0n2");
+    }
+
+    #[test]
+    fn only_names_sysfs_lists_without_a_number_are_learned() {
+        let sys = tempfile::tempdir().unwrap();
+        let block = sys.path().join("class/block");
+        for (name, dev) in [("nvme0c0n1", None), ("nvme0n1", Some("259:1"))] {
+            std::fs::create_dir_all(block.join(name)).unwrap();
+            if let Some(d) = dev {
+                std::fs::write(block.join(name).join("dev"), d).unwrap();
+            }
+        }
+        let seen = [
+            (Dev::new(259, 2), "nvme0c0n1".to_string()),
+            // Has its own number: not overridden.
+            (Dev::new(259, 9), "nvme0n1".to_string()),
+            // Not listed, or not a name.
+            (Dev::new(259, 3), "nvme0c1n1".to_string()),
+            (Dev::new(259, 4), "../x".to_string()),
+            (Dev::new(259, 5), String::new()),
+        ];
+        assert_eq!(
+            unnumbered_disks(sys.path(), seen),
+            HashMap::from([("nvme0c0n1".to_string(), Dev::new(259, 2))])
+        );
     }
 
     #[test]

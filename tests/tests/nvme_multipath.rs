@@ -335,6 +335,9 @@ fn errors_on_a_path_are_counted_once_on_the_path_disk_for_the_heads_volumes() ->
     assert_eq!(others, want_others, "{}", show(&run));
     assert_eq!(passed_up(&run), 0, "{}", run.stderr);
 
+    // Kernels before 5.15 cannot pin tracepoint attachments (the agent
+    // says so), and then pins nothing.
+    let pinnable = !run.stderr.contains("cannot pin tracepoint attachments");
     // The path disk is a layer of both volumes, not dropped for having no
     // `dev` file.
     for pod in [POD_A, POD_B] {
@@ -354,6 +357,12 @@ fn errors_on_a_path_are_counted_once_on_the_path_disk_for_the_heads_volumes() ->
             );
         }
         let kernel = v["kernel_errors"].as_array().context("kernel_errors")?;
+        if !pinnable {
+            // Nothing outlives the agent there, so `volumes` has no counts.
+            assert!(kernel.is_empty(), "{v:#}");
+            assert!(vol_stderr.contains("no agent state pinned"), "{vol_stderr}");
+            continue;
+        }
         let on_path: Vec<&Value> = kernel
             .iter()
             .filter(|k| k["device_name"] == path.name.as_str())

@@ -171,6 +171,23 @@ fn a_killed_agent_restarts_and_every_error_is_reported_exactly_once() -> Result<
         .filter(|&t| t > killed_at && t < restarted_at)
         .count();
     assert!(gap_samples > 0, "no sample of the gap was read");
+    // The programs recorded the failing disk's name with its number, once,
+    // pinned with the rest: how a disk sysfs lists without a number (5.10's
+    // NVMe path disks) is placed, by the agent and by `volumes`.
+    let (major, minor) = lo.maj_min().split_once(':').context("MAJ:MIN")?;
+    let dev = health_common::kdev::make(major.parse()?, minor.parse()?);
+    let name = lo
+        .path()
+        .file_name()
+        .context("a loop device node")?
+        .to_string_lossy()
+        .into_owned();
+    let names = health_kernel::pinned::disk_names(&bpffs.pin_dir());
+    assert_eq!(
+        names.iter().filter(|(d, _)| *d == dev).collect::<Vec<_>>(),
+        [&(dev, name)],
+        "{names:?}"
+    );
     Ok(())
 }
 

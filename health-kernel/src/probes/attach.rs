@@ -2,7 +2,7 @@
 //! tracepoint formats, load the object once with the layouts found, attach,
 //! and say for each source what became of it.
 
-use aya::programs::{BtfTracePoint, FEntry, TracePoint};
+use aya::programs::{BtfTracePoint, FEntry, RawTracePoint, TracePoint};
 use aya::{Btf, Ebpf, EbpfLoader};
 use health_common::{complete_mode, field, rq};
 
@@ -93,6 +93,7 @@ pub fn attach(opts: &ProbeOptions) -> Result<(Attached, KernelMaps), ProbeError>
         block_devs: take_map(&mut ebpf, "BLOCK_DEVS")?,
         bio_devs: take_map(&mut ebpf, "BIO_DEVS")?,
         stacked: take_map(&mut ebpf, "STACKED")?,
+        disk_names: take_map(&mut ebpf, "DISK_NAMES")?,
     };
     Ok((
         Attached {
@@ -258,10 +259,19 @@ impl Attacher<'_> {
                     Some(format!("flush errors only; tracefs; tp_btf refused: {why}")),
                 )
             }
-            Some(Err(why)) => (
-                attach_loaded(self.ebpf, self.pins, p.program, p.group, p.name),
-                join_notes(p.note, &format!("tracefs; tp_btf refused: {why}")),
-            ),
+            Some(Err(why)) => {
+                let outcome = attach_loaded(self.ebpf, self.pins, p.program, p.group, p.name);
+                let mut note = join_notes(p.note, &format!("tracefs; tp_btf refused: {why}"));
+                if outcome.is_ok() && p.program == BLOCK_RQ_COMPLETE.program {
+                    if let Err(e) = attach_disk_names(self.ebpf, self.facts) {
+                        note = join_notes(
+                            note,
+                            &format!("disks without a number in sysfs stay unplaced: {e}"),
+                        );
+                    }
+                }
+                (outcome, note)
+            }
             None => (
                 attach_loaded(self.ebpf, self.pins, p.program, p.group, p.name),
                 p.note,
@@ -478,6 +488,33 @@ fn attach_request_btf(
 /// The writeback tracepoint shows errseq from before the update, so the
 /// errno of a file's first error comes from an fentry program on the
 /// function that records it (needs kernel BTF and fentry support).
+/// Where the tracefs `block_rq_complete` program counts failed requests,
+/// the raw tracepoint that records each failing disk's name with its
+/// number (`DISK_NAMES`), as the `tp_btf` programs do on newer kernels:
+/// 5.10 gives NVMe multipath's path disks no number anywhere else. Not
+/// pinned: this runs with the agent only (its records are kept in the
+/// pinned map; a disk failing while no agent runs is named at its next
+/// failure).
+fn attach_disk_names(ebpf: &mut Ebpf, facts: &Result<BtfRequests, String>) -> Result<(), String> {
+    const PROGRAM: &str = "block_rq_complete_names";
+    let facts = facts.as_ref().map_err(|e| e.clone())?;
+    if facts.layout[rq::DISK_NAME] == rq::ABSENT {
+        return Err("the kernel's BTF has no gendisk.disk_name".into());
+    }
+    let program: &mut RawTracePoint = ebpf
+        .program_mut(PROGRAM)
+        .ok_or("the raw tracepoint program is not in the object")?
+        .try_into()
+        .map_err(|e: aya::programs::ProgramError| e.to_string())?;
+    program
+        .load()
+        .map_err(|e| format!("{PROGRAM}: {}", error_chain(&e)))?;
+    program
+        .attach("block_rq_complete")
+        .map_err(|e| format!("{PROGRAM}: {}", error_chain(&e)))?;
+    Ok(())
+}
+
 fn attach_writeback_errno(
     ebpf: &mut Ebpf,
     pins: Option<&PinSet>,

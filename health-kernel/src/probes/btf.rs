@@ -320,6 +320,10 @@ pub fn request_layout(btf: &KernelBtf) -> Result<[u32; rq::COUNT], BtfError> {
     layout[rq::CMD_FLAGS] = need("request", "cmd_flags")?;
     layout[rq::DISK_MAJOR] = need("gendisk", "major")?;
     layout[rq::DISK_FIRST_MINOR] = need("gendisk", "first_minor")?;
+    // Optional: without it the disks' names are not recorded (DISK_NAMES).
+    if let Some(off) = btf.member_offset("gendisk", "disk_name") {
+        layout[rq::DISK_NAME] = off;
+    }
     // The disk moved from the request to its queue in 5.16-5.19.
     match btf.member_offset("request", "rq_disk") {
         Some(off) => layout[rq::RQ_DISK] = off,

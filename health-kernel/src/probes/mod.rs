@@ -32,7 +32,7 @@ pub use attach::attach;
 use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, PerCpuHashMap, RingBuf};
 use aya::Ebpf;
 pub use errors::ProbeError;
-use health_common::{CounterKey, ErrorTimes, PartTable, StackPair};
+use health_common::{CounterKey, ErrorTimes, PartTable, StackPair, DISK_NAME_LEN};
 // For tests/tests/tracefs.rs: a live BPF map, whose id a pinned witness is named for.
 #[doc(hidden)]
 pub use preflight::tiny_array_map;
@@ -148,6 +148,7 @@ pub struct KernelMaps {
     pub block_devs: BpfHashMap<MapData, u32, u8>,
     pub bio_devs: BpfHashMap<MapData, u32, u8>,
     pub stacked: BpfHashMap<MapData, StackPair, u8>,
+    pub disk_names: BpfHashMap<MapData, u32, [u8; DISK_NAME_LEN]>,
 }
 
 const BIO_PROGRAM: &str = "block_bio_complete";

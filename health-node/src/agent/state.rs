@@ -3,7 +3,7 @@
 //! per kind of work the loop does: reconcile the counters, rescan the
 //! topology, hand a turn's results on, and finish.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::time::Instant;
 
 use anyhow::Context as _;
@@ -50,6 +50,12 @@ pub(super) struct Agent<R> {
     ever_known: HashSet<u32>,
     /// Devices whose errors could not be placed, warned about once.
     unplaced: HashSet<Dev>,
+    /// Numbers of disks sysfs lists without one, learned from the kernel
+    /// side's record of failed requests (5.10's hidden NVMe path disks),
+    /// by name; every scan uses them.
+    learned_numbers: HashMap<String, Dev>,
+    /// Unknown devices already looked up there.
+    looked_up: HashSet<u32>,
 }
 
 impl<R: Reporter> Agent<R> {
@@ -96,6 +102,8 @@ impl<R: Reporter> Agent<R> {
             pruned_at: now,
             ever_known: HashSet::new(),
             unplaced: HashSet::new(),
+            learned_numbers: HashMap::new(),
+            looked_up: HashSet::new(),
         })
     }
 
@@ -121,7 +129,7 @@ impl<R: Reporter> Agent<R> {
 
     /// A fresh topology, written into the kernel maps, and the volumes told.
     pub(super) fn rescan(&mut self, then: Then) {
-        match Topology::scan(&self.host) {
+        match Topology::scan_with_numbers(&self.host, &self.learned_numbers) {
             Ok(t) => {
                 self.reporter.input_errors(&t.input_errors());
                 if kernel_maps::sync(&t, &self.host, &mut self.rest).bio_based > 0 {
@@ -176,12 +184,12 @@ impl<R: Reporter> Agent<R> {
                 );
             }
         }
-        if self
+        let learned = self.learn_numbers();
+        let unknown = self
             .batch
             .iter()
-            .any(|e| is_unknown_block_device(&self.topo, e))
-            && self.last_rescan.elapsed() >= MIN_RESCAN_GAP
-        {
+            .any(|e| is_unknown_block_device(&self.topo, e));
+        if learned || (unknown && self.last_rescan.elapsed() >= MIN_RESCAN_GAP) {
             let _rescan = prio.bulk();
             self.rescan(Then::TopologyChanged);
         }
@@ -189,6 +197,33 @@ impl<R: Reporter> Agent<R> {
         self.deliver()?;
         self.collector.persist()?;
         Ok(())
+    }
+
+    /// For errors on a device the topology does not know, the disk's name
+    /// as the kernel side recorded it; a name that sysfs lists without a
+    /// number (5.10's hidden NVMe path disks) gets this one. Whether
+    /// anything was learned: the topology is then rescanned at once, so
+    /// that these very errors reach their volumes.
+    fn learn_numbers(&mut self) -> bool {
+        let mut seen = Vec::new();
+        for e in &self.batch {
+            if is_unknown_block_device(&self.topo, e) && self.looked_up.insert(e.key.dev) {
+                if let Some(name) = self.rest.disk_name(e.key.dev) {
+                    seen.push((Dev::from_kernel(e.key.dev), name));
+                }
+            }
+        }
+        let found = health_topology::nvme::unnumbered_disks(&self.host.sys_root, seen);
+        for (name, dev) in &found {
+            tracing::info!(
+                disk = %name,
+                device = %dev,
+                "a disk sysfs lists without a number failed a request: placed by the number the request carried"
+            );
+        }
+        let learned = !found.is_empty();
+        self.learned_numbers.extend(found);
+        learned
     }
 
     /// Errors on a block device no scan lists (a disk sysfs hides, gone

@@ -150,8 +150,16 @@ pub async fn collect(opts: &ViewOptions) -> Result<(Vec<VolumeView>, KernelEvide
     let host = opts.host.clone();
     let root = opts.kubelet_root.clone();
     // Blocking file I/O, none of it on the volumes themselves.
+    let pin_root = opts.pin_root.clone();
     let (topo, index) = tokio::task::spawn_blocking(move || {
-        let topo = Topology::scan(&host)?;
+        // Disks sysfs lists without a number (5.10's hidden NVMe path
+        // disks) are placed by the numbers the agent's failed requests
+        // carried.
+        let names = health_kernel::pinned::disk_names(&pin_root)
+            .into_iter()
+            .map(|(dev, name)| (Dev::from_kernel(dev), name));
+        let learned = health_topology::nvme::unnumbered_disks(&host.sys_root, names);
+        let topo = Topology::scan_with_numbers(&host, &learned)?;
         let volumes = kubelet::discover(&root);
         let index = VolumeIndex::build(&topo, volumes);
         Ok::<_, ViewError>((topo, index))
