@@ -86,3 +86,21 @@ pub fn condition_lines<'a>(run: &'a AgentRun, pod: &str) -> Vec<&'a str> {
         .filter(|l| l.contains(&prefix) && (l.contains(": raised ") || l.contains(": cleared ")))
         .collect()
 }
+
+/// The agent's "failed bios passed up from a device below" figure.
+pub fn passed_up(run: &AgentRun) -> u64 {
+    let line = run
+        .stderr
+        .lines()
+        .find(|l| l.starts_with("kernel side:"))
+        .unwrap_or_else(|| panic!("no `kernel side:` line in:\n{}", run.stderr));
+    let before = line
+        .split(" failed bios passed up")
+        .next()
+        .expect("split yields one part");
+    before
+        .rsplit(|c: char| !c.is_ascii_digit())
+        .find(|s| !s.is_empty())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no passed-up figure in {line:?}"))
+}

@@ -25,6 +25,7 @@ use anyhow::{Context, Result};
 use health_tests::agent::{Agent, AgentRun, EventFilter};
 use health_tests::devices::{self, BlockDev, DmDevice, MdArray, NullBlk, ScsiDebug, TmpfsLoop};
 use health_tests::kubelet_tree::Kubelet;
+use health_tests::vm_report::passed_up;
 use health_tests::{cmd, fs, kernel_alone, require_root};
 use serde_json::Value;
 
@@ -104,24 +105,6 @@ fn k(
         op.to_string(),
         errno.to_string(),
     )
-}
-
-/// The agent's "failed bios passed up from a device below" figure.
-fn passed_up(run: &AgentRun) -> u64 {
-    let line = run
-        .stderr
-        .lines()
-        .find(|l| l.starts_with("kernel side:"))
-        .unwrap_or_else(|| panic!("no `kernel side:` line in:\n{}", run.stderr));
-    let before = line
-        .split(" failed bios passed up")
-        .next()
-        .expect("split yields one part");
-    before
-        .rsplit(|c: char| !c.is_ascii_digit())
-        .find(|s| !s.is_empty())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("no passed-up figure in {line:?}"))
 }
 
 fn assert_raised(run: &AgentRun, pod: &str, pv: &str, status_reason: &str) {

@@ -28,7 +28,8 @@ use health_tests::devices::{BlockDev, DmDevice, TmpfsLoop};
 use health_tests::kubelet_tree::Kubelet;
 use health_tests::nvmet::{self, NvmeOf, Timeouts};
 use health_tests::vm_report::{
-    assert_logged, cleared, kernel_release, key, raised, request_source, show, tally, Tally,
+    assert_logged, cleared, kernel_release, key, passed_up, raised, request_source, show, tally,
+    Tally,
 };
 use health_tests::{cmd, fs, kernel_alone, require_root};
 use serde_json::Value;
@@ -155,24 +156,6 @@ fn transitions(run: &AgentRun, pod: &str, status_reason: &str) -> Vec<String> {
                 .map(str::to_string)
         })
         .collect()
-}
-
-/// The agent's "failed bios passed up from a device below" figure.
-fn passed_up(run: &AgentRun) -> u64 {
-    let line = run
-        .stderr
-        .lines()
-        .find(|l| l.starts_with("kernel side:"))
-        .unwrap_or_else(|| panic!("no `kernel side:` line in:\n{}", run.stderr));
-    let before = line
-        .split(" failed bios passed up")
-        .next()
-        .expect("split yields one part");
-    before
-        .rsplit(|c: char| !c.is_ascii_digit())
-        .find(|s| !s.is_empty())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("no passed-up figure in {line:?}"))
 }
 
 /// Whether some object anywhere in `v` has `name` (and `dev`, when given).

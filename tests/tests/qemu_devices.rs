@@ -89,36 +89,35 @@ fn start_agent(kubelet: &mut Kubelet, dev: &BlockDev, pv: &str, extra: &[&str]) 
     Ok(agent)
 }
 
-/// Failed commands of the emulated NVMe controller: a read of the bad
-/// sector completes with "Unrecovered Read Error", a write with "Write
-/// Fault"; the kernel maps both to a medium error (ENODATA, after its own
-/// retries), one failed request each on the namespace's disk. The pod's
-/// volume gets exactly those, and DataLoss MediumErrors.
-#[test]
-fn nvme_pci_media_errors_are_counted_on_the_namespace_as_data_loss() -> Result<()> {
-    require_root()?;
-    let _kernel = kernel_alone();
-    let (ctrl, disk) = qemu::nvme_disk()?;
-    let _healthy = NvmeWarning::cleared()?;
+/// `reads` and `writes` failing I/Os on `disk` under a pod volume: every
+/// one failed with `errno` for the application, is one row of exactly that
+/// on the disk for the pod (nothing else counted), and raised
+/// `status_reason` from the kernel's evidence, the volume's only condition.
+/// Returns the agent's run for the caller's own checks.
+fn counted_exactly(
+    disk: &BlockDev,
+    pv: &str,
+    (reads, writes): (u64, u64),
+    errno: &str,
+    status_reason: &str,
+) -> Result<health_tests::agent::AgentRun> {
     let mut kubelet = Kubelet::new()?;
-    let pv = "pv-nvme-pci";
-    let mut agent = start_agent(&mut kubelet, &disk, pv, &[])?;
-
-    let seen = fail_io(&disk.path, 3, 2)?;
-    let got = agent.wait_for_count(&EventFilter::device(&disk.maj_min), 5, WAIT);
+    let mut agent = start_agent(&mut kubelet, disk, pv, &[])?;
+    let seen = fail_io(&disk.path, reads, writes)?;
+    let got = agent.wait_for_count(&EventFilter::device(&disk.maj_min), reads + writes, WAIT);
     std::thread::sleep(Duration::from_secs(2));
     let run = agent.stop_cleanly()?;
-    let k = kernel_release();
     eprintln!(
-        "{k}: {ctrl} {} ({}): the application saw {seen:?}; the agent {got}",
-        disk.name, disk.maj_min
+        "{}: {} ({}): the application saw {seen:?}; the agent {got}",
+        kernel_release(),
+        disk.name,
+        disk.maj_min
     );
-
     assert_eq!(
         seen,
         BTreeMap::from([
-            (("read".into(), "ENODATA".into()), 3),
-            (("write".into(), "ENODATA".into()), 2)
+            (("read".into(), errno.into()), reads),
+            (("write".into(), errno.into()), writes)
         ]),
         "what the application saw"
     );
@@ -131,13 +130,29 @@ fn nvme_pci_media_errors_are_counted_on_the_namespace_as_data_loss() -> Result<(
     for e in &run.events {
         assert_eq!(e["pv"], pv, "{e}");
     }
-    assert_logged(&run, &raised(POD_A, pv, "DataLoss MediumErrors", "kernel"));
+    assert_logged(&run, &raised(POD_A, pv, status_reason, "kernel"));
+    let lines = condition_lines(&run, POD_A);
+    assert_eq!(lines.len(), 1, "one condition: {lines:#?}");
+    Ok(run)
+}
+
+/// Failed commands of the emulated NVMe controller: a read of the bad
+/// sector completes with "Unrecovered Read Error", a write with "Write
+/// Fault"; the kernel maps both to a medium error (ENODATA, after its own
+/// retries), one failed request each on the namespace's disk. The pod's
+/// volume gets exactly those, and DataLoss MediumErrors.
+#[test]
+fn nvme_pci_media_errors_are_counted_on_the_namespace_as_data_loss() -> Result<()> {
+    require_root()?;
+    let _kernel = kernel_alone();
+    let (_, disk) = qemu::nvme_disk()?;
+    let _healthy = NvmeWarning::cleared()?;
+    let pv = "pv-nvme-pci";
+    let run = counted_exactly(&disk, pv, (3, 2), "ENODATA", "DataLoss MediumErrors")?;
     assert_logged(
         &run,
         &format!("volume pod {POD_A} pv {pv}: stack {} live", disk.name),
     );
-    let lines = condition_lines(&run, POD_A);
-    assert_eq!(lines.len(), 1, "one condition: {lines:#?}");
     Ok(())
 }
 
@@ -149,38 +164,7 @@ fn virtio_blk_errors_are_counted_on_the_disk_as_block_io_errors() -> Result<()> 
     require_root()?;
     let _kernel = kernel_alone();
     let disk = qemu::virtio_disk()?;
-    let mut kubelet = Kubelet::new()?;
-    let pv = "pv-virtio";
-    let mut agent = start_agent(&mut kubelet, &disk, pv, &[])?;
-
-    let seen = fail_io(&disk.path, 4, 3)?;
-    let got = agent.wait_for_count(&EventFilter::device(&disk.maj_min), 7, WAIT);
-    std::thread::sleep(Duration::from_secs(2));
-    let run = agent.stop_cleanly()?;
-    eprintln!(
-        "{}: {} ({}): the application saw {seen:?}; the agent {got}",
-        kernel_release(),
-        disk.name,
-        disk.maj_min
-    );
-
-    assert_eq!(
-        seen,
-        BTreeMap::from([
-            (("read".into(), "EIO".into()), 4),
-            (("write".into(), "EIO".into()), 3)
-        ]),
-        "what the application saw"
-    );
-    assert_eq!(
-        tally(&run.events),
-        expected(&disk.name, POD_A, &seen),
-        "{}",
-        show(&run)
-    );
-    assert_logged(&run, &raised(POD_A, pv, "Degraded BlockIOErrors", "kernel"));
-    let lines = condition_lines(&run, POD_A);
-    assert_eq!(lines.len(), 1, "one condition: {lines:#?}");
+    counted_exactly(&disk, "pv-virtio", (4, 3), "EIO", "Degraded BlockIOErrors")?;
     Ok(())
 }
 

@@ -485,9 +485,6 @@ fn attach_request_btf(
     Some(Ok(format!("block:{tracepoint}")))
 }
 
-/// The writeback tracepoint shows errseq from before the update, so the
-/// errno of a file's first error comes from an fentry program on the
-/// function that records it (needs kernel BTF and fentry support).
 /// Where the tracefs `block_rq_complete` program counts failed requests,
 /// the raw tracepoint that records each failing disk's name with its
 /// number (`DISK_NAMES`), as the `tp_btf` programs do on newer kernels:
@@ -515,6 +512,9 @@ fn attach_disk_names(ebpf: &mut Ebpf, facts: &Result<BtfRequests, String>) -> Re
     Ok(())
 }
 
+/// The writeback tracepoint shows errseq from before the update, so the
+/// errno of a file's first error comes from an fentry program on the
+/// function that records it (needs kernel BTF and fentry support).
 fn attach_writeback_errno(
     ebpf: &mut Ebpf,
     pins: Option<&PinSet>,

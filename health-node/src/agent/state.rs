@@ -184,16 +184,23 @@ impl<R: Reporter> Agent<R> {
                 );
             }
         }
-        let learned = self.learn_numbers();
-        let unknown = self
+        // One pass over the turn's errors; almost always none is unknown.
+        let mut unknown: Vec<u32> = self
             .batch
             .iter()
-            .any(|e| is_unknown_block_device(&self.topo, e));
-        if learned || (unknown && self.last_rescan.elapsed() >= MIN_RESCAN_GAP) {
-            let _rescan = prio.bulk();
-            self.rescan(Then::TopologyChanged);
+            .filter(|e| is_unknown_block_device(&self.topo, e))
+            .map(|e| e.key.dev)
+            .collect();
+        if !unknown.is_empty() {
+            unknown.sort_unstable();
+            unknown.dedup();
+            let learned = self.learn_numbers(&unknown);
+            if learned || self.last_rescan.elapsed() >= MIN_RESCAN_GAP {
+                let _rescan = prio.bulk();
+                self.rescan(Then::TopologyChanged);
+            }
+            self.warn_unplaced(&unknown);
         }
-        self.warn_unplaced();
         self.deliver()?;
         self.collector.persist()?;
         Ok(())
@@ -204,12 +211,12 @@ impl<R: Reporter> Agent<R> {
     /// number (5.10's hidden NVMe path disks) gets this one. Whether
     /// anything was learned: the topology is then rescanned at once, so
     /// that these very errors reach their volumes.
-    fn learn_numbers(&mut self) -> bool {
+    fn learn_numbers(&mut self, unknown: &[u32]) -> bool {
         let mut seen = Vec::new();
-        for e in &self.batch {
-            if is_unknown_block_device(&self.topo, e) && self.looked_up.insert(e.key.dev) {
-                if let Some(name) = self.rest.disk_name(e.key.dev) {
-                    seen.push((Dev::from_kernel(e.key.dev), name));
+        for &dev in unknown {
+            if self.looked_up.insert(dev) {
+                if let Some(name) = self.rest.disk_name(dev) {
+                    seen.push((Dev::from_kernel(dev), name));
                 }
             }
         }
@@ -229,10 +236,11 @@ impl<R: Reporter> Agent<R> {
     /// Errors on a block device no scan lists (a disk sysfs hides, gone
     /// before it could be seen) are counted and printed by number, but
     /// reach no volume: said once per device, so it is never silent.
-    fn warn_unplaced(&mut self) {
-        for e in &self.batch {
-            let dev = Dev::from_kernel(e.key.dev);
-            if is_unknown_block_device(&self.topo, e) && self.unplaced.insert(dev) {
+    /// `unknown` were unknown before a rescan that may have placed them.
+    fn warn_unplaced(&mut self, unknown: &[u32]) {
+        for &d in unknown {
+            let dev = Dev::from_kernel(d);
+            if self.topo.device(dev).is_none() && self.unplaced.insert(dev) {
                 tracing::warn!(
                     device = %dev,
                     "errors on a block device that sysfs does not list: counted and shown by number, attributed to no volume"

@@ -382,7 +382,7 @@ pub async fn next_wake(volumes: &mut Option<LiveVolumes>) -> Wake {
         _ = v.flush_tick.tick(), if has_pending => Wake::FlushKernel,
         _ = sleep_until(next_due) => Wake::CheckDue,
         c = v.schedule.next_checked() => Wake::Checked(c),
-        r = wait_csi(&mut v.csi_round) => Wake::Csi(r),
+        r = wait_round(&mut v.csi_round) => Wake::Csi(r),
         _ = v.stack_tick.tick() => Wake::StackTick,
         r = wait_round(&mut v.stack_round) => Wake::Stack(r),
     }
@@ -393,12 +393,6 @@ async fn sleep_until(deadline: Option<Instant>) {
         Some(d) => tokio::time::sleep_until(d).await,
         None => std::future::pending().await,
     }
-}
-
-async fn wait_csi(
-    round: &mut Option<JoinHandle<Option<CsiRound>>>,
-) -> Result<Option<CsiRound>, tokio::task::JoinError> {
-    wait_round(round).await
 }
 
 async fn wait_round<T>(round: &mut Option<JoinHandle<T>>) -> Result<T, tokio::task::JoinError> {
