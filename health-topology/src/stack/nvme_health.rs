@@ -332,6 +332,14 @@ mod tests {
         assert!(warning_words(0).is_empty());
     }
 
+    proptest::proptest! {
+        /// Any bytes: read exactly when the fields are there, never a panic.
+        #[test]
+        fn any_page_is_read_or_refused(page in proptest::collection::vec(proptest::num::u8::ANY, 0..600)) {
+            crate::fuzzing::nvme_smart::run(&page);
+        }
+    }
+
     #[test]
     fn the_command_struct_has_the_kernels_size() {
         assert_eq!(std::mem::size_of::<PassthruCmd>(), 72);
