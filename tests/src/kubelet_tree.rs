@@ -54,8 +54,15 @@ impl Kubelet {
         )?;
         let local = self.root.path().join("local").join(pv);
         std::fs::create_dir_all(&local)?;
-        self.mounts
-            .push(Mount::at(dev, &local, "ext4", "errors=continue")?);
+        // No block bitmap prefetch (ext4's lazyinit thread reads every group's
+        // bitmap after mount since 5.9): a test that takes the device's paths
+        // away must see its own reads fail, not a background read racing them.
+        self.mounts.push(Mount::at(
+            dev,
+            &local,
+            "ext4",
+            "errors=continue,no_prefetch_block_bitmaps",
+        )?);
         let target = self
             .root
             .path()
