@@ -48,7 +48,20 @@ impl MountEntry {
     /// without `=` also matches the key of a `key=value` option, so
     /// `has_option("errors")` is true for `errors=continue`.
     pub fn has_option(&self, opt: &str) -> bool {
-        option_in(&self.mount_options, opt) || option_in(&self.super_options, opt)
+        self.has_mount_option(opt) || self.has_super_option(opt)
+    }
+
+    /// Whether `opt` is set in the per-mount options (matched as in
+    /// [`MountEntry::has_option`]).
+    pub fn has_mount_option(&self, opt: &str) -> bool {
+        option_in(&self.mount_options, opt)
+    }
+
+    /// Whether `opt` is set in the superblock options, which show the
+    /// filesystem's own state (`emergency_ro`, `shutdown`) for every mount
+    /// of it (matched as in [`MountEntry::has_option`]).
+    pub fn has_super_option(&self, opt: &str) -> bool {
+        option_in(&self.super_options, opt)
     }
 
     /// Writes through this mount fail: read-only on purpose (mount or
@@ -59,18 +72,22 @@ impl MountEntry {
             || self.is_error_read_only()
     }
 
-    /// The kernel made the filesystem read-only because of errors, as opposed
-    /// to a volume someone mounted read-only.
+    /// What the mount table alone shows of a filesystem the kernel made
+    /// read-only because of errors, as opposed to a volume someone mounted
+    /// read-only. Many kernels show nothing here (6.1, 6.12: the read-only
+    /// check in health-node looks further), and a superblock remounted `ro`
+    /// on purpose looks like the second shape through a `rw` bind mount.
     ///
-    /// Two shapes, measured on 6.18 and known from older kernels:
+    /// Two shapes, measured on 6.18 and 5.10:
     /// - `emergency_ro` in the superblock options. ext4 with
     ///   `errors=remount-ro` on 6.18 shows exactly this after an error, while
     ///   the mount *and* superblock still say `rw`
     ///   (`... rw,relatime - ext4 /dev/loop1 rw,errors=remount-ro,emergency_ro`).
     /// - The superblock says `ro` while the mount says `rw`: older ext4 and
-    ///   btrfs set SB_RDONLY on the superblock only. Nobody gets that shape on
-    ///   purpose: a `mount -o ro` sets both, and a read-only bind mount (how
-    ///   kubelet mounts `readOnly: true` volumes) sets only the mount flag.
+    ///   btrfs set SB_RDONLY on the superblock only. A `mount -o ro` sets
+    ///   both and a read-only bind mount (how kubelet mounts `readOnly: true`
+    ///   volumes) only the mount flag, but `mount -o remount,ro` of one mount
+    ///   shows this shape through the other (`rw`) bind mounts of it.
     pub fn is_error_read_only(&self) -> bool {
         option_in(&self.super_options, "emergency_ro")
             || (option_in(&self.super_options, "ro") && option_in(&self.mount_options, "rw"))
@@ -417,6 +434,11 @@ mod tests {
         assert!(!m.has_option("errors=continue"));
         assert!(!m.has_option("rel"));
         assert!(!m.has_option("ro"));
+        // Each list on its own: `relatime` is the mount's, `errors` the
+        // superblock's, `rw` both.
+        assert!(m.has_mount_option("relatime") && !m.has_super_option("relatime"));
+        assert!(m.has_super_option("errors") && !m.has_mount_option("errors"));
+        assert!(m.has_mount_option("rw") && m.has_super_option("rw"));
     }
 
     #[test]

@@ -279,42 +279,6 @@ fn inodes_exhausted() -> Result<()> {
 }
 
 #[test]
-fn read_only_on_purpose_is_fine_but_an_error_remount_is_not() -> Result<()> {
-    require_root()?;
-    let fs = LoopFs::ext4(16, &[], "errors=remount-ro");
-    let mnt = fs.mount_point();
-    let vol = fs_volume(mnt.clone());
-    let checker = Checker::new(cfg());
-    let rt = runtime();
-
-    run("mount", &["-o", "remount,ro", mnt.to_str().unwrap()]);
-    let report = rt.block_on(checker.check_volume(&vol, &mounts()));
-    assert!(report.findings().is_empty(), "{report:#?}");
-    assert_eq!(report.result(CheckKind::ReadOnly), Some(&CheckResult::Pass));
-    run("mount", &["-o", "remount,rw", mnt.to_str().unwrap()]);
-
-    // A real ext4 error, through the kernel's own error path.
-    let name = fs.dev_path().trim_start_matches("/dev/");
-    let trigger = format!("/sys/fs/ext4/{name}/trigger_fs_error");
-    fs::write(&trigger, "1").unwrap_or_else(|e| panic!("{trigger}: {e}"));
-    let table = mounts();
-    let entry = table.iter().rev().find(|m| m.mount_point == mnt).unwrap();
-    assert!(entry.is_error_read_only(), "{entry:?}");
-    let report = rt.block_on(checker.check_volume(&vol, &table));
-    let expected = CheckFinding::ReadOnlyRemount {
-        mount_point: mnt.clone(),
-        device: entry.dev,
-        fs_type: "ext4".into(),
-    };
-    assert_eq!(report.findings(), [&expected], "{report:#?}");
-    assert!(expected.message().contains(&entry.dev.to_string()));
-    // Writes really fail with EROFS.
-    let err = fs::write(mnt.join("x"), "x").unwrap_err();
-    assert_eq!(err.raw_os_error(), Some(libc::EROFS));
-    Ok(())
-}
-
-#[test]
 fn hung_path_is_path_hung_and_never_probed_twice() -> Result<()> {
     require_root()?;
     let mut fuse = health_tests::HungFuse::in_temp_dir().unwrap();

@@ -155,10 +155,13 @@ pub enum CheckFinding {
         since: SystemTime,
         timeout: Duration,
     },
+    /// The kernel stopped the filesystem's writes after errors, or shut it
+    /// down; `evidence` says how that showed (kernels differ).
     ReadOnlyRemount {
         mount_point: PathBuf,
         device: Dev,
         fs_type: String,
+        evidence: ReadOnlyEvidence,
     },
     CapacityLow {
         free_bytes: u64,
@@ -347,9 +350,11 @@ impl CheckFinding {
                 mount_point,
                 device,
                 fs_type,
+                evidence,
             } => format!(
-                "{fs_type} on {device} at {} was remounted read-only after an error; writes fail with EROFS",
-                mount_point.display()
+                "{fs_type} on {device} at {} {}",
+                mount_point.display(),
+                evidence.words()
             ),
             CheckFinding::CapacityLow {
                 free_bytes,
@@ -470,6 +475,53 @@ impl CheckFinding {
             } => format!(
                 "NVMe controller {controller} of disk {device} reports a critical warning ({warning:#04x}): {}; available spare {available_spare}% (threshold {spare_threshold}%), {percentage_used}% of rated life used",
                 words.join(", ")
+            ),
+        }
+    }
+}
+
+/// How a filesystem shows that the kernel stopped its writes after errors
+/// (or shut it down). Each kernel shows it its own way, and the per-mount
+/// flags alone miss most of them (measured on Debian's 5.10, 6.1 and 6.12
+/// and on 6.18; `volumes::checks::read_only` in health-node reads them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReadOnlyEvidence {
+    /// The superblock is `ro` under a `rw` mount: ext4 that still sets
+    /// SB_RDONLY on errors (5.10), btrfs.
+    SuperBlockReadOnly,
+    /// `emergency_ro` among the superblock options: ext4 since 6.15.
+    EmergencyRo,
+    /// `shutdown` among the superblock options: ext4 since 6.15.
+    ShutdownOption,
+    /// Reading the mount point's metadata with `op` fails with EIO while
+    /// the flags say nothing: the filesystem is shut down (ext4 from 6.6 to
+    /// 6.14 after an error, any ext4 after EXT4_IOC_SHUTDOWN, xfs).
+    ShutdownProbe { op: &'static str },
+    /// ext4 mounted with errors=remount-ro has recorded an error since the
+    /// mount, and neither flags nor probes show it: 6.1 since 6.1.113 stops
+    /// writes by aborting the journal only.
+    ErrorsSinceMount,
+}
+
+impl ReadOnlyEvidence {
+    /// What happened, the evidence in parentheses, and what it means for I/O.
+    fn words(self) -> String {
+        const REMOUNTED: &str = "was remounted read-only after errors";
+        const WRITES_FAIL: &str = "writes fail with EROFS";
+        const ALL_FAIL: &str = "reads and writes fail with EIO";
+        match self {
+            ReadOnlyEvidence::SuperBlockReadOnly => {
+                format!("{REMOUNTED} (super block ro; mount rw); {WRITES_FAIL}")
+            }
+            ReadOnlyEvidence::EmergencyRo => {
+                format!("{REMOUNTED} (emergency_ro); {WRITES_FAIL}")
+            }
+            ReadOnlyEvidence::ShutdownOption => format!("was shut down (shutdown); {ALL_FAIL}"),
+            ReadOnlyEvidence::ShutdownProbe { op } => {
+                format!("was shut down ({op} of the mount point fails with EIO); {ALL_FAIL}")
+            }
+            ReadOnlyEvidence::ErrorsSinceMount => format!(
+                "{REMOUNTED} (errors=remount-ro and an error recorded since the mount; mount flags still rw); {WRITES_FAIL}"
             ),
         }
     }

@@ -309,7 +309,7 @@ fn condition(source: Source, key: &Key, s: &Stored) -> Condition {
 mod tests {
     use super::*;
     use crate::conditions::testing::*;
-    use crate::conditions::{CheckFinding, CheckKind};
+    use crate::conditions::{CheckFinding, CheckKind, ReadOnlyEvidence};
     use crate::dev::Dev;
 
     #[test]
@@ -330,6 +330,7 @@ mod tests {
             mount_point: "/mnt/v".into(),
             device: Dev::new(7, 3),
             fs_type: "ext4".into(),
+            evidence: ReadOnlyEvidence::EmergencyRo,
         }]);
         let changes = h.apply(t(120), check(CheckKind::ReadOnly, other));
         match &changes[..] {

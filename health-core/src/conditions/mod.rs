@@ -25,7 +25,7 @@ pub(crate) mod testing;
 
 pub use evidence::{
     CheckFinding, CheckResult, CsiEntry, CsiListSighting, CsiReport, KernelErrorKind, KernelErrors,
-    Observation,
+    Observation, ReadOnlyEvidence,
 };
 pub use format::{clip_to, errno_name, human_bytes, human_duration, rfc3339};
 pub use health::{ConditionConfig, VolumeHealth};

@@ -29,6 +29,7 @@ pub(crate) fn read_only() -> CheckResult {
         mount_point: "/mnt/v".into(),
         device: Dev::new(7, 2),
         fs_type: "ext4".into(),
+        evidence: ReadOnlyEvidence::EmergencyRo,
     }])
 }
 

@@ -16,20 +16,23 @@
 //! caps the probe threads at [`MAX_PROBE_THREADS`], stuck ones included.
 //!
 //! What a check may do below a volume's mount point, which belongs to the
-//! tenant: today only `statvfs` of the mount point itself (filesystem mode)
-//! and `stat` of the device path (block mode, which kubelet made). No check
-//! opens, reads, lists or writes anything inside a volume. A future check
-//! that must write (a write probe) writes only its own probe file, created
-//! relative to a directory fd of the mount point (`openat`) with
-//! `O_CREAT | O_EXCL | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC`, so that a
+//! tenant: today only `statvfs` of the mount point itself (filesystem mode),
+//! `getxattr` of one attribute nobody sets on it (ext4 and xfs, see
+//! `read_only`) and `stat` of the device path (block mode, which kubelet
+//! made). No check opens, reads, lists or writes anything inside a volume.
+//! A future check that must write (a write probe) writes only its own probe
+//! file, created relative to a directory fd of the mount point (`openat`)
+//! with `O_CREAT | O_EXCL | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC`, so that a
 //! tenant's symlink, FIFO or pre-created file under that name is refused
 //! instead of followed, waited on or overwritten; it removes the file with
 //! `unlinkat` on the same directory fd, and runs under `Checker::bounded`
 //! like every other probe.
 
 mod block;
+pub mod mount_time;
 mod probe;
 mod reachability;
+mod read_only;
 pub mod stack;
 mod usage;
 
@@ -41,8 +44,8 @@ use block::{probe_block, BlockState};
 use health_core::conditions::{CheckFinding, CheckKind, CheckResult, Observation};
 use health_topology::bounded::InFlight;
 use health_topology::MountEntry;
-pub use probe::MAX_PROBE_THREADS;
-use probe::{Probe, ProbeError};
+use probe::Probe;
+pub use probe::{ProbeError, MAX_PROBE_THREADS};
 pub use reachability::is_unreachable_errno;
 use reachability::unreachable_or_failed;
 pub use usage::{evaluate_usage, Usage};
@@ -59,6 +62,9 @@ pub struct CheckConfig {
     pub inodes_low_percent: f64,
     /// Where the host's /sys is visible.
     pub sys_root: PathBuf,
+    /// Where the host's /proc is visible (ext4's options and journal
+    /// threads, for the read-only check).
+    pub proc_root: PathBuf,
     /// Degraded when a thin pool under the volume uses this percentage of
     /// its data or metadata space or more (the stack check).
     pub thin_pool_low_percent: f64,
@@ -78,6 +84,7 @@ impl Default for CheckConfig {
             capacity_low_percent: 5.0,
             inodes_low_percent: 5.0,
             sys_root: PathBuf::from("/sys"),
+            proc_root: PathBuf::from("/proc"),
             thin_pool_low_percent: stack::DEFAULT_THIN_POOL_LOW_PERCENT,
             nvme_health_interval: DEFAULT_NVME_HEALTH_INTERVAL,
         }
@@ -174,50 +181,34 @@ impl Checker {
         };
         report.push(CheckKind::Mount, CheckResult::Pass);
 
-        let ro = if mount.is_error_read_only() {
-            CheckResult::Found(vec![CheckFinding::ReadOnlyRemount {
-                mount_point: mount.mount_point.clone(),
-                device: mount.dev,
-                fs_type: mount.fs_type.clone(),
-            }])
-        } else {
-            // Read-only on purpose (`readOnly: true`, `mount -o ro`) is fine.
-            CheckResult::Pass
-        };
-        report.push(CheckKind::ReadOnly, ro);
-
         let path = vol.path.clone();
         let probe = self
             .bounded(&vol.path, move || {
                 nix::sys::statvfs::statvfs(&path).map(|st| Usage::from_statvfs(&st))
             })
             .await;
-        match probe {
-            Probe::Done(Ok(usage)) => {
-                report.push(CheckKind::Reachability, CheckResult::Pass);
-                // Nobody can fill a read-only filesystem, and read-only media
-                // (squashfs, iso9660) report 0 bytes free by design.
-                let capacity = if mount.is_read_only() {
-                    CheckResult::Pass
-                } else {
-                    evaluate_usage(usage, &self.cfg)
-                };
-                report.push(CheckKind::Capacity, capacity);
-            }
-            Probe::Done(Err(errno)) => {
-                report.push(
-                    CheckKind::Reachability,
-                    unreachable_or_failed(&vol.path, "statvfs", errno),
-                );
-            }
-            Probe::Hung { since } => report.push(
-                CheckKind::Reachability,
-                self.hung(&vol.path, "statvfs", since),
-            ),
-            Probe::Lost(e) => report.push(
-                CheckKind::Reachability,
-                CheckResult::ProbeFailed(e.to_string()),
-            ),
+        let (reachability, usage) = match probe {
+            Probe::Done(Ok(usage)) => (CheckResult::Pass, Some(usage)),
+            Probe::Done(Err(errno)) => (unreachable_or_failed(&vol.path, "statvfs", errno), None),
+            Probe::Hung { since } => (self.hung(&vol.path, "statvfs", since), None),
+            Probe::Lost(e) => (CheckResult::ProbeFailed(e.to_string()), None),
+        };
+        let read_only = self.read_only(vol, mount, usage.is_some()).await;
+        let stopped = matches!(read_only, Some(CheckResult::Found(_)));
+        if let Some(result) = read_only {
+            report.push(CheckKind::ReadOnly, result);
+        }
+        report.push(CheckKind::Reachability, reachability);
+        if let Some(usage) = usage {
+            // Nobody can fill a filesystem that takes no writes, and
+            // read-only media (squashfs, iso9660) report 0 bytes free by
+            // design.
+            let capacity = if mount.is_read_only() || stopped {
+                CheckResult::Pass
+            } else {
+                evaluate_usage(usage, &self.cfg)
+            };
+            report.push(CheckKind::Capacity, capacity);
         }
         report
     }

@@ -19,8 +19,9 @@ use super::Checker;
 /// server holds at most this many blocked threads, not one per volume.
 pub const MAX_PROBE_THREADS: usize = 32;
 
+/// Why a probe could not look.
 #[derive(Debug, thiserror::Error)]
-pub(super) enum ProbeError {
+pub enum ProbeError {
     #[error("{op} {}: {}", .path.display(), errno_name(*.errno as i32))]
     Sys {
         op: &'static str,
@@ -32,6 +33,15 @@ pub(super) enum ProbeError {
     Read { path: PathBuf, error: io::Error },
     #[error("{}: unexpected content {content:?}", .path.display())]
     Parse { path: PathBuf, content: String },
+    #[error(
+        "no single journal thread of {name} under {}: {found} processes named jbd2/{name}-*",
+        .proc_root.display()
+    )]
+    JournalThread {
+        name: String,
+        proc_root: PathBuf,
+        found: usize,
+    },
     #[error("probe thread failed: {0}")]
     Join(String),
     #[error(
