@@ -2,6 +2,8 @@
 //! `health-node` library. The kernel object is embedded here (build.rs), so
 //! that every library below compiles without it.
 
+mod csi_proxy;
+
 use std::io::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -55,6 +57,9 @@ enum Command {
     Run(RunArgs),
     /// Detach the programs an agent left pinned and remove every pin.
     Uninstall(PinArgs),
+    /// Sidecar of a CSI driver's node pod: pass the kubelet's calls to the
+    /// driver, adding this node's conditions to NodeGetVolumeHealth.
+    CsiProxy(csi_proxy::CsiProxyArgs),
     /// Moved to its own binary and image: `health-controller`.
     #[command(hide = true, disable_help_flag = true)]
     Controller {
@@ -94,6 +99,10 @@ struct RunArgs {
     volume: VolumeArgs,
     #[command(flatten)]
     intervals: IntervalArgs,
+    /// Answer `health-agent csi-proxy` sidecars with this node's conditions
+    /// per CSI volume on this unix socket (README, "CSI proxy").
+    #[arg(long, value_name = "PATH", env = "HEALTH_VOLUME_HEALTH_SOCKET")]
+    volume_health_socket: Option<PathBuf>,
 }
 
 /// What the kernel side catches; shared by `watch` and `run`.
@@ -226,7 +235,7 @@ fn seconds(name: &str, v: f64) -> Result<Duration, String> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let filter = tracing_subscriber::EnvFilter::try_new(&cli.log).unwrap_or_else(|e| {
+    let filter = health_kube::logging::filter(&cli.log).unwrap_or_else(|e| {
         eprintln!(
             "health-agent: invalid --log filter {:?} ({e}); using `info`",
             cli.log
@@ -247,6 +256,8 @@ fn main() -> ExitCode {
             .and_then(|(opts, view)| block_on(Runtime::CurrentThread, agent::run(opts, view, None))?),
         Command::Volumes(args) => volumes_command(args, host),
         Command::Uninstall(args) => uninstall(&args.pin_dir, &host.sys_root),
+        Command::CsiProxy(args) => block_on(Runtime::CurrentThread, csi_proxy::run(args))
+            .and_then(|served| served),
         Command::Controller { .. } => Err(anyhow::anyhow!(
             "the controller is its own binary now: run `health-controller` (image volume-health-controller)"
         )),
@@ -333,6 +344,7 @@ fn run_options(args: RunArgs, host: HostPaths) -> anyhow::Result<health_node::cl
         kubeconfig: args.kubeconfig,
         metrics_addr: args.metrics_addr,
         events,
+        volume_health_socket: args.volume_health_socket,
     })
 }
 
@@ -448,6 +460,7 @@ fn check_config(args: &VolumeArgs, host: &HostPaths) -> anyhow::Result<CheckConf
         capacity_low_percent: args.capacity_low_percent,
         inodes_low_percent: args.inodes_low_percent,
         sys_root: host.sys_root.clone(),
+        proc_root: host.proc_root.clone(),
         thin_pool_low_percent: args.thin_pool_low_percent,
         nvme_health_interval: seconds("nvme-health-interval", args.nvme_health_interval)
             .map_err(anyhow::Error::msg)?,

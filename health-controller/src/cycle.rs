@@ -1,18 +1,30 @@
 //! One poll of the CSI controller service: every monitored PV gets exactly
 //! one observation per cycle.
 //!
-//! List mode (preferred, one walk for all volumes): CSI 1.13
-//! ControllerListVolumeHealth, or legacy ListVolumes with VOLUME_CONDITION,
-//! walked in pages of `--list-page-size` up to a page limit. A volume on a
-//! page is `Listed`; a volume on no page is `Absent` only if the walk
-//! completed (the condition machine clears after two such cycles), and
-//! `CycleFailed` otherwise; a failed walk is `CycleFailed` for all.
+//! What is called follows the driver's advertised capabilities, as
+//! external-health-monitor decides it
+//! ([`ControllerCapabilities::list_health_rpc`] and
+//! [`ControllerCapabilities::get_health_rpc`]):
 //!
-//! Get mode, when no list carries health (both list RPCs UNIMPLEMENTED, or
-//! legacy ListVolumes without VOLUME_CONDITION): ControllerGetVolumeHealth
-//! (or legacy ControllerGetVolume) per volume handle, once per cycle, a
-//! bounded number at a time. Every call is bounded by the client's call
-//! timeout (`--call-timeout`).
+//! List mode (preferred, one walk for all volumes), for drivers advertising
+//! LIST_VOLUME_HEALTH (CSI 1.13 ControllerListVolumeHealth) or LIST_VOLUMES
+//! with VOLUME_CONDITION (legacy ListVolumes): walked in pages of
+//! `--list-page-size` up to a page limit. A volume on a page is `Listed`; a
+//! volume on no page is `Absent` only if the walk completed (the condition
+//! machine clears after two such cycles), and `CycleFailed` otherwise; a
+//! failed walk (UNIMPLEMENTED despite the capability included) is
+//! `CycleFailed` for all.
+//!
+//! Get mode, for drivers with no health list but GET_VOLUME_HEALTH (CSI 1.13
+//! ControllerGetVolumeHealth) or GET_VOLUME with VOLUME_CONDITION (legacy
+//! ControllerGetVolume), or whose legacy list turns out to carry no
+//! condition: one call per volume handle, once per cycle, a bounded number
+//! at a time. Every call is bounded by the client's call timeout
+//! (`--call-timeout`).
+//!
+//! Off, for drivers advertising none of these: no CSI call at all, and every
+//! volume is told "no health information" each cycle (which neither raises
+//! nor clears a condition).
 
 use std::collections::BTreeMap;
 
@@ -20,7 +32,6 @@ use futures_util::stream::{self, StreamExt as _};
 use health_core::conditions::{CsiEntry, CsiListSighting, CsiReport, Observation, Status};
 use health_csi::{
     ControllerCapabilities, ControllerClient, ControllerHealthSource, CsiError, HealthEntry,
-    RpcSupport,
 };
 
 use super::inventory::MonitoredVolume;
@@ -46,6 +57,8 @@ pub struct CycleConfig {
 pub enum Mode {
     List,
     Get,
+    /// The driver advertises no controller health capability: not asked.
+    Off,
 }
 
 /// What one cycle learnt.
@@ -56,7 +69,8 @@ pub struct Probed {
     pub result: CycleResult,
 }
 
-/// Polls one driver's controller service; remembers which mode works.
+/// Polls one driver's controller service, in the mode its capabilities
+/// allow.
 pub struct Prober {
     csi: ControllerClient,
     caps: ControllerCapabilities,
@@ -65,12 +79,27 @@ pub struct Prober {
 }
 
 impl Prober {
+    /// `caps` are the driver's advertised capabilities (the same the client
+    /// decides its calls by).
     pub fn new(csi: ControllerClient, caps: ControllerCapabilities, config: CycleConfig) -> Self {
+        let mode = if caps.list_health_rpc().is_some() {
+            Mode::List
+        } else if caps.get_health_rpc().is_some() {
+            Mode::Get
+        } else {
+            tracing::info!(
+                ?caps,
+                "the CSI driver advertises no controller volume health capability \
+                 (LIST_VOLUME_HEALTH, GET_VOLUME_HEALTH, or VOLUME_CONDITION with \
+                 LIST_VOLUMES or GET_VOLUME): no controller-side health calls"
+            );
+            Mode::Off
+        };
         Prober {
             csi,
             caps,
             config,
-            mode: Mode::List,
+            mode,
         }
     }
 
@@ -84,27 +113,30 @@ impl Prober {
         volumes: &[MonitoredVolume],
         metrics: &ControllerMetrics,
     ) -> Probed {
-        // Once the 1.13 list is known to be missing, the legacy list is
-        // only worth calling if it carries conditions.
-        let legacy_list_useless = self.csi.list_volume_health_support() == RpcSupport::Unsupported
-            && !(self.caps.list_volumes && self.caps.volume_condition);
-        if self.mode == Mode::List && legacy_list_useless {
-            self.switch_to_get("the driver's ListVolumes carries no volume condition");
-        }
         if self.mode == Mode::List {
             if let Some(probed) = self.list_cycle(volumes, metrics).await {
                 return probed;
             }
         }
-        self.get_cycle(volumes, metrics).await
+        match self.mode {
+            Mode::Off => not_asked(volumes),
+            _ => self.get_cycle(volumes, metrics).await,
+        }
     }
 
-    fn switch_to_get(&mut self, why: &str) {
-        tracing::info!("{why}; asking ControllerGetVolumeHealth per volume from now on");
-        self.mode = Mode::Get;
+    /// Leaves List mode for good: Get when the driver offers a health Get,
+    /// otherwise Off.
+    fn leave_list(&mut self, why: &str) {
+        self.mode = if self.caps.get_health_rpc().is_some() {
+            tracing::info!("{why}; asking each volume's health from now on");
+            Mode::Get
+        } else {
+            tracing::info!("{why}, and the driver offers no health Get: no controller-side health calls from now on");
+            Mode::Off
+        };
     }
 
-    /// `None` when it turns out no list carries health (then Get mode).
+    /// `None` when it turns out no list carries health (then Get or Off).
     async fn list_cycle(
         &mut self,
         volumes: &[MonitoredVolume],
@@ -116,11 +148,8 @@ impl Prober {
             .await;
         let list = match walk {
             Ok(list) => list,
-            Err(e @ CsiError::Unsupported { .. }) => {
-                metrics.csi_calls(rpc_of(&e), &code_of(&e), 1);
-                self.switch_to_get("neither ControllerListVolumeHealth nor ListVolumes is served");
-                return None;
-            }
+            // An advertised list answering UNIMPLEMENTED lands here too: a
+            // driver fault, and a failed cycle every time, never a recovery.
             Err(e) => {
                 metrics.csi_calls(rpc_of(&e), &code_of(&e), 1);
                 tracing::warn!("listing volume health failed: {e}");
@@ -142,7 +171,7 @@ impl Prober {
         if list.source == ControllerHealthSource::ListVolumes
             && list.volumes.values().any(Option::is_none)
         {
-            self.switch_to_get("the driver's ListVolumes carries no volume condition");
+            self.leave_list("the driver's ListVolumes carries no volume condition");
             return None;
         }
         let mut observations = Vec::with_capacity(volumes.len());
@@ -207,6 +236,20 @@ impl Prober {
     }
 }
 
+/// Off mode's cycle: every volume learns that nothing is known.
+fn not_asked(volumes: &[MonitoredVolume]) -> Probed {
+    Probed {
+        observations: volumes
+            .iter()
+            .map(|v| {
+                let report = CsiReport::NoHealthInfo;
+                (v.clone(), Observation::CsiControllerGet(report))
+            })
+            .collect(),
+        result: CycleResult::Complete,
+    }
+}
+
 async fn get_one(csi: &ControllerClient, handle: &str, metrics: &ControllerMetrics) -> CsiReport {
     match csi.get_volume_health(handle).await {
         Ok(report) => {
@@ -255,6 +298,7 @@ fn rpc_of(e: &CsiError) -> &'static str {
     match e {
         CsiError::Timeout { rpc, .. }
         | CsiError::Unsupported { rpc }
+        | CsiError::NotAdvertised { rpc, .. }
         | CsiError::VolumeGone { rpc, .. }
         | CsiError::Status { rpc, .. }
         | CsiError::InvalidResponse { rpc, .. } => rpc,
@@ -267,6 +311,7 @@ fn code_of(e: &CsiError) -> String {
         CsiError::Timeout { .. } => "Timeout".into(),
         CsiError::Connect { .. } => "Connect".into(),
         CsiError::Unsupported { .. } => "Unimplemented".into(),
+        CsiError::NotAdvertised { .. } => "NotAdvertised".into(),
         CsiError::VolumeGone { .. } => "NotFound".into(),
         // tonic's code names (`Unavailable`, `Internal`...).
         CsiError::Status { code, .. } => format!("{code:?}"),

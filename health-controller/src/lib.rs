@@ -21,7 +21,11 @@
 //!
 //! A takeover continues Events instead of duplicating them: the new leader
 //! lists the Events of its component (any replica's), seeds its PV states
-//! from the open Warnings, and patches those same Events from then on.
+//! from the open Warnings (and from what the claims' `VolumeHealth`
+//! objects say the driver asserted), and patches those same Events from
+//! then on, as their `reportingInstance`. A recovery Event on a claim is
+//! written once its `VolumeHealth` and label no longer say so: the Events,
+//! the object and the label tell one story, across takeovers too.
 
 pub mod cycle;
 pub mod inventory;
@@ -93,7 +97,7 @@ pub const API_ACCESS: &[ApiAccess] = &[
     ApiAccess {
         group: "",
         resource: "persistentvolumeclaims",
-        verbs: &["patch"],
+        verbs: &["get", "patch"],
     },
     ApiAccess {
         group: "",
@@ -103,7 +107,7 @@ pub const API_ACCESS: &[ApiAccess] = &[
     ApiAccess {
         group: health_kube::status::types::GROUP,
         resource: "volumehealths",
-        verbs: &["get", "list", "create", "patch"],
+        verbs: &["get", "list", "watch", "create", "patch"],
     },
     ApiAccess {
         group: health_kube::status::types::GROUP,
@@ -151,6 +155,10 @@ const FINAL_FLUSH: Duration = Duration::from_secs(3);
 /// Continued Events are never cleared by time alone here: the controller
 /// ends them on evidence (see [`Worker::start`]).
 const NEVER: Duration = Duration::from_secs(365 * 24 * 3600);
+/// How long a recovery Event waits at most for its claim's `VolumeHealth`
+/// and label (a write takes a few requests; this is for a status writer
+/// that keeps failing: the Event then goes out anyway).
+const RECOVERY_WAITS_FOR_STATUS: Duration = Duration::from_secs(10);
 
 /// `volume-health-<driver>` with every character outside `[a-z0-9-]`
 /// replaced by `-` (a valid object name).
@@ -275,8 +283,42 @@ impl Worker {
         }
     }
 
-    /// Also writes the claims' `VolumeHealth` entries from now on.
-    pub fn with_status(mut self, status: status::StatusWriter) -> Self {
+    /// Also writes the claims' `VolumeHealth` entries from now on, going
+    /// on with what they say an earlier leader saw ([`PvHealth::seed_stored`]),
+    /// and from now on a recovery Event on a claim waits until its object
+    /// and label say so ([`Recorder::hold_recoveries`]).
+    pub async fn with_status(
+        mut self,
+        status: status::StatusWriter,
+        cluster: &dyn ClusterState,
+    ) -> Self {
+        let listed = health_kube::status::list_all(&self.client).await;
+        self.metrics.api_request(
+            "list",
+            "volumehealths",
+            match &listed {
+                Ok(_) => Some(200),
+                Err(e) => e.code(),
+            },
+        );
+        match listed {
+            Ok(objects) => {
+                let stored = pvs::Stored::from_objects(&objects);
+                let seeded = self.pvs.seed_stored(&stored, &cluster.volumes());
+                tracing::info!(
+                    listed = objects.len(),
+                    seeded,
+                    "took over the driver's conditions from the VolumeHealth objects"
+                );
+            }
+            Err(e) => tracing::warn!(
+                "could not list VolumeHealth objects ({e}); conditions only they hold are kept until this replica sees otherwise"
+            ),
+        }
+        self.shared
+            .lock()
+            .hold_recoveries(RECOVERY_WAITS_FOR_STATUS);
+        self.metrics.status_follower().follow(&self.shared);
         self.status = Some(status);
         self
     }
@@ -475,12 +517,16 @@ pub async fn run(opts: ControllerOptions) -> anyhow::Result<()> {
             &inventory,
         )
         .await
-        .with_status(status::StatusWriter::start(
-            client.clone(),
-            &driver,
-            opts.event_update_interval,
-            metrics.clone(),
-        ));
+        .with_status(
+            status::StatusWriter::start(
+                client.clone(),
+                &driver,
+                opts.event_update_interval,
+                metrics.clone(),
+            ),
+            &inventory,
+        )
+        .await;
         let mut csi_tick = tokio::time::interval(opts.monitor_interval);
         csi_tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
         let mut node_tick = tokio::time::interval(NODE_CHECK_EVERY);

@@ -78,7 +78,7 @@ fn seconds(name: &str, v: f64) -> anyhow::Result<Duration> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let filter = tracing_subscriber::EnvFilter::try_new(&cli.log).unwrap_or_else(|e| {
+    let filter = health_kube::logging::filter(&cli.log).unwrap_or_else(|e| {
         eprintln!(
             "health-controller: invalid --log filter {:?} ({e}); using `info`",
             cli.log

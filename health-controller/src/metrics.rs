@@ -5,8 +5,10 @@
 
 use std::time::Duration;
 
+use health_kube::events::StatusFollower;
 use health_kube::http::Exposition;
 use health_kube::metrics::ApiMetrics;
+use health_kube::status::{Claim, SourceEntry};
 use health_kube::writer::Observer;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::encoding::EncodeLabelSet;
@@ -57,6 +59,38 @@ impl CycleResult {
     }
 }
 
+#[derive(Clone, Debug, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct StateLabels {
+    state: String,
+}
+
+/// What the controller does with `pvc.status.healthStatus`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HealthStatusState {
+    /// Not tried yet (nothing to say so far).
+    Unknown,
+    /// The server stores it; the controller writes it.
+    Written,
+    /// The server has no such field, or drops it (gate off).
+    Unsupported,
+}
+
+impl HealthStatusState {
+    const ALL: [HealthStatusState; 3] = [
+        HealthStatusState::Unknown,
+        HealthStatusState::Written,
+        HealthStatusState::Unsupported,
+    ];
+
+    fn as_str(self) -> &'static str {
+        match self {
+            HealthStatusState::Unknown => "unknown",
+            HealthStatusState::Written => "written",
+            HealthStatusState::Unsupported => "unsupported",
+        }
+    }
+}
+
 #[derive(Debug)]
 pub struct ControllerMetrics {
     registry: Registry,
@@ -66,8 +100,14 @@ pub struct ControllerMetrics {
     volumes: Gauge,
     abnormal: Gauge,
     leader: Gauge,
+    health_status: Family<StateLabels, Gauge>,
+    health_status_yielded: Gauge,
     /// The same API traffic families as the node agent's.
     api: ApiMetrics,
+    /// Not a metric: the status writer reports its `VolumeHealth` writes
+    /// to this observer, and the current leadership's recovery Events wait
+    /// for them (see [`StatusFollower`]).
+    status: StatusFollower,
 }
 
 impl Default for ControllerMetrics {
@@ -86,7 +126,10 @@ impl ControllerMetrics {
             volumes: Gauge::default(),
             abnormal: Gauge::default(),
             leader: Gauge::default(),
+            health_status: Family::default(),
+            health_status_yielded: Gauge::default(),
             api: ApiMetrics::default(),
+            status: StatusFollower::default(),
         };
         let mut r = Registry::with_prefix("volume_health_controller");
         r.register(
@@ -120,6 +163,17 @@ impl ControllerMetrics {
             "1 while this replica holds the lease and does the work",
             m.leader.clone(),
         );
+        r.register(
+            "pvc_health_status",
+            "1 for what the controller does with pvc.status.healthStatus (Kubernetes 1.37+): unknown, written or unsupported by the server",
+            m.health_status.clone(),
+        );
+        r.register(
+            "pvc_health_status_yielded_claims",
+            "Claims whose pvc.status.healthStatus another field manager owns (external-health-monitor); left to it",
+            m.health_status_yielded.clone(),
+        );
+        m.set_health_status(HealthStatusState::Unknown, 0);
         m.api.register(&mut r);
         ControllerMetrics { registry: r, ..m }
     }
@@ -150,6 +204,18 @@ impl ControllerMetrics {
             .set(i64::try_from(monitored).unwrap_or(i64::MAX));
         self.abnormal
             .set(i64::try_from(abnormal).unwrap_or(i64::MAX));
+    }
+
+    pub fn set_health_status(&self, state: HealthStatusState, yielded: usize) {
+        for s in HealthStatusState::ALL {
+            self.health_status
+                .get_or_create(&StateLabels {
+                    state: s.as_str().to_string(),
+                })
+                .set(i64::from(s == state));
+        }
+        self.health_status_yielded
+            .set(i64::try_from(yielded).unwrap_or(i64::MAX));
     }
 
     pub fn set_leader(&self, leader: bool) {
@@ -186,9 +252,18 @@ impl Observer for ControllerMetrics {
     fn event_write_deferred(&self) {
         self.api.event_write_deferred();
     }
+
+    fn volume_health_written(&self, claim: &Claim, entries: Option<&[SourceEntry]>) {
+        self.status.written(claim, entries);
+    }
 }
 
 impl ControllerMetrics {
+    /// Where the `VolumeHealth` writes' results go.
+    pub fn status_follower(&self) -> &StatusFollower {
+        &self.status
+    }
+
     /// See [`ApiMetrics::api_request`]; for callers without the trait in scope.
     pub fn api_request(&self, verb: &str, resource: &str, code: Option<u16>) {
         self.api.api_request(verb, resource, code);

@@ -11,12 +11,14 @@
 //! recovery: a deleted volume has not recovered.
 
 use std::collections::BTreeMap;
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 use health_core::conditions::{
     Change, ConditionConfig, CsiEntry, CsiReport, Observation, Source, VolumeHealth,
 };
 use health_kube::events::{ObjectRef, Recorder, Unclaimed};
+use health_kube::status::types::parse_time;
+use health_kube::status::EntryKind;
 
 use super::inventory::MonitoredVolume;
 
@@ -150,9 +152,9 @@ impl PvHealth {
 
     /// Continues the open Warnings a previous leader wrote about these PVs
     /// (from [`Recorder::unclaimed`]): their conditions become this
-    /// replica's state, as if observed when the episode began, so the
-    /// Events go on (same object, same count) instead of starting again.
-    /// Returns how many were continued.
+    /// replica's state, as observed when the episode began (the Event's
+    /// `firstTimestamp`), so the Events go on (same object, same count)
+    /// instead of starting again. Returns how many were continued.
     pub fn seed(
         &mut self,
         adopted: &[Unclaimed],
@@ -165,46 +167,177 @@ impl PvHealth {
                 continue;
             };
             let key = PvKey::of(volume);
-            let mine: Vec<&Unclaimed> = adopted
+            let mine: Vec<Seed> = adopted
                 .iter()
                 .filter(|u| &u.object == claim && u.subject == key.subject())
+                .map(|u| Seed {
+                    entry: CsiEntry {
+                        status: u.status,
+                        reason: u.reason.clone(),
+                        message: u.message.clone(),
+                    },
+                    since: u.first,
+                })
                 .collect();
-            if mine.is_empty() {
-                continue;
+            let changes = self.add_seeds(&key, claim, mine);
+            seeded += changes.len();
+            for (at, change) in changes {
+                let objects = std::slice::from_ref(claim);
+                recorder.observe_on(&key.contributor(), &key.subject(), objects, &[change], at);
             }
-            let entries: Vec<CsiEntry> = mine
-                .iter()
-                .map(|u| CsiEntry {
-                    status: u.status,
-                    reason: u.reason.clone(),
-                    message: u.message.clone(),
-                })
-                .collect();
-            // Before the Event's last report: the recorder then takes the
-            // count the Event already has instead of adding to it.
-            let at = mine
-                .iter()
-                .map(|u| {
-                    let before_last = u.last.checked_sub(Duration::from_secs(1)).unwrap_or(u.last);
-                    u.first.min(before_last)
-                })
-                .min()
-                .unwrap_or(SystemTime::UNIX_EPOCH);
-            let config = self.config.clone();
-            let state = self.states.entry(key.clone()).or_insert_with(|| PvState {
-                health: VolumeHealth::new(config),
-                reported_to: None,
-            });
-            state.reported_to = Some(claim.clone());
-            let changes = state.health.apply(
-                at,
-                Observation::CsiControllerGet(CsiReport::Health(entries)),
-            );
-            let objects = std::slice::from_ref(claim);
-            recorder.observe_on(&key.contributor(), &key.subject(), objects, &changes, at);
-            seeded += mine.len();
         }
         seeded
+    }
+
+    /// Continues what the claims' `VolumeHealth` objects say the driver
+    /// asserted before this replica led (`stored`, their entry `CSIDriver`)
+    /// and no open Event told: the episode keeps its start, and ends on
+    /// this replica's own evidence (a healthy Get at once, absence from
+    /// two complete lists), as it would have without the takeover. Nothing
+    /// is told to the recorder: the Event of such an episode is gone
+    /// (expired), and a new Warning for an old episode would be news to
+    /// nobody. Returns how many were continued.
+    pub fn seed_stored(&mut self, stored: &[Stored], current: &[MonitoredVolume]) -> usize {
+        let mut seeded = 0;
+        for volume in current {
+            let Some(claim) = &volume.claim else {
+                continue;
+            };
+            let key = PvKey::of(volume);
+            let mine: Vec<Seed> = stored
+                .iter()
+                .filter(|s| s.is_about(claim, &volume.pv))
+                .map(|s| Seed {
+                    entry: s.entry.clone(),
+                    since: s.since,
+                })
+                .collect();
+            seeded += self.add_seeds(&key, claim, mine).len();
+        }
+        seeded
+    }
+
+    /// Adds conditions to a PV's state, each raised at its own start, and
+    /// returns the changes with when they happened. The state's conditions
+    /// already there stay as they are.
+    fn add_seeds(
+        &mut self,
+        key: &PvKey,
+        claim: &ObjectRef,
+        mut seeds: Vec<Seed>,
+    ) -> Vec<(SystemTime, Change)> {
+        if seeds.is_empty() {
+            return Vec::new();
+        }
+        let config = self.config.clone();
+        let state = self.states.entry(key.clone()).or_insert_with(|| PvState {
+            health: VolumeHealth::new(config),
+            reported_to: None,
+        });
+        state.reported_to = Some(claim.clone());
+        let mut entries: Vec<CsiEntry> = state
+            .health
+            .conditions()
+            .into_iter()
+            .filter(|c| c.source == Source::CsiController)
+            .map(|c| CsiEntry {
+                status: c.status,
+                reason: c.reason,
+                message: c.message,
+            })
+            .collect();
+        seeds.retain(|s| {
+            !entries
+                .iter()
+                .any(|e| e.status == s.entry.status && e.reason == s.entry.reason)
+        });
+        // One observation holds all of a source's conditions: each seed is
+        // added to those before it, in the order the episodes began, so
+        // that each keeps its own start.
+        seeds.sort_by_key(|s| s.since);
+        let mut changes = Vec::new();
+        for seed in seeds {
+            entries.push(seed.entry);
+            let report = CsiReport::Health(entries.clone());
+            let raised = state
+                .health
+                .apply(seed.since, Observation::CsiControllerGet(report));
+            changes.extend(raised.into_iter().map(|c| (seed.since, c)));
+        }
+        changes
+    }
+}
+
+/// A condition to continue, and when its episode began.
+struct Seed {
+    entry: CsiEntry,
+    since: SystemTime,
+}
+
+/// A condition the `VolumeHealth` of a claim says the driver's controller
+/// service asserted (the entry `CSIDriver`), as an earlier leader wrote it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Stored {
+    pub namespace: String,
+    pub claim: String,
+    /// The owning PVC's uid, when the object names one.
+    pub uid: Option<String>,
+    /// `spec.persistentVolumeName`.
+    pub pv: Option<String>,
+    pub entry: CsiEntry,
+    pub since: SystemTime,
+}
+
+impl Stored {
+    /// The driver's conditions in the listed objects. A condition whose
+    /// start cannot be read is left out (outside input): the status
+    /// writer's grace keeps it until this replica has evidence.
+    pub fn from_objects(objects: &[health_kube::status::VolumeHealth]) -> Vec<Stored> {
+        let driver_entry = EntryKind::CsiDriver.entry_name(None);
+        let mut out = Vec::new();
+        for o in objects {
+            let Some(status) = &o.status else { continue };
+            let uid = o
+                .metadata
+                .owner_references
+                .iter()
+                .flatten()
+                .find(|r| r.kind == "PersistentVolumeClaim")
+                .map(|r| r.uid.clone());
+            let conditions = status
+                .sources
+                .iter()
+                .filter(|e| e.name == driver_entry)
+                .flat_map(|e| &e.conditions);
+            for c in conditions {
+                let Some(since) = parse_time(&c.since) else {
+                    continue;
+                };
+                out.push(Stored {
+                    namespace: o.metadata.namespace.clone().unwrap_or_default(),
+                    claim: o.spec.persistent_volume_claim_name.clone(),
+                    uid: uid.clone(),
+                    pv: o.spec.persistent_volume_name.clone(),
+                    entry: CsiEntry {
+                        status: c.status,
+                        reason: c.reason.clone(),
+                        message: c.message.clone(),
+                    },
+                    since,
+                });
+            }
+        }
+        out
+    }
+
+    fn is_about(&self, claim: &ObjectRef, pv: &str) -> bool {
+        self.namespace == claim.namespace
+            && self.claim == claim.name
+            && self
+                .uid
+                .as_deref()
+                .is_none_or(|u| claim.uid.is_empty() || u == claim.uid)
+            && self.pv.as_deref().is_none_or(|p| p == pv)
     }
 }
 
@@ -237,4 +370,130 @@ fn follow_claim(
     let objects = std::slice::from_ref(claim);
     recorder.observe_on(&key.contributor(), &key.subject(), objects, &holding, now);
     state.reported_to = Some(claim.clone());
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use health_core::conditions::{CsiListSighting, Status};
+    use health_core::testing::t;
+    use health_kube::events::{ObjectKind, RecorderConfig};
+    use health_kube::status::types::time;
+    use health_kube::status::VolumeHealth as Object;
+    use serde_json::json;
+
+    use super::*;
+
+    fn claim() -> ObjectRef {
+        ObjectRef {
+            kind: ObjectKind::PersistentVolumeClaim,
+            namespace: "shop".into(),
+            name: "data".into(),
+            uid: "uid-data".into(),
+        }
+    }
+
+    fn volume() -> MonitoredVolume {
+        MonitoredVolume {
+            pv: "pv-1".into(),
+            handle: "h-1".into(),
+            claim: Some(claim()),
+        }
+    }
+
+    /// The claim's object as an earlier leader wrote it: the driver's
+    /// entry and a node's, with their conditions' starts.
+    fn object(owner: &str, driver_since: &str) -> Object {
+        serde_json::from_value(json!({
+            "metadata": {"name": "data", "namespace": "shop",
+                         "ownerReferences": [{"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                                              "name": "data", "uid": owner}]},
+            "spec": {"persistentVolumeClaimName": "data", "persistentVolumeName": "pv-1"},
+            "status": {"sources": [
+                {"name": "CSIDriver", "kind": "CSIDriver", "updateTime": time(t(90)),
+                 "conditions": [{"status": "Degraded", "reason": "ReplicaLost",
+                                 "message": "replica 2 of 3 lost", "since": driver_since,
+                                 "origin": "csi-controller"}]},
+                {"name": "Node/node-1", "kind": "Node", "node": "node-1", "updateTime": time(t(90)),
+                 "conditions": [{"status": "Degraded", "reason": "BlockIOErrors",
+                                 "message": "3 errors", "since": time(t(5)), "origin": "kernel"}]}
+            ]}
+        }))
+        .expect("a VolumeHealth")
+    }
+
+    #[test]
+    fn stored_conditions_are_the_driver_entrys_with_a_start() {
+        let stored =
+            Stored::from_objects(&[object("uid-data", &time(t(10))), object("uid-data", "soon")]);
+        assert_eq!(
+            stored,
+            [Stored {
+                namespace: "shop".into(),
+                claim: "data".into(),
+                uid: Some("uid-data".into()),
+                pv: Some("pv-1".into()),
+                entry: CsiEntry {
+                    status: Status::Degraded,
+                    reason: "ReplicaLost".into(),
+                    message: "replica 2 of 3 lost".into(),
+                },
+                since: t(10),
+            }]
+        );
+    }
+
+    #[test]
+    fn a_stored_condition_goes_on_from_its_start_tells_no_event_and_ends_on_evidence() {
+        let mut pvs = PvHealth::new(ConditionConfig::default());
+        let mut recorder = Recorder::new(RecorderConfig::new("ctl-b"));
+        // Another claim's object (a PVC recreated under the same name) is
+        // not this one's.
+        let stale = Stored::from_objects(&[object("uid-old", &time(t(3)))]);
+        assert_eq!(pvs.seed_stored(&stale, &[volume()]), 0);
+        let stored = Stored::from_objects(&[object("uid-data", &time(t(10)))]);
+        assert_eq!(pvs.seed_stored(&stored, &[volume()]), 1);
+        assert!(recorder.is_empty(), "no Event for an episode told before");
+        let held = pvs.claim_conditions();
+        assert_eq!(held.len(), 1);
+        let (to, pv, conditions) = &held[0];
+        assert_eq!((to, pv.as_str()), (&claim(), "pv-1"));
+        assert_eq!(
+            conditions
+                .iter()
+                .map(|c| (c.reason.as_str(), c.since))
+                .collect::<Vec<_>>(),
+            [("ReplicaLost", t(10))]
+        );
+        // Still listed abnormal: the episode goes on, nothing changes.
+        let listed = CsiListSighting::Listed(vec![CsiEntry {
+            status: Status::Degraded,
+            reason: "ReplicaLost".into(),
+            message: "replica 2 of 3 lost".into(),
+        }]);
+        let now = t(100);
+        pvs.apply(
+            vec![(volume(), Observation::CsiControllerList(listed))],
+            &[volume()],
+            &mut recorder,
+            now,
+        );
+        assert!(recorder.is_empty());
+        assert_eq!(pvs.claim_conditions()[0].2[0].since, t(10));
+        // A healthy Get: over at once.
+        let healthy = Observation::CsiControllerGet(CsiReport::Health(vec![]));
+        pvs.apply(
+            vec![(volume(), healthy)],
+            &[volume()],
+            &mut recorder,
+            now + Duration::from_secs(2),
+        );
+        assert!(pvs.claim_conditions()[0].2.is_empty());
+        assert_eq!(pvs.abnormal(), 0);
+        assert!(
+            recorder.is_empty(),
+            "no Warning was open: no recovery Event"
+        );
+    }
 }

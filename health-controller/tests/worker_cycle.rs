@@ -16,7 +16,7 @@ use health_controller::cycle::{CycleConfig, Prober};
 use health_controller::inventory::{MonitoredVolume, NodeState};
 use health_controller::metrics::ControllerMetrics;
 use health_controller::{recorder_config, ClusterState, Worker};
-use health_csi::testing::{DriverMode, Rpc, TestDriver, TestDriverHandle};
+use health_csi::testing::{ControllerCapability, DriverMode, Rpc, TestDriver, TestDriverHandle};
 use health_csi::{ControllerClient, HealthEntry, HealthStatus};
 use health_kube::testing::{ApiRequest, MockApi};
 use http::Method;
@@ -288,9 +288,9 @@ async fn without_a_health_list_each_volume_is_asked_once_per_cycle() {
     assert_eq!(s.driver.calls(Rpc::ControllerGetVolumeHealth), 3);
     s.cycle().await;
     assert_eq!(s.driver.calls(Rpc::ControllerGetVolumeHealth), 6);
-    // The lists were tried once, on the first cycle only.
-    assert_eq!(s.driver.calls(Rpc::ControllerListVolumeHealth), 1);
-    assert_eq!(s.driver.calls(Rpc::ListVolumes), 1);
+    // The driver advertises no list, so none was ever called.
+    assert_eq!(s.driver.calls(Rpc::ControllerListVolumeHealth), 0);
+    assert_eq!(s.driver.calls(Rpc::ListVolumes), 0);
     // A Get's empty answer clears at once.
     s.driver.set_volume_health("h-3", Vec::new());
     assert_eq!(
@@ -322,12 +322,56 @@ async fn legacy_list_volumes_is_paged_with_max_entries() {
             "VolumeConditionAbnormal".into()
         )]
     );
-    // 5 volumes in pages of 2: three ListVolumes calls, after the one
-    // UNIMPLEMENTED ControllerListVolumeHealth.
-    assert_eq!(s.driver.calls(Rpc::ControllerListVolumeHealth), 1);
+    // 5 volumes in pages of 2: three ListVolumes calls, and no
+    // ControllerListVolumeHealth, which the driver does not advertise.
+    assert_eq!(s.driver.calls(Rpc::ControllerListVolumeHealth), 0);
     assert_eq!(s.driver.calls(Rpc::ListVolumes), 3);
     assert_eq!(s.driver.list_max_entries(), [2, 2, 2]);
     assert_eq!(s.driver.calls(Rpc::ControllerGetVolume), 0);
+}
+
+/// A driver advertising no controller health capability is not asked, and
+/// nothing is raised or cleared for its volumes.
+#[tokio::test]
+async fn a_driver_advertising_no_health_is_never_asked() {
+    let mut s = setup(
+        DriverMode::Modern,
+        |d| d.set_controller_capabilities(vec![ControllerCapability::ListVolumes]),
+        Vec::new(),
+        500,
+    )
+    .await;
+    s.driver.set_volume_health("h-1", degraded("invisible"));
+    for _ in 0..2 {
+        assert_eq!(summary(&s.cycle().await), []);
+    }
+    for rpc in [
+        Rpc::ControllerListVolumeHealth,
+        Rpc::ControllerGetVolumeHealth,
+        Rpc::ListVolumes,
+        Rpc::ControllerGetVolume,
+    ] {
+        assert_eq!(s.driver.calls(rpc), 0, "{rpc:?}");
+    }
+}
+
+/// A list the driver advertises but answers UNIMPLEMENTED fails every
+/// cycle: no switch to another RPC, and no recovery of what it raised.
+#[tokio::test]
+async fn an_advertised_list_answering_unimplemented_never_recovers() {
+    let mut s = setup(DriverMode::Modern, |_| {}, Vec::new(), 500).await;
+    s.driver.set_volume_health("h-1", degraded("slow"));
+    assert_eq!(summary(&s.cycle().await).len(), 1);
+    s.driver
+        .set_controller_capabilities(s.driver.controller_capabilities());
+    s.driver.set_unimplemented(Rpc::ControllerListVolumeHealth);
+    s.driver.set_volume_health("h-1", Vec::new());
+    for _ in 0..3 {
+        assert_eq!(summary(&s.cycle().await), []);
+    }
+    assert_eq!(s.driver.calls(Rpc::ControllerListVolumeHealth), 4);
+    assert_eq!(s.driver.calls(Rpc::ControllerGetVolumeHealth), 0);
+    assert_eq!(s.driver.calls(Rpc::ListVolumes), 0);
 }
 
 #[tokio::test]

@@ -2,18 +2,18 @@
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
-use std::sync::atomic::AtomicU8;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::capabilities::ControllerCapabilities;
 use crate::conn::{volume_gone, Conn};
 use crate::error::CsiError;
-use crate::node::{check_volume_id, RpcSupport};
+use crate::node::check_volume_id;
 use crate::proto;
 use crate::proto::controller_client::ControllerClient as ControllerStub;
 use crate::types::{
-    entries_from_condition, entries_from_wire, merge_entries, ControllerCapabilities,
-    ControllerHealthSource, ControllerVolumeReport, HealthEntry, VolumeHealthList,
+    entries_from_condition, entries_from_wire, merge_entries, ControllerHealthSource,
+    ControllerVolumeReport, HealthEntry, VolumeHealthList,
 };
 
 const CONTROLLER_GET_CAPABILITIES: &str = "ControllerGetCapabilities";
@@ -23,7 +23,7 @@ const CONTROLLER_LIST_VOLUME_HEALTH: &str = "ControllerListVolumeHealth";
 const CONTROLLER_GET_VOLUME_HEALTH: &str = "ControllerGetVolumeHealth";
 
 /// Controller plugin client. Cheap to clone; clones share the connection and
-/// what was learnt about RPC support.
+/// the cached capabilities.
 #[derive(Debug, Clone)]
 pub struct ControllerClient {
     inner: Arc<Inner>,
@@ -32,10 +32,9 @@ pub struct ControllerClient {
 #[derive(Debug)]
 struct Inner {
     conn: Conn,
-    /// Support for CSI 1.13 ControllerGetVolumeHealth, learnt by calling it.
-    get_health_rpc: AtomicU8,
-    /// Support for CSI 1.13 ControllerListVolumeHealth, learnt by calling it.
-    list_health_rpc: AtomicU8,
+    /// The last ControllerGetCapabilities answer: what the health calls
+    /// decide by.
+    capabilities: Mutex<Option<ControllerCapabilities>>,
 }
 
 /// One page as both list generations see it.
@@ -51,8 +50,7 @@ impl ControllerClient {
         Ok(ControllerClient {
             inner: Arc::new(Inner {
                 conn,
-                get_health_rpc: AtomicU8::new(0),
-                list_health_rpc: AtomicU8::new(0),
+                capabilities: Mutex::new(None),
             }),
         })
     }
@@ -61,20 +59,12 @@ impl ControllerClient {
         self.inner.conn.socket()
     }
 
-    /// What this client has learnt about ControllerGetVolumeHealth so far.
-    pub fn get_volume_health_support(&self) -> RpcSupport {
-        RpcSupport::load(&self.inner.get_health_rpc)
-    }
-
-    /// What this client has learnt about ControllerListVolumeHealth so far.
-    pub fn list_volume_health_support(&self) -> RpcSupport {
-        RpcSupport::load(&self.inner.list_health_rpc)
-    }
-
     fn stub(&self) -> ControllerStub<tonic::transport::Channel> {
         ControllerStub::new(self.inner.conn.channel())
     }
 
+    /// Asks the driver for its controller capabilities and caches the answer
+    /// (see [`ControllerClient::cached_capabilities`]).
     pub async fn capabilities(&self) -> Result<ControllerCapabilities, CsiError> {
         let conn = &self.inner.conn;
         let response = conn
@@ -85,59 +75,85 @@ impl ControllerClient {
                 ),
             )
             .await?;
-        Ok(ControllerCapabilities::from_wire(response.capabilities))
+        let caps = ControllerCapabilities::from_wire(response.capabilities);
+        *self
+            .inner
+            .capabilities
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(caps.clone());
+        Ok(caps)
     }
 
-    /// Health of one volume: CSI 1.13 ControllerGetVolumeHealth, or after an
-    /// UNIMPLEMENTED (remembered per client) legacy ControllerGetVolume's
-    /// `status.volume_condition`. NOT_FOUND from either is
-    /// [`CsiError::VolumeGone`].
+    /// Capabilities from the last successful
+    /// [`ControllerClient::capabilities`].
+    pub fn cached_capabilities(&self) -> Option<ControllerCapabilities> {
+        self.inner
+            .capabilities
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
+    }
+
+    /// The cached capabilities, asking the driver only when there are none.
+    async fn known_capabilities(&self) -> Result<ControllerCapabilities, CsiError> {
+        match self.cached_capabilities() {
+            Some(caps) => Ok(caps),
+            None => self.capabilities().await,
+        }
+    }
+
+    /// Health of one volume, asked the way the driver's capabilities allow
+    /// (see [`ControllerCapabilities::get_health_rpc`]): CSI 1.13
+    /// ControllerGetVolumeHealth, legacy ControllerGetVolume's
+    /// `status.volume_condition`, or nothing ([`CsiError::NotAdvertised`]).
+    /// UNIMPLEMENTED despite the capability is [`CsiError::Unsupported`];
+    /// NOT_FOUND is [`CsiError::VolumeGone`].
     pub async fn get_volume_health(
         &self,
         volume_id: &str,
     ) -> Result<ControllerVolumeReport, CsiError> {
-        let conn = &self.inner.conn;
-        if self.get_volume_health_support() != RpcSupport::Unsupported {
-            let request = proto::ControllerGetVolumeHealthRequest {
-                volume_id: volume_id.to_string(),
-                secrets: Default::default(),
-            };
-            match conn
-                .call(
-                    CONTROLLER_GET_VOLUME_HEALTH,
-                    self.stub()
-                        .controller_get_volume_health(conn.request(request)),
-                )
-                .await
-            {
-                Ok(response) => {
-                    RpcSupport::Supported.store(&self.inner.get_health_rpc);
-                    let entries = match response.volume_health {
-                        Some(health) => {
-                            check_volume_id(
-                                CONTROLLER_GET_VOLUME_HEALTH,
-                                volume_id,
-                                &health.volume_id,
-                            )?;
-                            Some(entries_from_wire(health.health_statuses))
-                        }
-                        None => None,
-                    };
-                    return Ok(ControllerVolumeReport {
-                        source: ControllerHealthSource::ControllerGetVolumeHealth,
-                        entries,
-                    });
-                }
-                Err(CsiError::Unsupported { .. }) => {
-                    tracing::debug!(
-                        socket = %self.socket().display(),
-                        "driver lacks ControllerGetVolumeHealth; using ControllerGetVolume"
-                    );
-                    RpcSupport::Unsupported.store(&self.inner.get_health_rpc);
-                }
-                Err(e) => return Err(volume_gone(e, volume_id)),
+        match self.known_capabilities().await?.get_health_rpc() {
+            Some(ControllerHealthSource::ControllerGetVolumeHealth) => {
+                self.get_1_13(volume_id).await
             }
+            Some(_) => self.get_legacy(volume_id).await,
+            None => Err(CsiError::NotAdvertised {
+                rpc: CONTROLLER_GET_VOLUME_HEALTH,
+                needs: "GET_VOLUME_HEALTH, or VOLUME_CONDITION with GET_VOLUME",
+            }),
         }
+    }
+
+    async fn get_1_13(&self, volume_id: &str) -> Result<ControllerVolumeReport, CsiError> {
+        let conn = &self.inner.conn;
+        let request = proto::ControllerGetVolumeHealthRequest {
+            volume_id: volume_id.to_string(),
+            secrets: Default::default(),
+        };
+        let response = conn
+            .call(
+                CONTROLLER_GET_VOLUME_HEALTH,
+                self.stub()
+                    .controller_get_volume_health(conn.request(request)),
+            )
+            .await
+            .map_err(|e| volume_gone(e, volume_id))?;
+        let entries = match response.volume_health {
+            Some(health) => {
+                check_volume_id(CONTROLLER_GET_VOLUME_HEALTH, volume_id, &health.volume_id)?;
+                Some(entries_from_wire(health.health_statuses))
+            }
+            // An OK answer without the message is not a statement of health.
+            None => None,
+        };
+        Ok(ControllerVolumeReport {
+            source: ControllerHealthSource::ControllerGetVolumeHealth,
+            entries,
+        })
+    }
+
+    async fn get_legacy(&self, volume_id: &str) -> Result<ControllerVolumeReport, CsiError> {
+        let conn = &self.inner.conn;
         let request = proto::ControllerGetVolumeRequest {
             volume_id: volume_id.to_string(),
         };
@@ -157,26 +173,30 @@ impl ControllerClient {
         })
     }
 
-    /// Walks every page of CSI 1.13 ControllerListVolumeHealth, or after an
-    /// UNIMPLEMENTED on the first page (remembered per client) of legacy
-    /// ListVolumes.
+    /// Walks every page of the health list the driver's capabilities allow
+    /// (see [`ControllerCapabilities::list_health_rpc`]): CSI 1.13
+    /// ControllerListVolumeHealth, or legacy ListVolumes with its
+    /// `volume_condition`s; [`CsiError::NotAdvertised`] without a call when
+    /// neither is advertised.
     ///
     /// `page_size` is sent as `max_entries` (0 lets the driver choose). At
     /// most `max_pages` pages are fetched so a driver that never ends its
     /// token chain cannot keep us forever; a repeated token also stops the
     /// walk. Either stop yields `complete: false`. Any failed page fails the
-    /// whole walk: a partial cycle must not be mistaken for a complete one.
+    /// whole walk (UNIMPLEMENTED despite the capability included): a partial
+    /// cycle must not be mistaken for a complete one.
     pub async fn list_volume_health(
         &self,
         page_size: u32,
         max_pages: u32,
     ) -> Result<VolumeHealthList, CsiError> {
-        let max_entries = i32::try_from(page_size).unwrap_or(i32::MAX);
-        let mut source = if self.list_volume_health_support() == RpcSupport::Unsupported {
-            ControllerHealthSource::ListVolumes
-        } else {
-            ControllerHealthSource::ControllerListVolumeHealth
+        let Some(source) = self.known_capabilities().await?.list_health_rpc() else {
+            return Err(CsiError::NotAdvertised {
+                rpc: CONTROLLER_LIST_VOLUME_HEALTH,
+                needs: "LIST_VOLUME_HEALTH, or VOLUME_CONDITION with LIST_VOLUMES",
+            });
         };
+        let max_entries = i32::try_from(page_size).unwrap_or(i32::MAX);
         let mut volumes: BTreeMap<String, Option<Vec<HealthEntry>>> = BTreeMap::new();
         let mut seen_tokens: HashSet<String> = HashSet::new();
         let mut token = String::new();
@@ -190,25 +210,7 @@ impl ControllerClient {
                 );
                 break false;
             }
-            let page = match self.list_page(source, max_entries, &token).await {
-                Ok(page) => page,
-                Err(CsiError::Unsupported { .. })
-                    if pages == 0
-                        && source == ControllerHealthSource::ControllerListVolumeHealth =>
-                {
-                    tracing::debug!(
-                        socket = %self.socket().display(),
-                        "driver lacks ControllerListVolumeHealth; using ListVolumes"
-                    );
-                    RpcSupport::Unsupported.store(&self.inner.list_health_rpc);
-                    source = ControllerHealthSource::ListVolumes;
-                    continue;
-                }
-                Err(e) => return Err(e),
-            };
-            if source == ControllerHealthSource::ControllerListVolumeHealth {
-                RpcSupport::Supported.store(&self.inner.list_health_rpc);
-            }
+            let page = self.list_page(source, max_entries, &token).await?;
             pages += 1;
             for (volume_id, entries) in page.volumes {
                 merge_volume(volumes.entry(volume_id).or_insert(None), entries);

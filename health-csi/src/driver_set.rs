@@ -148,8 +148,9 @@ impl DriverSet {
             }
         }
 
-        // Capabilities are fetched once here; a failure is not fatal (the
-        // health path works without them) and is retried by `probe_all`.
+        // Capabilities decide which health RPC each driver is asked; read
+        // here so the first round can use them, and again every round by
+        // `probe_all`. A failure is not fatal here.
         join_all(drivers.iter().map(|(name, d)| async move {
             if let Err(e) = d.client.capabilities().await {
                 tracing::warn!(driver = %name, error = %e, "cannot read CSI node capabilities");
@@ -188,6 +189,12 @@ impl DriverSet {
 
     /// Asks every request's driver about its volume, concurrently, and
     /// returns each request with its result in the order given.
+    ///
+    /// Each driver is first asked NodeGetCapabilities (once per round, as a
+    /// driver upgraded in place may have gained or lost a capability), which
+    /// decides the RPC its volumes are asked ([`NodeClient::volume_health`]);
+    /// a driver advertising no health capability gets no volume calls, only
+    /// [`CsiError::NotAdvertised`] answers.
     ///
     /// Drivers are probed independently, so a slow or hung driver delays only
     /// its own results (each RPC is bounded by the call timeout). Within one
@@ -261,9 +268,10 @@ impl DriverSet {
             .collect()
     }
 
-    /// Asks every driver of the set NodeGetStorageHealth once, concurrently,
-    /// each call bounded by the call timeout; results sorted by driver name.
-    /// Drivers known to lack the RPC are not called again (see
+    /// Asks every driver of the set advertising GET_STORAGE_HEALTH
+    /// NodeGetStorageHealth once, concurrently, each call bounded by the call
+    /// timeout; results sorted by driver name. The others answer
+    /// [`CsiError::NotAdvertised`] without a call (see
     /// [`NodeClient::storage_health`]).
     pub async fn storage_health_all(&self) -> Vec<StorageProbe> {
         join_all(self.drivers.iter().map(|(name, d)| async move {
@@ -281,20 +289,21 @@ impl DriverSet {
         client: &NodeClient,
         batch: Vec<(usize, &ProbeRequest)>,
     ) -> Vec<(usize, Result<NodeVolumeReport, CsiError>, Duration)> {
-        if client.cached_capabilities().is_none() {
-            match client.capabilities().await {
-                Ok(_) => {}
-                // The driver did not answer at all: the volume calls would
-                // only wait out the same timeout again.
-                Err(e) if e.is_transport() => {
-                    return batch
-                        .into_iter()
-                        .map(|(index, _)| (index, Err(clone_transport_error(&e)), Duration::ZERO))
-                        .collect();
-                }
-                Err(e) => {
-                    tracing::debug!(driver = %name, error = %e, "no CSI node capabilities; probing anyway");
-                }
+        match client.capabilities().await {
+            Ok(_) => {}
+            // The driver answered something else than its capabilities but
+            // told them before: decide by what it said last.
+            Err(e) if !e.is_transport() && client.cached_capabilities().is_some() => {
+                tracing::debug!(driver = %name, error = %e, "CSI node capabilities not refreshed; using the last ones");
+            }
+            // Without capabilities there is no knowing what to ask; and a
+            // driver that did not answer at all would only have the volume
+            // calls wait out the same timeout again.
+            Err(e) => {
+                return batch
+                    .into_iter()
+                    .map(|(index, _)| (index, Err(clone_capability_error(&e)), Duration::ZERO))
+                    .collect();
             }
         }
 
@@ -336,9 +345,9 @@ impl DriverSet {
     }
 }
 
-/// `CsiError` is not `Clone` (it owns a boxed cause); the transport errors
+/// `CsiError` is not `Clone` (it owns a boxed cause); the capability errors
 /// shared by a whole batch are rebuilt from their parts.
-fn clone_transport_error(e: &CsiError) -> CsiError {
+fn clone_capability_error(e: &CsiError) -> CsiError {
     match e {
         CsiError::Connect { socket, error } => CsiError::Connect {
             socket: socket.clone(),
@@ -347,6 +356,12 @@ fn clone_transport_error(e: &CsiError) -> CsiError {
         CsiError::Timeout { rpc, after } => CsiError::Timeout { rpc, after: *after },
         CsiError::Skipped { driver } => CsiError::Skipped {
             driver: driver.clone(),
+        },
+        CsiError::Unsupported { rpc } => CsiError::Unsupported { rpc },
+        CsiError::Status { rpc, code, message } => CsiError::Status {
+            rpc,
+            code: *code,
+            message: message.clone(),
         },
         other => CsiError::InvalidResponse {
             rpc: "NodeGetCapabilities",

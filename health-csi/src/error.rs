@@ -9,8 +9,9 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 /// Why a CSI call gave no answer.
 ///
 /// Callers decide policy from the variant: a `Timeout` or `Connect` is a failed
-/// probe (never a recovery), `Unsupported` means the driver cannot answer this
-/// kind of question at all, `VolumeGone` means the driver no longer knows the
+/// probe (never a recovery), `NotAdvertised` means the driver's capabilities
+/// rule the question out (nothing was asked), `Unsupported` that the driver
+/// answered UNIMPLEMENTED, `VolumeGone` that the driver no longer knows the
 /// volume.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -23,10 +24,17 @@ pub enum CsiError {
     /// we sent to the driver).
     #[error("CSI {rpc} timed out after {after:?}")]
     Timeout { rpc: &'static str, after: Duration },
-    /// The driver answered UNIMPLEMENTED, or said through its capabilities
-    /// that it does not serve this RPC.
+    /// The driver answered UNIMPLEMENTED. For an RPC whose capability it
+    /// advertises that is a driver fault, and a failed probe.
     #[error("CSI driver does not support {rpc}")]
     Unsupported { rpc: &'static str },
+    /// Not called: the driver does not advertise `needs`, the capability (or
+    /// capabilities) `rpc` requires, so the kubelet would not call it either.
+    #[error("CSI driver does not advertise {needs}: {rpc} not called")]
+    NotAdvertised {
+        rpc: &'static str,
+        needs: &'static str,
+    },
     /// The driver answered NOT_FOUND for this volume.
     #[error("CSI {rpc}: volume {volume_id} not found by the driver")]
     VolumeGone {

@@ -8,11 +8,12 @@
 
 use prost::Message;
 
+use crate::capabilities::{ControllerCapabilities, NodeCapabilities};
 use crate::node::check_volume_id;
 use crate::proto;
 use crate::types::{
-    entries_from_condition, entries_from_wire, merge_entries, usage_from_wire,
-    ControllerCapabilities, HealthEntry, NodeCapabilities, StorageHealthEntry,
+    entries_from_condition, entries_from_wire, merge_entries, usage_from_wire, HealthEntry,
+    StorageHealthEntry,
 };
 
 /// The volume every decoded answer is taken to be about.

@@ -1,54 +1,22 @@
 //! Client for a CSI node plugin (Identity + Node services on one socket).
 
 use std::path::Path;
-use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::capabilities::NodeCapabilities;
 use crate::conn::{path_arg, volume_gone, Conn};
 use crate::error::CsiError;
 use crate::proto;
 use crate::proto::identity_client::IdentityClient;
 use crate::proto::node_client::NodeClient as NodeStub;
 use crate::types::{
-    entries_from_condition, entries_from_wire, usage_from_wire, HealthSource, NodeCapabilities,
-    NodeInfo, NodeVolumeReport, PluginInfo, StorageHealthEntry,
+    entries_from_condition, entries_from_wire, usage_from_wire, HealthSource, NodeInfo,
+    NodeVolumeReport, PluginInfo, StorageHealthEntry,
 };
 
-/// Whether an RPC whose support can only be learnt by calling it is there.
-/// Stored per client in an atomic so concurrent probes share what was learnt.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RpcSupport {
-    /// Not called yet (or only failed for other reasons).
-    Unknown,
-    Supported,
-    /// The driver answered UNIMPLEMENTED once; not called again by this client.
-    Unsupported,
-}
-
-impl RpcSupport {
-    const UNSUPPORTED_RAW: u8 = 2;
-
-    pub(crate) fn load(cell: &AtomicU8) -> Self {
-        match cell.load(Ordering::Relaxed) {
-            1 => RpcSupport::Supported,
-            Self::UNSUPPORTED_RAW => RpcSupport::Unsupported,
-            _ => RpcSupport::Unknown,
-        }
-    }
-
-    pub(crate) fn store(self, cell: &AtomicU8) {
-        let raw = match self {
-            RpcSupport::Unknown => 0,
-            RpcSupport::Supported => 1,
-            RpcSupport::Unsupported => Self::UNSUPPORTED_RAW,
-        };
-        cell.store(raw, Ordering::Relaxed);
-    }
-}
-
-/// Node plugin client. Cheap to clone; clones share the connection, the
-/// learnt RPC support and the cached capabilities.
+/// Node plugin client. Cheap to clone; clones share the connection and the
+/// cached capabilities.
 #[derive(Debug, Clone)]
 pub struct NodeClient {
     inner: Arc<Inner>,
@@ -57,10 +25,7 @@ pub struct NodeClient {
 #[derive(Debug)]
 struct Inner {
     conn: Conn,
-    /// Support for CSI 1.13 NodeGetVolumeHealth, learnt by calling it.
-    volume_health_rpc: AtomicU8,
-    /// Support for CSI 1.13 NodeGetStorageHealth, learnt by calling it.
-    storage_health_rpc: AtomicU8,
+    /// The last NodeGetCapabilities answer: what the health calls decide by.
     capabilities: Mutex<Option<NodeCapabilities>>,
 }
 
@@ -72,6 +37,10 @@ const NODE_GET_VOLUME_STATS: &str = "NodeGetVolumeStats";
 const NODE_GET_VOLUME_HEALTH: &str = "NodeGetVolumeHealth";
 const NODE_GET_STORAGE_HEALTH: &str = "NodeGetStorageHealth";
 
+/// The capabilities that let us ask a node plugin about one volume.
+const VOLUME_HEALTH_CAPABILITIES: &str =
+    "GET_VOLUME_HEALTH, or VOLUME_CONDITION with GET_VOLUME_STATS";
+
 impl NodeClient {
     /// Prepares a client for the driver listening on `socket`. Fails (naming
     /// the socket) if the path is not a unix socket; the actual dial happens
@@ -82,8 +51,6 @@ impl NodeClient {
         Ok(NodeClient {
             inner: Arc::new(Inner {
                 conn,
-                volume_health_rpc: AtomicU8::new(0),
-                storage_health_rpc: AtomicU8::new(0),
                 capabilities: Mutex::new(None),
             }),
         })
@@ -95,16 +62,6 @@ impl NodeClient {
 
     pub fn call_timeout(&self) -> Duration {
         self.inner.conn.timeout()
-    }
-
-    /// What this client has learnt about NodeGetVolumeHealth so far.
-    pub fn volume_health_support(&self) -> RpcSupport {
-        RpcSupport::load(&self.inner.volume_health_rpc)
-    }
-
-    /// What this client has learnt about NodeGetStorageHealth so far.
-    pub fn storage_health_support(&self) -> RpcSupport {
-        RpcSupport::load(&self.inner.storage_health_rpc)
     }
 
     fn identity(&self) -> IdentityClient<tonic::transport::Channel> {
@@ -180,6 +137,14 @@ impl NodeClient {
             .clone()
     }
 
+    /// The cached capabilities, asking the driver only when there are none.
+    async fn known_capabilities(&self) -> Result<NodeCapabilities, CsiError> {
+        match self.cached_capabilities() {
+            Some(caps) => Ok(caps),
+            None => self.capabilities().await,
+        }
+    }
+
     pub async fn node_info(&self) -> Result<NodeInfo, CsiError> {
         let conn = &self.inner.conn;
         let response = conn
@@ -195,42 +160,39 @@ impl NodeClient {
         })
     }
 
-    /// Health of one volume, from whichever generation the driver speaks.
+    /// Health of one volume, asked the way the driver's capabilities allow
+    /// (see [`NodeCapabilities::volume_health_rpc`]): CSI 1.13
+    /// NodeGetVolumeHealth for drivers advertising GET_VOLUME_HEALTH, legacy
+    /// NodeGetVolumeStats (volume_condition + usage) for drivers advertising
+    /// VOLUME_CONDITION and GET_VOLUME_STATS, and nothing at all for the
+    /// rest ([`CsiError::NotAdvertised`]).
     ///
-    /// CSI 1.13 NodeGetVolumeHealth is tried first. If the driver answers
-    /// UNIMPLEMENTED, this client remembers it and from then on asks legacy
-    /// NodeGetVolumeStats (volume_condition + usage) directly. Support is
-    /// learnt from the call, never from capability numbers (the 1.13 ones are
-    /// unknown to us). Any other failure is returned as is: a timeout or a
-    /// transport error says nothing about support and must not flip the
-    /// client to the legacy path. NOT_FOUND becomes [`CsiError::VolumeGone`].
+    /// Decides by the cached capabilities (asked once if there are none;
+    /// [`crate::DriverSet`] refreshes them every round). An RPC answering
+    /// UNIMPLEMENTED despite its capability is [`CsiError::Unsupported`]
+    /// every time, never a reason to try the other generation: a failed
+    /// probe, not an answer. NOT_FOUND becomes [`CsiError::VolumeGone`].
     pub async fn volume_health(
         &self,
         volume_id: &str,
         publish_path: &Path,
         staging_path: Option<&Path>,
     ) -> Result<NodeVolumeReport, CsiError> {
-        if self.volume_health_support() != RpcSupport::Unsupported {
-            match self
-                .node_volume_health(volume_id, publish_path, staging_path)
-                .await
-            {
-                Ok(report) => {
-                    RpcSupport::Supported.store(&self.inner.volume_health_rpc);
-                    return Ok(report);
-                }
-                Err(CsiError::Unsupported { .. }) => {
-                    tracing::debug!(
-                        socket = %self.socket().display(),
-                        "driver lacks NodeGetVolumeHealth; using NodeGetVolumeStats from now on"
-                    );
-                    RpcSupport::Unsupported.store(&self.inner.volume_health_rpc);
-                }
-                Err(e) => return Err(e),
+        let caps = self.known_capabilities().await?;
+        match caps.volume_health_rpc() {
+            Some(HealthSource::NodeGetVolumeHealth) => {
+                self.node_volume_health(volume_id, publish_path, staging_path)
+                    .await
             }
+            Some(HealthSource::NodeGetVolumeStats) => {
+                self.volume_stats(volume_id, publish_path, staging_path)
+                    .await
+            }
+            None => Err(CsiError::NotAdvertised {
+                rpc: NODE_GET_VOLUME_HEALTH,
+                needs: VOLUME_HEALTH_CAPABILITIES,
+            }),
         }
-        self.volume_stats(volume_id, publish_path, staging_path)
-            .await
     }
 
     async fn node_volume_health(
@@ -280,8 +242,9 @@ impl NodeClient {
     ) -> Result<NodeVolumeReport, CsiError> {
         if let Some(caps) = self.cached_capabilities() {
             if !caps.get_volume_stats {
-                return Err(CsiError::Unsupported {
+                return Err(CsiError::NotAdvertised {
                     rpc: NODE_GET_VOLUME_STATS,
+                    needs: "GET_VOLUME_STATS",
                 });
             }
         }
@@ -308,18 +271,19 @@ impl NodeClient {
     /// CSI 1.13 NodeGetStorageHealth: adverse backend conditions seen from
     /// this node (empty = none known).
     ///
-    /// Support is learnt as for NodeGetVolumeHealth: the first UNIMPLEMENTED
-    /// is remembered (and logged once, at info: it is a fact about the driver,
-    /// not a fault), and from then on this client answers `Unsupported`
-    /// without calling. Any other failure leaves what was learnt unchanged.
+    /// Called only for drivers advertising GET_STORAGE_HEALTH (cached
+    /// capabilities, asked once if there are none); for the rest this is
+    /// [`CsiError::NotAdvertised`] without a call. UNIMPLEMENTED despite the
+    /// capability is [`CsiError::Unsupported`], every time it happens.
     pub async fn storage_health(&self) -> Result<Vec<StorageHealthEntry>, CsiError> {
-        if self.storage_health_support() == RpcSupport::Unsupported {
-            return Err(CsiError::Unsupported {
+        if !self.known_capabilities().await?.get_storage_health {
+            return Err(CsiError::NotAdvertised {
                 rpc: NODE_GET_STORAGE_HEALTH,
+                needs: "GET_STORAGE_HEALTH",
             });
         }
         let conn = &self.inner.conn;
-        let answer = conn
+        let response = conn
             .call(
                 NODE_GET_STORAGE_HEALTH,
                 self.node().node_get_storage_health(conn.request(
@@ -328,33 +292,12 @@ impl NodeClient {
                     },
                 )),
             )
-            .await;
-        match answer {
-            Ok(response) => {
-                RpcSupport::Supported.store(&self.inner.storage_health_rpc);
-                Ok(response
-                    .backend_health
-                    .into_iter()
-                    .map(StorageHealthEntry::from_wire)
-                    .collect())
-            }
-            Err(e @ CsiError::Unsupported { .. }) => {
-                // Concurrent callers may both see UNIMPLEMENTED; only the one
-                // that flips the flag logs.
-                let before = self
-                    .inner
-                    .storage_health_rpc
-                    .swap(RpcSupport::UNSUPPORTED_RAW, Ordering::Relaxed);
-                if before != RpcSupport::UNSUPPORTED_RAW {
-                    tracing::info!(
-                        socket = %self.socket().display(),
-                        "driver lacks NodeGetStorageHealth; not asking it again"
-                    );
-                }
-                Err(e)
-            }
-            Err(e) => Err(e),
-        }
+            .await?;
+        Ok(response
+            .backend_health
+            .into_iter()
+            .map(StorageHealthEntry::from_wire)
+            .collect())
     }
 }
 

@@ -2,9 +2,14 @@
 //!
 //! [`TestDriver::start`] serves the Identity, Node and Controller services on
 //! a unix socket in a directory of the caller's choosing, behaving like one
-//! of the driver generations in [`DriverMode`]. Volumes and their health are
-//! set per volume at any time, and every RPC is counted so tests can assert
-//! exactly which calls a client made.
+//! of the driver generations in [`DriverMode`]. What it advertises follows
+//! the mode unless a test sets the capabilities itself, so a test can show
+//! which RPCs a client calls for which capabilities. Volumes and their
+//! health are set per volume at any time, and every RPC is counted so tests
+//! can assert exactly which calls a client made.
+
+mod advertised;
+mod service;
 
 use std::collections::BTreeMap;
 use std::io;
@@ -16,29 +21,44 @@ use tokio::net::UnixListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::UnixListenerStream;
-use tonic::{Request, Response, Status};
+use tonic::Status;
 
-use crate::proto;
-use crate::proto::controller_server::{Controller, ControllerServer};
-use crate::proto::identity_server::{Identity, IdentityServer};
-use crate::proto::node_server::{Node, NodeServer};
-use crate::types::{HealthEntry, StorageHealthEntry, Usage, UsageNumbers};
+use crate::proto::controller_server::ControllerServer;
+use crate::proto::identity_server::IdentityServer;
+use crate::proto::node_server::NodeServer;
+use crate::types::{HealthEntry, StorageHealthEntry, Usage};
+use service::Service;
 
-/// Which kind of driver the test server imitates.
+/// A controller capability as the generated code names it.
+pub use crate::proto::controller_service_capability::rpc::Type as ControllerCapability;
+/// A node capability as the generated code names it
+/// (`NodeCapability::GetVolumeHealth` is GET_VOLUME_HEALTH).
+pub use crate::proto::node_service_capability::rpc::Type as NodeCapability;
+
+/// Which kind of driver the test server imitates. The capabilities each
+/// advertises (unless set with [`TestDriverHandle::set_node_capabilities`]
+/// or [`TestDriverHandle::set_controller_capabilities`]) are those of a
+/// driver of that generation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DriverMode {
-    /// CSI 1.13: NodeGetVolumeHealth, ControllerGetVolumeHealth and
-    /// ControllerListVolumeHealth, plus all the legacy RPCs.
+    /// CSI 1.13: advertises and serves NodeGetVolumeHealth (GET_VOLUME_HEALTH),
+    /// NodeGetStorageHealth (GET_STORAGE_HEALTH), ControllerGetVolumeHealth
+    /// (GET_VOLUME_HEALTH) and ControllerListVolumeHealth
+    /// (LIST_VOLUME_HEALTH), besides GET_VOLUME_STATS, LIST_VOLUMES and
+    /// GET_VOLUME, which answer without `volume_condition` (gone in 1.13).
     Modern,
-    /// CSI <= 1.12 with VOLUME_CONDITION: the 1.13 RPCs answer UNIMPLEMENTED;
+    /// CSI <= 1.12 with VOLUME_CONDITION (node and controller):
     /// NodeGetVolumeStats, ControllerGetVolume and ListVolumes carry
-    /// `volume_condition`.
+    /// `volume_condition`; no 1.13 capability, and the 1.13 RPCs answer
+    /// UNIMPLEMENTED.
     LegacyOnly,
     /// CSI <= 1.12 without VOLUME_CONDITION: like `LegacyOnly`, but no
     /// `volume_condition` is ever sent and the capability is not advertised.
+    /// No health capability at all.
     LegacyNoCondition,
-    /// Identity and capability RPCs answer; every health, stats and volume
-    /// RPC never answers (until the driver is shut down).
+    /// Identity and capability RPCs answer (advertising what `Modern` does);
+    /// every health, stats and volume RPC never answers (until the driver is
+    /// shut down).
     Hang,
     /// Every RPC answers UNIMPLEMENTED.
     Unimplemented,
@@ -120,6 +140,10 @@ struct State {
     storage_health: Mutex<Vec<StorageHealthEntry>>,
     /// RPCs answering UNIMPLEMENTED whatever the mode.
     unimplemented: Mutex<Vec<Rpc>>,
+    /// Node capabilities set by the test; `None`: the mode's.
+    node_capabilities: Mutex<Option<Vec<NodeCapability>>>,
+    /// Controller capabilities set by the test; `None`: the mode's.
+    controller_capabilities: Mutex<Option<Vec<ControllerCapability>>>,
     /// `max_entries` of every controller list call, in order.
     list_max_entries: Mutex<Vec<i32>>,
     last_node_request: Mutex<Option<SeenNodeRequest>>,
@@ -226,345 +250,6 @@ impl State {
     }
 }
 
-fn wire_health(volume_id: &str, health: &[HealthEntry]) -> proto::VolumeHealth {
-    proto::VolumeHealth {
-        volume_id: volume_id.to_string(),
-        health_statuses: health
-            .iter()
-            .map(|e| proto::volume_health::Entry {
-                status: e.status.to_wire() as i32,
-                reason: e.reason.clone(),
-                message: e.message.clone(),
-            })
-            .collect(),
-    }
-}
-
-/// The legacy view of a volume's health: abnormal iff any entry, messages
-/// joined. `None` for a driver without VOLUME_CONDITION.
-fn wire_condition(mode: DriverMode, health: &[HealthEntry]) -> Option<proto::VolumeCondition> {
-    if mode == DriverMode::LegacyNoCondition {
-        return None;
-    }
-    Some(proto::VolumeCondition {
-        abnormal: !health.is_empty(),
-        message: health
-            .iter()
-            .map(|e| e.message.as_str())
-            .collect::<Vec<_>>()
-            .join("; "),
-    })
-}
-
-fn wire_usage(usage: Option<Usage>) -> Vec<proto::VolumeUsage> {
-    use proto::volume_usage::Unit;
-    let Some(usage) = usage else {
-        return Vec::new();
-    };
-    let one = |n: UsageNumbers, unit: Unit| proto::VolumeUsage {
-        available: n.available,
-        total: n.total,
-        used: n.used,
-        unit: unit as i32,
-    };
-    usage
-        .bytes
-        .map(|n| one(n, Unit::Bytes))
-        .into_iter()
-        .chain(usage.inodes.map(|n| one(n, Unit::Inodes)))
-        .collect()
-}
-
-fn unimplemented<T>(rpc: Rpc) -> Result<T, Status> {
-    Err(Status::unimplemented(format!("{rpc:?} is not implemented")))
-}
-
-#[derive(Debug, Clone)]
-struct Service(Arc<State>);
-
-#[tonic::async_trait]
-impl Identity for Service {
-    async fn get_plugin_info(
-        &self,
-        _: Request<proto::GetPluginInfoRequest>,
-    ) -> Result<Response<proto::GetPluginInfoResponse>, Status> {
-        if self.0.count(Rpc::GetPluginInfo) == DriverMode::Unimplemented {
-            return unimplemented(Rpc::GetPluginInfo);
-        }
-        Ok(Response::new(proto::GetPluginInfoResponse {
-            name: self.0.name.clone(),
-            vendor_version: "0.0.0-test".to_string(),
-            manifest: Default::default(),
-        }))
-    }
-
-    async fn get_plugin_capabilities(
-        &self,
-        _: Request<proto::GetPluginCapabilitiesRequest>,
-    ) -> Result<Response<proto::GetPluginCapabilitiesResponse>, Status> {
-        use proto::plugin_capability::{service::Type, Service as Svc, Type as Arm};
-        if self.0.count(Rpc::GetPluginCapabilities) == DriverMode::Unimplemented {
-            return unimplemented(Rpc::GetPluginCapabilities);
-        }
-        Ok(Response::new(proto::GetPluginCapabilitiesResponse {
-            capabilities: vec![proto::PluginCapability {
-                r#type: Some(Arm::Service(Svc {
-                    r#type: Type::ControllerService as i32,
-                })),
-            }],
-        }))
-    }
-
-    async fn probe(
-        &self,
-        _: Request<proto::ProbeRequest>,
-    ) -> Result<Response<proto::ProbeResponse>, Status> {
-        if self.0.count(Rpc::Probe) == DriverMode::Unimplemented {
-            return unimplemented(Rpc::Probe);
-        }
-        Ok(Response::new(proto::ProbeResponse { ready: Some(true) }))
-    }
-}
-
-#[tonic::async_trait]
-impl Node for Service {
-    async fn node_get_capabilities(
-        &self,
-        _: Request<proto::NodeGetCapabilitiesRequest>,
-    ) -> Result<Response<proto::NodeGetCapabilitiesResponse>, Status> {
-        use proto::node_service_capability::{rpc::Type, Rpc as WireRpc, Type as Arm};
-        let mode = self.0.count(Rpc::NodeGetCapabilities);
-        if mode == DriverMode::Unimplemented {
-            return unimplemented(Rpc::NodeGetCapabilities);
-        }
-        let mut types = vec![Type::StageUnstageVolume, Type::GetVolumeStats];
-        // The 1.13 GET_VOLUME_HEALTH capability is deliberately not
-        // advertised by Modern: its number is unknown, and clients must
-        // detect the RPC by calling it.
-        if mode != DriverMode::LegacyNoCondition {
-            types.push(Type::VolumeCondition);
-        }
-        Ok(Response::new(proto::NodeGetCapabilitiesResponse {
-            capabilities: types
-                .into_iter()
-                .map(|t| proto::NodeServiceCapability {
-                    r#type: Some(Arm::Rpc(WireRpc { r#type: t as i32 })),
-                })
-                .collect(),
-        }))
-    }
-
-    async fn node_get_info(
-        &self,
-        _: Request<proto::NodeGetInfoRequest>,
-    ) -> Result<Response<proto::NodeGetInfoResponse>, Status> {
-        if self.0.count(Rpc::NodeGetInfo) == DriverMode::Unimplemented {
-            return unimplemented(Rpc::NodeGetInfo);
-        }
-        Ok(Response::new(proto::NodeGetInfoResponse {
-            node_id: "test-node".to_string(),
-            max_volumes_per_node: 0,
-        }))
-    }
-
-    async fn node_get_volume_stats(
-        &self,
-        request: Request<proto::NodeGetVolumeStatsRequest>,
-    ) -> Result<Response<proto::NodeGetVolumeStatsResponse>, Status> {
-        let mode = self.0.count(Rpc::NodeGetVolumeStats);
-        let request = request.into_inner();
-        *lock(&self.0.last_node_request) = Some(SeenNodeRequest {
-            rpc: Rpc::NodeGetVolumeStats,
-            volume_id: request.volume_id.clone(),
-            path: request.volume_path.clone(),
-            staging_path: request.staging_target_path.clone(),
-        });
-        match mode {
-            DriverMode::Unimplemented => unimplemented(Rpc::NodeGetVolumeStats),
-            DriverMode::Hang => self.0.hang().await,
-            _ => {
-                let volume = self.0.volume(&request.volume_id)?;
-                Ok(Response::new(proto::NodeGetVolumeStatsResponse {
-                    usage: wire_usage(volume.usage),
-                    volume_condition: wire_condition(mode, &volume.health),
-                }))
-            }
-        }
-    }
-
-    async fn node_get_volume_health(
-        &self,
-        request: Request<proto::NodeGetVolumeHealthRequest>,
-    ) -> Result<Response<proto::NodeGetVolumeHealthResponse>, Status> {
-        let mode = self.0.count(Rpc::NodeGetVolumeHealth);
-        let request = request.into_inner();
-        *lock(&self.0.last_node_request) = Some(SeenNodeRequest {
-            rpc: Rpc::NodeGetVolumeHealth,
-            volume_id: request.volume_id.clone(),
-            path: request.volume_publish_path.clone(),
-            staging_path: request.staging_target_path.clone(),
-        });
-        match mode {
-            DriverMode::Modern => {
-                let volume = self.0.volume(&request.volume_id)?;
-                Ok(Response::new(proto::NodeGetVolumeHealthResponse {
-                    volume_health: Some(wire_health(&request.volume_id, &volume.health)),
-                }))
-            }
-            DriverMode::Hang => self.0.hang().await,
-            _ => unimplemented(Rpc::NodeGetVolumeHealth),
-        }
-    }
-
-    async fn node_get_storage_health(
-        &self,
-        _: Request<proto::NodeGetStorageHealthRequest>,
-    ) -> Result<Response<proto::NodeGetStorageHealthResponse>, Status> {
-        match self.0.count(Rpc::NodeGetStorageHealth) {
-            DriverMode::Modern => Ok(Response::new(proto::NodeGetStorageHealthResponse {
-                backend_health: lock(&self.0.storage_health)
-                    .iter()
-                    .map(StorageHealthEntry::to_wire)
-                    .collect(),
-            })),
-            DriverMode::Hang => self.0.hang().await,
-            _ => unimplemented(Rpc::NodeGetStorageHealth),
-        }
-    }
-}
-
-#[tonic::async_trait]
-impl Controller for Service {
-    async fn controller_get_capabilities(
-        &self,
-        _: Request<proto::ControllerGetCapabilitiesRequest>,
-    ) -> Result<Response<proto::ControllerGetCapabilitiesResponse>, Status> {
-        use proto::controller_service_capability::{rpc::Type, Rpc as WireRpc, Type as Arm};
-        let mode = self.0.count(Rpc::ControllerGetCapabilities);
-        if mode == DriverMode::Unimplemented {
-            return unimplemented(Rpc::ControllerGetCapabilities);
-        }
-        let mut types = vec![Type::ListVolumes, Type::GetVolume];
-        if mode != DriverMode::LegacyNoCondition {
-            types.push(Type::VolumeCondition);
-        }
-        Ok(Response::new(proto::ControllerGetCapabilitiesResponse {
-            capabilities: types
-                .into_iter()
-                .map(|t| proto::ControllerServiceCapability {
-                    r#type: Some(Arm::Rpc(WireRpc { r#type: t as i32 })),
-                })
-                .collect(),
-        }))
-    }
-
-    async fn list_volumes(
-        &self,
-        request: Request<proto::ListVolumesRequest>,
-    ) -> Result<Response<proto::ListVolumesResponse>, Status> {
-        use proto::list_volumes_response::{Entry, VolumeStatus};
-        let mode = self.0.count(Rpc::ListVolumes);
-        match mode {
-            DriverMode::Unimplemented => return unimplemented(Rpc::ListVolumes),
-            DriverMode::Hang => return self.0.hang().await,
-            _ => {}
-        }
-        let pages = self.0.pages_of(request.get_ref().max_entries);
-        let index = State::page_index(&request.get_ref().starting_token, pages.len())?;
-        let entries = pages
-            .get(index)
-            .map(Vec::as_slice)
-            .unwrap_or_default()
-            .iter()
-            .map(|(id, health)| Entry {
-                volume: Some(proto::Volume {
-                    capacity_bytes: 0,
-                    volume_id: id.clone(),
-                    volume_context: Default::default(),
-                }),
-                status: Some(VolumeStatus {
-                    published_node_ids: Vec::new(),
-                    volume_condition: wire_condition(mode, health),
-                }),
-            })
-            .collect();
-        Ok(Response::new(proto::ListVolumesResponse {
-            entries,
-            next_token: State::next_token(index, pages.len()),
-        }))
-    }
-
-    async fn controller_get_volume(
-        &self,
-        request: Request<proto::ControllerGetVolumeRequest>,
-    ) -> Result<Response<proto::ControllerGetVolumeResponse>, Status> {
-        use proto::controller_get_volume_response::VolumeStatus;
-        let mode = self.0.count(Rpc::ControllerGetVolume);
-        match mode {
-            DriverMode::Unimplemented => return unimplemented(Rpc::ControllerGetVolume),
-            DriverMode::Hang => return self.0.hang().await,
-            _ => {}
-        }
-        let volume_id = request.into_inner().volume_id;
-        let volume = self.0.volume(&volume_id)?;
-        Ok(Response::new(proto::ControllerGetVolumeResponse {
-            volume: Some(proto::Volume {
-                capacity_bytes: 0,
-                volume_id,
-                volume_context: Default::default(),
-            }),
-            status: Some(VolumeStatus {
-                published_node_ids: Vec::new(),
-                volume_condition: wire_condition(mode, &volume.health),
-            }),
-        }))
-    }
-
-    async fn controller_list_volume_health(
-        &self,
-        request: Request<proto::ControllerListVolumeHealthRequest>,
-    ) -> Result<Response<proto::ControllerListVolumeHealthResponse>, Status> {
-        match self.0.count(Rpc::ControllerListVolumeHealth) {
-            DriverMode::Modern => {}
-            DriverMode::Hang => return self.0.hang().await,
-            _ => return unimplemented(Rpc::ControllerListVolumeHealth),
-        }
-        let explicit = lock(&self.0.list_pages).is_some();
-        let pages = self.0.pages_of(request.get_ref().max_entries);
-        let index = State::page_index(&request.get_ref().starting_token, pages.len())?;
-        let entries = pages
-            .get(index)
-            .map(Vec::as_slice)
-            .unwrap_or_default()
-            .iter()
-            // Like the spec's SHOULD, the default listing omits healthy
-            // volumes; explicit pages are served as the test wrote them.
-            .filter(|(_, health)| explicit || !health.is_empty())
-            .map(|(id, health)| wire_health(id, health))
-            .collect();
-        Ok(Response::new(proto::ControllerListVolumeHealthResponse {
-            entries,
-            next_token: State::next_token(index, pages.len()),
-        }))
-    }
-
-    async fn controller_get_volume_health(
-        &self,
-        request: Request<proto::ControllerGetVolumeHealthRequest>,
-    ) -> Result<Response<proto::ControllerGetVolumeHealthResponse>, Status> {
-        match self.0.count(Rpc::ControllerGetVolumeHealth) {
-            DriverMode::Modern => {}
-            DriverMode::Hang => return self.0.hang().await,
-            _ => return unimplemented(Rpc::ControllerGetVolumeHealth),
-        }
-        let volume_id = request.into_inner().volume_id;
-        let volume = self.0.volume(&volume_id)?;
-        Ok(Response::new(proto::ControllerGetVolumeHealthResponse {
-            volume_health: Some(wire_health(&volume_id, &volume.health)),
-        }))
-    }
-}
-
 /// Starts test drivers.
 #[derive(Debug)]
 pub struct TestDriver;
@@ -597,6 +282,8 @@ impl TestDriver {
             calls: Default::default(),
             storage_health: Mutex::new(Vec::new()),
             unimplemented: Mutex::new(Vec::new()),
+            node_capabilities: Mutex::new(None),
+            controller_capabilities: Mutex::new(None),
             list_max_entries: Mutex::new(Vec::new()),
             last_node_request: Mutex::new(None),
             shutdown: shutdown_rx.clone(),
@@ -720,10 +407,36 @@ impl TestDriverHandle {
             .map_or(0, |c| c.load(Ordering::Relaxed))
     }
 
-    /// Makes `rpc` answer UNIMPLEMENTED whatever the mode (a driver that
-    /// lacks just that RPC).
+    /// Makes `rpc` answer UNIMPLEMENTED whatever the mode, and takes the
+    /// capability that announces it (if any) out of what the mode
+    /// advertises: a driver that lacks just that RPC. Capabilities set
+    /// explicitly are advertised all the same, which makes a driver that
+    /// advertises an RPC it does not serve.
     pub fn set_unimplemented(&self, rpc: Rpc) {
         lock(&self.state.unimplemented).push(rpc);
+    }
+
+    /// Advertises exactly these node capabilities from now on, whatever the
+    /// mode and [`TestDriverHandle::set_unimplemented`]; which RPCs answer
+    /// is still the mode's.
+    pub fn set_node_capabilities(&self, capabilities: Vec<NodeCapability>) {
+        *lock(&self.state.node_capabilities) = Some(capabilities);
+    }
+
+    /// Advertises exactly these controller capabilities from now on, as
+    /// [`TestDriverHandle::set_node_capabilities`] does for the node.
+    pub fn set_controller_capabilities(&self, capabilities: Vec<ControllerCapability>) {
+        *lock(&self.state.controller_capabilities) = Some(capabilities);
+    }
+
+    /// The node capabilities NodeGetCapabilities answers now.
+    pub fn node_capabilities(&self) -> Vec<NodeCapability> {
+        self.state.node_capabilities(self.mode())
+    }
+
+    /// The controller capabilities ControllerGetCapabilities answers now.
+    pub fn controller_capabilities(&self) -> Vec<ControllerCapability> {
+        self.state.controller_capabilities(self.mode())
     }
 
     /// `max_entries` of every ListVolumes and ControllerListVolumeHealth

@@ -8,6 +8,7 @@ use health_core::conditions::{CsiEntry, Status};
 use serde::{Deserialize, Serialize};
 
 use crate::proto;
+use crate::proto::node_get_storage_health_response::StorageBackendHealth as StorageBackendHealthWire;
 
 /// Reason given to a legacy `VolumeCondition{abnormal: true}`: the legacy
 /// condition carries no reason of its own, and this is the word kubelet and
@@ -177,76 +178,6 @@ pub struct NodeInfo {
     pub max_volumes_per_node: i64,
 }
 
-/// Node service capabilities with known numbers, plus the raw values of any
-/// others (e.g. CSI 1.13 GET_VOLUME_HEALTH, whose number we do not know and
-/// therefore never interpret).
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
-pub struct NodeCapabilities {
-    pub stage_unstage_volume: bool,
-    pub get_volume_stats: bool,
-    pub expand_volume: bool,
-    pub volume_condition: bool,
-    pub single_node_multi_writer: bool,
-    pub volume_mount_group: bool,
-    pub other: Vec<i32>,
-}
-
-impl NodeCapabilities {
-    pub(crate) fn from_wire(caps: Vec<proto::NodeServiceCapability>) -> Self {
-        use proto::node_service_capability::rpc::Type;
-        use proto::node_service_capability::Type as Arm;
-        let mut out = NodeCapabilities::default();
-        for cap in caps {
-            // Non-RPC arms do not exist in the node service today; skipping
-            // them keeps us working against a newer spec.
-            let Some(Arm::Rpc(rpc)) = cap.r#type else {
-                continue;
-            };
-            match Type::try_from(rpc.r#type) {
-                Ok(Type::StageUnstageVolume) => out.stage_unstage_volume = true,
-                Ok(Type::GetVolumeStats) => out.get_volume_stats = true,
-                Ok(Type::ExpandVolume) => out.expand_volume = true,
-                Ok(Type::VolumeCondition) => out.volume_condition = true,
-                Ok(Type::SingleNodeMultiWriter) => out.single_node_multi_writer = true,
-                Ok(Type::VolumeMountGroup) => out.volume_mount_group = true,
-                Ok(Type::Unknown) | Err(_) => out.other.push(rpc.r#type),
-            }
-        }
-        out
-    }
-}
-
-/// Controller service capabilities with known numbers, plus raw others.
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
-pub struct ControllerCapabilities {
-    pub list_volumes: bool,
-    pub list_volumes_published_nodes: bool,
-    pub volume_condition: bool,
-    pub get_volume: bool,
-    pub other: Vec<i32>,
-}
-
-impl ControllerCapabilities {
-    pub(crate) fn from_wire(caps: Vec<proto::ControllerServiceCapability>) -> Self {
-        use proto::controller_service_capability::rpc::Type;
-        use proto::controller_service_capability::Type as Arm;
-        let mut out = ControllerCapabilities::default();
-        for cap in caps {
-            let Some(Arm::Rpc(rpc)) = cap.r#type else {
-                continue;
-            };
-            match Type::try_from(rpc.r#type) {
-                Ok(Type::ListVolumes) => out.list_volumes = true,
-                Ok(Type::ListVolumesPublishedNodes) => out.list_volumes_published_nodes = true,
-                Ok(Type::VolumeCondition) => out.volume_condition = true,
-                Ok(Type::GetVolume) => out.get_volume = true,
-                Ok(Type::Unknown) | Err(_) => out.other.push(rpc.r#type),
-            }
-        }
-        out
-    }
-}
-
 /// Storage backend condition kind (CSI 1.13 `NodeGetStorageHealth`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum StorageHealthStatus {
@@ -305,13 +236,13 @@ impl StorageHealthEntry {
         self
     }
 
-    pub(crate) fn from_wire(b: proto::StorageBackendHealth) -> Self {
-        use proto::storage_backend_health::Status;
+    pub(crate) fn from_wire(b: StorageBackendHealthWire) -> Self {
         use proto::volume_capability::AccessType as Wire;
+        use proto::StorageHealthErrorType as Status;
         let status = match Status::try_from(b.status) {
             Ok(Status::StorageUnreachable) => StorageHealthStatus::StorageUnreachable,
             Ok(Status::StorageDegraded) => StorageHealthStatus::StorageDegraded,
-            Ok(Status::Unknown) | Err(_) => StorageHealthStatus::Unknown,
+            Ok(Status::UnknownStorageHealthErrorType) | Err(_) => StorageHealthStatus::Unknown,
         };
         let access_type = match b.volume_capability.and_then(|c| c.access_type) {
             Some(Wire::Block(_)) => Some(AccessType::Block),
@@ -327,13 +258,13 @@ impl StorageHealthEntry {
     }
 
     #[cfg(feature = "testing")]
-    pub(crate) fn to_wire(&self) -> proto::StorageBackendHealth {
-        use proto::storage_backend_health::Status;
+    pub(crate) fn to_wire(&self) -> StorageBackendHealthWire {
         use proto::volume_capability::{AccessType as Wire, BlockVolume, MountVolume};
+        use proto::StorageHealthErrorType as Status;
         let status = match self.status {
             StorageHealthStatus::StorageUnreachable => Status::StorageUnreachable,
             StorageHealthStatus::StorageDegraded => Status::StorageDegraded,
-            StorageHealthStatus::Unknown => Status::Unknown,
+            StorageHealthStatus::Unknown => Status::UnknownStorageHealthErrorType,
         };
         let access_type = self.access_type.map(|a| match a {
             AccessType::Block => Wire::Block(BlockVolume {}),
@@ -341,7 +272,7 @@ impl StorageHealthEntry {
                 fs_type: String::new(),
             }),
         });
-        proto::StorageBackendHealth {
+        StorageBackendHealthWire {
             status: status as i32,
             reason: self.reason.clone(),
             message: self.message.clone(),
@@ -426,7 +357,9 @@ pub(crate) fn merge_entries(
 
 /// CSI 1.13 entries to ours; duplicates of `(status, reason)` (which the spec
 /// forbids) are folded so callers can rely on the key being unique.
-pub(crate) fn entries_from_wire(wire: Vec<proto::volume_health::Entry>) -> Vec<HealthEntry> {
+pub(crate) fn entries_from_wire(
+    wire: Vec<proto::volume_health::VolumeHealthEntry>,
+) -> Vec<HealthEntry> {
     let mut out = Vec::with_capacity(wire.len());
     merge_entries(
         &mut out,
@@ -490,7 +423,11 @@ mod tests {
             Some("\"Inaccessible\"")
         );
         assert_eq!(HealthStatus::from_wire(42), HealthStatus::Unknown);
-        assert_eq!(HealthStatus::from_wire(3), HealthStatus::Degraded);
+        // CSI v1.13.0's numbers (rc1 had INACCESSIBLE=1 ... DEGRADED=3).
+        assert_eq!(HealthStatus::from_wire(0), HealthStatus::Unknown);
+        assert_eq!(HealthStatus::from_wire(1), HealthStatus::Degraded);
+        assert_eq!(HealthStatus::from_wire(2), HealthStatus::Inaccessible);
+        assert_eq!(HealthStatus::from_wire(3), HealthStatus::DataLoss);
     }
 
     #[test]
@@ -519,18 +456,18 @@ mod tests {
     #[test]
     fn duplicate_keys_fold() {
         let wire = vec![
-            proto::volume_health::Entry {
-                status: 1,
+            proto::volume_health::VolumeHealthEntry {
+                status: 2,
                 reason: "A".into(),
                 message: "old".into(),
             },
-            proto::volume_health::Entry {
-                status: 3,
+            proto::volume_health::VolumeHealthEntry {
+                status: 1,
                 reason: "A".into(),
                 message: "other".into(),
             },
-            proto::volume_health::Entry {
-                status: 1,
+            proto::volume_health::VolumeHealthEntry {
+                status: 2,
                 reason: "A".into(),
                 message: "new".into(),
             },
@@ -546,9 +483,9 @@ mod tests {
 
     #[test]
     fn half_a_million_entries_merge_in_linear_time_and_are_capped() {
-        let wire: Vec<proto::volume_health::Entry> = (0..500_000)
-            .map(|i| proto::volume_health::Entry {
-                status: 1 + i % 3,
+        let wire: Vec<proto::volume_health::VolumeHealthEntry> = (0..500_000)
+            .map(|i| proto::volume_health::VolumeHealthEntry {
+                status: 2 + i % 3,
                 reason: format!("R{}", i % 200_000),
                 message: i.to_string(),
             })
@@ -556,10 +493,13 @@ mod tests {
         let got = entries_from_wire(wire);
         assert_eq!(got.len(), MAX_ENTRIES_PER_VOLUME);
         // All keys are distinct (they repeat every 600k); the first 1024 stay.
+        // Statuses 2, 3, 4 (4 is newer than this crate: Unknown), in turn.
         assert_eq!(
             got[0],
             HealthEntry::new(HealthStatus::Inaccessible, "R0", "0")
         );
+        assert_eq!(got[1], HealthEntry::new(HealthStatus::DataLoss, "R1", "1"));
+        assert_eq!(got[2], HealthEntry::new(HealthStatus::Unknown, "R2", "2"));
         assert_eq!(
             got[1023],
             HealthEntry::new(HealthStatus::Inaccessible, "R1023", "1023")
@@ -569,7 +509,7 @@ mod tests {
     #[test]
     fn storage_entries_from_the_wire() {
         use proto::volume_capability::{AccessType as Wire, BlockVolume};
-        let wire = |status, capability| proto::StorageBackendHealth {
+        let wire = |status, capability| StorageBackendHealthWire {
             status,
             reason: "R".into(),
             message: "m".into(),
@@ -582,13 +522,18 @@ mod tests {
         );
         assert_eq!(
             StorageHealthEntry::from_wire(wire(
-                1,
+                2,
                 Some(proto::VolumeCapability {
                     access_type: Some(Wire::Block(BlockVolume {}))
                 })
             )),
             StorageHealthEntry::new(StorageHealthStatus::StorageUnreachable, "R", "m")
                 .for_access_type(AccessType::Block)
+        );
+        // CSI v1.13.0 numbers STORAGE_DEGRADED 1 (rc1 had it 2).
+        assert_eq!(
+            StorageHealthEntry::from_wire(wire(1, None)).status,
+            StorageHealthStatus::StorageDegraded
         );
         // A capability without an access type restricts nothing.
         assert_eq!(

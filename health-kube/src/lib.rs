@@ -17,6 +17,7 @@
 pub mod backoff;
 pub mod events;
 pub mod http;
+pub mod logging;
 pub mod metrics;
 pub mod pages;
 pub mod pv;

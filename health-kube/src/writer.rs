@@ -31,6 +31,15 @@ pub trait Observer: Send + Sync {
     fn event_written(&self, type_: &str, reason: &str);
     /// A write held back by the per-object cap.
     fn event_write_deferred(&self);
+    /// A claim's `VolumeHealth` write ended: `Some`, this writer's entries
+    /// as the server has them now; `None`, refused and not retried soon.
+    /// Recovery Events may wait for it ([`crate::events::StatusFollower`]).
+    fn volume_health_written(
+        &self,
+        _claim: &crate::status::Claim,
+        _entries: Option<&[crate::status::SourceEntry]>,
+    ) {
+    }
 }
 
 /// The recorder shared between the agent loop (which records) and the

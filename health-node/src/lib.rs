@@ -14,7 +14,9 @@
 //!   standalone `watch` view and the node's metrics;
 //! - [`cluster`]: cluster mode, a reporter that resolves pods and PVCs and
 //!   hands condition changes to `health_kube`'s Event recorder and
-//!   `VolumeHealth` board.
+//!   `VolumeHealth` board;
+//! - [`evidence_socket`]: in `run`, the agent's conditions per CSI volume
+//!   on a unix socket, for `health-agent csi-proxy` (`health_csi::proxy`).
 //!
 //! [`agent`] is the one loop that drives the stages for `watch` and `run`.
 //! Dependencies run downstream only: volumes → report → cluster, and the
@@ -26,5 +28,6 @@ pub mod report;
 
 pub mod agent;
 pub mod cluster;
+pub mod evidence_socket;
 #[doc(hidden)]
 pub mod fuzz_targets;

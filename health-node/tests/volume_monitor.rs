@@ -9,7 +9,7 @@ use std::time::{Duration, Instant, SystemTime};
 use health_common::{op, source, CounterKey};
 use health_core::conditions::{Change, ConditionConfig, Source, Status};
 use health_core::dev::Dev;
-use health_csi::testing::{DriverMode, TestDriver};
+use health_csi::testing::{DriverMode, NodeCapability, Rpc, TestDriver};
 use health_csi::{HealthEntry, HealthStatus};
 use health_kernel::collector::KernelError;
 use health_node::volumes::kubelet::{self, KubeletVolume, VolumeKind, VolumeMode};
@@ -490,6 +490,110 @@ fn csi_prober_speaks_each_generation_and_bounds_the_hung() {
         for d in drivers {
             d.shutdown().await;
         }
+    });
+}
+
+/// What the prober asks follows what each driver advertises, every round;
+/// a driver that advertises NodeGetVolumeHealth and then answers it
+/// UNIMPLEMENTED fails the probe, and the condition it raised stays.
+#[test]
+fn csi_prober_asks_what_drivers_advertise_and_a_broken_one_never_recovers() {
+    let rt = runtime();
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path();
+    rt.block_on(async {
+        let start = |name: &'static str| async move {
+            let dir = root.join("plugins").join(name);
+            std::fs::create_dir_all(&dir).unwrap();
+            TestDriver::start_named(&dir, name, DriverMode::Modern)
+                .await
+                .unwrap()
+        };
+        let quiet = start("quiet.csi.test").await;
+        quiet.set_node_capabilities(vec![NodeCapability::GetVolumeStats]);
+        let broken = start("broken.csi.test").await;
+        let sick = vec![HealthEntry::new(
+            HealthStatus::DataLoss,
+            "ChecksumMismatch",
+            "blocks lost",
+        )];
+        broken.set_volume_health("handle-broken", sick);
+        quiet.set_volume_health("handle-quiet", vec![]);
+
+        let mut vols = Vec::new();
+        for (pod, driver) in [("p1", "quiet"), ("p2", "broken")] {
+            let mut v = volume(pod, &format!("pv-{driver}"), VolumeMode::Filesystem);
+            v.driver = Some(format!("{driver}.csi.test"));
+            v.volume_handle = Some(format!("handle-{driver}"));
+            vols.push(v);
+        }
+        let idx = VolumeIndex::from_resolved(
+            &Topology::default(),
+            vols.into_iter().map(|v| (v, None)).collect(),
+        );
+        let key = |pod: &str| {
+            idx.volumes()
+                .iter()
+                .find(|v| v.key.pod_uid == pod)
+                .unwrap()
+                .key
+                .clone()
+        };
+        let mut m = VolumeMonitor::new(idx.clone(), ConditionConfig::default());
+        let prober = CsiProber::connect(Some(root), &[], Duration::from_secs(5)).await;
+        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+
+        let outcomes = prober.probe(idx.volumes()).await;
+        let result = |pod: &str| {
+            outcomes
+                .iter()
+                .find(|o| o.key.pod_uid == pod)
+                .unwrap()
+                .result
+                .clone()
+        };
+        assert_eq!(result("p1"), CsiResult::NotAdvertised);
+        assert_eq!(
+            serde_json::to_value(result("p1")).unwrap(),
+            serde_json::json!({"result": "not_advertised"})
+        );
+        assert_eq!(
+            raised(&m.apply_csi(t0, &outcomes)),
+            [("p2".into(), Status::DataLoss, "ChecksumMismatch".into())]
+        );
+
+        // The driver breaks: still advertising the RPC, answering it
+        // UNIMPLEMENTED.
+        broken.set_unimplemented(Rpc::NodeGetVolumeHealth);
+        broken.set_node_capabilities(vec![
+            NodeCapability::GetVolumeStats,
+            NodeCapability::GetVolumeHealth,
+        ]);
+        for round in 1..=2u64 {
+            let outcomes = prober.probe(idx.volumes()).await;
+            let failed = outcomes.iter().find(|o| o.key.pod_uid == "p2").unwrap();
+            assert_eq!(
+                failed.result,
+                CsiResult::ProbeFailed {
+                    error: "CSI driver does not support NodeGetVolumeHealth".into()
+                }
+            );
+            assert!(m.apply_csi(t0, &outcomes).is_empty(), "round {round}");
+            let h = m.health(&key("p2")).unwrap();
+            assert_eq!(h.worst(), Some(Status::DataLoss));
+            assert_eq!(h.probe_failures(Source::CsiNode), round);
+            assert_eq!(m.health(&key("p1")).unwrap().worst(), None);
+        }
+
+        // Capabilities once at connect, then once per round.
+        for d in [&quiet, &broken] {
+            assert_eq!(d.calls(Rpc::NodeGetCapabilities), 4);
+            assert_eq!(d.calls(Rpc::NodeGetVolumeStats), 0);
+        }
+        assert_eq!(quiet.calls(Rpc::NodeGetVolumeHealth), 0);
+        assert_eq!(broken.calls(Rpc::NodeGetVolumeHealth), 3);
+        quiet.shutdown().await;
+        broken.shutdown().await;
     });
 }
 

@@ -13,7 +13,9 @@
 //!   storm;
 //! * [`controller`]: `health-controller` over 10,000 volumes on a real
 //!   API server, and from a backend condition to the PVC's Event (needs no
-//!   root, only kube-apiserver).
+//!   root, only kube-apiserver);
+//! * [`csi_proxy`]: the latency `health-agent csi-proxy` adds to a CSI call
+//!   of the kubelet, in front of the real csi-driver-host-path.
 //!
 //! These are measurements, not tests: nothing here asserts a target, but
 //! every part checks that what it measured is real (errors reported equal
@@ -21,6 +23,7 @@
 
 mod agent;
 mod controller;
+mod csi_proxy;
 pub mod dio;
 mod event_watch;
 mod events;
@@ -52,6 +55,7 @@ pub enum Part {
     EventWatch,
     Status,
     Controller,
+    CsiProxy,
 }
 
 #[derive(clap::Args, Debug)]
@@ -129,6 +133,10 @@ pub struct BenchArgs {
     /// seconds (longer than a cycle, so calls are counted between cycles).
     #[arg(long, default_value_t = 5.0)]
     controller_get_interval: f64,
+    /// Calls of each kind, directly and through the proxy, in the CSI
+    /// proxy measurement.
+    #[arg(long, default_value_t = 2000)]
+    proxy_calls: u32,
     /// Print the results but leave BENCHMARKS.md alone.
     #[arg(long)]
     no_write: bool,
@@ -285,6 +293,7 @@ pub fn run_bench(args: &BenchArgs) -> Result<()> {
             Part::EventWatch,
             Part::Status,
             Part::Controller,
+            Part::CsiProxy,
         ]
     } else {
         args.only.clone()
@@ -500,6 +509,27 @@ pub fn run_bench(args: &BenchArgs) -> Result<()> {
                     format!(
                         "cargo xtask bench --only event-watch --event-watch-rounds {} --load {}",
                         args.event_watch_rounds, args.load
+                    ),
+                    r.headline(),
+                    r.markdown(),
+                )
+            }
+            Part::CsiProxy => {
+                say(format!(
+                    "csi-proxy: {} calls of each kind, directly and through the proxy",
+                    args.proxy_calls
+                ));
+                let r = csi_proxy::run(
+                    tools()?,
+                    &csi_proxy::Config {
+                        calls: args.proxy_calls,
+                    },
+                )?;
+                (
+                    "csi-proxy",
+                    format!(
+                        "cargo xtask bench --only csi-proxy --proxy-calls {}",
+                        args.proxy_calls
                     ),
                     r.headline(),
                     r.markdown(),

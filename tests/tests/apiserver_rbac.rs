@@ -239,11 +239,7 @@ fn the_sidecar_patches_apply_to_a_driver_statefulset() -> Result<()> {
                 .with_context(|| format!("creating {name}"))?;
             let file = repo_root().join(patch);
             let patched = strategic_patch(&admin, name, &file).await.context(patch)?;
-            let pod = patched
-                .spec
-                .as_ref()
-                .and_then(|s| s.template.spec.as_ref())
-                .context("pod")?;
+            let pod = patched.spec.template.spec.as_ref().context("pod")?;
             let names: BTreeSet<&str> = pod.containers.iter().map(|c| c.name.as_str()).collect();
             ensure!(
                 names == BTreeSet::from(["plugin", CONTROLLER_SA]),

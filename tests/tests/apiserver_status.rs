@@ -606,8 +606,8 @@ fn the_schema_refuses_bad_objects() -> Result<()> {
 
 #[test]
 fn the_controller_writes_its_own_entries_beside_the_nodes() -> Result<()> {
-    use health_controller::status::{entry_names, upstream::HealthStatusWriter};
-    use health_core::conditions::{Condition, Source};
+    use health_controller::status::entry_names;
+    use health_controller::status::upstream::{shape, HealthStatusWriter, Outcome, Support};
     health_tests::multi_thread_runtime()?.block_on(async {
         let Some(env) = Env::start().await? else { return Ok(()) };
         for d in documents(&repo().join("deploy/controller/rbac/clusterrole.yaml"))? {
@@ -657,19 +657,19 @@ fn the_controller_writes_its_own_entries_beside_the_nodes() -> Result<()> {
         assert_eq!(true_conditions(&o), [("Degraded".to_string(), "BlockIOErrors".to_string())]);
         assert_eq!(env.label().await?.as_deref(), Some("Degraded"));
 
-        // 1.26 has no pvc.status.healthStatus: refused once, never asked again.
+        // 1.26 has no pvc.status.healthStatus: refused once, never asked
+        // again. The union written there would be the object's: the node's
+        // kernel evidence included.
+        let o = env.object().await?;
+        let wanted = shape::wanted(&o);
+        assert_eq!(
+            wanted.conditions.iter().map(|c| (c.status.as_str(), c.reason.as_str())).collect::<Vec<_>>(),
+            [("Degraded", "BlockIOErrors")]
+        );
         let mut upstream = HealthStatusWriter::new(controller, None);
-        let c = Condition {
-            source: Source::CsiController,
-            status: Status::Inaccessible,
-            reason: "VolumeGone".into(),
-            message: "gone".into(),
-            since: now,
-            last_probe: now,
-            occurrences: None,
-        };
-        upstream.write(&env.claim, std::slice::from_ref(&c)).await;
-        assert_eq!(upstream.supported(), Some(false));
+        assert_eq!(upstream.write(&env.claim, wanted.clone(), now).await, Outcome::Skipped);
+        assert_eq!(upstream.support(), Support::Absent);
+        assert_eq!(upstream.write(&env.claim, wanted, now).await, Outcome::Skipped);
         Ok(())
     })
 }

@@ -15,12 +15,23 @@
 //! same restart without pinned state, with the exact requests, is
 //! `cluster.rs`'s `a_restart_mid_episode_continues_the_same_events`.
 //!
+//! The PVC's story is watched all along ([`timeline`], shared with
+//! controller_restart.rs): the object and its label say Degraded from the
+//! first write to the recovery without a gap across the restart, keep the
+//! episode's start, and once the recovery Event on the PVC exists neither
+//! says Degraded any more (issue 28, item 5).
+//!
 //! Needs root (fails without it) and the API server's binaries
 //! (`HEALTH_K8S_ASSETS`; a missing server fails under `CI=true`).
 
+// controller_restart.rs reads all of it; this test only the history.
+#[allow(dead_code)]
+#[path = "controller/timeline.rs"]
+mod timeline;
+
 use std::time::Duration;
 
-use anyhow::Result;
+use anyhow::{ensure, Result};
 use health_node::cluster::API_ACCESS;
 use health_tests::agent::Agent;
 use health_tests::bpffs::Bpffs;
@@ -33,6 +44,7 @@ use health_tests::{require_env, shared_kernel};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
 use serde_json::{json, Value};
+use timeline::{Snapshot, Timeline};
 
 #[test]
 fn a_restart_mid_episode_continues_the_same_events_on_a_real_api_server() -> Result<()> {
@@ -43,6 +55,7 @@ fn a_restart_mid_episode_continues_the_same_events_on_a_real_api_server() -> Res
     };
     let cluster = Cluster::prepare(server, API_ACCESS)?;
     let [web_0, web_1] = cluster.workload()?;
+    let timeline = cluster.block_on(Timeline::start(cluster.admin.clone(), "data"))?;
     let root = tempfile::Builder::new().prefix("kubelet-").tempdir()?;
     let volume = CsiVolume::publish(root.path(), PV, DRIVER, "node-1", &[&web_0, &web_1])?;
     let dev = volume.device_name();
@@ -131,6 +144,18 @@ fn a_restart_mid_episode_continues_the_same_events_on_a_real_api_server() -> Res
         "{vh:#}"
     );
     cluster.wait_labels(&["app=shop"])?;
+    // The three watches are separate streams, each in the server's order:
+    // once each has brought its last change, the history is whole.
+    cluster.block_on(timeline.wait(
+        "the recovery Event, a Healthy object and no label",
+        Duration::from_secs(10),
+        |s| {
+            s.events.iter().any(|e| e.reason == "BlockIOErrorsCleared")
+                && s.health() == "Healthy"
+                && s.label.is_none()
+        },
+    ))?;
+    one_story(&timeline.history()?)?;
     let second = check_requests(metrics)?;
     eprintln!("the first process's requests: {first:#?}\nthe second's: {second:#?}");
 
@@ -147,5 +172,101 @@ fn a_restart_mid_episode_continues_the_same_events_on_a_real_api_server() -> Res
         .iter()
         .all(|e| e["involvedObject"]["uid"] != json!(far.metadata.uid)));
     agent.stop_cleanly()?;
+    Ok(())
+}
+
+/// The PVC's history, in the server's order, tells one story: from the
+/// first state in which the object and the label both say Degraded, each
+/// says Degraded, then not, exactly once (no flap across the restart), the
+/// object keeping the episode's start (`status.since`); the recovery Event
+/// comes into it only after both stopped saying Degraded, and the last
+/// state is the Warning with the episode's count, its recovery, a Healthy
+/// object and no label.
+fn one_story(history: &[Snapshot]) -> Result<()> {
+    let dump = || format!("{history:#?}");
+    let cleared = |s: &Snapshot| s.events.iter().any(|e| e.reason == "BlockIOErrorsCleared");
+    let Some(start) = history
+        .iter()
+        .position(|s| s.health() == "Degraded" && s.label.as_deref() == Some("Degraded"))
+    else {
+        anyhow::bail!(
+            "the object and the label never both said Degraded: {}",
+            dump()
+        );
+    };
+    ensure!(
+        !history[..start].iter().any(cleared),
+        "a recovery Event before the episode: {}",
+        dump()
+    );
+    let episode = &history[start..];
+    let told = episode
+        .iter()
+        .position(cleared)
+        .ok_or_else(|| anyhow::anyhow!("no recovery Event on the PVC: {}", dump()))?;
+    // Released by the write, not by the agent's 10 s limit on waiting for
+    // a failing status writer (which would let it go out regardless).
+    let settled = episode[..told]
+        .iter()
+        .position(|s| s.health() == "Healthy" && s.label.is_none())
+        .ok_or_else(|| anyhow::anyhow!("the recovery came first: {}", dump()))?;
+    let waited = episode[told].at.duration_since(episode[settled].at);
+    ensure!(
+        waited < Duration::from_secs(5),
+        "the recovery Event came {waited:?} after the object and the label: {}",
+        dump()
+    );
+    for s in &episode[told..] {
+        ensure!(
+            s.health() == "Healthy" && s.label.is_none(),
+            "the recovery Event on the PVC exists while the object or the label still says otherwise (rv {}): {s:#?}",
+            s.rv
+        );
+    }
+    let mut healths: Vec<&str> = episode.iter().map(Snapshot::health).collect();
+    healths.dedup();
+    ensure!(
+        healths == ["Degraded", "Healthy"],
+        "the object's health went {healths:?}: {}",
+        dump()
+    );
+    let mut labels: Vec<Option<&str>> = episode.iter().map(|s| s.label.as_deref()).collect();
+    labels.dedup();
+    ensure!(
+        labels == [Some("Degraded"), None],
+        "the label went {labels:?}: {}",
+        dump()
+    );
+    let mut since: Vec<&Value> = episode
+        .iter()
+        .filter(|s| s.health() == "Degraded")
+        .map(|s| s.status("since"))
+        .collect();
+    since.dedup();
+    ensure!(
+        since.len() == 1 && since[0].is_string(),
+        "the object's status.since moved during the episode: {since:?}"
+    );
+    let last = episode.last().map(|s| {
+        // Sorted: the history keeps the Events in the order of their names.
+        let mut events: Vec<(&str, &str, i32)> = s
+            .events
+            .iter()
+            .map(|e| (e.type_.as_str(), e.reason.as_str(), e.count))
+            .collect();
+        events.sort();
+        (events, s.health(), s.label.clone())
+    });
+    ensure!(
+        last == Some((
+            vec![
+                ("Normal", "BlockIOErrorsCleared", 1),
+                ("Warning", "BlockIOErrors", 10)
+            ],
+            "Healthy",
+            None
+        )),
+        "the PVC's story ends as {last:?}"
+    );
     Ok(())
 }

@@ -74,7 +74,13 @@ async fn modern_episode(env: &ControllerEnv) -> Result<()> {
         "Get calls: {}",
         driver.calls(Rpc::ControllerGetVolumeHealth)
     );
-    stop(ctl)?;
+    let log = stop(ctl)?;
+    // 1.26 has no pvc.status.healthStatus: learnt from one refusal, said once.
+    let said = log
+        .lines()
+        .filter(|l| l.contains(" INFO ") && l.contains("has no pvc.status.healthStatus"))
+        .count();
+    ensure!(said == 1, "the refusal said {said} times:\n{log}");
     ensure_released(env).await
 }
 

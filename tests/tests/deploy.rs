@@ -153,7 +153,11 @@ fn the_binding_gives_the_role_to_the_service_account() {
     assert_eq!(namespace_of(&d.service_account.metadata), NAMESPACE);
     let r = &d.binding.role_ref;
     assert_eq!(
-        (r.api_group.as_str(), r.kind.as_str(), r.name.as_str()),
+        (
+            r.api_group.as_deref().unwrap_or_default(),
+            r.kind.as_str(),
+            r.name.as_str()
+        ),
         ("rbac.authorization.k8s.io", "ClusterRole", CLUSTER_ROLE)
     );
     let subjects = d.binding.subjects.clone().unwrap_or_default();
@@ -171,7 +175,7 @@ fn the_daemon_set_runs_everywhere_as_the_service_account() {
     let ds = deploy().daemon_set;
     assert_eq!(name(&ds.metadata), DAEMON_SET);
     assert_eq!(namespace_of(&ds.metadata), NAMESPACE);
-    let spec = ds.spec.as_ref().unwrap();
+    let spec = &ds.spec;
     let selector = spec.selector.match_labels.clone().unwrap_or_default();
     let labels = spec
         .template
@@ -387,8 +391,9 @@ fn the_agent_runs_cluster_mode_and_is_probed_on_its_metrics_port() {
 
     let annotations = ds
         .spec
+        .template
+        .metadata
         .as_ref()
-        .and_then(|s| s.template.metadata.as_ref())
         .and_then(|m| m.annotations.clone())
         .unwrap_or_default();
     let a = |k: &str| annotations.get(k).map(String::as_str);
@@ -403,8 +408,9 @@ fn the_agent_runs_cluster_mode_and_is_probed_on_its_metrics_port() {
     assert_eq!(namespace_of(&d.service.metadata), NAMESPACE);
     let template_labels = ds
         .spec
+        .template
+        .metadata
         .as_ref()
-        .and_then(|s| s.template.metadata.as_ref())
         .and_then(|m| m.labels.clone())
         .unwrap_or_default();
     assert_eq!(svc.selector.clone().unwrap_or_default(), template_labels);

@@ -4,9 +4,9 @@
 //! `Controller` (the claim's pods are on a node down past the grace). Only
 //! the leader writes; a new leader lists the objects and continues them.
 //!
-//! Where the API server has `pvc.status.healthStatus` (the upstream field
-//! of the 2026 KEP-1432 revision, alpha behind `CSIVolumeHealth`), the same
-//! conditions are also written there ([`upstream`]).
+//! Where the API server has `pvc.status.healthStatus` (Kubernetes 1.37,
+//! alpha behind `CSIVolumeHealth`), the union of each of this driver's
+//! claims' objects is also written there ([`upstream`]).
 
 pub mod upstream;
 
@@ -21,7 +21,7 @@ use health_kube::status::{
 };
 use health_kube::writer::Observer;
 use kube::Client;
-use upstream::HealthStatusWriter;
+use upstream::follow::Follower;
 
 use super::inventory::MonitoredVolume;
 
@@ -34,12 +34,12 @@ pub fn entry_names() -> Vec<String> {
 }
 
 /// The leader's status writing: the board and its writer task (aborted
-/// when the leadership ends), and the upstream field's writer.
+/// when the leadership ends), and the upstream field's follower.
 pub struct StatusWriter {
     board: Arc<SharedBoard>,
     task: tokio::task::JoinHandle<()>,
     driver: String,
-    upstream: HealthStatusWriter,
+    upstream: Follower,
 }
 
 impl Drop for StatusWriter {
@@ -53,8 +53,9 @@ impl StatusWriter {
         client: Client,
         driver: &str,
         update_interval: std::time::Duration,
-        observer: Arc<dyn Observer>,
+        metrics: Arc<crate::metrics::ControllerMetrics>,
     ) -> Self {
+        let observer: Arc<dyn Observer> = metrics.clone();
         // Controller conditions end on evidence, never by time after a takeover.
         let mut board = Board::new(update_interval, std::time::Duration::ZERO);
         board.set_ready();
@@ -70,13 +71,13 @@ impl StatusWriter {
             board,
             task,
             driver: driver.to_string(),
-            upstream: HealthStatusWriter::new(client, Some(observer)),
+            upstream: Follower::start(client, Some(metrics)),
         }
     }
 
     /// Hands the board the controller's entries for every claim that has
     /// (or had) one, from the PVs' conditions and the down nodes', and
-    /// writes `pvc.status.healthStatus` where the server has it.
+    /// tells the `healthStatus` follower which claims are this driver's.
     pub async fn sync(
         &mut self,
         pvs: Vec<(ObjectRef, String, Vec<Condition>)>,
@@ -99,7 +100,6 @@ impl StatusWriter {
                 by_claim.entry(c).or_default().1.push(condition);
             }
         }
-        let mut upstream = Vec::new();
         {
             let mut board = self.board.lock();
             let bound: std::collections::HashSet<(&str, &str)> = volumes
@@ -113,7 +113,6 @@ impl StatusWriter {
             for claim in board.claims() {
                 if !by_claim.contains_key(&claim) && is_bound(&claim) {
                     board.set(&claim, Vec::new());
-                    upstream.push((claim, Vec::new()));
                 }
             }
             for (claim, (driver, controller)) in &by_claim {
@@ -125,8 +124,6 @@ impl StatusWriter {
                 .filter(|e| !e.conditions.is_empty())
                 .collect();
                 board.set(claim, entries);
-                let all: Vec<Condition> = controller.iter().chain(driver).cloned().collect();
-                upstream.push((claim.clone(), all));
             }
             let keep: Vec<Claim> = board
                 .claims()
@@ -136,9 +133,10 @@ impl StatusWriter {
             board.release_others(&keep);
         }
         self.board.wake();
-        for (claim, conditions) in upstream {
-            self.upstream.write(&claim, &conditions).await;
-        }
+        self.upstream.set_claims(volumes.iter().filter_map(|v| {
+            let pv = Some(v.pv.clone());
+            v.claim.as_ref().and_then(|c| claim_of(c, pv))
+        }));
     }
 }
 

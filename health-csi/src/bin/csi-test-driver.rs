@@ -4,13 +4,20 @@
 //!
 //! ```text
 //! csi-test-driver --dir DIR [--name NAME] [--mode modern|legacy|legacy-no-condition|hang|unimplemented] [--volumes N]
-//!                 [--unimplemented RPC[,RPC...]]
+//!                 [--unimplemented RPC[,RPC...]] [--node-caps CAP[,CAP...]] [--controller-caps CAP[,CAP...]]
 //! ```
 //!
 //! `--unimplemented` makes the named RPCs (names as `calls` prints them)
-//! answer UNIMPLEMENTED whatever the mode: `--unimplemented
-//! ControllerListVolumeHealth,ListVolumes` is a driver without any health
-//! list, which a controller must ask one volume at a time.
+//! answer UNIMPLEMENTED whatever the mode, and stops advertising their
+//! capabilities: `--unimplemented ControllerListVolumeHealth,ListVolumes` is
+//! a driver without any health list, which a controller must ask one volume
+//! at a time.
+//!
+//! `--node-caps` and `--controller-caps` set exactly what NodeGetCapabilities
+//! and ControllerGetCapabilities advertise, by the spec's enum names
+//! (`GET_VOLUME_HEALTH,GET_STORAGE_HEALTH`; an empty list advertises
+//! nothing), whatever the mode serves: with `--unimplemented` they make a
+//! driver that advertises an RPC it does not serve.
 //!
 //! Serves Identity, Node and Controller on `DIR/csi.sock` with `N` healthy
 //! volumes named `vol-000000`, `vol-000001`, ..., prints `ready <socket>`
@@ -31,7 +38,9 @@
 use std::io::{BufRead, Write};
 use std::path::PathBuf;
 
-use health_csi::testing::{DriverMode, Rpc, TestDriver, TestDriverHandle};
+use health_csi::testing::{
+    ControllerCapability, DriverMode, NodeCapability, Rpc, TestDriver, TestDriverHandle,
+};
 use health_csi::{HealthEntry, HealthStatus};
 
 struct Args {
@@ -40,10 +49,25 @@ struct Args {
     mode: DriverMode,
     volumes: usize,
     unimplemented: Vec<Rpc>,
+    node_caps: Option<Vec<NodeCapability>>,
+    controller_caps: Option<Vec<ControllerCapability>>,
 }
 
 fn usage() -> String {
-    "usage: csi-test-driver --dir DIR [--name NAME] [--mode modern|legacy|legacy-no-condition|hang|unimplemented] [--volumes N] [--unimplemented RPC[,RPC...]]".to_string()
+    "usage: csi-test-driver --dir DIR [--name NAME] [--mode modern|legacy|legacy-no-condition|hang|unimplemented] [--volumes N] [--unimplemented RPC[,RPC...]] [--node-caps CAP[,CAP...]] [--controller-caps CAP[,CAP...]]".to_string()
+}
+
+/// A comma-separated list of capability names, each parsed by `parse`
+/// (the generated enums' `from_str_name`: the spec's own spelling).
+fn capabilities<T: std::fmt::Debug>(
+    flag: &str,
+    list: &str,
+    parse: fn(&str) -> Option<T>,
+) -> Result<Vec<T>, String> {
+    list.split(',')
+        .filter(|name| !name.is_empty())
+        .map(|name| parse(name).ok_or_else(|| format!("{flag}: unknown capability {name:?}")))
+        .collect()
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -53,6 +77,8 @@ fn parse_args() -> Result<Args, String> {
     let mut mode = DriverMode::Modern;
     let mut volumes = 0usize;
     let mut unimplemented = Vec::new();
+    let mut node_caps = None;
+    let mut controller_caps = None;
     while let Some(flag) = args.next() {
         let mut value = || {
             args.next()
@@ -82,6 +108,20 @@ fn parse_args() -> Result<Args, String> {
                     unimplemented.push(rpc_named(name)?);
                 }
             }
+            "--node-caps" => {
+                node_caps = Some(capabilities(
+                    "--node-caps",
+                    &value()?,
+                    NodeCapability::from_str_name,
+                )?);
+            }
+            "--controller-caps" => {
+                controller_caps = Some(capabilities(
+                    "--controller-caps",
+                    &value()?,
+                    ControllerCapability::from_str_name,
+                )?);
+            }
             "-h" | "--help" => return Err(usage()),
             other => return Err(format!("unknown argument {other:?}\n{}", usage())),
         }
@@ -93,6 +133,8 @@ fn parse_args() -> Result<Args, String> {
         mode,
         volumes,
         unimplemented,
+        node_caps,
+        controller_caps,
     })
 }
 
@@ -200,6 +242,12 @@ fn main() -> std::process::ExitCode {
     };
     for rpc in &args.unimplemented {
         driver.set_unimplemented(*rpc);
+    }
+    if let Some(caps) = args.node_caps {
+        driver.set_node_capabilities(caps);
+    }
+    if let Some(caps) = args.controller_caps {
+        driver.set_controller_capabilities(caps);
     }
     for i in 0..args.volumes {
         driver.set_volume_health(&volume_id(i), Vec::new());

@@ -6,7 +6,7 @@ use std::time::Duration;
 use health_csi::testing::{DriverMode, ListedVolume, Rpc, TestDriver, TestDriverHandle};
 use health_csi::{
     ControllerClient, ControllerHealthSource, ControllerVolumeReport, CsiError, HealthEntry,
-    HealthStatus, RpcSupport,
+    HealthStatus,
 };
 
 const TIMEOUT: Duration = Duration::from_secs(10);
@@ -56,9 +56,9 @@ async fn modern_list_pages_with_duplicates_merge() {
     .into_iter()
     .collect();
     assert_eq!(list.volumes, want);
+    assert_eq!(driver.calls(Rpc::ControllerGetCapabilities), 1);
     assert_eq!(driver.calls(Rpc::ControllerListVolumeHealth), 3);
     assert_eq!(driver.calls(Rpc::ListVolumes), 0);
-    assert_eq!(client.list_volume_health_support(), RpcSupport::Supported);
 }
 
 #[tokio::test]
@@ -137,7 +137,7 @@ async fn page_limit_marks_incomplete() {
 }
 
 #[tokio::test]
-async fn legacy_list_falls_back_to_list_volumes_once() {
+async fn legacy_list_is_list_volumes_only() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (driver, client) = setup(dir.path(), DriverMode::LegacyOnly).await;
     driver.set_volume_health(
@@ -170,21 +170,50 @@ async fn legacy_list_falls_back_to_list_volumes_once() {
         .into_iter()
         .collect();
         assert_eq!(list.volumes, want);
-        assert_eq!(driver.calls(Rpc::ControllerListVolumeHealth), 1);
+        assert_eq!(driver.calls(Rpc::ControllerListVolumeHealth), 0);
         assert_eq!(driver.calls(Rpc::ListVolumes), 2 * round);
     }
-    assert_eq!(client.list_volume_health_support(), RpcSupport::Unsupported);
+    assert_eq!(driver.calls(Rpc::ControllerGetCapabilities), 1);
 }
 
 #[tokio::test]
-async fn legacy_list_without_condition_is_no_information() {
+async fn legacy_without_condition_is_not_asked_about_health() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (driver, client) = setup(dir.path(), DriverMode::LegacyNoCondition).await;
     driver.set_volume_health("a", vec![]);
-    let list = client.list_volume_health(0, 10).await.expect("list");
-    assert_eq!(list.volumes.get("a"), Some(&None));
     let caps = client.capabilities().await.expect("caps");
     assert!(caps.list_volumes && caps.get_volume && !caps.volume_condition);
+
+    let err = client.list_volume_health(0, 10).await.expect_err("no list");
+    assert!(
+        matches!(
+            err,
+            CsiError::NotAdvertised {
+                rpc: "ControllerListVolumeHealth",
+                needs: "LIST_VOLUME_HEALTH, or VOLUME_CONDITION with LIST_VOLUMES",
+            }
+        ),
+        "{err:?}"
+    );
+    let err = client.get_volume_health("a").await.expect_err("no get");
+    assert!(
+        matches!(
+            err,
+            CsiError::NotAdvertised {
+                rpc: "ControllerGetVolumeHealth",
+                needs: "GET_VOLUME_HEALTH, or VOLUME_CONDITION with GET_VOLUME",
+            }
+        ),
+        "{err:?}"
+    );
+    for rpc in [
+        Rpc::ListVolumes,
+        Rpc::ControllerGetVolume,
+        Rpc::ControllerListVolumeHealth,
+        Rpc::ControllerGetVolumeHealth,
+    ] {
+        assert_eq!(driver.calls(rpc), 0, "{rpc:?}");
+    }
 }
 
 #[tokio::test]
@@ -210,7 +239,7 @@ async fn get_volume_health_modern_and_not_found() {
 }
 
 #[tokio::test]
-async fn get_volume_health_falls_back_to_controller_get_volume() {
+async fn legacy_get_is_controller_get_volume_only() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (driver, client) = setup(dir.path(), DriverMode::LegacyOnly).await;
     driver.set_volume_health(
@@ -235,9 +264,8 @@ async fn get_volume_health_falls_back_to_controller_get_volume() {
         matches!(&err, CsiError::VolumeGone { rpc: "ControllerGetVolume", volume_id } if volume_id == "gone"),
         "{err:?}"
     );
-    assert_eq!(driver.calls(Rpc::ControllerGetVolumeHealth), 1);
+    assert_eq!(driver.calls(Rpc::ControllerGetVolumeHealth), 0);
     assert_eq!(driver.calls(Rpc::ControllerGetVolume), 2);
-    assert_eq!(client.get_volume_health_support(), RpcSupport::Unsupported);
 }
 
 #[tokio::test]
@@ -272,5 +300,7 @@ async fn hung_controller_times_out() {
         ),
         "{err:?}"
     );
-    assert_eq!(client.get_volume_health_support(), RpcSupport::Unknown);
+    // A timeout is no reason to try the legacy RPCs.
+    assert_eq!(driver.calls(Rpc::ListVolumes), 0);
+    assert_eq!(driver.calls(Rpc::ControllerGetVolume), 0);
 }

@@ -123,10 +123,13 @@ async fn unimplemented_flag_leaves_only_per_volume_gets() {
         .await
         .expect("connect");
 
-    // The 1.13 list first, then the legacy one: both UNIMPLEMENTED.
+    // Neither list is advertised any more, so neither is called.
+    let caps = client.capabilities().await.expect("caps");
+    assert!(!caps.list_volume_health && !caps.list_volumes);
+    assert!(caps.get_volume_health);
     let no_list = client.list_volume_health(0, 10).await.unwrap_err();
     assert!(
-        matches!(no_list, health_csi::CsiError::Unsupported { .. }),
+        matches!(no_list, health_csi::CsiError::NotAdvertised { .. }),
         "{no_list:?}"
     );
     assert_eq!(
@@ -139,9 +142,81 @@ async fn unimplemented_flag_leaves_only_per_volume_gets() {
     assert_eq!(entries[0].reason, "ReplicaLost");
 
     let calls: serde_json::Value = serde_json::from_str(&driver.ask("calls")).unwrap();
-    assert_eq!(calls["ControllerListVolumeHealth"], 1);
-    assert_eq!(calls["ListVolumes"], 1);
+    assert_eq!(calls["ControllerGetCapabilities"], 1);
+    assert_eq!(calls["ControllerListVolumeHealth"], 0);
+    assert_eq!(calls["ListVolumes"], 0);
     assert_eq!(calls["ControllerGetVolumeHealth"], 1);
+}
+
+/// `--controller-caps` advertises what it names, served or not: here a list
+/// the driver answers UNIMPLEMENTED, which is then an error every time.
+#[tokio::test]
+async fn capability_flags_set_what_is_advertised() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut driver = Driver::start_with(
+        dir.path(),
+        1,
+        &[
+            "--unimplemented",
+            "ControllerListVolumeHealth",
+            "--controller-caps",
+            "LIST_VOLUME_HEALTH,GET_VOLUME_HEALTH",
+            "--node-caps",
+            "",
+        ],
+    );
+    let socket = dir.path().join("csi.sock");
+    let client = ControllerClient::connect(&socket, Duration::from_secs(5))
+        .await
+        .expect("connect");
+    let caps = client.capabilities().await.expect("caps");
+    assert_eq!(
+        caps,
+        health_csi::ControllerCapabilities {
+            list_volume_health: true,
+            get_volume_health: true,
+            ..Default::default()
+        }
+    );
+    for _ in 0..2 {
+        let err = client.list_volume_health(0, 10).await.unwrap_err();
+        assert!(
+            matches!(
+                err,
+                health_csi::CsiError::Unsupported {
+                    rpc: "ControllerListVolumeHealth"
+                }
+            ),
+            "{err:?}"
+        );
+    }
+    let node = health_csi::NodeClient::connect(&socket, Duration::from_secs(5))
+        .await
+        .expect("connect");
+    assert_eq!(
+        node.capabilities().await.expect("node caps"),
+        health_csi::NodeCapabilities::default()
+    );
+
+    let calls: serde_json::Value = serde_json::from_str(&driver.ask("calls")).unwrap();
+    assert_eq!(calls["ControllerListVolumeHealth"], 2);
+    assert_eq!(calls["ListVolumes"], 0);
+}
+
+#[test]
+fn unknown_capability_names_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_csi-test-driver"))
+        .arg("--dir")
+        .arg(dir.path())
+        .args(["--node-caps", "GET_VOLUME_HEALTH,STORAGE_HEALTH"])
+        .output()
+        .expect("running csi-test-driver");
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        "--node-caps: unknown capability \"STORAGE_HEALTH\"\n"
+    );
 }
 
 #[test]

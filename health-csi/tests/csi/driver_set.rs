@@ -127,8 +127,8 @@ async fn hung_driver_does_not_hold_back_healthy_one() {
     let g2 = results[4].1.as_ref().expect("good driver answered");
     assert_eq!(g2.entries, Some(vec![]));
 
-    // A second round: the legacy driver's fallback is remembered, and
-    // capabilities stay cached.
+    // A second round: capabilities are read again (once per driver per
+    // round), and the legacy driver is asked its stats only.
     let results = set
         .probe_all(vec![
             request("legacy.csi", "l1"),
@@ -136,9 +136,63 @@ async fn hung_driver_does_not_hold_back_healthy_one() {
         ])
         .await;
     assert!(results.iter().all(|(_, r)| r.is_ok()), "{results:?}");
-    assert_eq!(legacy.calls(Rpc::NodeGetVolumeHealth), 1);
+    assert_eq!(legacy.calls(Rpc::NodeGetVolumeHealth), 0);
     assert_eq!(legacy.calls(Rpc::NodeGetVolumeStats), 3);
-    assert_eq!(legacy.calls(Rpc::NodeGetCapabilities), 1);
+    assert_eq!(legacy.calls(Rpc::NodeGetCapabilities), 3);
+    assert_eq!(good.calls(Rpc::NodeGetCapabilities), 2);
+    assert_eq!(good.calls(Rpc::NodeGetVolumeHealth), 2);
+    assert_eq!(good.calls(Rpc::NodeGetVolumeStats), 0);
+}
+
+/// A driver upgraded in place (same socket, same set) is asked the way its
+/// new capabilities say from the next round on.
+#[tokio::test]
+async fn capabilities_are_read_again_every_round() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let plugins = root.path().join("plugins");
+    let driver = start(&plugins, "up.csi", DriverMode::LegacyOnly).await;
+    driver.set_volume_health("v1", vec![]);
+    let set = DriverSet::build(
+        &[driver.socket_path().to_path_buf()],
+        &[],
+        Duration::from_secs(5),
+    )
+    .await;
+
+    let results = set.probe_all(vec![request("up.csi", "v1")]).await;
+    let report = results[0].1.as_ref().expect("legacy answer");
+    assert_eq!(report.source, HealthSource::NodeGetVolumeStats);
+
+    driver.set_mode(DriverMode::Modern);
+    let results = set.probe_all(vec![request("up.csi", "v1")]).await;
+    let report = results[0].1.as_ref().expect("1.13 answer");
+    assert_eq!(report.source, HealthSource::NodeGetVolumeHealth);
+    assert_eq!(report.entries, Some(vec![]));
+
+    // Downgraded to a driver without any health capability: not asked.
+    driver.set_mode(DriverMode::LegacyNoCondition);
+    let results = set.probe_all(vec![request("up.csi", "v1")]).await;
+    assert!(
+        matches!(results[0].1, Err(CsiError::NotAdvertised { .. })),
+        "{:?}",
+        results[0].1
+    );
+    assert_eq!(driver.calls(Rpc::NodeGetCapabilities), 4);
+    assert_eq!(driver.calls(Rpc::NodeGetVolumeStats), 1);
+    assert_eq!(driver.calls(Rpc::NodeGetVolumeHealth), 1);
+
+    // Capabilities that cannot be read again (an answer, not a transport
+    // failure): the last ones read decide.
+    driver.set_mode(DriverMode::Modern);
+    driver.set_unimplemented(Rpc::NodeGetCapabilities);
+    let results = set.probe_all(vec![request("up.csi", "v1")]).await;
+    assert!(
+        matches!(results[0].1, Err(CsiError::NotAdvertised { .. })),
+        "{:?}",
+        results[0].1
+    );
+    assert_eq!(driver.calls(Rpc::NodeGetCapabilities), 5);
+    assert_eq!(driver.calls(Rpc::NodeGetVolumeHealth), 1);
 }
 
 #[tokio::test]
@@ -249,7 +303,13 @@ async fn storage_health_is_asked_once_per_driver_and_bounded_by_the_timeout() {
             probes[0]
         );
         assert!(
-            matches!(probes[1].result, Err(CsiError::Unsupported { .. })),
+            matches!(
+                probes[1].result,
+                Err(CsiError::NotAdvertised {
+                    rpc: "NodeGetStorageHealth",
+                    ..
+                })
+            ),
             "{:?}",
             probes[1]
         );
@@ -257,5 +317,10 @@ async fn storage_health_is_asked_once_per_driver_and_bounded_by_the_timeout() {
         assert_eq!(modern.calls(Rpc::NodeGetStorageHealth), round);
         assert_eq!(hang.calls(Rpc::NodeGetStorageHealth), round);
     }
-    assert_eq!(legacy.calls(Rpc::NodeGetStorageHealth), 1);
+    // The legacy driver does not advertise GET_STORAGE_HEALTH; the cached
+    // capabilities of the build decided, without asking again.
+    assert_eq!(legacy.calls(Rpc::NodeGetStorageHealth), 0);
+    for driver in [&modern, &legacy, &hang] {
+        assert_eq!(driver.calls(Rpc::NodeGetCapabilities), 1);
+    }
 }

@@ -4,17 +4,52 @@
 use std::path::Path;
 use std::time::Duration;
 
+use health_csi::proto;
 use health_csi::raw_driver::{RawAnswers, RawDriver};
 use health_csi::{
     ControllerClient, CsiError, HealthEntry, HealthStatus, NodeClient, NodeVolumeReport,
     MAX_ENTRIES_PER_VOLUME,
 };
 use prost::encoding::{bytes as wire_bytes, int32, string};
+use prost::Message;
 
 const TIMEOUT: Duration = Duration::from_secs(10);
 const HEALTH: &str = "/csi.v1.Node/NodeGetVolumeHealth";
+const NODE_CAPABILITIES: &str = "/csi.v1.Node/NodeGetCapabilities";
 
-/// `VolumeHealth.Entry{status, reason, message}` with the reason as raw bytes.
+/// CSI v1.13.0 `VolumeHealthErrorType` numbers.
+const DEGRADED: i32 = 1;
+const INACCESSIBLE: i32 = 2;
+
+/// A NodeGetCapabilities answer advertising GET_VOLUME_HEALTH, without
+/// which the client would not ask NodeGetVolumeHealth at all.
+fn node_capabilities() -> Vec<u8> {
+    use proto::node_service_capability::{rpc::Type, Rpc, Type as Arm};
+    proto::NodeGetCapabilitiesResponse {
+        capabilities: vec![proto::NodeServiceCapability {
+            r#type: Some(Arm::Rpc(Rpc {
+                r#type: Type::GetVolumeHealth as i32,
+            })),
+        }],
+    }
+    .encode_to_vec()
+}
+
+/// A ControllerGetCapabilities answer advertising LIST_VOLUME_HEALTH.
+fn controller_capabilities() -> Vec<u8> {
+    use proto::controller_service_capability::{rpc::Type, Rpc, Type as Arm};
+    proto::ControllerGetCapabilitiesResponse {
+        capabilities: vec![proto::ControllerServiceCapability {
+            r#type: Some(Arm::Rpc(Rpc {
+                r#type: Type::ListVolumeHealth as i32,
+            })),
+        }],
+    }
+    .encode_to_vec()
+}
+
+/// `VolumeHealth.VolumeHealthEntry{status, reason, message}` with the reason
+/// as raw bytes.
 fn entry(status: i32, reason: &[u8], message: &str) -> Vec<u8> {
     let mut out = Vec::new();
     int32::encode(1, &status, &mut out);
@@ -41,7 +76,10 @@ fn health_response(health: &[u8]) -> Vec<u8> {
 }
 
 async fn ask(dir: &Path, answer: Vec<u8>) -> Result<NodeVolumeReport, CsiError> {
-    let answers = RawAnswers::from([(HEALTH.to_string(), answer)]);
+    let answers = RawAnswers::from([
+        (NODE_CAPABILITIES.to_string(), node_capabilities()),
+        (HEALTH.to_string(), answer),
+    ]);
     let driver = RawDriver::start(dir, answers).await.expect("raw driver");
     let client = NodeClient::connect(driver.socket_path(), TIMEOUT)
         .await
@@ -54,12 +92,15 @@ async fn ask(dir: &Path, answer: Vec<u8>) -> Result<NodeVolumeReport, CsiError> 
 #[tokio::test]
 async fn a_reason_that_is_not_utf8_fails_the_call_with_the_decoder_error() {
     let dir = tempfile::tempdir().unwrap();
-    let answer = health_response(&volume_health("vol-1", &[entry(1, b"Bad\xff\xfe", "m")]));
+    let answer = health_response(&volume_health(
+        "vol-1",
+        &[entry(DEGRADED, b"Bad\xff\xfe", "m")],
+    ));
     let err = ask(dir.path(), answer).await.unwrap_err();
     assert_eq!(
         err.to_string(),
         "CSI NodeGetVolumeHealth failed with Internal: failed to decode Protobuf message: \
-         Entry.reason: VolumeHealth.health_statuses: NodeGetVolumeHealthResponse.volume_health: \
+         VolumeHealthEntry.reason: VolumeHealth.health_statuses: NodeGetVolumeHealthResponse.volume_health: \
          invalid string value: data is not UTF-8 encoded"
     );
 }
@@ -67,7 +108,7 @@ async fn a_reason_that_is_not_utf8_fails_the_call_with_the_decoder_error() {
 #[tokio::test]
 async fn an_answer_about_another_volume_is_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let answer = health_response(&volume_health("vol-2", &[entry(1, b"Gone", "m")]));
+    let answer = health_response(&volume_health("vol-2", &[entry(DEGRADED, b"Gone", "m")]));
     let err = ask(dir.path(), answer).await.unwrap_err();
     assert_eq!(
         err.to_string(),
@@ -117,7 +158,7 @@ async fn a_length_that_lies_fails_the_call() {
 async fn an_answer_over_four_megabytes_is_refused_before_decoding() {
     let dir = tempfile::tempdir().unwrap();
     let huge = "x".repeat(5 << 20);
-    let answer = health_response(&volume_health("vol-1", &[entry(3, b"Big", &huge)]));
+    let answer = health_response(&volume_health("vol-1", &[entry(DEGRADED, b"Big", &huge)]));
     let size = answer.len();
     let err = ask(dir.path(), answer).await.unwrap_err();
     assert_eq!(
@@ -133,7 +174,7 @@ async fn an_answer_over_four_megabytes_is_refused_before_decoding() {
 async fn hundreds_of_thousands_of_conditions_are_cut_to_the_bound() {
     let dir = tempfile::tempdir().unwrap();
     let entries: Vec<Vec<u8>> = (0..200_000)
-        .map(|i| entry(3, format!("R{i}").as_bytes(), ""))
+        .map(|i| entry(DEGRADED, format!("R{i}").as_bytes(), ""))
         .collect();
     let answer = health_response(&volume_health("vol-1", &entries));
     assert!(answer.len() < 4 << 20, "{}", answer.len());
@@ -153,14 +194,14 @@ async fn a_controller_list_that_repeats_its_token_stops_incomplete() {
     let mut page = Vec::new();
     wire_bytes::encode(
         1,
-        &volume_health("vol-1", &[entry(1, b"Gone", "m")]),
+        &volume_health("vol-1", &[entry(INACCESSIBLE, b"Gone", "m")]),
         &mut page,
     );
     string::encode(2, &"t1".to_string(), &mut page);
     let answers = RawAnswers::from([
         (
             "/csi.v1.Controller/ControllerGetCapabilities".to_string(),
-            Vec::new(),
+            controller_capabilities(),
         ),
         (
             "/csi.v1.Controller/ControllerListVolumeHealth".to_string(),

@@ -4,8 +4,10 @@
 //! links tonic, hyper and the test driver again, which cost about a minute of
 //! build time per file on the project's 2-core machines.
 
+mod capabilities;
 mod controller;
 mod driver_process;
 mod driver_set;
 mod hostile;
 mod node;
+mod proxy;

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use health_csi::testing::{DriverMode, Rpc, TestDriver, TestDriverHandle};
 use health_csi::{
     AccessType, CsiError, HealthEntry, HealthSource, HealthStatus, NodeClient, NodeVolumeReport,
-    RpcSupport, StorageHealthEntry, StorageHealthStatus, Usage, UsageNumbers,
+    StorageHealthEntry, StorageHealthStatus, Usage, UsageNumbers,
 };
 
 const TIMEOUT: Duration = Duration::from_secs(10);
@@ -72,13 +72,14 @@ async fn modern_driver_reports_1_13_health() {
             usage: None,
         }
     );
-    assert_eq!(client.volume_health_support(), RpcSupport::Supported);
 
     driver.set_volume_health("vol-1", vec![]);
     let report = health(&client, "vol-1").await.expect("health");
     assert_eq!(report.entries, Some(vec![]));
     assert_eq!(report.is_healthy(), Some(true));
 
+    // Capabilities asked once, on the first health call, then cached.
+    assert_eq!(driver.calls(Rpc::NodeGetCapabilities), 1);
     assert_eq!(driver.calls(Rpc::NodeGetVolumeHealth), 2);
     assert_eq!(driver.calls(Rpc::NodeGetVolumeStats), 0);
     let seen = driver.last_node_request().expect("request seen");
@@ -89,11 +90,10 @@ async fn modern_driver_reports_1_13_health() {
 }
 
 #[tokio::test]
-async fn legacy_driver_falls_back_once_and_remembers() {
+async fn legacy_driver_is_asked_its_volume_stats_only() {
     let dir = tempfile::tempdir().expect("tempdir");
     let driver = driver(dir.path(), DriverMode::LegacyOnly).await;
     let client = client(&driver).await;
-    assert_eq!(client.volume_health_support(), RpcSupport::Unknown);
 
     let report = health(&client, "vol-1").await.expect("health");
     assert_eq!(
@@ -104,21 +104,16 @@ async fn legacy_driver_falls_back_once_and_remembers() {
             usage: Some(usage()),
         }
     );
-    assert_eq!(client.volume_health_support(), RpcSupport::Unsupported);
-    assert_eq!(driver.calls(Rpc::NodeGetVolumeHealth), 1);
-    assert_eq!(driver.calls(Rpc::NodeGetVolumeStats), 1);
-
     for _ in 0..3 {
         health(&client, "vol-1").await.expect("health");
     }
-    // The UNIMPLEMENTED was remembered: no second NodeGetVolumeHealth.
-    assert_eq!(driver.calls(Rpc::NodeGetVolumeHealth), 1);
-    assert_eq!(driver.calls(Rpc::NodeGetVolumeStats), 4);
-
-    // Clones share what was learnt.
+    // Clones share the cached capabilities.
     let clone = client.clone();
     health(&clone, "vol-1").await.expect("health");
-    assert_eq!(driver.calls(Rpc::NodeGetVolumeHealth), 1);
+    assert_eq!(driver.calls(Rpc::NodeGetCapabilities), 1);
+    assert_eq!(driver.calls(Rpc::NodeGetVolumeStats), 5);
+    // Not advertised, so never tried.
+    assert_eq!(driver.calls(Rpc::NodeGetVolumeHealth), 0);
 
     let seen = driver.last_node_request().expect("request seen");
     assert_eq!(seen.rpc, Rpc::NodeGetVolumeStats);
@@ -154,7 +149,7 @@ async fn legacy_abnormal_condition_is_degraded_volume_condition_abnormal() {
 }
 
 #[tokio::test]
-async fn legacy_without_condition_is_no_health_information() {
+async fn legacy_without_condition_is_not_asked_about_health() {
     let dir = tempfile::tempdir().expect("tempdir");
     let driver = driver(dir.path(), DriverMode::LegacyNoCondition).await;
     let client = client(&driver).await;
@@ -165,9 +160,33 @@ async fn legacy_without_condition_is_no_health_information() {
 
     let caps = client.capabilities().await.expect("capabilities");
     assert!(caps.get_volume_stats);
-    assert!(!caps.volume_condition);
+    assert!(!caps.volume_condition && !caps.get_volume_health);
+    assert_eq!(caps.volume_health_rpc(), None);
 
-    let report = health(&client, "vol-1").await.expect("health");
+    let err = health(&client, "vol-1").await.expect_err("not asked");
+    assert!(
+        matches!(
+            err,
+            CsiError::NotAdvertised {
+                rpc: "NodeGetVolumeHealth",
+                needs: "GET_VOLUME_HEALTH, or VOLUME_CONDITION with GET_VOLUME_STATS",
+            }
+        ),
+        "{err:?}"
+    );
+    assert_eq!(
+        err.to_string(),
+        "CSI driver does not advertise GET_VOLUME_HEALTH, or VOLUME_CONDITION with \
+         GET_VOLUME_STATS: NodeGetVolumeHealth not called"
+    );
+    assert_eq!(driver.calls(Rpc::NodeGetVolumeStats), 0);
+    assert_eq!(driver.calls(Rpc::NodeGetVolumeHealth), 0);
+
+    // Asked for its stats directly, it has usage and no health information.
+    let report = client
+        .volume_stats("vol-1", Path::new(PUBLISH), Some(Path::new(STAGING)))
+        .await
+        .expect("stats");
     assert_eq!(
         report,
         NodeVolumeReport {
@@ -181,25 +200,28 @@ async fn legacy_without_condition_is_no_health_information() {
 }
 
 #[tokio::test]
-async fn unimplemented_driver_is_unsupported() {
+async fn unimplemented_driver_is_never_asked_about_volumes() {
     let dir = tempfile::tempdir().expect("tempdir");
     let driver = driver(dir.path(), DriverMode::Unimplemented).await;
     let client = client(&driver).await;
 
-    let err = health(&client, "vol-1").await.expect_err("must fail");
-    assert!(
-        matches!(
-            err,
-            CsiError::Unsupported {
-                rpc: "NodeGetVolumeStats"
-            }
-        ),
-        "{err:?}"
-    );
-    let err = health(&client, "vol-1").await.expect_err("must fail");
-    assert!(matches!(err, CsiError::Unsupported { .. }), "{err:?}");
-    assert_eq!(driver.calls(Rpc::NodeGetVolumeHealth), 1);
-    assert_eq!(driver.calls(Rpc::NodeGetVolumeStats), 2);
+    // Without capabilities there is no knowing what to ask: each call asks
+    // for them again and fails with their UNIMPLEMENTED.
+    for _ in 0..2 {
+        let err = health(&client, "vol-1").await.expect_err("must fail");
+        assert!(
+            matches!(
+                err,
+                CsiError::Unsupported {
+                    rpc: "NodeGetCapabilities"
+                }
+            ),
+            "{err:?}"
+        );
+    }
+    assert_eq!(driver.calls(Rpc::NodeGetCapabilities), 2);
+    assert_eq!(driver.calls(Rpc::NodeGetVolumeHealth), 0);
+    assert_eq!(driver.calls(Rpc::NodeGetVolumeStats), 0);
 
     let err = client.plugin_info().await.expect_err("must fail");
     assert!(
@@ -207,16 +229,6 @@ async fn unimplemented_driver_is_unsupported() {
             err,
             CsiError::Unsupported {
                 rpc: "GetPluginInfo"
-            }
-        ),
-        "{err:?}"
-    );
-    let err = client.capabilities().await.expect_err("must fail");
-    assert!(
-        matches!(
-            err,
-            CsiError::Unsupported {
-                rpc: "NodeGetCapabilities"
             }
         ),
         "{err:?}"
@@ -246,8 +258,8 @@ async fn hung_driver_times_out_within_bound() {
     );
     // Generous: only proves the bound holds, not how fast it is.
     assert!(started.elapsed() < Duration::from_secs(30));
-    // A timeout says nothing about support: no fallback was learnt.
-    assert_eq!(client.volume_health_support(), RpcSupport::Unknown);
+    // A timeout is no reason to try the legacy RPC.
+    assert_eq!(driver.calls(Rpc::NodeGetVolumeHealth), 1);
     assert_eq!(driver.calls(Rpc::NodeGetVolumeStats), 0);
     // Identity still answers on the same connection.
     assert_eq!(
@@ -308,6 +320,7 @@ async fn driver_gone_after_connect_is_connect_error() {
     let client = client(&driver).await;
     driver.shutdown().await;
 
+    // Its capabilities were never read, and asking for them fails.
     let err = health(&client, "vol-1").await.expect_err("must fail");
     assert!(
         matches!(&err, CsiError::Connect { socket: s, .. } if s == &socket),
@@ -320,6 +333,7 @@ async fn driver_gone_after_connect_is_connect_error() {
         .await
         .expect("health after restart");
     assert_eq!(report.entries, Some(vec![]));
+    assert_eq!(driver.calls(Rpc::NodeGetCapabilities), 1);
     assert_eq!(driver.calls(Rpc::NodeGetVolumeHealth), 1);
 }
 
@@ -339,8 +353,16 @@ async fn identity_and_info() {
         "test-node"
     );
     let caps = client.capabilities().await.expect("caps");
-    assert!(caps.get_volume_stats && caps.volume_condition && caps.stage_unstage_volume);
-    assert!(caps.other.is_empty());
+    assert_eq!(
+        caps,
+        health_csi::NodeCapabilities {
+            stage_unstage_volume: true,
+            get_volume_stats: true,
+            get_volume_health: true,
+            get_storage_health: true,
+            ..Default::default()
+        }
+    );
     assert_eq!(client.cached_capabilities(), Some(caps));
     assert_eq!(client.storage_health().await.expect("storage"), vec![]);
 }
@@ -350,9 +372,7 @@ async fn storage_health_round_trips_what_the_driver_was_given() {
     let dir = tempfile::tempdir().expect("tempdir");
     let driver = driver(dir.path(), DriverMode::Modern).await;
     let client = client(&driver).await;
-    assert_eq!(client.storage_health_support(), RpcSupport::Unknown);
     assert_eq!(client.storage_health().await.expect("storage"), vec![]);
-    assert_eq!(client.storage_health_support(), RpcSupport::Supported);
 
     let backends = vec![
         StorageHealthEntry::new(
@@ -374,37 +394,35 @@ async fn storage_health_round_trips_what_the_driver_was_given() {
     driver.set_storage_health(vec![]);
     assert_eq!(client.storage_health().await.expect("storage"), vec![]);
     assert_eq!(driver.calls(Rpc::NodeGetStorageHealth), 3);
+    assert_eq!(driver.calls(Rpc::NodeGetCapabilities), 1);
     // The volume RPCs were not involved.
     assert_eq!(driver.calls(Rpc::NodeGetVolumeHealth), 0);
 }
 
 #[tokio::test]
-async fn storage_health_unimplemented_is_learnt_once_and_not_asked_again() {
+async fn storage_health_is_not_asked_without_its_capability() {
     let dir = tempfile::tempdir().expect("tempdir");
     let driver = driver(dir.path(), DriverMode::LegacyOnly).await;
     let client = client(&driver).await;
     for _ in 0..3 {
-        let err = client.storage_health().await.expect_err("unsupported");
+        let err = client.storage_health().await.expect_err("not advertised");
         assert!(
             matches!(
                 err,
-                CsiError::Unsupported {
-                    rpc: "NodeGetStorageHealth"
+                CsiError::NotAdvertised {
+                    rpc: "NodeGetStorageHealth",
+                    needs: "GET_STORAGE_HEALTH",
                 }
             ),
             "{err:?}"
         );
     }
-    assert_eq!(client.storage_health_support(), RpcSupport::Unsupported);
-    assert_eq!(driver.calls(Rpc::NodeGetStorageHealth), 1);
-    // A clone shares what was learnt.
-    let clone = client.clone();
-    assert!(clone.storage_health().await.is_err());
-    assert_eq!(driver.calls(Rpc::NodeGetStorageHealth), 1);
+    assert_eq!(driver.calls(Rpc::NodeGetCapabilities), 1);
+    assert_eq!(driver.calls(Rpc::NodeGetStorageHealth), 0);
 }
 
 #[tokio::test]
-async fn storage_health_timeout_says_nothing_about_support() {
+async fn storage_health_timeout_is_asked_again() {
     let dir = tempfile::tempdir().expect("tempdir");
     let driver = driver(dir.path(), DriverMode::Hang).await;
     let client = NodeClient::connect(driver.socket_path(), Duration::from_millis(300))
@@ -421,8 +439,7 @@ async fn storage_health_timeout_says_nothing_about_support() {
         ),
         "{err:?}"
     );
-    assert_eq!(client.storage_health_support(), RpcSupport::Unknown);
-    // Asked again next time: a timeout is not UNIMPLEMENTED.
+    // Asked again next time.
     driver.set_mode(DriverMode::Modern);
     assert_eq!(client.storage_health().await.expect("storage"), vec![]);
     assert_eq!(driver.calls(Rpc::NodeGetStorageHealth), 2);

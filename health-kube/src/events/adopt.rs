@@ -7,6 +7,8 @@
 //!   on, its `count` going on from what it says;
 //! - the newest Normal per (object, reason) takes later recoveries, as it
 //!   would have without the restart;
+//! - an Event another instance wrote (a former leader of the controller)
+//!   names this one as its `reportingInstance` from its next write on;
 //! - an open episode no pod volume claims again (the condition did not come
 //!   back after the restart) is cleared once the quiet window after its
 //!   last report has passed, so a recovery during or after a restart is
@@ -36,6 +38,8 @@ struct Recovered {
     first: SystemTime,
     last: SystemTime,
     message: String,
+    /// Its `reportingInstance` (or `source.host`).
+    instance: String,
 }
 
 impl Recovered {
@@ -120,6 +124,7 @@ impl Recorder {
     }
 
     fn adopt_warning(&mut self, r: &Recovered, now: SystemTime, at: Instant) -> bool {
+        let foreign = r.instance != self.config.host;
         let carried = Carried {
             count: r.count,
             last: r.last,
@@ -138,6 +143,7 @@ impl Recorder {
             s.first = r.first;
             s.carried = Some(carried);
             s.written = Some(r.snapshot());
+            s.foreign_instance = foreign;
             refresh(s);
             return true;
         }
@@ -164,11 +170,13 @@ impl Recorder {
         s.last = r.last;
         s.carried = Some(carried);
         s.written = Some(r.snapshot());
+        s.foreign_instance = foreign;
         s.unclaimed_until = Some((at + clear_in, clear_at));
         true
     }
 
     fn adopt_normal(&mut self, r: &Recovered, at: Instant) -> bool {
+        let foreign = r.instance != self.config.host;
         let key = (r.object.clone(), r.reason.clone());
         let id = match self.normal.get(&key) {
             Some(&id) => id,
@@ -201,6 +209,7 @@ impl Recorder {
         s.name = r.name.clone();
         s.first = r.first;
         s.written = Some(r.snapshot());
+        s.foreign_instance = foreign;
         // Let go of it after NORMAL_IDLE from now, like one written now.
         s.last_write = Some(at);
         true
@@ -340,6 +349,7 @@ fn recovered(config: &RecorderConfig, e: &Event) -> Option<Recovered> {
     {
         return None;
     }
+    let instance = host.unwrap_or_default().to_string();
     let o = &e.involved_object;
     let kind = match o.kind.as_deref()? {
         "Pod" => ObjectKind::Pod,
@@ -371,6 +381,7 @@ fn recovered(config: &RecorderConfig, e: &Event) -> Option<Recovered> {
         first: SystemTime::from(first),
         last: SystemTime::from(last),
         message,
+        instance,
     })
 }
 

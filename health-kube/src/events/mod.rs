@@ -31,6 +31,10 @@
 //!   Warning object.
 //! - A pod volume that disappears (pod deleted) leaves its series without a
 //!   recovery event: that is not a recovery.
+//! - Where the writer also keeps the claims' `VolumeHealth` (the controller),
+//!   a recovery on a PVC waits until the object no longer asserts the
+//!   condition (`hold`): whoever reads the `...Cleared` Event finds the
+//!   object and the label already saying so.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::Duration;
@@ -41,12 +45,14 @@ use tokio::time::Instant;
 mod adopt;
 mod args;
 mod budget;
+mod hold;
 mod message;
 mod series;
 mod writes;
 
 pub use adopt::{Adopted, Unclaimed};
 pub use args::EventArgs;
+pub use hold::StatusFollower;
 use series::Series;
 pub use writes::{Next, Outcome, Write};
 
@@ -194,6 +200,9 @@ pub struct Recorder {
     /// Makes names unique when two series start in the same nanosecond.
     name_seq: u64,
     stats: RecorderStats,
+    /// How long a recovery on a PVC waits at most for the claim's
+    /// `VolumeHealth` (`None`: it does not wait; see `hold`).
+    status_hold: Option<Duration>,
 }
 
 impl Recorder {
@@ -208,6 +217,7 @@ impl Recorder {
             next_id: 1,
             name_seq: 0,
             stats: RecorderStats::default(),
+            status_hold: None,
         }
     }
 

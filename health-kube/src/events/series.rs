@@ -9,6 +9,7 @@ use health_core::conditions::{Change, Condition, Status};
 use health_core::volume::VolumeKey;
 use tokio::time::Instant;
 
+use super::hold::Awaiting;
 use super::message::{clip, pods_phrase, strip_subject, subject as phrase_of};
 use super::{ContributorKey, EventType, ObjectKind, ObjectRef, Recorder, SeriesId, Targets};
 
@@ -72,6 +73,11 @@ pub(super) struct Series {
     /// claimed yet: cleared at this instant (and this wall time) unless one
     /// does.
     pub(super) unclaimed_until: Option<(Instant, SystemTime)>,
+    /// An Event continued from another instance (a former leader) whose
+    /// `reportingInstance` the next write makes this one's.
+    pub(super) foreign_instance: bool,
+    /// A recovery waiting for the claim's `VolumeHealth` (see `hold`).
+    pub(super) awaiting_status: Option<Awaiting>,
 }
 
 /// What an earlier agent process wrote to a continued Event.
@@ -305,11 +311,15 @@ impl Recorder {
                 id
             }
         };
+        let waits = self.status_hold.is_some() && object.kind == ObjectKind::PersistentVolumeClaim;
         let Some(s) = self.series.get_mut(&id) else {
             return;
         };
         s.count += 1;
         s.last = s.last.max(now);
+        if waits {
+            s.awaiting_status.get_or_insert(Awaiting { since: None });
+        }
         s.message = clip(format!(
             "{subject}: {status} {cleared} cleared; it was: {}",
             strip_subject(was)
@@ -357,6 +367,8 @@ impl Recorder {
                 in_flight: false,
                 carried: None,
                 unclaimed_until: None,
+                foreign_instance: false,
+                awaiting_status: None,
             },
         );
         Some(id)
@@ -413,10 +425,12 @@ pub(super) fn refresh(s: &mut Series) {
     };
     // After a restart the episode's count goes on from what the earlier
     // process wrote. A condition raised before that Event's last write
-    // (kernel counts adopted from pinned maps) already includes those
-    // errors; one raised since counts only the new ones.
+    // (kernel counts adopted from pinned maps), or no later than the Event
+    // began (the controller seeds its state at the Event's start), is the
+    // episode the Event tells and already has its count; one raised since
+    // counts only the new ones.
     let (count, before_restart) = match &s.carried {
-        Some(c) if top.since < c.last => (top.count.max(c.count), None),
+        Some(c) if top.since < c.last || top.since <= s.first => (top.count.max(c.count), None),
         Some(c) => (c.count + top.count, Some(c.count)),
         None => (top.count, None),
     };

@@ -19,7 +19,9 @@ pub enum Write {
         series: SeriesId,
         event: Box<Event>,
     },
-    /// A JSON merge patch of `count`, `lastTimestamp` and `message`.
+    /// A JSON merge patch of `count`, `lastTimestamp` and `message` (and of
+    /// `reportingInstance` and `source.host` when the Event was another
+    /// instance's).
     Patch {
         series: SeriesId,
         namespace: String,
@@ -83,6 +85,10 @@ impl Recorder {
     pub fn next_write(&mut self, now: Instant) -> Next {
         self.expire_normal(now);
         let mut wake: Option<Instant> = self.expire_unclaimed(now);
+        let (waiting, waits_until) = self.waiting_for_status(now);
+        if let Some(at) = waits_until {
+            wake = earliest(wake, at);
+        }
         let mut blocked: Vec<ObjectRef> = Vec::new();
         let mut found: Option<SeriesId> = None;
         let cap = self.config.writes_per_object_per_minute.max(1) as usize;
@@ -101,6 +107,14 @@ impl Recorder {
                 || s.count == 0
                 || blocked.contains(&s.object)
                 || busy.contains(&&s.object)
+            {
+                continue;
+            }
+            // A recovery waiting for its claim's VolumeHealth, and what came
+            // after it on the same object, keep their order behind it.
+            if waiting
+                .iter()
+                .any(|(o, first)| *o == s.object && id >= first)
             {
                 continue;
             }
@@ -142,18 +156,26 @@ impl Recorder {
                 series: id,
                 event: Box::new(event_object(&self.config, s)),
             },
-            Some(_) => Write::Patch {
-                series: id,
-                namespace: s.object.namespace.clone(),
-                name: s.name.clone(),
-                type_: s.type_,
-                reason: s.reason.clone(),
-                patch: serde_json::json!({
+            Some(_) => {
+                let mut patch = serde_json::json!({
                     "count": event_count(s.count),
                     "lastTimestamp": time(s.last),
                     "message": s.message,
-                }),
-            },
+                });
+                if s.foreign_instance {
+                    // Continued from a former leader: who reports it now.
+                    patch["reportingInstance"] = serde_json::json!(self.config.host);
+                    patch["source"] = serde_json::json!({ "host": self.config.host });
+                }
+                Write::Patch {
+                    series: id,
+                    namespace: s.object.namespace.clone(),
+                    name: s.name.clone(),
+                    type_: s.type_,
+                    reason: s.reason.clone(),
+                    patch,
+                }
+            }
         };
         Next::Write(write)
     }
@@ -196,6 +218,7 @@ impl Recorder {
             Outcome::Done => {
                 s.written = sent;
                 s.last_write = Some(now);
+                s.foreign_instance = false;
                 let object = s.object.clone();
                 self.writes
                     .entry(object.clone())

@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 
 use health_core::conditions::Status;
 
-use super::types::{bounded, Condition, SourceEntry, HEALTHY, MAX_MESSAGE};
+use super::types::{bounded, parse_time, Condition, SourceEntry, HEALTHY, MAX_MESSAGE};
 
 /// `status.health`, `.reason`, `.since`, `.nodes`: what `kubectl get` shows.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -24,8 +24,10 @@ const MAX_NODES_TEXT: usize = 1024;
 /// Conditions for `sources`, given the object's `previous` conditions:
 /// one per status ever asserted, True while some entry asserts it (its
 /// `lastTransitionTime` kept while it stays True), False with reason
-/// `<Reason>Cleared` once none does. `now` is used only for transitions,
-/// so the same input gives the same output and no write.
+/// `<Reason>Cleared` once none does. A condition becoming True takes the
+/// time its speaking assertion began ([`became_true`]), so that it says
+/// what the Event of that episode says; `now` is used for the other
+/// transitions only, so the same input gives the same output and no write.
 pub fn conditions(
     sources: &[SourceEntry],
     previous: &[Condition],
@@ -56,7 +58,7 @@ pub fn conditions(
                 }
                 let since = match before {
                     Some(b) if b.is_true() => b.last_transition_time.clone(),
-                    _ => now.to_string(),
+                    _ => became_true(&c.since, before, now),
                 };
                 Condition {
                     type_: status,
@@ -87,6 +89,22 @@ pub fn conditions(
         out.push(condition);
     }
     out
+}
+
+/// When a condition not True before became True: when the assertion that
+/// speaks for it began (a writer that restarted, or wrote its entry late,
+/// still tells the episode's start), unless that is before the condition
+/// last changed (an earlier episode's clearing) or after `now` (another
+/// node's clock), when it is `now`.
+fn became_true(began: &str, before: Option<&Condition>, now: &str) -> String {
+    let (Some(began_at), Some(now_at)) = (parse_time(began), parse_time(now)) else {
+        return now.to_string();
+    };
+    let changed_at = before.and_then(|b| parse_time(&b.last_transition_time));
+    if began_at > now_at || changed_at.is_some_and(|c| began_at < c) {
+        return now.to_string();
+    }
+    began.to_string()
 }
 
 /// The summary of `conditions` (from [`conditions`]) and `sources`.
@@ -184,7 +202,9 @@ mod tests {
             c[1].message,
             "Node/node-b: WritebackErrors seen (also asserted by Node/node-a)"
         );
-        assert_eq!(c[1].last_transition_time, T2);
+        // Each became True when the assertion speaking for it began.
+        assert_eq!(c[0].last_transition_time, T1);
+        assert_eq!(c[1].last_transition_time, T0);
         assert_eq!(c[1].observed_generation, Some(1));
         let s = summary(&[a, b], &c);
         assert_eq!(
@@ -192,10 +212,46 @@ mod tests {
             Summary {
                 health: "Inaccessible".into(),
                 reason: "PathHung".into(),
-                since: Some(T2.into()),
+                since: Some(T1.into()),
                 nodes: "node-a,node-b".into()
             }
         );
+    }
+
+    #[test]
+    fn becoming_true_takes_the_episode_start_never_before_the_last_change_nor_after_now() {
+        const T3: &str = "2026-11-24T10:03:00Z";
+        let raised = |since: &str| {
+            entry(
+                EntryKind::Node,
+                Some("node-a"),
+                &[(Status::Degraded, "BlockIOErrors", since)],
+            )
+        };
+        // Written late (a restart, a slow writer): the episode began at T0.
+        let first = conditions(&[raised(T0)], &[], None, T2);
+        assert_eq!(first[0].last_transition_time, T0);
+        // Cleared at T2; a new episode that began at T3 is True since T3.
+        let healthy = entry(EntryKind::Node, Some("node-a"), &[]);
+        let cleared = conditions(std::slice::from_ref(&healthy), &first, None, T2);
+        assert_eq!(
+            (
+                cleared[0].status.as_str(),
+                cleared[0].last_transition_time.as_str()
+            ),
+            ("False", T2)
+        );
+        let again = conditions(&[raised(T3)], &cleared, None, T3);
+        assert_eq!(again[0].last_transition_time, T3);
+        // An assertion older than that clearing, or from a clock ahead of
+        // this one, makes it True now.
+        let stale = conditions(&[raised(T1)], &cleared, None, T3);
+        assert_eq!(stale[0].last_transition_time, T3);
+        let ahead = conditions(&[raised(T3)], &[], None, T2);
+        assert_eq!(ahead[0].last_transition_time, T2);
+        // A since that is no time at all (outside input): now.
+        let garbled = conditions(&[raised("yesterday")], &[], None, T2);
+        assert_eq!(garbled[0].last_transition_time, T2);
     }
 
     #[test]

@@ -113,6 +113,14 @@ impl StatusApi {
         &self.owned
     }
 
+    /// Tells the observer how a write of `entries` on `claim` ended
+    /// (`None`: refused).
+    pub fn report(&self, claim: &Claim, entries: Option<&[SourceEntry]>) {
+        if let Some(o) = &self.observer {
+            o.volume_health_written(claim, entries);
+        }
+    }
+
     /// Makes `entries` this writer's whole part of the claim's object (an
     /// entry it wrote before and that is not in `entries` is removed).
     pub async fn put(

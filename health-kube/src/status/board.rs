@@ -3,6 +3,12 @@
 //! is due. Write on change only: a new or cleared `(status, reason)` goes
 //! out at once, a new count or message at most every update interval, an
 //! unchanged assertion never. The lock is held for bookkeeping only.
+//!
+//! After a restart the writer's entries are taken over from the listed
+//! objects ([`Board::adopt`]): a claim is left as it is until the writer
+//! speaks of it, a condition it asserts again continues its episode, and
+//! the start-up grace keeps only what the new process has not asserted
+//! yet: once it has asserted a condition, it acts on its own evidence.
 
 use std::collections::BTreeMap;
 use std::sync::{Mutex, MutexGuard};
@@ -18,10 +24,12 @@ use crate::backoff::Backoff;
 /// After a refusal no retry would change (RBAC, schema): try again this
 /// much later, the error logged once per claim.
 const REFUSED_RETRY: Duration = Duration::from_secs(300);
-/// How long a condition taken over from before a restart is kept when the
-/// new process does not assert it, unless it is a kernel condition (kept
+/// How long a condition taken over from before a restart is kept while the
+/// new process has not asserted it, unless it is a kernel condition (kept
 /// until the quiet window after it was last seen): long enough for the
-/// checks and the CSI probes to have run once.
+/// checks and the CSI probes to have run once. A condition the new process
+/// asserted once is its own from then on, and goes as soon as it stops
+/// asserting it.
 pub const STARTUP_GRACE: Duration = Duration::from_secs(60);
 
 type Key = (String, String);
@@ -31,16 +39,37 @@ struct ClaimState {
     claim: Claim,
     /// The entries as they should be, `None` when no pod here uses the claim.
     desired: Option<Vec<SourceEntry>>,
+    /// Whether the caller said anything about the claim (set or released)
+    /// since this process started: a claim only listed is left as it is.
+    stated: bool,
     /// As the server has them from this writer (listed at start, or written).
     written: Vec<SourceEntry>,
-    /// Conditions taken over from before a restart, and until when they are
-    /// kept unless the new process asserts them.
-    carried: Vec<(String, EntryCondition, SystemTime)>,
+    /// Conditions taken over from before a restart.
+    carried: Vec<Carried>,
     last_write: Option<Instant>,
     retry_at: Option<Instant>,
     backoff: Backoff,
     /// When a change of `(status, reason)` not yet written was first seen.
     major_since: Option<Instant>,
+}
+
+/// A condition taken over from before a restart.
+#[derive(Debug)]
+struct Carried {
+    /// The entry that asserted it.
+    entry: String,
+    condition: EntryCondition,
+    /// Kept until then while the new process has not asserted it.
+    until: SystemTime,
+    /// The new process asserted it: it is the new process's evidence from
+    /// then on, no longer the earlier one's.
+    reasserted: bool,
+}
+
+impl Carried {
+    fn asserted_in(&self, desired: &Option<Vec<SourceEntry>>) -> bool {
+        asserted(desired, &self.entry, &self.condition)
+    }
 }
 
 pub enum Next {
@@ -104,6 +133,7 @@ impl Board {
         let s = self.states.entry(key).or_insert_with(|| ClaimState {
             claim: claim.clone(),
             desired: None,
+            stated: false,
             written: Vec::new(),
             carried: Vec::new(),
             last_write: None,
@@ -118,7 +148,14 @@ impl Board {
     /// What this writer asserts on `claim` now (entries sorted by name).
     pub fn set(&mut self, claim: &Claim, mut entries: Vec<SourceEntry>) {
         entries.sort_by(|a, b| a.name.cmp(&b.name));
-        self.state(claim).desired = Some(entries);
+        let s = self.state(claim);
+        s.desired = Some(entries);
+        s.stated = true;
+        // Marked here rather than when the next write is chosen: a condition
+        // asserted and cleared again between two writes was still seen.
+        for c in &mut s.carried {
+            c.reasserted |= c.asserted_in(&s.desired);
+        }
     }
 
     /// No pod here uses `claim` any more: its entries go (not a recovery).
@@ -128,6 +165,7 @@ impl Board {
             .get_mut(&(namespace.to_string(), name.to_string()))
         {
             s.desired = None;
+            s.stated = true;
             s.carried.clear();
         }
     }
@@ -145,7 +183,11 @@ impl Board {
         }
     }
 
-    /// Takes over this writer's entries from before a restart.
+    /// Takes over this writer's entries from before a restart. Nothing is
+    /// written for a claim taken over until the caller says what it asserts
+    /// there ([`Board::set`]) or that it no longer uses it
+    /// ([`Board::release`], [`Board::release_others`]): until then the
+    /// object stays as the earlier process left it.
     pub fn adopt(
         &mut self,
         objects: &[VolumeHealth],
@@ -179,23 +221,30 @@ impl Board {
             };
             let quiet = self.quiet_window;
             let s = self.state(&claim);
-            s.carried = mine
+            let carried: Vec<Carried> = mine
                 .iter()
                 .flat_map(|e| {
                     e.conditions
                         .iter()
                         .map(move |c| (e.name.clone(), c.clone()))
                 })
-                .map(|(name, c)| {
-                    let until = if c.origin == "kernel" {
-                        let seen = c.last_seen.as_deref().unwrap_or(&c.since);
+                .map(|(entry, condition)| {
+                    let until = if condition.origin == "kernel" {
+                        let seen = condition.last_seen.as_deref().unwrap_or(&condition.since);
                         parse_time(seen).unwrap_or(started) + quiet
                     } else {
                         started + STARTUP_GRACE
                     };
-                    (name, c, until)
+                    Carried {
+                        // The caller may have spoken before the list came back.
+                        reasserted: asserted(&s.desired, &entry, &condition),
+                        entry,
+                        condition,
+                        until,
+                    }
                 })
                 .collect();
+            s.carried = carried;
             s.written = mine;
             adopted += 1;
         }
@@ -207,14 +256,15 @@ impl Board {
         let mut wake: Option<Instant> = None;
         let mut soonest = |at: Instant| wake = Some(wake.map_or(at, |w: Instant| w.min(at)));
         for s in self.states.values_mut() {
-            if s.desired.is_none() && !self.ready {
+            if !s.stated || (s.desired.is_none() && !self.ready) {
                 continue;
             }
-            // A condition the new process asserts again keeps what it
-            // carries (the episode's count) for as long as it does.
+            // A condition the new process asserts keeps what it carries (the
+            // episode's count and start) for as long as it does; one it
+            // asserted and no longer does is over, whatever the grace says.
             let desired = &s.desired;
             s.carried
-                .retain(|(name, c, until)| *until > wall || asserted(desired, name, c));
+                .retain(|c| c.asserted_in(desired) || (!c.reasserted && c.until > wall));
             let effective = effective(s);
             if effective.len() == s.written.len()
                 && effective
@@ -223,7 +273,8 @@ impl Board {
                     .all(|(a, b)| a.same_assertions(b))
             {
                 s.major_since = None;
-                if let Some(until) = s.carried.iter().map(|c| c.2).filter(|u| *u > wall).min() {
+                let waiting = s.carried.iter().filter(|c| !c.reasserted);
+                if let Some(until) = waiting.map(|c| c.until).filter(|u| *u > wall).min() {
                     let left = until.duration_since(wall).unwrap_or_default();
                     soonest(now + left);
                 }
@@ -305,7 +356,12 @@ fn effective(s: &ClaimState) -> Vec<SourceEntry> {
             out.push(kept);
         }
     }
-    for (name, c, _) in &s.carried {
+    for Carried {
+        entry: name,
+        condition: c,
+        ..
+    } in &s.carried
+    {
         let Some(e) = out.iter_mut().find(|e| &e.name == name) else {
             continue;
         };

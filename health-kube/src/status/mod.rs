@@ -180,6 +180,7 @@ pub async fn run(api: StatusApi, board: Arc<SharedBoard>, client: kube::Client) 
                 let done = match api.put(&claim, &entries, SystemTime::now()).await {
                     Ok(put) => {
                         tracing::debug!(claim = %format!("{}/{}", claim.namespace, claim.name), ?put, "VolumeHealth");
+                        api.report(&claim, Some(&entries));
                         Done::Written
                     }
                     Err(e) if e.retryable() => {
@@ -190,6 +191,7 @@ pub async fn run(api: StatusApi, board: Arc<SharedBoard>, client: kube::Client) 
                         tracing::error!(
                             "VolumeHealth write refused (check the RBAC and the CRD): {e}"
                         );
+                        api.report(&claim, None);
                         Done::Refused
                     }
                 };

@@ -8,6 +8,11 @@
 //! [`crate::volumes::VolumeMonitor`], whose condition changes go to the
 //! event recorder (`health_kube::events`), which aggregates them per
 //! (object, reason) and writes core/v1 Events within a per-object budget.
+//! A recovery Event on a PVC is written once this node's `VolumeHealth`
+//! entries on the claim (and so the label) no longer assert the condition,
+//! as the controller's are: the Events, the object and the label tell one
+//! story, across a restart too. Pods have no such object: their Events do
+//! not wait.
 
 /// Everything the agent asks of the API server, cluster-wide:
 /// - pods: a reflector over this node's pods (`fieldSelector=spec.nodeName=NODE`);
@@ -78,6 +83,9 @@ pub struct RunOptions {
     pub kubeconfig: Option<PathBuf>,
     pub metrics_addr: SocketAddr,
     pub events: events::RecorderConfig,
+    /// Where the agent answers `health-agent csi-proxy` with its conditions
+    /// per volume (`crate::evidence_socket`); `None`: not served.
+    pub volume_health_socket: Option<PathBuf>,
 }
 
 /// How long the agent may go without a loop iteration before `/healthz`
@@ -85,6 +93,11 @@ pub struct RunOptions {
 const STALE_AFTER: Duration = Duration::from_secs(30);
 /// On shutdown, Events still unwritten get this long.
 const FINAL_FLUSH: Duration = Duration::from_secs(3);
+/// How long a recovery Event on a PVC waits at most for this node's
+/// `VolumeHealth` entries and the label (a write takes a few requests;
+/// this is for a status writer that keeps failing: the Event then goes out
+/// anyway). The controller's value, for the same reason.
+const RECOVERY_WAITS_FOR_STATUS: Duration = Duration::from_secs(10);
 
 /// `health-agent run`: the DaemonSet agent.
 pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
@@ -99,6 +112,14 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
     let metrics = Arc::new(Metrics::new());
     let health = Health::new(STALE_AFTER);
     let listener = http::bind(opts.metrics_addr).await?;
+    let served = match &opts.volume_health_socket {
+        Some(path) => Some(
+            crate::evidence_socket::serve(path)
+                .await
+                .context("serving the conditions socket (--volume-health-socket)")?,
+        ),
+        None => None,
+    };
     let server = tokio::spawn(http::serve(listener, metrics.clone(), health.clone()));
 
     // Nothing below waits for the API server: detection starts at once,
@@ -106,7 +127,13 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
     let observer: Arc<dyn writer::Observer> = metrics.clone();
     let (view, watchers) =
         view::ClusterView::start(client.clone(), &opts.node, Some(Arc::clone(&observer)));
-    let shared = writer::Shared::new(events::Recorder::new(opts.events.clone()));
+    // Held before anything is recorded or continued: a recovery on a claim
+    // recorded now waits for the status writer started below, whose
+    // results reach this recorder through the metrics' observer.
+    let mut recorder = events::Recorder::new(opts.events.clone());
+    recorder.hold_recoveries(RECOVERY_WAITS_FOR_STATUS);
+    let shared = writer::Shared::new(recorder);
+    metrics.status_follower().follow(&shared);
     // Taking over an earlier process's open Events lists pages of them:
     // bulk work, done here at normal priority. The writes wait for it.
     let (recovered_tx, recovered_rx) = tokio::sync::oneshot::channel();
@@ -149,7 +176,10 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
     };
     let reporter =
         report::ClusterReporter::new(view, Arc::clone(&shared), metrics, health, Some(sink));
+    let reporter =
+        crate::evidence_socket::Publishing::new(reporter, served.as_ref().map(|s| s.board()));
     let result = agent::run(opts.agent, reporter, Some(companion)).await;
+    drop(served);
 
     recovery.abort();
     status_writer.abort();

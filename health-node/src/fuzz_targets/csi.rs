@@ -74,9 +74,26 @@ mod tests {
             Some(vec!["Gone".into(), "FromTheFuture".into()])
         );
         assert_eq!(reasons("controller-get"), Some(vec!["disk-failure".into()]));
+        // The seeds carry CSI v1.13.0's numbers (INACCESSIBLE 2, DEGRADED 1,
+        // STORAGE_UNREACHABLE 2).
+        let statuses: Option<Vec<health_csi::HealthStatus>> =
+            health_csi::fuzzing::answer(&seed("node-health-inaccessible"))
+                .entries
+                .map(|es| es.into_iter().map(|e| e.status).collect());
+        assert_eq!(
+            statuses,
+            Some(vec![
+                health_csi::HealthStatus::Inaccessible,
+                health_csi::HealthStatus::Degraded
+            ])
+        );
         let storage = health_csi::fuzzing::answer(&seed("storage-unreachable")).storage;
         assert_eq!(storage.len(), 1);
         assert_eq!(storage[0].reason, "ArrayDown");
+        assert_eq!(
+            storage[0].status,
+            health_csi::StorageHealthStatus::StorageUnreachable
+        );
         for name in [
             "node-health-inaccessible",
             "controller-list",
@@ -113,7 +130,7 @@ mod tests {
                     volume_id: "vol-1".into(),
                     health_statuses: entries
                         .into_iter()
-                        .map(|(status, reason, message)| health_csi::proto::volume_health::Entry {
+                        .map(|(status, reason, message)| health_csi::proto::volume_health::VolumeHealthEntry {
                             status,
                             reason: String::from_utf8_lossy(&reason).into_owned(),
                             message,

@@ -31,8 +31,13 @@ pub enum CsiResult {
         rpc: HealthSource,
         usage: Option<Usage>,
     },
+    /// Not asked: the driver advertises no volume health capability
+    /// (GET_VOLUME_HEALTH, or VOLUME_CONDITION with GET_VOLUME_STATS), so, as
+    /// for the kubelet, there is nothing to ask. No health information.
+    NotAdvertised,
     /// No answer about this volume: timeout, transport error, UNIMPLEMENTED
-    /// everywhere, no driver of that name. Never a recovery.
+    /// from an RPC the driver advertises, no driver of that name. Never a
+    /// recovery.
     ProbeFailed { error: String },
 }
 
@@ -43,7 +48,7 @@ impl CsiResult {
             CsiResult::Health { entries, .. } => {
                 CsiReport::Health(entries.iter().map(HealthEntry::to_evidence).collect())
             }
-            CsiResult::NoHealthInfo { .. } => CsiReport::NoHealthInfo,
+            CsiResult::NoHealthInfo { .. } | CsiResult::NotAdvertised => CsiReport::NoHealthInfo,
             CsiResult::ProbeFailed { error } => CsiReport::ProbeFailed(error.clone()),
         }
     }
@@ -121,11 +126,13 @@ impl CsiProber {
             .collect()
     }
 
-    /// Asks each CSI volume's driver about it: NodeGetVolumeHealth, or for
-    /// drivers that answer UNIMPLEMENTED, NodeGetVolumeStats. Drivers are
-    /// asked concurrently; a hung one delays only its own volumes, by at
-    /// most one call timeout (the rest of its round is skipped). Volumes
-    /// without a CSI driver (local PVs) are left out.
+    /// Asks each CSI volume's driver about it, as its advertised
+    /// capabilities allow (re-read every round): NodeGetVolumeHealth with
+    /// GET_VOLUME_HEALTH, NodeGetVolumeStats with VOLUME_CONDITION, nothing
+    /// otherwise ([`CsiResult::NotAdvertised`]). Drivers are asked
+    /// concurrently; a hung one delays only its own volumes, by at most one
+    /// call timeout (the rest of its round is skipped). Volumes without a CSI
+    /// driver (local PVs) are left out.
     pub async fn probe(&self, volumes: &[IndexedVolume]) -> Vec<CsiOutcome> {
         let mut keys = Vec::new();
         let mut requests = Vec::new();
@@ -170,6 +177,7 @@ impl CsiProber {
                             usage: report.usage,
                         },
                     },
+                    Err(CsiError::NotAdvertised { .. }) => CsiResult::NotAdvertised,
                     Err(e @ CsiError::UnknownDriver { .. }) => CsiResult::ProbeFailed {
                         error: self.unknown_driver(&e),
                     },
@@ -188,11 +196,12 @@ impl CsiProber {
             .collect()
     }
 
-    /// Asks every driver of this node NodeGetStorageHealth, once each and
-    /// concurrently, each call bounded by the call timeout. Every driver is
-    /// asked, also one without volumes here yet: a volume that appears later
-    /// inherits its driver's last answer. Drivers that answered UNIMPLEMENTED
-    /// once are not asked again by the same client.
+    /// Asks every driver of this node that advertises GET_STORAGE_HEALTH
+    /// NodeGetStorageHealth, once each and concurrently, each call bounded
+    /// by the call timeout. Every such driver is asked, also one without
+    /// volumes here yet: a volume that appears later inherits its driver's
+    /// last answer. The others are not asked
+    /// ([`StorageResult::Unsupported`](super::storage::StorageResult::Unsupported)).
     pub async fn probe_storage(&self) -> Vec<StorageOutcome> {
         self.set
             .storage_health_all()

@@ -30,10 +30,12 @@ pub enum StorageResult {
     /// The driver's complete list of adverse backend conditions (empty: none
     /// known).
     Health { entries: Vec<StorageHealthEntry> },
-    /// The driver answered UNIMPLEMENTED (now or earlier): no information,
-    /// so conditions raised before are neither confirmed nor cleared.
+    /// The driver does not advertise GET_STORAGE_HEALTH, so it was not
+    /// asked: no information, so conditions raised before are neither
+    /// confirmed nor cleared.
     Unsupported,
-    /// Timeout, transport or any other error: never a recovery.
+    /// Timeout, transport or any other error, UNIMPLEMENTED from a driver
+    /// advertising GET_STORAGE_HEALTH included: never a recovery.
     ProbeFailed { error: String },
 }
 
@@ -51,7 +53,7 @@ impl StorageOutcome {
     pub(super) fn from_probe(probe: StorageProbe, socket: Option<PathBuf>) -> Self {
         let result = match probe.result {
             Ok(entries) => StorageResult::Health { entries },
-            Err(CsiError::Unsupported { .. }) => StorageResult::Unsupported,
+            Err(CsiError::NotAdvertised { .. }) => StorageResult::Unsupported,
             Err(e) => StorageResult::ProbeFailed {
                 error: e.to_string(),
             },
@@ -239,14 +241,32 @@ mod tests {
         let unsupported = StorageOutcome::from_probe(
             StorageProbe {
                 driver: "d.csi".into(),
-                result: Err(CsiError::Unsupported {
+                result: Err(CsiError::NotAdvertised {
                     rpc: "NodeGetStorageHealth",
+                    needs: "GET_STORAGE_HEALTH",
                 }),
             },
             None,
         );
         assert_eq!(unsupported.result, StorageResult::Unsupported);
         assert_eq!(unsupported.report_for(VolumeMode::Filesystem), None);
+        // UNIMPLEMENTED from a driver that advertised the RPC is its fault,
+        // and a failed probe like any other.
+        let broken = StorageOutcome::from_probe(
+            StorageProbe {
+                driver: "d.csi".into(),
+                result: Err(CsiError::Unsupported {
+                    rpc: "NodeGetStorageHealth",
+                }),
+            },
+            None,
+        );
+        assert_eq!(
+            broken.report_for(VolumeMode::Filesystem),
+            Some(CsiReport::ProbeFailed(
+                "CSI driver does not support NodeGetStorageHealth".into()
+            ))
+        );
         let failed = StorageOutcome::from_probe(
             StorageProbe {
                 driver: "d.csi".into(),

@@ -27,6 +27,7 @@ pub struct Replica {
     pub list_page_size: u32,
     pub call_timeout_secs: u32,
     pub lease_duration_secs: u32,
+    pub monitor_interval_secs: u32,
 }
 
 impl Replica {
@@ -37,7 +38,14 @@ impl Replica {
             list_page_size: 500,
             call_timeout_secs: 1,
             lease_duration_secs: 3,
+            monitor_interval_secs: 1,
         }
+    }
+
+    /// `--monitor-interval` (a cycle every second by default).
+    pub fn monitor_interval(mut self, secs: u32) -> Replica {
+        self.monitor_interval_secs = secs;
+        self
     }
 
     pub fn list_page_size(mut self, n: u32) -> Replica {
@@ -53,7 +61,7 @@ impl Replica {
         for (flag, value) in [
             ("--lease-namespace", CSI_NS.to_string()),
             ("--identity", self.identity.clone()),
-            ("--monitor-interval", "1".into()),
+            ("--monitor-interval", self.monitor_interval_secs.to_string()),
             ("--node-grace", "2".into()),
             ("--lease-duration", self.lease_duration_secs.to_string()),
             ("--metrics-addr", "127.0.0.1:0".into()),

@@ -214,9 +214,11 @@ pub fn split(objects: &[Parsed], origin: &str) -> Deploy {
 }
 
 pub fn pod_spec(ds: &DaemonSet) -> &PodSpec {
+    // k8s-openapi's v1_37 types: `spec` is no longer optional.
     ds.spec
+        .template
+        .spec
         .as_ref()
-        .and_then(|s| s.template.spec.as_ref())
         .expect("the DaemonSet has a pod spec")
 }
 

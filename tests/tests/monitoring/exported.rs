@@ -242,8 +242,16 @@ fn exported_series_come_with_their_labels() {
     );
     assert_eq!(labels("volume_health_ready"), Vec::<&str>::new());
     assert_eq!(labels("volume_health_controller_cycles_total"), ["result"]);
+    assert_eq!(
+        labels("volume_health_controller_pvc_health_status"),
+        ["state"]
+    );
+    assert_eq!(
+        labels("volume_health_controller_pvc_health_status_yielded_claims"),
+        Vec::<&str>::new()
+    );
     assert_eq!(labels("up"), Vec::<&str>::new());
-    // 21 agent families (one a histogram: three series) and 9 controller
+    // 21 agent families (one a histogram: three series) and 11 controller
     // families (one a histogram), plus up.
-    assert_eq!(all.len(), 20 + 3 + 8 + 3 + 1, "{:#?}", all.keys());
+    assert_eq!(all.len(), 20 + 3 + 10 + 3 + 1, "{:#?}", all.keys());
 }

@@ -1,8 +1,11 @@
 //! The node agent's Kubernetes API traffic families
-//! ([`health_kube::metrics::ApiMetrics`]), and how the Event writer and the
-//! HTTP endpoint of `health_kube` reach this crate's [`Metrics`].
+//! ([`health_kube::metrics::ApiMetrics`]), and how the Event writer, the
+//! `VolumeHealth` writer and the HTTP endpoint of `health_kube` reach this
+//! crate's [`Metrics`].
 
+use health_kube::events::StatusFollower;
 use health_kube::http::{Exposition, Health};
+use health_kube::status::{Claim, SourceEntry};
 use health_kube::writer::Observer;
 
 use super::Metrics;
@@ -22,6 +25,12 @@ impl Metrics {
     pub fn event_write_deferred(&self) {
         self.api.event_write_deferred();
     }
+
+    /// Where the `VolumeHealth` writes' results go: cluster mode points it
+    /// at its Event recorder, whose recoveries on claims wait for them.
+    pub fn status_follower(&self) -> &StatusFollower {
+        &self.status
+    }
 }
 
 impl Observer for Metrics {
@@ -33,6 +42,9 @@ impl Observer for Metrics {
     }
     fn event_write_deferred(&self) {
         Metrics::event_write_deferred(self)
+    }
+    fn volume_health_written(&self, claim: &Claim, entries: Option<&[SourceEntry]>) {
+        self.status.written(claim, entries);
     }
 }
 

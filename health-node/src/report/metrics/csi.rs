@@ -50,6 +50,7 @@ impl Metrics {
                 },
             ),
             CsiResult::NoHealthInfo { rpc, .. } => (rpc_name(*rpc), "no_health_info"),
+            CsiResult::NotAdvertised => ("", "not_advertised"),
             CsiResult::ProbeFailed { .. } => ("", "failed"),
         };
         self.csi_probes
@@ -155,10 +156,12 @@ mod tests {
             },
             0,
         ));
+        m.csi_probe(&outcome(CsiResult::NotAdvertised, 0));
         assert_eq!(
             samples(&m, "volume_health_csi_probes_total"),
             [
                 r#"volume_health_csi_probes_total{driver="d.csi",rpc="",result="failed"} 1"#,
+                r#"volume_health_csi_probes_total{driver="d.csi",rpc="",result="not_advertised"} 1"#,
                 r#"volume_health_csi_probes_total{driver="d.csi",rpc="NodeGetVolumeHealth",result="abnormal"} 1"#,
                 r#"volume_health_csi_probes_total{driver="d.csi",rpc="NodeGetVolumeHealth",result="healthy"} 1"#,
                 r#"volume_health_csi_probes_total{driver="d.csi",rpc="NodeGetVolumeStats",result="no_health_info"} 1"#,

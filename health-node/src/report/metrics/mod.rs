@@ -33,6 +33,7 @@ mod kernel;
 mod volumes;
 
 use csi::{csi_histogram, CsiLabels, DriverLabels, StorageLabels};
+use health_kube::events::StatusFollower;
 use health_kube::metrics::ApiMetrics;
 use input::InputLabels;
 pub use kernel::ErrorLabels;
@@ -90,6 +91,10 @@ pub struct Metrics {
     /// `/readyz` and `/healthz` as of the last scrape ([`Metrics::set_health`]).
     ready: Gauge,
     live: Gauge,
+    /// Not a metric: the `VolumeHealth` writer reports its writes to this
+    /// observer, and the recovery Events on claims wait for them
+    /// ([`health_kube::events::StatusFollower`], see `api.rs`).
+    status: StatusFollower,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -143,6 +148,7 @@ impl Metrics {
             volumes: Gauge::default(),
             ready: Gauge::default(),
             live: Gauge::default(),
+            status: StatusFollower::default(),
         };
         // Families are handles: the registry's clones and ours share state.
         let registry = m.build_registry();

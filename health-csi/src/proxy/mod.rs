@@ -1,0 +1,224 @@
+//! `health-agent csi-proxy`: a node-side proxy between the kubelet and a CSI
+//! driver's node socket, so that the kubelet's `pod.status.volumeHealth`
+//! (which it fills only from the driver's NodeGetVolumeHealth) carries the
+//! node agent's kernel evidence too.
+//!
+//! Every call is forwarded as the bytes it is: an HTTP/2 server on the
+//! proxy's socket hands each request, headers and streaming body, to an
+//! HTTP/2 connection to the driver's socket, and the driver's answer back
+//! (status, headers, body, trailers), with no gRPC decoding and no
+//! re-encoding; methods the proxy has never heard of pass the same way.
+//! Each kubelet connection gets its own driver connection, opened when the
+//! kubelet connects and closed with it, so the driver sees the kubelet's
+//! connections one for one, and a driver that is down or goes away closes
+//! the kubelet's connection as its own socket would have ([`forward`]).
+//!
+//! Two methods are intercepted ([`intercept`]):
+//! - `Node/NodeGetCapabilities`: the driver's answer, with `GET_VOLUME_HEALTH`
+//!   appended when it lacks it (protobuf merges a repeated field by
+//!   concatenation, so the driver's bytes stay as they are);
+//! - `Node/NodeGetVolumeHealth`: the driver's own entries, when it advertises
+//!   the capability, merged with the agent's conditions for that volume
+//!   ([`merge`]: the Kubernetes 1.37 limits). Without the capability the
+//!   driver is not asked, as the kubelet would not ask it.
+//!
+//! The agent's conditions come through [`Evidence`] (the agent's local socket
+//! in `health-node`). Fail-open: an agent that does not answer in time costs
+//! the answer its entries, never the call; it is counted and logged.
+
+mod evidence;
+mod forward;
+mod grpc;
+mod intercept;
+mod merge;
+mod outage;
+
+use std::future::Future;
+use std::io;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::net::UnixListener;
+
+pub use evidence::{AgentCondition, Evidence};
+pub use merge::{MAX_ENTRIES, MAX_MESSAGE_BYTES, MAX_REASON_BYTES};
+
+use outage::Outage;
+
+/// The kubelet's gRPC method paths the proxy answers differently.
+pub const NODE_GET_CAPABILITIES: &str = "/csi.v1.Node/NodeGetCapabilities";
+pub const NODE_GET_VOLUME_HEALTH: &str = "/csi.v1.Node/NodeGetVolumeHealth";
+
+/// Default bound on one question to the agent: far below the kubelet's own
+/// call timeout, so a stuck agent delays an answer by at most this.
+pub const DEFAULT_AGENT_TIMEOUT: Duration = Duration::from_millis(250);
+
+/// How long what the driver advertised is taken as known. The kubelet asks
+/// NodeGetCapabilities itself (and the proxy learns from that answer); this
+/// bounds how stale the proxy's own view can get across a driver upgrade.
+const CAPABILITY_TTL: Duration = Duration::from_secs(60);
+
+#[derive(Clone, Debug)]
+pub struct ProxyConfig {
+    /// The driver's node socket (`csi.sock` in its socket directory).
+    pub driver_socket: PathBuf,
+    /// Bound on one question to the agent.
+    pub agent_timeout: Duration,
+    /// Add GET_VOLUME_HEALTH to the driver's NodeGetCapabilities answer
+    /// when it lacks it: what makes the kubelet ask NodeGetVolumeHealth at
+    /// all. Off, NodeGetCapabilities passes as the driver answers, for
+    /// conformance runs of a csi-sanity built before CSI 1.13, which fails
+    /// on any capability it does not know.
+    pub add_capability: bool,
+}
+
+/// What the proxy did since it started; for logs, metrics and tests.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProxyStats {
+    /// Client connections accepted.
+    pub connections: u64,
+    /// Client connections closed at once because the driver's socket did
+    /// not accept a connection.
+    pub driver_unreachable: u64,
+    /// NodeGetCapabilities answers the proxy added GET_VOLUME_HEALTH to.
+    pub capabilities_added: u64,
+    /// NodeGetVolumeHealth answers the proxy merged or made.
+    pub health_answers: u64,
+    /// Of those, answers without the agent's entries because the agent did
+    /// not answer (down, slow, or refusing).
+    pub agent_unavailable: u64,
+}
+
+/// The proxy: cheap to clone, all clones share one state.
+#[derive(Clone)]
+pub struct Proxy {
+    shared: Arc<Shared>,
+}
+
+#[derive(Default)]
+struct Counters {
+    connections: AtomicU64,
+    driver_unreachable: AtomicU64,
+    capabilities_added: AtomicU64,
+    health_answers: AtomicU64,
+    agent_unavailable: AtomicU64,
+}
+
+/// What the driver said about itself, as far as the proxy needs it.
+#[derive(Default)]
+struct DriverFacts {
+    /// GetPluginInfo's name: the agent keys volumes by driver and handle.
+    name: Option<String>,
+    /// Whether it advertises GET_VOLUME_HEALTH, and when that was learnt.
+    volume_health: Option<(bool, Instant)>,
+}
+
+struct Shared {
+    config: ProxyConfig,
+    evidence: Arc<dyn Evidence>,
+    facts: Mutex<DriverFacts>,
+    counters: Counters,
+    driver_outage: Outage,
+    agent_outage: Outage,
+}
+
+impl Proxy {
+    pub fn new(config: ProxyConfig, evidence: Arc<dyn Evidence>) -> Self {
+        Proxy {
+            shared: Arc::new(Shared {
+                config,
+                evidence,
+                facts: Mutex::new(DriverFacts::default()),
+                counters: Counters::default(),
+                driver_outage: Outage::new("the CSI driver's socket"),
+                agent_outage: Outage::new("the volume-health agent"),
+            }),
+        }
+    }
+
+    pub fn stats(&self) -> ProxyStats {
+        let c = &self.shared.counters;
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        ProxyStats {
+            connections: load(&c.connections),
+            driver_unreachable: load(&c.driver_unreachable),
+            capabilities_added: load(&c.capabilities_added),
+            health_answers: load(&c.health_answers),
+            agent_unavailable: load(&c.agent_unavailable),
+        }
+    }
+
+    /// Accepts kubelet connections on `listener` until `shutdown` resolves,
+    /// each served in a task of its own. Fails only if accepting fails for
+    /// another reason than a lack of descriptors or memory.
+    pub async fn serve(
+        &self,
+        listener: UnixListener,
+        shutdown: impl Future<Output = ()>,
+    ) -> io::Result<()> {
+        let mut shutdown = std::pin::pin!(shutdown);
+        loop {
+            let accepted = tokio::select! {
+                () = &mut shutdown => return Ok(()),
+                accepted = listener.accept() => accepted,
+            };
+            match accepted {
+                Ok((stream, _)) => {
+                    self.shared
+                        .counters
+                        .connections
+                        .fetch_add(1, Ordering::Relaxed);
+                    tokio::spawn(forward::connection(Arc::clone(&self.shared), stream));
+                }
+                Err(e) if is_resource_shortage(&e) => {
+                    tracing::warn!(error = %e, "accepting a connection; retrying shortly");
+                    tokio::time::sleep(ACCEPT_BACKOFF).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
+/// A pause after EMFILE and the like, instead of spinning on the error.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+
+fn is_resource_shortage(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)
+    )
+}
+
+impl Shared {
+    fn count(&self, counter: impl Fn(&Counters) -> &AtomicU64) {
+        counter(&self.counters).fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// What the driver advertised about GET_VOLUME_HEALTH, if learnt
+    /// recently enough.
+    fn known_volume_health(&self) -> Option<bool> {
+        let facts = self.facts.lock().unwrap_or_else(|p| p.into_inner());
+        facts
+            .volume_health
+            .filter(|(_, at)| at.elapsed() < CAPABILITY_TTL)
+            .map(|(advertised, _)| advertised)
+    }
+
+    fn learn_volume_health(&self, advertised: bool) {
+        let mut facts = self.facts.lock().unwrap_or_else(|p| p.into_inner());
+        facts.volume_health = Some((advertised, Instant::now()));
+    }
+
+    fn driver_name(&self) -> Option<String> {
+        let facts = self.facts.lock().unwrap_or_else(|p| p.into_inner());
+        facts.name.clone()
+    }
+
+    fn learn_driver_name(&self, name: String) {
+        let mut facts = self.facts.lock().unwrap_or_else(|p| p.into_inner());
+        facts.name = Some(name);
+    }
+}
