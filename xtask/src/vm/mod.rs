@@ -145,7 +145,15 @@ pub fn run(args: &VmArgs) -> anyhow::Result<()> {
                 cpus: args.cpus,
                 timeout: args.timeout,
             };
-            guest::run_in_guest(&tools, &kernel, &machine, &steps, &env)?
+            let run = || guest::run_in_guest(&tools, &kernel, &machine, &steps, &env);
+            match run() {
+                Err(e) if e.downcast_ref::<guest::GuestStalled>().is_some() => {
+                    say(format!("{e:#}"));
+                    say("the guest stalled (QEMU's TCG, not a test): running the steps again in a fresh guest, once");
+                    run()?
+                }
+                result => result?,
+            }
         }
     };
     say(format!(
