@@ -204,8 +204,21 @@ impl<R: Reporter> Reporter for Publishing<R> {
 
     fn changes(&mut self, handled: &Handled, gone: &[VolumeKey], volumes: &LiveVolumes) {
         self.inner.changes(handled, gone, volumes);
+        // Rebuilt only when a CSI volume's conditions changed (or a volume
+        // went): an error flood on a local PV, or a CSI round that changed
+        // nothing, costs no rebuild.
+        let csi_changed = || {
+            handled.changes.iter().any(|c| {
+                volumes
+                    .index()
+                    .get(&c.key)
+                    .is_some_and(|v| v.volume.driver.is_some() && v.volume.volume_handle.is_some())
+            })
+        };
         if let Some(board) = &self.board {
-            board.publish(volumes);
+            if !gone.is_empty() || csi_changed() {
+                board.publish(volumes);
+            }
         }
     }
 
