@@ -289,20 +289,13 @@ impl Worker {
     /// and label say so ([`Recorder::hold_recoveries`]).
     pub async fn with_status(
         mut self,
-        status: status::StatusWriter,
+        mut status: status::StatusWriter,
         cluster: &dyn ClusterState,
     ) -> Self {
-        let listed = health_kube::status::list_all(&self.client).await;
-        self.metrics.api_request(
-            "list",
-            "volumehealths",
-            match &listed {
-                Ok(_) => Some(200),
-                Err(e) => e.code(),
-            },
-        );
-        match listed {
-            Ok(objects) => {
+        // The writer's own list at start: one list per takeover.
+        match status.take_listed() {
+            None => {}
+            Some(Ok(objects)) => {
                 let stored = pvs::Stored::from_objects(&objects);
                 let seeded = self.pvs.seed_stored(&stored, &cluster.volumes());
                 tracing::info!(
@@ -311,7 +304,7 @@ impl Worker {
                     "took over the driver's conditions from the VolumeHealth objects"
                 );
             }
-            Err(e) => tracing::warn!(
+            Some(Err(e)) => tracing::warn!(
                 "could not list VolumeHealth objects ({e}); conditions only they hold are kept until this replica sees otherwise"
             ),
         }
@@ -523,7 +516,8 @@ pub async fn run(opts: ControllerOptions) -> anyhow::Result<()> {
                 &driver,
                 opts.event_update_interval,
                 metrics.clone(),
-            ),
+            )
+            .await,
             &inventory,
         )
         .await;

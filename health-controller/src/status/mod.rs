@@ -16,6 +16,7 @@ use std::time::SystemTime;
 
 use health_core::conditions::Condition;
 use health_kube::events::ObjectRef;
+use health_kube::pages::PageError;
 use health_kube::status::{
     self, Board, Claim, EntryKind, SharedBoard, SourceEntry, StatusApi, CONTROLLER_MANAGER,
 };
@@ -40,6 +41,7 @@ pub struct StatusWriter {
     task: tokio::task::JoinHandle<()>,
     driver: String,
     upstream: Follower,
+    listed: Option<Result<Vec<status::VolumeHealth>, PageError>>,
 }
 
 impl Drop for StatusWriter {
@@ -49,7 +51,10 @@ impl Drop for StatusWriter {
 }
 
 impl StatusWriter {
-    pub fn start(
+    /// Lists the `VolumeHealth` objects once (the leader's takeover: its
+    /// own entries are adopted here, the rest is kept for
+    /// [`StatusWriter::take_listed`]), then starts the writer task.
+    pub async fn start(
         client: Client,
         driver: &str,
         update_interval: std::time::Duration,
@@ -66,13 +71,31 @@ impl StatusWriter {
             entry_names(),
             Some(Arc::clone(&observer)),
         );
-        let task = tokio::spawn(status::run(api, Arc::clone(&board), client.clone()));
+        let started = std::time::SystemTime::now();
+        let listed = status::list_all(&client).await;
+        metrics.api_request(
+            "list",
+            "volumehealths",
+            match &listed {
+                Ok(_) => Some(200),
+                Err(e) => e.code(),
+            },
+        );
+        status::adopt_listed(&board, api.owned(), &listed, started);
+        let task = tokio::spawn(status::write_loop(api, Arc::clone(&board)));
         StatusWriter {
             board,
             task,
             driver: driver.to_string(),
             upstream: Follower::start(client, Some(metrics)),
+            listed: Some(listed),
         }
+    }
+
+    /// The objects listed at start, once (the worker seeds its PV states
+    /// from them: one list per takeover, not one per user).
+    pub fn take_listed(&mut self) -> Option<Result<Vec<status::VolumeHealth>, PageError>> {
+        self.listed.take()
     }
 
     /// Hands the board the controller's entries for every claim that has

@@ -159,9 +159,21 @@ pub async fn list_all(client: &kube::Client) -> Result<Vec<VolumeHealth>, PageEr
 /// board decides, one claim at a time. Runs until dropped.
 pub async fn run(api: StatusApi, board: Arc<SharedBoard>, client: kube::Client) {
     let started = SystemTime::now();
-    match list_all(&client).await {
+    let listed = list_all(&client).await;
+    adopt_listed(&board, api.owned(), &listed, started);
+    write_loop(api, board).await
+}
+
+/// Takes over this writer's entries (`owned`) from what [`list_all`] gave.
+pub fn adopt_listed(
+    board: &SharedBoard,
+    owned: &[String],
+    listed: &Result<Vec<VolumeHealth>, PageError>,
+    started: SystemTime,
+) {
+    match listed {
         Ok(objects) => {
-            let adopted = board.lock().adopt(&objects, api.owned(), started);
+            let adopted = board.lock().adopt(objects, owned, started);
             tracing::info!(
                 listed = objects.len(),
                 adopted,
@@ -173,6 +185,10 @@ pub async fn run(api: StatusApi, board: Arc<SharedBoard>, client: kube::Client) 
              entries written before this process started are not continued"
         ),
     }
+}
+
+/// Writes what the board decides, one claim at a time. Runs until dropped.
+pub async fn write_loop(api: StatusApi, board: Arc<SharedBoard>) {
     loop {
         let next = board.lock().next(Instant::now(), SystemTime::now());
         match next {
