@@ -222,3 +222,74 @@ impl Shared {
         facts.name = Some(name);
     }
 }
+
+/// Bytes as a driver's NodeGetVolumeHealth answer body, handled as the
+/// proxy handles it: read as one gRPC frame, decoded, merged with an agent
+/// condition, framed again. Panics when a promise of the merged answer is
+/// broken (the fuzz target `csi_proxy`, `health_node::fuzz_targets`).
+#[doc(hidden)]
+pub fn fuzz_driver_answer(data: &[u8]) {
+    use prost::Message as _;
+    let Some(message) = grpc::unary_message(data) else {
+        return;
+    };
+    let Ok(answer) = crate::proto::NodeGetVolumeHealthResponse::decode(message) else {
+        return;
+    };
+    let driver = answer
+        .volume_health
+        .map(|h| h.health_statuses)
+        .unwrap_or_default();
+    let agent = [AgentCondition {
+        status: health_core::conditions::Status::DataLoss,
+        reason: "MediumErrors".into(),
+        message: "2 medium errors on sdb".into(),
+        source: "kernel".into(),
+    }];
+    let out = merge::merged(driver, &agent);
+    assert!(out.len() <= MAX_ENTRIES, "{} entries", out.len());
+    // The agent's condition goes only behind 16 at least as bad.
+    let data_loss = crate::proto::VolumeHealthErrorType::DataLoss as i32;
+    let inaccessible = crate::proto::VolumeHealthErrorType::Inaccessible as i32;
+    assert!(
+        out.iter()
+            .any(|e| e.status == data_loss && e.reason == "MediumErrors")
+            || (out.len() == MAX_ENTRIES
+                && out
+                    .iter()
+                    .all(|e| e.status == data_loss || e.status == inaccessible)),
+        "the agent's condition was dropped: {out:?}"
+    );
+    for (i, e) in out.iter().enumerate() {
+        assert!(
+            e.reason.len() <= MAX_REASON_BYTES,
+            "reason of {} bytes",
+            e.reason.len()
+        );
+        assert!(
+            e.message.len() <= MAX_MESSAGE_BYTES,
+            "message of {} bytes",
+            e.message.len()
+        );
+        assert!(
+            !out[..i]
+                .iter()
+                .any(|o| o.status == e.status && o.reason == e.reason),
+            "({}, {:?}) twice",
+            e.status,
+            e.reason
+        );
+    }
+    let reply = crate::proto::NodeGetVolumeHealthResponse {
+        volume_health: Some(crate::proto::VolumeHealth {
+            volume_id: String::new(),
+            health_statuses: out,
+        }),
+    };
+    let framed = grpc::frame(&reply.encode_to_vec());
+    assert_eq!(
+        grpc::unary_message(&framed).map(<[u8]>::to_vec),
+        Some(reply.encode_to_vec()),
+        "the proxy's own frame does not read back"
+    );
+}

@@ -14,6 +14,7 @@
 //! seed corpora through the same functions afl drives; hidden from the docs.
 
 pub mod csi;
+pub mod csi_proxy;
 pub mod kubelet_dir;
 pub mod ringbuf;
 pub mod vol_data;
@@ -28,6 +29,7 @@ pub type Run = fn(&[u8]);
 pub const TARGETS: &[(&str, Run)] = &[
     ("btf", btf::run),
     ("csi", csi::run),
+    ("csi_proxy", csi_proxy::run),
     ("dm_status", dm_status::run),
     ("kubelet_dir", kubelet_dir::run),
     ("mountinfo", mountinfo::run),
