@@ -18,14 +18,11 @@ use std::time::SystemTime;
 use health_kube::events::{ObjectKind, ObjectRef};
 pub use health_kube::pv::{PvClaimRef, PvCsi, PvSpec, SlimPv};
 use health_kube::reflect::drive;
-use health_kube::writer::Observer;
 use k8s_openapi::api::core::v1::{Node, PersistentVolume};
 use kube::core::ApiResource;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{watcher, WatchStreamExt as _};
 use kube::{Api, Client, ResourceExt as _};
-
-use super::metrics::ControllerMetrics;
 
 /// The taint the node lifecycle controller puts on a node whose kubelet
 /// stopped reporting.
@@ -79,11 +76,7 @@ pub struct Inventory {
 impl Inventory {
     /// Starts both reflectors as background tasks; they retry with backoff
     /// while the API server is away.
-    pub fn start(
-        client: Client,
-        driver: &str,
-        metrics: Arc<ControllerMetrics>,
-    ) -> (Inventory, Vec<tokio::task::JoinHandle<()>>) {
+    pub fn start(client: Client, driver: &str) -> (Inventory, Vec<tokio::task::JoinHandle<()>>) {
         let pv_resource = ApiResource::erase::<PersistentVolume>(&());
         let pv_writer = reflector::store::Writer::<SlimPv>::new(pv_resource.clone());
         let pvs = pv_writer.as_reader();
@@ -110,15 +103,8 @@ impl Inventory {
                 "persistentvolumes",
                 None,
                 Arc::clone(&pvs_ready),
-                Some(Arc::clone(&metrics) as Arc<dyn Observer>),
             )),
-            tokio::spawn(drive(
-                node_stream,
-                "nodes",
-                None,
-                Arc::clone(&nodes_ready),
-                Some(metrics as Arc<dyn Observer>),
-            )),
+            tokio::spawn(drive(node_stream, "nodes", None, Arc::clone(&nodes_ready))),
         ];
         let inventory = Inventory {
             driver: driver.to_string(),

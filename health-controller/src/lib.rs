@@ -244,7 +244,7 @@ impl Worker {
     ) -> Worker {
         let shared = Shared::new(Recorder::new(recorder));
         let observer: Arc<dyn Observer> = metrics.clone();
-        writer::recover(&client, &shared, Some(observer.as_ref())).await;
+        writer::recover(&client, &shared).await;
         let mut pvs = PvHealth::new(ConditionConfig::default());
         {
             let mut r = shared.lock();
@@ -368,18 +368,7 @@ impl Worker {
         };
         for node in due {
             let volumes = cluster.volumes();
-            let listed =
-                nodes::affected_pods(&self.client, &node, &volumes, self.call_timeout).await;
-            let code = match &listed {
-                Ok(_) => Some(200),
-                Err(nodes::ListPodsError::Api {
-                    error: kube::Error::Api(s),
-                    ..
-                }) => Some(s.code),
-                Err(_) => None,
-            };
-            self.metrics.api_request("list", "pods", code);
-            match listed {
+            match nodes::affected_pods(&self.client, &node, &volumes, self.call_timeout).await {
                 Ok(affected) => {
                     let mut r = self.shared.lock();
                     self.nodes
@@ -446,12 +435,13 @@ pub async fn run(opts: ControllerOptions) -> anyhow::Result<()> {
     };
     tracing::info!(%driver, ?caps, "monitoring the CSI driver's volumes");
 
-    let client = health_kube::client(opts.kubeconfig.as_deref()).await?;
     let metrics = Arc::new(ControllerMetrics::new());
+    // Every request of this client is counted in the metrics.
+    let client = health_kube::client(opts.kubeconfig.as_deref(), metrics.clone()).await?;
     let health = Health::new(STALE_AFTER);
     let listener = http::bind(opts.metrics_addr).await?;
     let server = tokio::spawn(http::serve(listener, metrics.clone(), health.clone()));
-    let (inventory, watchers) = Inventory::start(client.clone(), &driver, Arc::clone(&metrics));
+    let (inventory, watchers) = Inventory::start(client.clone(), &driver);
     let lease = LeaseConfig {
         name: opts
             .lease_name

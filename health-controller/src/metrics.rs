@@ -263,11 +263,6 @@ impl ControllerMetrics {
     pub fn status_follower(&self) -> &StatusFollower {
         &self.status
     }
-
-    /// See [`ApiMetrics::api_request`]; for callers without the trait in scope.
-    pub fn api_request(&self, verb: &str, resource: &str, code: Option<u16>) {
-        self.api.api_request(verb, resource, code);
-    }
 }
 
 #[cfg(test)]
@@ -295,7 +290,7 @@ mod tests {
         m.csi_calls("ControllerListVolumeHealth", "OK", 3);
         m.set_volumes(7, 2);
         m.set_leader(true);
-        m.api_request("list", "pods", Some(200));
+        Observer::api_request(&m, "list", "pods", Some(200));
         assert_eq!(
             samples(&m, "volume_health_controller_cycles_total"),
             [

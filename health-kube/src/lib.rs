@@ -6,7 +6,10 @@
 //! - [`status`]: the `VolumeHealth` object per PVC and its label, written
 //!   by server-side apply;
 //! - [`reflect`], [`pages`], [`pv`]: watching, paged listing, slim PVs;
-//! - [`metrics`]: the API traffic families; [`http`]: `/metrics`,
+//! - [`node_label`]: the label that finds a node's own Events and
+//!   `VolumeHealth` objects;
+//! - [`metrics`]: the API traffic families, whose requests [`counted`]
+//!   counts inside the client; [`http`]: `/metrics`,
 //!   `/healthz` and `/readyz`;
 //! - [`ApiAccess`] (what each component declares it calls), the client and
 //!   the writers' [`backoff`].
@@ -15,10 +18,12 @@
 //! the node's stages.
 
 pub mod backoff;
+pub mod counted;
 pub mod events;
 pub mod http;
 pub mod logging;
 pub mod metrics;
+pub mod node_label;
 pub mod pages;
 pub mod pv;
 pub mod reflect;
@@ -58,8 +63,12 @@ pub async fn config(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<kube
     }
 }
 
-/// A client from [`config`].
-pub async fn client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<kube::Client> {
+/// A client from [`config`] whose every request is counted on `observer`
+/// ([`counted`]).
+pub async fn client(
+    kubeconfig: Option<&std::path::Path>,
+    observer: std::sync::Arc<dyn writer::Observer>,
+) -> anyhow::Result<kube::Client> {
     let config = config(kubeconfig).await?;
-    kube::Client::try_from(config).context("creating the Kubernetes client")
+    counted::client(config, observer).context("creating the Kubernetes client")
 }

@@ -8,18 +8,15 @@ use futures_util::StreamExt as _;
 use kube::runtime::watcher;
 use tokio::sync::Notify;
 
-use crate::writer::Observer;
-
 /// Drives one reflector's watch stream for its whole life: says when the
-/// first list is in (`ready`), wakes `changed` (if any) on every event, and
-/// counts failed requests on `observer`. The agent and the controller both
-/// run their reflectors this way.
+/// first list is in (`ready`) and wakes `changed` (if any) on every event.
+/// The agent and the controller both run their reflectors this way; their
+/// clients count the list and watch requests (`crate::counted`).
 pub async fn drive<S, K>(
     stream: S,
     what: &'static str,
     changed: Option<Arc<Notify>>,
     ready: Arc<AtomicBool>,
-    observer: Option<Arc<dyn Observer>>,
 ) where
     S: futures_util::Stream<Item = Result<watcher::Event<K>, watcher::Error>>,
 {
@@ -35,19 +32,7 @@ pub async fn drive<S, K>(
                     changed.notify_one();
                 }
             }
-            Err(e) => {
-                tracing::warn!(what, "watching the API server failed, retrying: {e}");
-                if let Some(o) = &observer {
-                    let code = match &e {
-                        watcher::Error::InitialListFailed(kube::Error::Api(s))
-                        | watcher::Error::WatchStartFailed(kube::Error::Api(s))
-                        | watcher::Error::WatchFailed(kube::Error::Api(s)) => Some(s.code),
-                        watcher::Error::WatchError(s) => Some(s.code),
-                        _ => None,
-                    };
-                    o.api_request("watch", what, code);
-                }
-            }
+            Err(e) => tracing::warn!(what, "watching the API server failed, retrying: {e}"),
         }
     }
 }

@@ -63,6 +63,15 @@ pub fn client() -> (kube::Client, MockHandle) {
     (kube::Client::new(service, "default"), handle)
 }
 
+/// [`client`] with the counting layer of the real clients
+/// (`crate::counted`): every request is reported to `observer`.
+pub fn counted_client(observer: Arc<dyn crate::writer::Observer>) -> (kube::Client, MockHandle) {
+    use tower::Layer as _;
+    let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
+    let service = crate::counted::CountLayer::new(observer).layer(service);
+    (kube::Client::new(service, "default"), handle)
+}
+
 /// The next request, which must come within 5 s, and where its answer goes.
 pub async fn next(handle: &mut MockHandle) -> (ApiRequest, Responder) {
     let (req, send) = tokio::time::timeout(Duration::from_secs(5), handle.next_request())

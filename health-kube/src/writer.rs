@@ -25,7 +25,8 @@ use super::events::{Next, Outcome, Recorder, Write};
 /// tests that don't care).
 pub trait Observer: Send + Sync {
     /// One API request: its verb, resource and HTTP status (`None`: no
-    /// response).
+    /// response). Called by the client's counting layer
+    /// (`crate::counted`) for every request, never at call sites.
     fn api_request(&self, verb: &str, resource: &str, code: Option<u16>);
     /// An Event write the server accepted.
     fn event_written(&self, type_: &str, reason: &str);
@@ -85,7 +86,7 @@ const LIST_PAGE: u32 = 500;
 /// earlier agent process on this node ([`recover`]), then writes what the
 /// recorder decides.
 pub async fn run(client: Client, shared: Arc<Shared>, metrics: Option<Arc<dyn Observer>>) {
-    recover(&client, &shared, metrics.as_deref()).await;
+    recover(&client, &shared).await;
     write(client, shared, metrics).await
 }
 
@@ -160,15 +161,30 @@ async fn sleep_until(at: Option<Instant>) {
 /// Why the Events of an earlier agent process could not be listed.
 pub type ListError = super::pages::PageError;
 
-/// Every Event written by `component`, in all namespaces: one list the
-/// server selects (`fieldSelector=reportingComponent=...`; there is no
-/// selector on the reporting instance), in pages. Events expire after the
-/// server's TTL (an hour by default), which bounds it.
-pub async fn list_own_events(client: &Client, component: &str) -> Result<Vec<Event>, ListError> {
+/// The Events an earlier process wrote, in all namespaces.
+/// - A node's agent selects its own by label (`crate::node_label`: the
+///   server sends no other node's), from the API server's watch cache
+///   (`resourceVersion=0`; etcd is not read), in one answer: the cache
+///   ignores `limit`, and one node's Events are few.
+/// - The controller lists every Event of its component
+///   (`fieldSelector=reportingComponent=...`: any replica's), in pages.
+///
+/// Events expire after the server's TTL (an hour by default), which bounds
+/// both.
+pub async fn list_own_events(
+    client: &Client,
+    config: &crate::events::RecorderConfig,
+) -> Result<Vec<Event>, ListError> {
     let api: Api<Event> = Api::all(client.clone());
-    let params = ListParams::default()
-        .fields(&format!("reportingComponent={component}"))
-        .limit(LIST_PAGE);
+    let params = if config.adopt_any_instance {
+        ListParams::default()
+            .fields(&format!("reportingComponent={}", config.component))
+            .limit(LIST_PAGE)
+    } else {
+        ListParams::default()
+            .labels(&crate::node_label::event_selector(&config.host))
+            .match_any()
+    };
     let mut events = Vec::new();
     super::pages::list_pages(&api, params, REQUEST_TIMEOUT, |page| events.extend(page)).await?;
     Ok(events)
@@ -176,28 +192,21 @@ pub async fn list_own_events(client: &Client, component: &str) -> Result<Vec<Eve
 
 /// Seeds the recorder with the Events an earlier process wrote (the agent
 /// before a restart on this node; for the controller, any replica before a
-/// takeover), so that an open episode goes on in the same Event. A failed list is logged as an error and counted, and the
-/// agent goes on as a first start would: open episodes get new Events.
-pub async fn recover(client: &Client, shared: &Shared, metrics: Option<&dyn Observer>) {
-    let (component, whose) = {
+/// takeover), so that an open episode goes on in the same Event. A failed
+/// list is logged as an error, and the agent goes on as a first start
+/// would: open episodes get new Events.
+pub async fn recover(client: &Client, shared: &Shared) {
+    let (config, whose) = {
         let recorder = shared.lock();
-        let config = recorder.config();
+        let config = recorder.config().clone();
         let whose = if config.adopt_any_instance {
             "any replica's"
         } else {
             "this node's"
         };
-        (config.component.clone(), whose)
+        (config, whose)
     };
-    let listed = list_own_events(client, &component).await;
-    if let Some(m) = metrics {
-        let code = match &listed {
-            Ok(_) => Some(200),
-            Err(e) => e.code(),
-        };
-        m.api_request("list", "events", code);
-    }
-    match listed {
+    match list_own_events(client, &config).await {
         Ok(events) => {
             let adopted =
                 shared
@@ -244,14 +253,11 @@ pub async fn perform(client: &Client, write: &Write, metrics: Option<&dyn Observ
             ("patch", r.map(|r| r.map(drop)))
         }
     };
-    let (code, outcome) = match result {
-        Ok(Ok(())) => (
-            Some(if verb == "create" { 201 } else { 200 }),
-            Outcome::Done,
-        ),
+    let outcome = match result {
+        Ok(Ok(())) => Outcome::Done,
         Ok(Err(kube::Error::Api(status))) => {
             let code = status.code;
-            let outcome = match (verb, code) {
+            match (verb, code) {
                 ("patch", 404) => Outcome::NotFound,
                 ("create", 409) => Outcome::Conflict,
                 (_, 429) | (_, 500..=599) => Outcome::Retry,
@@ -264,24 +270,21 @@ pub async fn perform(client: &Client, write: &Write, metrics: Option<&dyn Observ
                     );
                     Outcome::Rejected
                 }
-            };
-            (Some(code), outcome)
+            }
         }
         Ok(Err(e)) => {
             tracing::warn!(verb, "event write failed: {e}");
-            (None, Outcome::Retry)
+            Outcome::Retry
         }
         Err(_) => {
             tracing::warn!(verb, "event write timed out after {REQUEST_TIMEOUT:?}");
-            (None, Outcome::Retry)
+            Outcome::Retry
         }
     };
-    if let Some(m) = metrics {
-        m.api_request(verb, "events", code);
-        if outcome == Outcome::Done {
-            let (type_, reason) = write.kind();
-            m.event_written(type_.as_str(), reason);
-        }
+    // The request itself is counted by the client (`crate::counted`).
+    if let (Some(m), Outcome::Done) = (metrics, &outcome) {
+        let (type_, reason) = write.kind();
+        m.event_written(type_.as_str(), reason);
     }
     outcome
 }

@@ -63,7 +63,8 @@ fn shared_volume_gives_one_event_per_pod_and_one_on_the_pvc() {
         json!({
             "apiVersion": "v1",
             "kind": "Event",
-            "metadata": {"name": name, "namespace": "shop"},
+            "metadata": {"name": name, "namespace": "shop",
+                         "labels": {"volume-health.io/node": "node-1"}},
             "involvedObject": {
                 "apiVersion": "v1",
                 "kind": "PersistentVolumeClaim",

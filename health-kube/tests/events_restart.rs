@@ -418,7 +418,7 @@ mod api {
 
     use health_core::conditions::Change;
     use health_kube::events::Recorder;
-    use health_kube::testing::{client, next, respond, ApiRequest, MockHandle};
+    use health_kube::testing::{counted_client, next, respond, ApiRequest, MockHandle};
     use health_kube::writer::{run, Observer, Shared};
     use http::Method;
     use serde_json::{json, Value};
@@ -426,8 +426,11 @@ mod api {
     use super::common::{config, key, t};
     use super::{after_restart, open_episode, pod_only};
 
-    const LIST: &str =
-        "/api/v1/events?&fieldSelector=reportingComponent%3Dvolume-health-agent&limit=500";
+    /// This node's Events, by the node label, from the watch cache.
+    const LIST: &str = "/api/v1/events?&labelSelector=volume-health.io%2Fnode%3Dnode-1&resourceVersion=0&resourceVersionMatch=NotOlderThan";
+    /// A next page (a server may still page): the token replaces the version.
+    const NEXT: &str =
+        "/api/v1/events?&labelSelector=volume-health.io%2Fnode%3Dnode-1&continue=page-2";
 
     #[derive(Default)]
     struct Requests(Mutex<Vec<(String, String, Option<u16>)>>);
@@ -453,7 +456,9 @@ mod api {
     /// A writer whose recorder already holds the condition raised after the
     /// restart (detection does not wait for the API server).
     fn writer() -> (MockHandle, Arc<Requests>, tokio::task::JoinHandle<()>) {
-        let (client, handle) = client();
+        let seen = Arc::new(Requests::default());
+        // Requests are counted by the client, as the agent's are.
+        let (client, handle) = counted_client(seen.clone());
         let mut r = Recorder::new(config());
         r.observe(
             &key("a"),
@@ -461,7 +466,6 @@ mod api {
             &[Change::Raised(after_restart(3, 71))],
             t(71),
         );
-        let seen = Arc::new(Requests::default());
         let observer: Arc<dyn Observer> = seen.clone();
         let task = tokio::spawn(run(client, Shared::new(r), Some(observer)));
         (handle, seen, task)
@@ -478,7 +482,7 @@ mod api {
         respond(send, 200, &list(vec![elsewhere], Some("page-2")));
         let (ApiRequest { method, uri, .. }, send) = next(&mut handle).await;
         assert_eq!(method, Method::GET);
-        assert_eq!(uri, format!("{LIST}&continue=page-2"));
+        assert_eq!(uri, NEXT);
         respond(send, 200, &list(open_episode()[..1].to_vec(), None));
 
         let (
@@ -498,8 +502,10 @@ mod api {
             seen,
             [
                 ("list".to_string(), "events".to_string(), Some(200)),
+                ("list".to_string(), "events".to_string(), Some(200)),
                 ("patch".to_string(), "events".to_string(), Some(200)),
-            ]
+            ],
+            "each page is a request"
         );
         task.abort();
     }
@@ -525,10 +531,15 @@ mod api {
         assert_eq!(uri, "/api/v1/namespaces/shop/events?");
         assert_eq!(body["count"], 3);
         respond(send, 201, &body);
+        let more = tokio::time::timeout(Duration::from_millis(200), handle.next_request()).await;
+        assert!(more.is_err(), "no other request");
         let seen = seen.0.lock().expect("lock").clone();
         assert_eq!(
-            seen[0],
-            ("list".to_string(), "events".to_string(), Some(403))
+            seen,
+            [
+                ("list".to_string(), "events".to_string(), Some(403)),
+                ("create".to_string(), "events".to_string(), Some(201)),
+            ]
         );
         task.abort();
     }

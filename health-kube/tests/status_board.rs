@@ -156,25 +156,31 @@ mod rules {
             panic!()
         };
         b.finish(&c, e.clone(), Done::Failed, t0);
-        assert_eq!(
-            idle(&mut b, t0, at(0)),
-            Some(t0 + Duration::from_millis(500))
-        );
-        let Next::Write(c, e) = b.next(t0 + Duration::from_millis(500), at(0)) else {
+        // The backoff's delays are jittered: between the base and twice it.
+        let first = idle(&mut b, t0, at(0)).expect("a retry time");
+        let ms = |d: Duration| d.as_millis();
+        assert!((500..1000).contains(&ms(first - t0)), "{:?}", first - t0);
+        assert!(matches!(
+            b.next(first - Duration::from_millis(1), at(0)),
+            Next::Idle(_)
+        ));
+        let Next::Write(c, e) = b.next(first, at(0)) else {
             panic!()
         };
-        b.finish(&c, e, Done::Failed, t0 + Duration::from_millis(500));
-        assert_eq!(
-            idle(&mut b, t0 + Duration::from_millis(500), at(0)),
-            Some(t0 + Duration::from_millis(1500))
+        b.finish(&c, e, Done::Failed, first);
+        let second = idle(&mut b, first, at(0)).expect("a retry time");
+        assert!(
+            (1000..2000).contains(&ms(second - first)),
+            "{:?}",
+            second - first
         );
-        let Next::Write(c, e) = b.next(t0 + Duration::from_secs(2), at(2)) else {
+        let Next::Write(c, e) = b.next(t0 + Duration::from_secs(4), at(2)) else {
             panic!()
         };
-        b.finish(&c, e, Done::Refused, t0 + Duration::from_secs(2));
+        b.finish(&c, e, Done::Refused, t0 + Duration::from_secs(4));
         assert_eq!(
-            idle(&mut b, t0 + Duration::from_secs(2), at(2)),
-            Some(t0 + Duration::from_secs(302))
+            idle(&mut b, t0 + Duration::from_secs(4), at(2)),
+            Some(t0 + Duration::from_secs(304))
         );
     }
 

@@ -31,6 +31,7 @@
 
 pub mod agent;
 pub mod apiserver;
+pub mod audit;
 pub mod bpffs;
 pub mod cmd;
 pub mod controller;

@@ -4,8 +4,9 @@
 //! - every file of `deploy/`, at any depth (`deploy/controller/` included);
 //! - every kustomization there, as `kubectl kustomize` renders it;
 //! - the chart rendered for this server's version (`helm template
-//!   --kube-version`), with default values and with `controller.enabled`,
-//!   and with `recursiveReadOnly=disabled` at helm's own default version.
+//!   --kube-version`, its API Priority and Fairness objects in v1beta3),
+//!   with default values and with `controller.enabled`, and with
+//!   `recursiveReadOnly=disabled` (APF off) at helm's own default version.
 //!
 //! Files and directories added later are covered without a change here.
 //! What cannot apply to 1.26 as it is must be listed in [`NOT_ON_1_26`] with
@@ -48,6 +49,16 @@ const ADMISSION_POLICY_REFUSED: &str = concat!(
     "ensure CRDs are installed first"
 );
 
+/// What 1.26 (flowcontrol v1beta3 only) says of the API Priority and
+/// Fairness objects of deploy/components/flow-control (v1, 1.29+; its
+/// v1beta3 twin applies to 1.26 and is dry-run with the rest).
+const FLOW_CONTROL_V1_REFUSED: &str = concat!(
+    "resource mapping not found for name: \"volume-health-agent\" namespace: \"\" from \"{file}\": no matches for kind \"FlowSchema\" in version \"flowcontrol.apiserver.k8s.io/v1\"\n",
+    "ensure CRDs are installed first\n",
+    "resource mapping not found for name: \"volume-health-agent\" namespace: \"\" from \"{file}\": no matches for kind \"PriorityLevelConfiguration\" in version \"flowcontrol.apiserver.k8s.io/v1\"\n",
+    "ensure CRDs are installed first"
+);
+
 /// Why a path of deploy/ is not applied to 1.26 as it is.
 enum NotOn126 {
     /// A kustomize Component (nothing by itself): deploy/ with it, as a
@@ -74,6 +85,13 @@ const NOT_ON_1_26: &[(&str, NotOn126)] = &[
         "components/admission-policy",
         NotOn126::Component {
             refused: ADMISSION_POLICY_REFUSED,
+        },
+    ),
+    // flowcontrol.apiserver.k8s.io/v1: Kubernetes 1.29+.
+    (
+        "components/flow-control",
+        NotOn126::Component {
+            refused: FLOW_CONTROL_V1_REFUSED,
         },
     ),
     ("controller/sidecar.yaml", NotOn126::Patch),
@@ -301,7 +319,15 @@ fn every_file_and_old_cluster_rendering_of_deploy_passes_a_server_dry_run() -> R
             "--set",
             "controller.enabled=true",
         ],
-        vec!["--set", "recursiveReadOnly=disabled"],
+        // helm's own version is 1.29 or newer: its APF objects are v1,
+        // which 1.26 does not serve (the chart's version choice is
+        // deploy_render.rs's).
+        vec![
+            "--set",
+            "recursiveReadOnly=disabled",
+            "--set",
+            "priorityAndFairness.enabled=false",
+        ],
     ] {
         let text = tools.helm_template(&values)?;
         let file = tools.save(&format!("helm-{}.yaml", applicable.len()), &text)?;
@@ -378,8 +404,14 @@ fn every_file_and_old_cluster_rendering_of_deploy_passes_a_server_dry_run() -> R
         }
     }
 
-    // The chart's rendering for a new cluster is what 1.26 refuses.
-    let text = tools.helm_template(&["--kube-version", "1.33.0"])?;
+    // The chart's rendering for a new cluster is what 1.26 refuses (its v1
+    // APF objects aside: refused as the Component's above).
+    let text = tools.helm_template(&[
+        "--kube-version",
+        "1.33.0",
+        "--set",
+        "priorityAndFairness.enabled=false",
+    ])?;
     let file = tools.save("helm-1.33.yaml", &text)?;
     expect_refused(&tools.dry_run(&file)?, RECURSIVE_READ_ONLY_REFUSED)
         .context("helm template --kube-version 1.33.0")

@@ -170,10 +170,27 @@ fn the_server_accepts_deploy_and_each_account_gets_exactly_its_access() -> Resul
             ],
         )
         .await?;
+        // The agent reads PVs one by one, never the cluster's list
+        // (issue 29): get allowed, list and watch denied, by name here
+        // whatever API_ACCESS says.
+        ensure!(
+            may(
+                &admin,
+                agent,
+                attributes("", "persistentvolumes", "get", None)
+            )
+            .await?,
+            "the agent may not get a PV"
+        );
         check_denied(
             &admin,
             agent,
             &[
+                ("", "persistentvolumes", "list", None),
+                ("", "persistentvolumes", "watch", None),
+                ("", "persistentvolumeclaims", "list", None),
+                ("", "persistentvolumeclaims", "watch", None),
+                ("", "pods", "get", Some("default")),
                 ("", "secrets", "get", Some(AGENT_NS)),
                 ("", "nodes", "list", None),
                 ("coordination.k8s.io", "leases", "create", Some(AGENT_NS)),

@@ -673,3 +673,97 @@ fn the_controller_writes_its_own_entries_beside_the_nodes() -> Result<()> {
         Ok(())
     })
 }
+
+#[test]
+fn each_node_marks_the_objects_it_has_entries_on_and_lists_only_those() -> Result<()> {
+    health_tests::multi_thread_runtime()?.block_on(async {
+        let Some(env) = Env::start().await? else {
+            return Ok(());
+        };
+        let a = env.node_api("node-a").await?.with_node_label("node-a");
+        let b = env.node_api("node-b").await?.with_node_label("node-b");
+        let marks = |o: &VolumeHealth| -> Vec<String> {
+            o.metadata
+                .labels
+                .iter()
+                .flatten()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect()
+        };
+        let listed = |node: &'static str| {
+            let admin = env.admin.clone();
+            async move {
+                let selector = health_kube::node_label::volume_health_key(node);
+                let found = status::list_selected(&admin, Some(&selector)).await?;
+                anyhow::Ok(
+                    found
+                        .iter()
+                        .map(|o| o.metadata.name.clone().unwrap_or_default())
+                        .collect::<Vec<_>>(),
+                )
+            }
+        };
+        let raised = [node_entry(
+            "node-a",
+            vec![cond(Status::Degraded, "BlockIOErrors", Some(3))],
+        )];
+        a.put(&env.claim, &raised, SystemTime::now()).await?;
+        assert_eq!(
+            marks(&env.object().await?),
+            ["node.volume-health.io/node-a="]
+        );
+        // Each node finds the objects it has entries on, and no other node's.
+        assert_eq!(listed("node-a").await?, [PVC]);
+        assert_eq!(listed("node-b").await?, Vec::<String>::new());
+
+        // A second node's entry adds its own mark under its own field manager.
+        b.put(
+            &env.claim,
+            &[node_entry("node-b", vec![])],
+            SystemTime::now(),
+        )
+        .await?;
+        assert_eq!(
+            marks(&env.object().await?),
+            [
+                "node.volume-health.io/node-a=",
+                "node.volume-health.io/node-b="
+            ]
+        );
+        assert_eq!(listed("node-b").await?, [PVC]);
+
+        // A node's last entry goes, and its mark with it; the other's stays.
+        a.put(&env.claim, &[], SystemTime::now()).await?;
+        let o = env.object().await?;
+        assert_eq!(names(&o), ["Node/node-b"]);
+        assert_eq!(marks(&o), ["node.volume-health.io/node-b="]);
+        assert_eq!(listed("node-a").await?, Vec::<String>::new());
+
+        // An object written before the marks existed (no label) gets it on
+        // the next write of its claim, even one that changes nothing.
+        let unmarked = json!({"apiVersion": "volume-health.io/v1alpha1", "kind": "VolumeHealth",
+                              "metadata": {"name": PVC, "namespace": NS}});
+        Api::<VolumeHealth>::namespaced(env.node_client("node-b").await?, NS)
+            .patch(
+                PVC,
+                &PatchParams::apply(&status::node_manager("node-b")).force(),
+                &Patch::Apply(&unmarked),
+            )
+            .await?;
+        assert_eq!(marks(&env.object().await?), Vec::<String>::new());
+        assert_eq!(
+            b.put(
+                &env.claim,
+                &[node_entry("node-b", vec![])],
+                SystemTime::now()
+            )
+            .await?,
+            Put::Unchanged
+        );
+        assert_eq!(
+            marks(&env.object().await?),
+            ["node.volume-health.io/node-b="]
+        );
+        Ok(())
+    })
+}

@@ -115,6 +115,17 @@ impl Fixture {
         }));
         fx.api.put(pod("web-0", POD_A));
         fx.api.put(pod("web-1", POD_B));
+        // Nor a PV no pod here uses.
+        fx.api.put(json!({
+            "apiVersion": "v1", "kind": "PersistentVolume",
+            "metadata": {"name": "pv-elsewhere"},
+            "spec": {
+                "capacity": {"storage": "64Mi"},
+                "accessModes": ["ReadWriteOnce"],
+                "claimRef": {"kind": "PersistentVolumeClaim", "namespace": "shop", "name": "other", "uid": "uid-other"},
+                "csi": {"driver": DRIVER, "volumeHandle": "handle-elsewhere"}
+            }
+        }));
         // A pod of another node must not be asked about or reported on.
         let mut elsewhere = pod("far-away", "3d3d3d3d-0000-4000-8000-00000000003d");
         elsewhere["spec"]["nodeName"] = json!("node-2");
@@ -358,6 +369,10 @@ fn check_raised(api: &FakeApiServer, count: u64, timeout: Duration) -> Result<Va
         (l == labels(&[("app", "shop"), ("volume-health.io/health", "Degraded")])).then_some(l)
     });
     assert!(label.is_ok(), "the PVC's label: {:?}", pvc_labels(api));
+    // The node's mark on the object, which a restarted agent lists by.
+    wait_volume_health(api, Duration::from_secs(5), "marked by node-1", |vh| {
+        vh["metadata"]["labels"] == json!({"node.volume-health.io/node-1": ""})
+    })?;
     Ok(vh)
 }
 
@@ -413,6 +428,12 @@ fn errors_on_a_shared_volume_reach_both_pods_and_the_pvc_then_recover() -> Resul
         assert_eq!(e["source"]["component"], "volume-health-agent", "{e}");
         assert_eq!(e["source"]["host"], "node-1", "{e}");
         assert_eq!(e["metadata"]["namespace"], "shop", "{e}");
+        // What a restarted agent selects its own Events by.
+        assert_eq!(
+            e["metadata"]["labels"],
+            json!({"volume-health.io/node": "node-1"}),
+            "{e}"
+        );
         let m = e["message"].as_str().unwrap_or_default();
         assert!(
             m.contains(&format!("25 block I/O errors (write, EIO) on {dev} (")),
@@ -510,15 +531,32 @@ fn errors_on_a_shared_volume_reach_both_pods_and_the_pvc_then_recover() -> Resul
             r.access()
         );
     }
-    // The VolumeHealths were listed once, at start, in pages of 500.
+    // The VolumeHealths were listed once, at start: this node's only (by
+    // its label), from the watch cache. The PVs were read one by one, and
+    // only the one this node's volumes use.
     let lists: Vec<_> = requests
         .iter()
         .filter(|r| r.method == "GET" && r.path == "/apis/volume-health.io/v1alpha1/volumehealths")
         .collect();
     assert_eq!(lists.len(), 1, "{lists:#?}");
     assert_eq!(
-        (lists[0].param("limit"), lists[0].status),
-        (Some("500"), 200)
+        (
+            lists[0].param("labelSelector"),
+            lists[0].param("resourceVersion"),
+            lists[0].param("limit"),
+            lists[0].status
+        ),
+        (Some("node.volume-health.io/node-1"), Some("0"), None, 200)
+    );
+    let pv_reads: Vec<&str> = requests
+        .iter()
+        .filter(|r| r.path.starts_with("/api/v1/persistentvolumes"))
+        .map(|r| r.path.as_str())
+        .collect();
+    assert_eq!(
+        pv_reads,
+        ["/api/v1/persistentvolumes/pv-e2e"],
+        "{pv_reads:#?}"
     );
     fx.stop()?;
     Ok(())
@@ -573,8 +611,12 @@ fn a_restart_mid_episode_continues_the_same_events() -> Result<()> {
     assert_eq!(lists.len(), 1, "{since:#?}");
     assert_eq!(lists[0].path, "/api/v1/events");
     assert_eq!(
-        lists[0].param("fieldSelector"),
-        Some("reportingComponent=volume-health-agent")
+        (
+            lists[0].param("labelSelector"),
+            lists[0].param("fieldSelector"),
+            lists[0].param("resourceVersion")
+        ),
+        (Some("volume-health.io/node=node-1"), None, Some("0"))
     );
     assert_eq!(lists[0].status, 200);
     assert_eq!(since[0].method, "GET", "the list comes first: {since:#?}");
@@ -709,9 +751,24 @@ fn a_storm_of_10000_errors_costs_a_handful_of_writes() -> Result<()> {
     let requests = fx.api.requests();
     let applies = status_applies(&requests);
     let vh_path = "/apis/volume-health.io/v1alpha1/namespaces/shop/volumehealths/data";
-    let creates = requests
+    // Applies of the object itself: its creation (a spec) and this node's
+    // mark (only metadata), once each.
+    let object_applies: Vec<_> = requests
         .iter()
         .filter(|r| r.method == "PATCH" && r.path == vh_path)
+        .collect();
+    let creates = object_applies
+        .iter()
+        .filter(|r| r.body.as_ref().is_some_and(|b| b.get("spec").is_some()))
+        .count();
+    let marks = object_applies
+        .iter()
+        .filter(|r| {
+            r.body.as_ref().is_some_and(|b| {
+                b.get("spec").is_none()
+                    && b["metadata"]["labels"] == json!({"node.volume-health.io/node-1": ""})
+            })
+        })
         .count();
     let gets = requests
         .iter()
@@ -724,7 +781,7 @@ fn a_storm_of_10000_errors_costs_a_handful_of_writes() -> Result<()> {
         })
         .count();
     eprintln!(
-        "VolumeHealth for 10,000 errors in {storm:.1?}: {} status applies, {creates} object applies, {gets} gets, {label_writes} label writes",
+        "VolumeHealth for 10,000 errors in {storm:.1?}: {} status applies, {creates} object creations, {marks} node marks, {gets} gets, {label_writes} label writes",
         applies.len()
     );
     assert!(applies.iter().all(|r| r.status == 200), "{applies:#?}");
@@ -734,7 +791,11 @@ fn a_storm_of_10000_errors_costs_a_handful_of_writes() -> Result<()> {
         "{} status applies, expected 3..={bound} (raise, updates, clear)",
         applies.len()
     );
-    assert_eq!(creates, 1, "the object is created once");
+    assert_eq!(
+        (creates, marks, object_applies.len()),
+        (1, 1, 2),
+        "the object is created once and marked once"
+    );
     assert_eq!(label_writes, 2, "the label is set once and removed once");
     let flags: Vec<bool> = applies.iter().map(|r| asserts(r)).collect();
     assert_eq!(flags.iter().filter(|a| !**a).count(), 1, "{flags:?}");
@@ -792,7 +853,7 @@ fn the_agent_starts_and_detects_while_the_api_server_is_away() -> Result<()> {
     let (code, body) = http_get(fx.metrics, "/readyz")?;
     assert_eq!(code, 503, "{body}");
     assert!(
-        body.contains("waiting for the first pod and PV lists"),
+        body.contains("waiting for the first list of this node's pods"),
         "{body}"
     );
     fx.fail_writes(9)?;

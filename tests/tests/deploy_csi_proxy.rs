@@ -100,7 +100,8 @@ fn helm(args: &[&str]) -> String {
 
 fn helm_template(values: &[&str]) -> Objects {
     let chart = chart_dir();
-    // Before 1.31: the rendering of deploy/ without recursiveReadOnly.
+    // Before 1.31: the rendering of deploy/ without recursiveReadOnly; and
+    // without the API Priority and Fairness objects (deploy_render.rs's).
     let mut args = vec![
         "template",
         "volume-health",
@@ -108,6 +109,8 @@ fn helm_template(values: &[&str]) -> Objects {
         "--include-crds",
         "--kube-version",
         "1.30.0",
+        "--set",
+        "priorityAndFairness.enabled=false",
     ];
     for v in values {
         args.extend(["--set", v]);

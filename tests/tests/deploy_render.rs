@@ -14,6 +14,13 @@
 //!   README's Deploy section tells users to write it); `helm template` for
 //!   1.31 and newer, or with `recursiveReadOnly=enabled`.
 //!
+//! The agents' API Priority and Fairness objects are version-dependent in
+//! another way (no one apiVersion is served by every supported cluster):
+//! deploy/components/flow-control (v1, 1.29+) and flow-control-v1beta3
+//! (1.26-1.31) each add exactly their two objects, and the chart renders the
+//! one its cluster serves (v1 from 1.29) unless turned off. Every helm
+//! rendering below is checked for them and then compared without them.
+//!
 //! helm and kubectl: HELM_BIN / KUBECTL_BIN, the xtask tools cache, or PATH
 //! (`cargo xtask tools` installs them). Whether a real 1.26 API server takes
 //! the old rendering and refuses the new one is
@@ -26,7 +33,7 @@ mod deploy_common;
 
 use deploy_common::agent_objects::{
     agent, by_key, deploy_objects, env_value, mount_path_of_host_path, name, namespace_of,
-    parse_documents, pod_spec, split, Parsed, MOUNTS,
+    parse_documents, pod_spec, split, Parsed, FLOW_CONTROL_V1, FLOW_CONTROL_V1BETA3, MOUNTS,
 };
 use deploy_common::{chart_dir, deploy_dir, read, run_tool, tool};
 use serde_json::Value;
@@ -35,6 +42,12 @@ use serde_json::Value;
 const RECURSIVE: &str = "IfPossible";
 /// The Component that turns the old rendering into the new one.
 const COMPONENT: &str = "components/recursive-read-only";
+
+/// The Components holding the agents' APF objects, by their apiVersion.
+const FLOW_CONTROL: [(&str, &str); 2] = [
+    (FLOW_CONTROL_V1, "components/flow-control"),
+    (FLOW_CONTROL_V1BETA3, "components/flow-control-v1beta3"),
+];
 
 type Objects = BTreeMap<(String, String, String), Value>;
 
@@ -61,7 +74,14 @@ fn kustomize_with_component() -> Vec<Parsed> {
     kustomize(user.path())
 }
 
+/// The objects of `helm template`, the agents' APF objects checked (they
+/// are one of the flow-control Components, or none) and taken out.
 fn helm_template(extra: &[&str]) -> Vec<Parsed> {
+    let origin = format!("helm template {extra:?}");
+    take_flow_control(helm_template_all(extra), &origin).1
+}
+
+fn helm_template_all(extra: &[&str]) -> Vec<Parsed> {
     let home = tempfile::tempdir().unwrap();
     let chart = chart_dir();
     let chart = chart.to_str().unwrap();
@@ -110,6 +130,61 @@ fn take_recursive(objects: &[Parsed], origin: &str) -> (BTreeSet<String>, Object
         }
     }
     (paths, rest)
+}
+
+/// The two objects of the flow-control Component in `api_version`.
+fn flow_control_files(api_version: &str) -> Objects {
+    let (_, dir) = FLOW_CONTROL
+        .iter()
+        .find(|(v, _)| *v == api_version)
+        .unwrap_or_else(|| panic!("no Component in {api_version}"));
+    let dir = deploy_dir().join(dir);
+    let objects: Vec<Parsed> = ["prioritylevel.yaml", "flowschema.yaml"]
+        .iter()
+        .flat_map(|f| parse_documents(&read(&dir.join(f)), f))
+        .collect();
+    let objects = by_key(&objects, &dir.display().to_string());
+    let kinds: Vec<&str> = objects.keys().map(|(kind, _, _)| kind.as_str()).collect();
+    assert_eq!(kinds, ["FlowSchema", "PriorityLevelConfiguration"]);
+    objects
+}
+
+/// A rendering's APF objects taken out: the apiVersion they are in (None:
+/// there are none), after checking they are exactly that version's
+/// Component with the FlowSchema naming the rendering's own agent
+/// ServiceAccount; and the other objects.
+fn take_flow_control(objects: Vec<Parsed>, origin: &str) -> (Option<String>, Vec<Parsed>) {
+    let (taken, rest): (Vec<Parsed>, Vec<Parsed>) = objects.into_iter().partition(|p| {
+        p.json["apiVersion"]
+            .as_str()
+            .is_some_and(|v| v.starts_with("flowcontrol.apiserver.k8s.io/"))
+    });
+    let Some(first) = taken.first() else {
+        return (None, rest);
+    };
+    let version = first.json["apiVersion"].as_str().unwrap().to_string();
+    let accounts: Vec<&Value> = rest
+        .iter()
+        .filter(|p| {
+            p.json["kind"] == "ServiceAccount" && p.json["metadata"]["name"] == "volume-health"
+        })
+        .map(|p| &p.json["metadata"]["namespace"])
+        .collect();
+    assert_eq!(accounts.len(), 1, "{origin}: the agent's ServiceAccount");
+    let agent_namespace = accounts[0].clone();
+    let mut expected = flow_control_files(&version);
+    for ((kind, _, _), object) in expected.iter_mut() {
+        if kind == "FlowSchema" {
+            object["spec"]["rules"][0]["subjects"][0]["serviceAccount"]["namespace"] =
+                agent_namespace.clone();
+        }
+    }
+    assert_eq!(
+        by_key(&taken, origin),
+        expected,
+        "{origin}: the {version} objects are not the Component's"
+    );
+    (Some(version), rest)
 }
 
 fn files() -> Objects {
@@ -194,6 +269,26 @@ fn a_kustomization_of_the_user_names_deploy_by_relative_paths() {
     assert_eq!(resolved(&written["resources"][0]), deploy);
     assert_eq!(written["components"].as_array().unwrap().len(), 1);
     assert_eq!(resolved(&written["components"][0]), deploy.join(COMPONENT));
+}
+
+#[test]
+fn each_flow_control_component_adds_exactly_its_two_objects() {
+    for (version, dir) in FLOW_CONTROL {
+        let text = read(&deploy_dir().join(dir).join("kustomization.yaml"));
+        let component: Value = serde_yaml::from_str(&text).unwrap();
+        assert_eq!(component["kind"], "Component", "{dir}");
+        let user = tempfile::tempdir().unwrap();
+        health_tests::k8s_tools::write_kustomization(
+            user.path(),
+            &[&deploy_dir()],
+            &[&deploy_dir().join(dir)],
+        )
+        .unwrap_or_else(|e| panic!("{e:#}"));
+        let origin = format!("deploy/ + {dir}");
+        let (found, rest) = take_flow_control(kustomize(user.path()), &origin);
+        assert_eq!(found.as_deref(), Some(version), "{origin}");
+        assert_old(&rest, &origin);
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -398,4 +493,64 @@ fn helm_values_change_what_they_claim_to() {
     .map(String::from)
     .into();
     assert_eq!(kinds, expected);
+}
+
+/// The FlowSchema of a rendering, as JSON.
+fn flow_schema(objects: &[Parsed]) -> Value {
+    let schemas: Vec<&Parsed> = objects
+        .iter()
+        .filter(|p| p.json["kind"] == "FlowSchema")
+        .collect();
+    assert_eq!(schemas.len(), 1, "one FlowSchema");
+    schemas[0].json.clone()
+}
+
+#[test]
+fn helm_renders_the_flow_control_objects_in_the_clusters_api_version() {
+    // v1 is served from 1.29, v1beta3 from 1.26 until 1.31. helm template's
+    // own API list has both whatever the version, so the version decides.
+    for (version, expected) in [
+        ("1.26.1", FLOW_CONTROL_V1BETA3),
+        ("1.28.15", FLOW_CONTROL_V1BETA3),
+        ("v1.28.3-eks-4f4795d", FLOW_CONTROL_V1BETA3),
+        ("1.29.0", FLOW_CONTROL_V1),
+        ("1.31.0", FLOW_CONTROL_V1),
+        ("1.33.0", FLOW_CONTROL_V1),
+        ("v1.30.14+k3s1", FLOW_CONTROL_V1),
+    ] {
+        let origin = format!("helm template --kube-version {version}");
+        let (found, _) =
+            take_flow_control(helm_template_all(&["--kube-version", version]), &origin);
+        assert_eq!(found.as_deref(), Some(expected), "{origin}");
+    }
+    // The switch: none at all, the rest unchanged.
+    for version in ["1.26.1", "1.33.0"] {
+        let origin =
+            format!("helm template --kube-version {version} priorityAndFairness.enabled=false");
+        let objects = helm_template_all(&[
+            "--kube-version",
+            version,
+            "--set",
+            "priorityAndFairness.enabled=false",
+        ]);
+        let (found, rest) = take_flow_control(objects, &origin);
+        assert_eq!(found, None, "{origin}");
+        assert_eq!(
+            by_key(&rest, &origin),
+            by_key(&helm_template(&["--kube-version", version]), &origin),
+            "{origin}"
+        );
+    }
+    // The subject follows the agents' namespace.
+    let fs = flow_schema(&helm_template_all(&[
+        "--kube-version",
+        "1.29.0",
+        "--set",
+        "namespace.name=storage-watch",
+    ]));
+    assert_eq!(
+        fs["spec"]["rules"][0]["subjects"],
+        serde_json::json!([{"kind": "ServiceAccount",
+            "serviceAccount": {"name": "volume-health", "namespace": "storage-watch"}}])
+    );
 }

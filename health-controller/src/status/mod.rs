@@ -73,14 +73,6 @@ impl StatusWriter {
         );
         let started = std::time::SystemTime::now();
         let listed = status::list_all(&client).await;
-        metrics.api_request(
-            "list",
-            "volumehealths",
-            match &listed {
-                Ok(_) => Some(200),
-                Err(e) => e.code(),
-            },
-        );
         status::adopt_listed(&board, api.owned(), &listed, started);
         let task = tokio::spawn(status::write_loop(api, Arc::clone(&board)));
         StatusWriter {

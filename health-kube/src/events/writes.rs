@@ -271,6 +271,16 @@ fn event_object(config: &RecorderConfig, s: &Series) -> Event {
         metadata: ObjectMeta {
             name: Some(s.name.clone()),
             namespace: Some(s.object.namespace.clone()),
+            // A node's agent finds its own Events after a restart by this
+            // label (`crate::node_label`); the controller's replicas take
+            // over each other's, by component.
+            labels: (!config.adopt_any_instance).then(|| {
+                [(
+                    crate::node_label::EVENT_NODE_LABEL.to_string(),
+                    crate::node_label::node_label(&config.host),
+                )]
+                .into()
+            }),
             ..ObjectMeta::default()
         },
         involved_object: s.object.reference(),

@@ -91,6 +91,11 @@ pub struct StatusApi {
     /// The names of the entries this writer may write (`Node/node-a`,
     /// `CSIDriver/node-a`); the admission policy holds it to them.
     owned: Vec<String>,
+    /// A node's agent: the label it keeps on the objects where it has
+    /// entries (`crate::node_label::volume_health_key`), so that it finds
+    /// them after a restart without listing every node's. `None`: the
+    /// controller, which lists them all anyway.
+    node_key: Option<String>,
     observer: Option<Arc<dyn Observer>>,
 }
 
@@ -105,8 +110,22 @@ impl StatusApi {
             client,
             manager,
             owned,
+            node_key: None,
             observer,
         }
+    }
+
+    /// Keeps `node`'s label on the objects where this writer has entries
+    /// (a node's agent; see `crate::node_label`).
+    pub fn with_node_label(mut self, node: &str) -> Self {
+        self.node_key = Some(crate::node_label::volume_health_key(node));
+        self
+    }
+
+    /// The label selector of the objects this writer has entries on, for a
+    /// node's agent.
+    pub fn node_selector(&self) -> Option<&str> {
+        self.node_key.as_deref()
     }
 
     pub fn owned(&self) -> &[String] {
@@ -161,6 +180,10 @@ impl StatusApi {
                 && before.since == summary.since
                 && before.nodes.as_deref().unwrap_or("") == summary.nodes;
             if theirs_unchanged && before.conditions == conditions && summary_unchanged {
+                // An object written before the node label existed gets it
+                // on the next write of its claim.
+                self.follow_node_label(claim, &current, !entries.is_empty())
+                    .await?;
                 return Ok(Put::Unchanged);
             }
             let mut status = json!({
@@ -188,6 +211,8 @@ impl StatusApi {
                 }) if s.code == 409 => continue,
                 Err(e) => return Err(e),
             }
+            self.follow_node_label(claim, &current, !entries.is_empty())
+                .await?;
             let was = before.health.as_deref().unwrap_or(HEALTHY);
             if was != summary.health {
                 self.follow_label(claim, &summary.health).await?;
@@ -251,6 +276,46 @@ impl StatusApi {
         .map(drop)
     }
 
+    /// Puts the node label on the object while this writer has entries
+    /// there (`ours`), and takes it off with the last one: one apply under
+    /// this writer's own field manager on the main resource (the status
+    /// subresource ignores metadata), made only when the label is not
+    /// already as it should be.
+    async fn follow_node_label(
+        &self,
+        claim: &Claim,
+        current: &VolumeHealth,
+        ours: bool,
+    ) -> Result<(), StatusError> {
+        let Some(key) = &self.node_key else {
+            return Ok(());
+        };
+        let labelled = current
+            .metadata
+            .labels
+            .as_ref()
+            .is_some_and(|l| l.contains_key(key));
+        if labelled == ours {
+            return Ok(());
+        }
+        // Applied without the label, the field manager's label goes.
+        let mut metadata = json!({"name": claim.name, "namespace": claim.namespace});
+        if ours {
+            metadata["labels"] = json!({ key: "" });
+        }
+        let body = json!({"apiVersion": API_VERSION, "kind": KIND, "metadata": metadata});
+        let api: Api<VolumeHealth> = Api::namespaced(self.client.clone(), &claim.namespace);
+        let params = PatchParams::apply(&self.manager).force();
+        self.call(
+            "patch",
+            "volumehealths",
+            &claim.name,
+            api.patch(&claim.name, &params, &Patch::Apply(&body)),
+        )
+        .await
+        .map(drop)
+    }
+
     /// Sets the PVC's label to `health`, then reads the object again: a
     /// writer that changed the union meanwhile may have set the label before
     /// this one did, so the label follows the latest union, not the last
@@ -303,7 +368,8 @@ impl StatusApi {
         .map(drop)
     }
 
-    /// One request: bounded in time, counted, its error typed.
+    /// One request: bounded in time, its error typed (the client counts
+    /// it: `crate::counted`).
     async fn call<T>(
         &self,
         verb: &'static str,
@@ -311,16 +377,7 @@ impl StatusApi {
         name: &str,
         request: impl std::future::Future<Output = Result<T, kube::Error>>,
     ) -> Result<T, StatusError> {
-        let result = tokio::time::timeout(REQUEST_TIMEOUT, request).await;
-        let code = match &result {
-            Ok(Ok(_)) => Some(200),
-            Ok(Err(kube::Error::Api(s))) => Some(s.code),
-            _ => None,
-        };
-        if let Some(o) = &self.observer {
-            o.api_request(verb, resource, code);
-        }
-        match result {
+        match tokio::time::timeout(REQUEST_TIMEOUT, request).await {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(error)) => Err(StatusError::Api {
                 verb,

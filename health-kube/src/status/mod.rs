@@ -141,25 +141,35 @@ pub fn entries_for_node(node: &str, members: &[Member<'_>], now: SystemTime) -> 
 }
 
 /// Every `VolumeHealth` in the cluster, in pages: read once at start so
-/// that a restarted writer continues (and can remove) its entries.
+/// that a restarted controller continues (and can remove) its entries.
 pub async fn list_all(client: &kube::Client) -> Result<Vec<VolumeHealth>, PageError> {
+    list_selected(client, None).await
+}
+
+/// The `VolumeHealth` objects `selector` selects: a node's own, from the
+/// API server's watch cache (`resourceVersion=0`: what the agent wrote
+/// before it restarted is there; etcd is not read) in one answer (the
+/// cache ignores `limit`); with `None`, all of them, in pages.
+pub async fn list_selected(
+    client: &kube::Client,
+    selector: Option<&str>,
+) -> Result<Vec<VolumeHealth>, PageError> {
     let api: Api<VolumeHealth> = Api::all(client.clone());
+    let params = match selector {
+        Some(selector) => ListParams::default().labels(selector).match_any(),
+        None => ListParams::default().limit(LIST_PAGE),
+    };
     let mut out = Vec::new();
-    list_pages(
-        &api,
-        ListParams::default().limit(LIST_PAGE),
-        REQUEST_TIMEOUT,
-        |page| out.extend(page),
-    )
-    .await?;
+    list_pages(&api, params, REQUEST_TIMEOUT, |page| out.extend(page)).await?;
     Ok(out)
 }
 
-/// The writer task: takes over this writer's entries, then writes what the
-/// board decides, one claim at a time. Runs until dropped.
+/// The writer task: takes over this writer's entries (a node's agent
+/// lists only the objects its label marks), then writes what the board
+/// decides, one claim at a time. Runs until dropped.
 pub async fn run(api: StatusApi, board: Arc<SharedBoard>, client: kube::Client) {
     let started = SystemTime::now();
-    let listed = list_all(&client).await;
+    let listed = list_selected(&client, api.node_selector()).await;
     adopt_listed(&board, api.owned(), &listed, started);
     write_loop(api, board).await
 }

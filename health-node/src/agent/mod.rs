@@ -145,7 +145,7 @@ async fn agent_loop<R: Reporter>(
     let bulk = prio.bulk();
     let mut agent = Agent::start(&opts, reporter)?;
     let active = agent.active_sources();
-    agent.reporter.ready(active);
+    agent.reporter.ready(active, agent.vols.as_ref());
     // Tests and scripts wait for this line before causing errors, and may
     // ask the reporter's state (`/readyz`) at once: it is printed after the
     // reporter took note.

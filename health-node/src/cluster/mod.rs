@@ -14,16 +14,22 @@
 //! story, across a restart too. Pods have no such object: their Events do
 //! not wait.
 
-/// Everything the agent asks of the API server, cluster-wide:
-/// - pods: a reflector over this node's pods (`fieldSelector=spec.nodeName=NODE`);
-/// - persistentvolumes: a reflector; a PV's `spec.claimRef` names its PVC
-///   (namespace, name, uid), so no cluster-wide PVC watch is needed;
-/// - events (core/v1, which the Node authorizer also allows): created, then
-///   aggregated by patching `count`, `lastTimestamp` and `message`; listed
-///   once at start (`fieldSelector=reportingComponent=volume-health-agent`)
-///   to continue the episodes open across a restart;
+/// Everything the agent asks of the API server. Nothing it reads grows with
+/// the cluster: it reads this node's pods, the PVs they use, and the
+/// objects it wrote itself (docs/large-clusters.md).
+/// - pods: a reflector over this node's pods (`fieldSelector=spec.nodeName=NODE`,
+///   from the watch cache);
+/// - persistentvolumes: a GET of each PV a kubelet volume directory here
+///   names; its `spec.claimRef` names the PVC (namespace, name, uid), so no
+///   PVC read is needed;
+/// - events (core/v1, which the Node authorizer also allows): created with
+///   this node's label, then aggregated by patching `count`,
+///   `lastTimestamp` and `message`; listed once at start by that label
+///   (`health_kube::node_label`) to continue the episodes open across a
+///   restart;
 /// - volumehealths (the project's CRD): read, created by server-side apply
-///   (patch), listed once at start to continue this node's entries;
+///   (patch), labelled with this node while it has entries there, listed
+///   once at start by that label to continue this node's entries;
 ///   volumehealths/status: this node's entries by server-side apply;
 /// - persistentvolumeclaims: patch, for the label `volume-health.io/health`
 ///   only (the admission policy in deploy/ holds the agent to that).
@@ -36,7 +42,7 @@ pub const API_ACCESS: &[ApiAccess] = &[
     ApiAccess {
         group: "",
         resource: "persistentvolumes",
-        verbs: &["list", "watch"],
+        verbs: &["get"],
     },
     ApiAccess {
         group: "",
@@ -60,6 +66,7 @@ pub const API_ACCESS: &[ApiAccess] = &[
     },
 ];
 
+pub mod pvs;
 pub mod report;
 pub mod view;
 
@@ -70,7 +77,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use health_kube::http::{self, Health};
-use health_kube::{config, events, status, writer, ApiAccess};
+use health_kube::{config, counted, events, status, writer, ApiAccess};
 
 use crate::agent::{self, AgentOptions};
 use crate::report::metrics::Metrics;
@@ -102,14 +109,16 @@ const RECOVERY_WAITS_FOR_STATUS: Duration = Duration::from_secs(10);
 /// `health-agent run`: the DaemonSet agent.
 pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
     let config = config(opts.kubeconfig.as_deref()).await?;
-    let client =
-        kube::Client::try_from(config.clone()).context("creating the Kubernetes client")?;
+    // Both clients count every request they send in the metrics.
+    let metrics = Arc::new(Metrics::new());
+    let observer: Arc<dyn writer::Observer> = metrics.clone();
+    let client = counted::client(config.clone(), Arc::clone(&observer))
+        .context("creating the Kubernetes client")?;
     // The Event writer's own client: built here, where building can fail,
     // and started on the event thread's runtime (its request queue and
     // connections are tasks of the runtime it starts on).
-    let writer_client =
-        kube::client::ClientBuilder::try_from(config).context("creating the Kubernetes client")?;
-    let metrics = Arc::new(Metrics::new());
+    let writer_client = counted::client_builder(config, Arc::clone(&observer))
+        .context("creating the Kubernetes client")?;
     let health = Health::new(STALE_AFTER);
     let listener = http::bind(opts.metrics_addr).await?;
     let served = match &opts.volume_health_socket {
@@ -124,9 +133,7 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
 
     // Nothing below waits for the API server: detection starts at once,
     // the reflectors and the writer retry in the background.
-    let observer: Arc<dyn writer::Observer> = metrics.clone();
-    let (view, watchers) =
-        view::ClusterView::start(client.clone(), &opts.node, Some(Arc::clone(&observer)));
+    let (view, watchers) = view::ClusterView::start(client.clone(), &opts.node);
     // Held before anything is recorded or continued: a recovery on a claim
     // recorded now waits for the status writer started below, whose
     // results reach this recorder through the metrics' observer.
@@ -138,10 +145,9 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
     // bulk work, done here at normal priority. The writes wait for it.
     let (recovered_tx, recovered_rx) = tokio::sync::oneshot::channel();
     let recovery = tokio::spawn({
-        let (client, shared, observer) =
-            (client.clone(), Arc::clone(&shared), Arc::clone(&observer));
+        let (client, shared) = (client.clone(), Arc::clone(&shared));
         async move {
-            writer::recover(&client, &shared, Some(&*observer)).await;
+            writer::recover(&client, &shared).await;
             let _ = recovered_tx.send(());
         }
     });
@@ -168,7 +174,8 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
         status::node_manager(&opts.node),
         status::node_entry_names(&opts.node),
         Some(Arc::clone(&observer)),
-    );
+    )
+    .with_node_label(&opts.node);
     let status_writer = tokio::spawn(status::run(status_api, Arc::clone(&board), client.clone()));
     let sink = report::StatusSink {
         node: opts.node.clone(),

@@ -73,7 +73,7 @@ impl ClusterReporter {
     /// volume here uses when `None`), from the conditions of all pod volumes
     /// here on each. A claim none of them uses any more is released.
     fn sync_status(&mut self, volumes: &LiveVolumes, claims: Option<&[Claim]>) {
-        if self.status.is_none() || !self.view.is_ready() {
+        if !self.view.is_ready() {
             return;
         }
         let index = volumes.index();
@@ -85,6 +85,9 @@ impl ClusterReporter {
                     self.targets(&v.key, index);
                 }
             }
+        }
+        if self.status.is_none() {
+            return;
         }
         let mut by_claim: BTreeMap<Claim, Vec<&VolumeKey>> = BTreeMap::new();
         for (key, t) in &self.known {
@@ -128,7 +131,9 @@ impl ClusterReporter {
                 .collect();
             board.set(claim, status::entries_for_node(&sink.node, &members, now));
         }
-        if claims.is_none() {
+        // Claims are released only with the whole picture: while a PV is
+        // being read, its volume's claim is not yet among `wanted`.
+        if claims.is_none() && !self.view.resolving() {
             board.release_others(&wanted);
             board.set_ready();
         }
@@ -198,7 +203,10 @@ impl ClusterReporter {
                 .set_not_ready("kernel programs not attached yet".to_string());
         } else if !self.view.is_ready() {
             self.health
-                .set_not_ready("waiting for the first pod and PV lists".to_string());
+                .set_not_ready("waiting for the first list of this node's pods".to_string());
+        } else if self.view.resolving() {
+            self.health
+                .set_not_ready("reading the PVs this node's volumes use".to_string());
         } else {
             self.health.set_ready(true);
         }
@@ -263,9 +271,14 @@ fn volume_ref(t: &Targets) -> VolumeRef {
 impl Reporter for ClusterReporter {
     type Wake = ();
 
-    fn ready(&mut self, active: usize) {
+    fn ready(&mut self, active: usize, volumes: Option<&LiveVolumes>) {
         tracing::info!(sources = active, "kernel programs attached");
         self.attached = true;
+        // The pods may be listed already: the volumes found at start are
+        // resolved now (their PVs asked for), not at their first error.
+        if let Some(v) = volumes {
+            self.sync_status(v, None);
+        }
         self.update_readiness();
     }
 
@@ -399,13 +412,15 @@ impl Reporter for ClusterReporter {
     }
 
     fn handle(&mut self, _wake: (), volumes: Option<&LiveVolumes>) {
-        self.update_readiness();
         if let Some(v) = volumes {
             self.unpark(v.index());
             // Pods came or went: every claim's entries (pods named, claims
-            // no longer used here released).
+            // no longer used here released). Resolving the volumes asks for
+            // the PVs not yet read.
             self.sync_status(v, None);
         }
+        // After the PV reads were asked for: ready means attributable.
+        self.update_readiness();
     }
 
     fn finish(

@@ -1,12 +1,14 @@
-//! This node's pods and the PVs, as kube-rs reflectors, and the mapping of
-//! each kubelet volume directory to the objects its Events go on.
+//! This node's pods, in a kube-rs reflector, and the PVs their volumes use,
+//! read one by one ([`super::pvs`]); and the mapping of each kubelet volume
+//! directory to the objects its Events go on.
 //!
 //! kubelet names a pod's volume directory by PV name (or, for inline CSI
 //! volumes, by the pod's volume name); the PV's `spec.claimRef` names the
 //! PVC with its uid, and the pod's `spec.volumes` say which of its volumes
-//! uses that claim. So two reflectors suffice: pods with
-//! `spec.nodeName=<this node>` and all PVs. Both keep only the fields used
-//! here, to bound memory on large clusters.
+//! uses that claim. Nothing here grows with the cluster: the reflector
+//! holds this node's pods (`spec.nodeName=<node>`, listed from the API
+//! server's watch cache, as the kubelet lists them), slimmed to the fields
+//! used here, and the PV lookups only the PVs those pods use.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -14,93 +16,78 @@ use std::sync::Arc;
 use health_kube::events::{ObjectKind, ObjectRef, Targets};
 use health_kube::pv::SlimPv;
 use health_kube::reflect::drive;
-use health_kube::writer::Observer;
-use k8s_openapi::api::core::v1::{PersistentVolume, Pod};
-use kube::core::ApiResource;
-use kube::runtime::reflector::{self, ObjectRef as StoreRef, Store};
+use k8s_openapi::api::core::v1::Pod;
+use kube::runtime::reflector::{self, Store};
 use kube::runtime::{watcher, WatchStreamExt as _};
 use kube::{Api, Client, ResourceExt as _};
 use tokio::sync::Notify;
 
+use super::pvs::{Lookup, PvLookups};
 use crate::volumes::kubelet::{KubeletVolume, VolumeKind};
 
-/// Read access to the two reflector stores.
+/// Read access to the pod store and the PV lookups.
 #[derive(Clone)]
 pub struct ClusterView {
     pods: Store<Pod>,
-    pvs: Store<SlimPv>,
-    /// What the PV store's keys are typed by (`SlimPv` is a dynamic object).
-    pv_resource: ApiResource,
-    /// Notified on every change either store applies.
+    pvs: PvLookups,
+    /// Notified on every change the store applies and every PV answer.
     changed: Arc<Notify>,
-    /// Each store has completed a list.
+    /// The pod store has completed a list.
     pods_ready: Arc<AtomicBool>,
-    pvs_ready: Arc<AtomicBool>,
 }
 
 impl ClusterView {
-    /// Starts the reflectors as background tasks; they retry with backoff
-    /// while the API server is away, and the stores are empty (not ready)
-    /// until their first list completes.
-    pub fn start(
-        client: Client,
-        node: &str,
-        observer: Option<Arc<dyn Observer>>,
-    ) -> (ClusterView, Vec<tokio::task::JoinHandle<()>>) {
+    /// Starts the pod reflector and the PV fetcher as background tasks; they
+    /// retry with backoff while the API server is away, and the store is
+    /// empty (not ready) until its first list completes.
+    pub fn start(client: Client, node: &str) -> (ClusterView, Vec<tokio::task::JoinHandle<()>>) {
         let changed = Arc::new(Notify::new());
         let (pods, pod_writer) = reflector::store::<Pod>();
-        // PVs decode into the slim type: the agent holds every PV of the
-        // cluster and reads only the claim reference.
-        let pv_resource = ApiResource::erase::<PersistentVolume>(&());
-        let pv_writer = reflector::store::Writer::<SlimPv>::new(pv_resource.clone());
-        let pvs = pv_writer.as_reader();
-        let pod_config = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
+        // `resourceVersion=0`: the watch cache answers, indexed by node
+        // name, instead of etcd decoding every pod of the cluster. It
+        // answers in one page (kube sends no `resourceVersion=0` with a
+        // `limit`, which the cache would ignore): one node's pods.
+        let mut pod_config = watcher::Config::default()
+            .fields(&format!("spec.nodeName={node}"))
+            .any_semantic();
+        pod_config.page_size = None;
         let pod_stream = watcher(Api::<Pod>::all(client.clone()), pod_config)
             .default_backoff()
             .modify(slim_pod)
             .reflect(pod_writer);
-        let pv_stream = watcher(
-            Api::<SlimPv>::all_with(client, &pv_resource),
-            watcher::Config::default(),
-        )
-        .default_backoff()
-        .modify(health_kube::pv::slim)
-        .reflect(pv_writer);
         let pods_ready = Arc::new(AtomicBool::new(false));
-        let pvs_ready = Arc::new(AtomicBool::new(false));
+        let (pvs, fetcher) = PvLookups::start(client, Arc::clone(&changed));
         let tasks = vec![
             tokio::spawn(drive(
                 pod_stream,
                 "pods",
                 Some(Arc::clone(&changed)),
                 Arc::clone(&pods_ready),
-                observer.clone(),
             )),
-            tokio::spawn(drive(
-                pv_stream,
-                "persistentvolumes",
-                Some(Arc::clone(&changed)),
-                Arc::clone(&pvs_ready),
-                observer,
-            )),
+            fetcher,
         ];
         let view = ClusterView {
             pods,
             pvs,
-            pv_resource,
             changed,
             pods_ready,
-            pvs_ready,
         };
         (view, tasks)
     }
 
-    /// Both stores have completed their first list.
+    /// The pod store has completed its first list.
     pub fn is_ready(&self) -> bool {
-        self.pods_ready.load(Ordering::Acquire) && self.pvs_ready.load(Ordering::Acquire)
+        self.pods_ready.load(Ordering::Acquire)
     }
 
-    /// Resolves when either store changed since the last call.
+    /// Some volume's PV is being read: until it is, what the volumes here
+    /// use is not known in full.
+    pub fn resolving(&self) -> bool {
+        self.pvs.any_pending()
+    }
+
+    /// Resolves when the store changed or a PV answer came since the last
+    /// call.
     pub async fn changed(&self) {
         self.changed.notified().await
     }
@@ -134,17 +121,19 @@ impl ClusterView {
         }
     }
 
-    /// Where a kubelet volume's Events go; `None` while its pod is unknown.
+    /// Where a kubelet volume's Events go; `None` while its pod is unknown
+    /// or its PV is being read (the view wakes when it is).
     pub fn targets(&self, v: &KubeletVolume) -> Option<Targets> {
         let pod = self
             .pods
             .state()
             .into_iter()
             .find(|p| p.metadata.uid.as_deref() == Some(v.pod_uid.as_str()))?;
-        let pv = v.pv.as_deref().and_then(|name| {
-            self.pvs
-                .get(&StoreRef::new_with(name, self.pv_resource.clone()))
-        });
+        let pv = match v.pv.as_deref().map(|name| self.pvs.lookup(name)) {
+            None => None,
+            Some(Lookup::Known(pv)) => pv,
+            Some(Lookup::Pending) => return None,
+        };
         Some(resolve(&pod, pv.as_deref(), v))
     }
 }
@@ -211,9 +200,9 @@ pub fn resolve(pod: &Pod, pv: Option<&SlimPv>, v: &KubeletVolume) -> Targets {
 
 #[cfg(test)]
 mod tests {
-    //! The reflectors' exact requests (kube's mock API service, tower-test):
-    //! this node's pods and all PVs, listed then watched, and the objects a
-    //! kubelet volume's Events go on.
+    //! The exact requests (kube's mock API service, tower-test): this
+    //! node's pods listed then watched, each PV read once when a volume
+    //! needs it, and the objects a kubelet volume's Events go on.
 
     use health_kube::testing::{client, next, respond, ApiRequest};
     use http::Method;
@@ -232,43 +221,40 @@ mod tests {
         }]})
     }
 
-    fn pv_list() -> Value {
-        json!({"apiVersion": "v1", "kind": "PersistentVolumeList", "metadata": {"resourceVersion": "10"},
-        "items": [{
-            "metadata": {"name": "pv-1", "resourceVersion": "8"},
+    fn pv() -> Value {
+        json!({"apiVersion": "v1", "kind": "PersistentVolume",
+            "metadata": {"name": "pv-1", "resourceVersion": "8", "annotations": {"a": "b"}},
             "spec": {"claimRef": {"namespace": "shop", "name": "data", "uid": "uid-pvc"},
                      "csi": {"driver": "test.csi", "volumeHandle": "h-1"}}
-        }]})
+        })
+    }
+
+    /// Waits for the view's wake-ups until no PV is being read.
+    async fn answered(view: &ClusterView) {
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
+        while view.resolving() {
+            tokio::time::timeout_at(deadline, view.changed())
+                .await
+                .expect("the answer wakes the view");
+        }
     }
 
     #[tokio::test]
-    async fn reflectors_list_and_watch_this_node_and_map_volumes() {
+    async fn this_nodes_pods_are_watched_and_each_pv_read_once() {
         let (client, mut handle) = client();
-        let (view, tasks) = ClusterView::start(client, "node-1", None);
-        let mut seen = Vec::new();
-        let mut held = Vec::new();
-        // Two lists, then two watches (in either order across the two).
-        for _ in 0..4 {
-            let (ApiRequest { method, uri, .. }, send) = next(&mut handle).await;
-            assert_eq!(method, Method::GET);
-            if uri.contains("watch=true") {
-                held.push(send); // the watch stays open, with nothing new
-            } else if uri.starts_with("/api/v1/pods") {
-                respond(send, 200, &pod_list());
-            } else {
-                respond(send, 200, &pv_list());
-            }
-            seen.push(uri);
-        }
-        seen.sort();
+        let (view, tasks) = ClusterView::start(client, "node-1");
+        // This node's pods, from the watch cache, then watched.
+        let (ApiRequest { method, uri, .. }, send) = next(&mut handle).await;
+        assert_eq!(method, Method::GET);
         assert_eq!(
-            seen,
-            [
-                "/api/v1/persistentvolumes?&limit=500",
-                "/api/v1/persistentvolumes?&watch=true&timeoutSeconds=290&allowWatchBookmarks=true&resourceVersion=10",
-                "/api/v1/pods?&fieldSelector=spec.nodeName%3Dnode-1&limit=500",
-                "/api/v1/pods?&watch=true&timeoutSeconds=290&fieldSelector=spec.nodeName%3Dnode-1&allowWatchBookmarks=true&resourceVersion=10",
-            ]
+            uri,
+            "/api/v1/pods?&fieldSelector=spec.nodeName%3Dnode-1&resourceVersion=0&resourceVersionMatch=NotOlderThan"
+        );
+        respond(send, 200, &pod_list());
+        let (ApiRequest { uri, .. }, watch) = next(&mut handle).await;
+        assert_eq!(
+            uri,
+            "/api/v1/pods?&watch=true&timeoutSeconds=290&fieldSelector=spec.nodeName%3Dnode-1&allowWatchBookmarks=true&resourceVersion=10"
         );
         assert!(view.is_ready());
         let v = KubeletVolume {
@@ -283,7 +269,17 @@ mod tests {
             staging_path: None,
             node_name: Some("node-1".into()),
         };
-        let t = view.targets(&v).expect("the pod is known");
+        // The PV is not known yet: asked for, and the volume waits.
+        assert_eq!(view.targets(&v), None);
+        assert!(view.resolving());
+        let (ApiRequest { method, uri, .. }, send) = next(&mut handle).await;
+        assert_eq!(
+            (method, uri.as_str()),
+            (Method::GET, "/api/v1/persistentvolumes/pv-1")
+        );
+        respond(send, 200, &pv());
+        answered(&view).await;
+        let t = view.targets(&v).expect("the pod and the PV are known");
         assert_eq!(t.pod.kind, ObjectKind::Pod);
         assert_eq!(
             (
@@ -303,7 +299,7 @@ mod tests {
         // An unknown pod is not guessed at.
         let other = KubeletVolume {
             pod_uid: "uid-other".into(),
-            ..v
+            ..v.clone()
         };
         assert_eq!(view.targets(&other), None);
         // What Events continued from before a restart may stay about.
@@ -325,7 +321,27 @@ mod tests {
             "logs",
             "uid-logs"
         )));
-        drop(held);
+        // A PV the server does not have: the volume reports to its pod only.
+        let orphan = KubeletVolume {
+            pv: Some("pv-gone".into()),
+            ..v.clone()
+        };
+        assert_eq!(view.targets(&orphan), None);
+        let (ApiRequest { uri, .. }, send) = next(&mut handle).await;
+        assert_eq!(uri, "/api/v1/persistentvolumes/pv-gone");
+        respond(
+            send,
+            404,
+            &json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404,
+                    "message": "persistentvolumes \"pv-gone\" not found"}),
+        );
+        answered(&view).await;
+        let t = view.targets(&orphan).expect("the pod is known");
+        assert_eq!((t.pvc, t.pod_volume.as_str()), (None, "pv-1"));
+        // Each PV was read once: the answers are kept.
+        assert!(view.targets(&v).is_some());
+        assert!(view.targets(&orphan).is_some());
+        drop(watch);
         for task in tasks {
             task.abort();
         }

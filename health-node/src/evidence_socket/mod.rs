@@ -188,8 +188,8 @@ impl<R> Publishing<R> {
 impl<R: Reporter> Reporter for Publishing<R> {
     type Wake = R::Wake;
 
-    fn ready(&mut self, active: usize) {
-        self.inner.ready(active);
+    fn ready(&mut self, active: usize, volumes: Option<&LiveVolumes>) {
+        self.inner.ready(active, volumes);
     }
 
     fn errors(

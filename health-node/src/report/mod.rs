@@ -24,9 +24,9 @@ pub mod watch;
 pub trait Reporter {
     /// Something else the reporter waits on (API stores, a server).
     type Wake;
-    /// The kernel programs are attached; `active` sources. The loop prints
-    /// the ready line after this returns.
-    fn ready(&mut self, _active: usize) {}
+    /// The kernel programs are attached; `active` sources, and the volumes
+    /// found. The loop prints the ready line after this returns.
+    fn ready(&mut self, _active: usize, _volumes: Option<&LiveVolumes>) {}
     /// A batch of kernel errors, after the volumes recorded it.
     fn errors(
         &mut self,

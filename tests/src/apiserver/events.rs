@@ -7,12 +7,14 @@ use http::StatusCode;
 use serde_json::{json, Map, Value};
 
 use super::json::{list_json, meta_mut, meta_remove, meta_str, name_of, namespace_of, now_rfc3339};
+use super::labels::LabelSelector;
 use super::query::{dry_run, param};
 use super::reply::{bad_body, error, invalid, not_found, Reply};
 use super::store::Shared;
 use super::Recorded;
 
-/// `GET .../events`, with the `fieldSelector` terms the real server accepts for
+/// `GET .../events`, with the `labelSelector` ([`LabelSelector`]) and the
+/// `fieldSelector` terms the real server accepts for
 /// core/v1 Events (`a=b`, `a==b`, `a!=b`, all of them must hold); any other field
 /// is a 400, as there. No pagination: the whole selection in one page, which a
 /// client following `continue` takes as the last.
@@ -25,11 +27,16 @@ pub(super) fn list_events(
         Ok(terms) => terms,
         Err(message) => return error(StatusCode::BAD_REQUEST, "BadRequest", message, None),
     };
+    let labels = match LabelSelector::parse(param(query, "labelSelector")) {
+        Ok(labels) => labels,
+        Err(message) => return error(StatusCode::BAD_REQUEST, "BadRequest", message, None),
+    };
     let st = shared.lock();
     let items = st
         .events
         .iter()
         .filter(|((ns, _), _)| namespace.is_none_or(|want| ns == want))
+        .filter(|(_, e)| labels.matches(e))
         .filter(|(_, e)| {
             terms
                 .iter()

@@ -56,6 +56,7 @@
 mod apply;
 mod events;
 mod json;
+mod labels;
 mod list;
 mod query;
 mod reply;

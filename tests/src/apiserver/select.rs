@@ -1,10 +1,12 @@
-//! What a list or watch selects (kind, namespace, `fieldSelector` terms), and the
+//! What a list or watch selects (kind, namespace, `fieldSelector` and
+//! `labelSelector` terms), and the
 //! watch event a change means for a selection.
 
 use hyper::body::Bytes;
 use serde_json::Value;
 
 use super::json::{meta_mut, name_of, namespace_of, watch_line};
+use super::labels::LabelSelector;
 use super::query::param;
 use super::store::{Change, Kind};
 
@@ -31,6 +33,7 @@ pub(super) struct WatchSpec {
     pub(super) kind: Kind,
     namespace: Option<String>,
     terms: Vec<Term>,
+    labels: LabelSelector,
 }
 
 impl WatchSpec {
@@ -41,11 +44,7 @@ impl WatchSpec {
         namespace: Option<&str>,
         query: &[(String, String)],
     ) -> Result<Self, String> {
-        if let Some(labels) = param(query, "labelSelector").filter(|s| !s.trim().is_empty()) {
-            return Err(format!(
-                "labelSelector {labels:?} is not supported by the fake apiserver (only fieldSelector)"
-            ));
-        }
+        let labels = LabelSelector::parse(param(query, "labelSelector"))?;
         let mut terms = Vec::new();
         for term in param(query, "fieldSelector").unwrap_or("").split(',') {
             let term = term.trim();
@@ -79,6 +78,7 @@ impl WatchSpec {
             kind,
             namespace: namespace.map(str::to_string),
             terms,
+            labels,
         })
     }
 
@@ -87,6 +87,9 @@ impl WatchSpec {
             if namespace_of(obj) != ns {
                 return false;
             }
+        }
+        if !self.labels.matches(obj) {
+            return false;
         }
         self.terms.iter().all(|t| {
             let actual = match t.field {

@@ -64,11 +64,15 @@ impl ControllerEnv {
     /// `None` (after a loud notice) when the API server's binaries are
     /// missing outside CI; see [`crate::envtest::Options::require`].
     pub async fn start() -> Option<ControllerEnv> {
+        Self::start_with(Options::new()).await
+    }
+
+    /// [`ControllerEnv::start`] on a server started with `options` (extra
+    /// flags; the controller's ServiceAccount is added).
+    pub async fn start_with(options: Options) -> Option<ControllerEnv> {
         // `require` blocks for the few seconds the server takes to start.
         let server = tokio::task::spawn_blocking(|| {
-            Options::new()
-                .service_account(CSI_NS, CONTROLLER_SA)
-                .require()
+            options.service_account(CSI_NS, CONTROLLER_SA).require()
         })
         .await
         .expect("the server start thread panicked")?;

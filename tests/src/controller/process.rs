@@ -28,6 +28,8 @@ pub struct Replica {
     pub call_timeout_secs: u32,
     pub lease_duration_secs: u32,
     pub monitor_interval_secs: u32,
+    /// `--metrics-addr`: any free port unless a test reads the metrics.
+    pub metrics_addr: String,
 }
 
 impl Replica {
@@ -39,7 +41,20 @@ impl Replica {
             call_timeout_secs: 1,
             lease_duration_secs: 3,
             monitor_interval_secs: 1,
+            metrics_addr: "127.0.0.1:0".into(),
         }
+    }
+
+    /// `--lease-duration` (3 s by default).
+    pub fn lease_duration(mut self, secs: u32) -> Replica {
+        self.lease_duration_secs = secs;
+        self
+    }
+
+    /// Serves `/metrics` on `addr`.
+    pub fn metrics_addr(mut self, addr: std::net::SocketAddr) -> Replica {
+        self.metrics_addr = addr.to_string();
+        self
     }
 
     /// `--monitor-interval` (a cycle every second by default).
@@ -64,7 +79,7 @@ impl Replica {
             ("--monitor-interval", self.monitor_interval_secs.to_string()),
             ("--node-grace", "2".into()),
             ("--lease-duration", self.lease_duration_secs.to_string()),
-            ("--metrics-addr", "127.0.0.1:0".into()),
+            ("--metrics-addr", self.metrics_addr.clone()),
             ("--call-timeout", self.call_timeout_secs.to_string()),
             ("--list-page-size", self.list_page_size.to_string()),
             ("--event-update-interval", "1".into()),

@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Container, Namespace, PodSpec, Service, ServiceAccount, Volume};
+use k8s_openapi::api::flowcontrol::v1::{FlowSchema, PriorityLevelConfiguration};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use serde_json::Value;
@@ -19,6 +20,10 @@ pub const CLUSTER_ROLE: &str = "volume-health";
 pub const DAEMON_SET: &str = "volume-health-agent";
 pub const METRICS_SERVICE: &str = "volume-health-metrics";
 pub const IMAGE: &str = "volume-health-agent:0.1.0";
+/// The API Priority and Fairness versions of deploy/components/flow-control
+/// (1.29+) and flow-control-v1beta3 (1.26-1.31).
+pub const FLOW_CONTROL_V1: &str = "flowcontrol.apiserver.k8s.io/v1";
+pub const FLOW_CONTROL_V1BETA3: &str = "flowcontrol.apiserver.k8s.io/v1beta3";
 
 /// One host path the agent needs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -85,6 +90,10 @@ pub enum Object {
     DaemonSet(Box<DaemonSet>),
     Service(Box<Service>),
     Crd(Box<CustomResourceDefinition>),
+    /// The agents' API Priority and Fairness objects (v1, or v1beta3 read
+    /// as v1: see [`to_object`]).
+    FlowSchema(Box<FlowSchema>),
+    PriorityLevel(Box<PriorityLevelConfiguration>),
 }
 
 /// An object with the document it came from (as JSON).
@@ -120,6 +129,19 @@ pub fn to_object(json: &Value, origin: &str) -> Object {
         ("apps/v1", "DaemonSet") => Object::DaemonSet(Box::new(typed(json, origin))),
         ("apiextensions.k8s.io/v1", "CustomResourceDefinition") => {
             Object::Crd(Box::new(typed(json, origin)))
+        }
+        (FLOW_CONTROL_V1, "FlowSchema") => Object::FlowSchema(Box::new(typed(json, origin))),
+        (FLOW_CONTROL_V1, "PriorityLevelConfiguration") => {
+            Object::PriorityLevel(Box::new(typed(json, origin)))
+        }
+        // k8s-openapi has no v1beta3 (Kubernetes 1.32 removed it); every
+        // field deploy/ uses has the same name and type in v1, so a
+        // misspelt one still fails here. What a real 1.26 makes of v1beta3
+        // is apiserver_flowcontrol.rs.
+        (FLOW_CONTROL_V1BETA3, "FlowSchema" | "PriorityLevelConfiguration") => {
+            let mut as_v1 = json.clone();
+            as_v1["apiVersion"] = FLOW_CONTROL_V1.into();
+            to_object(&as_v1, origin)
         }
         _ => panic!("{origin}: unexpected object {api_version} {kind}"),
     }
@@ -199,8 +221,9 @@ pub fn split(objects: &[Parsed], origin: &str) -> Deploy {
             Object::ClusterRoleBinding(o) => binding.push(o.clone()),
             Object::DaemonSet(o) => ds.push((**o).clone()),
             Object::Service(o) => svc.push((**o).clone()),
-            // Checked on its own (deploy.rs: the_crd_is_the_charts_...).
-            Object::Crd(_) => {}
+            // Checked on their own (deploy_status.rs: the_crd_is_the_charts_...;
+            // deploy_render.rs: the flow-control components).
+            Object::Crd(_) | Object::FlowSchema(_) | Object::PriorityLevel(_) => {}
         }
     }
     Deploy {

@@ -296,28 +296,15 @@ impl HealthStatusWriter {
         .await
     }
 
-    /// One request: bounded in time, counted, its error typed.
+    /// One request: bounded in time, its error typed (the client counts
+    /// it: `health_kube::counted`).
     async fn call<T>(
         &self,
         verb: &'static str,
         claim: &Claim,
         request: impl std::future::Future<Output = Result<T, kube::Error>>,
     ) -> Result<T, WriteError> {
-        let result = tokio::time::timeout(REQUEST_TIMEOUT, request).await;
-        let code = match &result {
-            Ok(Ok(_)) => Some(200),
-            Ok(Err(kube::Error::Api(s))) => Some(s.code),
-            _ => None,
-        };
-        let resource = if verb == "get" {
-            "persistentvolumeclaims"
-        } else {
-            "persistentvolumeclaims/status"
-        };
-        if let Some(m) = &self.metrics {
-            health_kube::writer::Observer::api_request(m.as_ref(), verb, resource, code);
-        }
-        match result {
+        match tokio::time::timeout(REQUEST_TIMEOUT, request).await {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(source)) => Err(WriteError::Api {
                 verb,
