@@ -15,7 +15,10 @@
 //!   API server, and from a backend condition to the PVC's Event (needs no
 //!   root, only kube-apiserver);
 //! * [`csi_proxy`]: the latency `health-agent csi-proxy` adds to a CSI call
-//!   of the kubelet, in front of the real csi-driver-host-path.
+//!   of the kubelet, in front of the real csi-driver-host-path;
+//! * [`scale`]: the agent's start (requests, bytes, memory) and the
+//!   controller on a real API server holding 1,000 to 100,000 PVs, and many
+//!   agents starting at once.
 //!
 //! These are measurements, not tests: nothing here asserts a target, but
 //! every part checks that what it measured is real (errors reported equal
@@ -33,6 +36,7 @@ mod latency;
 mod micro;
 mod overhead;
 mod report;
+mod scale;
 mod stats;
 mod status;
 
@@ -56,6 +60,7 @@ pub enum Part {
     Status,
     Controller,
     CsiProxy,
+    Scale,
 }
 
 #[derive(clap::Args, Debug)]
@@ -137,6 +142,29 @@ pub struct BenchArgs {
     /// proxy measurement.
     #[arg(long, default_value_t = 2000)]
     proxy_calls: u32,
+    /// PV counts of the scale measurement, in increasing order (the PVs
+    /// grow between measurements).
+    #[arg(long, value_delimiter = ',', default_value = "1000,10000,100000")]
+    scale_pvs: Vec<usize>,
+    /// Starts of the single agent at each PV count.
+    #[arg(long, default_value_t = 2)]
+    scale_starts: u32,
+    /// Agents started at once, one node identity each (0: none).
+    #[arg(long, default_value_t = 50)]
+    scale_agents: usize,
+    /// The PV count at which the agents start at once.
+    #[arg(long, default_value_t = 10_000)]
+    scale_agents_at: usize,
+    /// Leave the controller out of the scale measurement.
+    #[arg(long)]
+    scale_no_controller: bool,
+    /// Creates in flight while populating the scale measurement's cluster.
+    #[arg(long, default_value_t = 32)]
+    scale_in_flight: usize,
+    /// Also let the agents list and watch PVs: for an agent built before
+    /// issue 29 (HEALTH_AGENT_BIN), which deploy/'s RBAC no longer fits.
+    #[arg(long)]
+    scale_grant_pv_list: bool,
     /// Print the results but leave BENCHMARKS.md alone.
     #[arg(long)]
     no_write: bool,
@@ -294,6 +322,7 @@ pub fn run_bench(args: &BenchArgs) -> Result<()> {
             Part::Status,
             Part::Controller,
             Part::CsiProxy,
+            Part::Scale,
         ]
     } else {
         args.only.clone()
@@ -310,7 +339,9 @@ pub fn run_bench(args: &BenchArgs) -> Result<()> {
             .as_ref()
             .context("the kernel parts' tools were not prepared")
     };
-    let controller_tools = if parts.contains(&Part::Controller) {
+    let controller_tools = if parts.contains(&Part::Controller)
+        || (parts.contains(&Part::Scale) && !args.scale_no_controller)
+    {
         Some(controller::prepare()?)
     } else {
         None
@@ -530,6 +561,47 @@ pub fn run_bench(args: &BenchArgs) -> Result<()> {
                     format!(
                         "cargo xtask bench --only csi-proxy --proxy-calls {}",
                         args.proxy_calls
+                    ),
+                    r.headline(),
+                    r.markdown(),
+                )
+            }
+            Part::Scale => {
+                say(format!(
+                    "scale: PVs {:?}, {} starts each, {} agents at once at {} PVs",
+                    args.scale_pvs, args.scale_starts, args.scale_agents, args.scale_agents_at
+                ));
+                let r = scale::run(
+                    &scale::Tools {
+                        agent: &tools()?.agent,
+                        controller: controller_tools.as_ref(),
+                    },
+                    &scale::Config {
+                        pvs: args.scale_pvs.clone(),
+                        starts: args.scale_starts,
+                        agents: args.scale_agents,
+                        agents_at: args.scale_agents_at,
+                        in_flight: args.scale_in_flight,
+                        grant_pv_list: args.scale_grant_pv_list,
+                    },
+                )?;
+                let pvs: Vec<String> = args.scale_pvs.iter().map(|n| n.to_string()).collect();
+                let no_controller = [
+                    (args.scale_no_controller, " --scale-no-controller"),
+                    (args.scale_grant_pv_list, " --scale-grant-pv-list"),
+                ]
+                .iter()
+                .filter(|(on, _)| *on)
+                .map(|(_, flag)| *flag)
+                .collect::<String>();
+                (
+                    "scale",
+                    format!(
+                        "cargo xtask bench --only scale --scale-pvs {} --scale-starts {} --scale-agents {} --scale-agents-at {}{no_controller}",
+                        pvs.join(","),
+                        args.scale_starts,
+                        args.scale_agents,
+                        args.scale_agents_at
                     ),
                     r.headline(),
                     r.markdown(),

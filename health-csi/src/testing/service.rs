@@ -248,12 +248,11 @@ impl Controller for Service {
             DriverMode::Hang => return self.0.hang().await,
             _ => {}
         }
-        let pages = self.0.pages_of(request.get_ref().max_entries);
-        let index = State::page_index(&request.get_ref().starting_token, pages.len())?;
-        let entries = pages
-            .get(index)
-            .map(Vec::as_slice)
-            .unwrap_or_default()
+        let (page, next_token) = self.0.page(
+            request.get_ref().max_entries,
+            &request.get_ref().starting_token,
+        )?;
+        let entries = page
             .iter()
             .map(|(id, health)| Entry {
                 volume: Some(proto::Volume {
@@ -269,7 +268,7 @@ impl Controller for Service {
             .collect();
         Ok(Response::new(proto::ListVolumesResponse {
             entries,
-            next_token: State::next_token(index, pages.len()),
+            next_token,
         }))
     }
 
@@ -309,12 +308,11 @@ impl Controller for Service {
             _ => return unimplemented(Rpc::ControllerListVolumeHealth),
         }
         let explicit = lock(&self.0.list_pages).is_some();
-        let pages = self.0.pages_of(request.get_ref().max_entries);
-        let index = State::page_index(&request.get_ref().starting_token, pages.len())?;
-        let entries = pages
-            .get(index)
-            .map(Vec::as_slice)
-            .unwrap_or_default()
+        let (page, next_token) = self.0.page(
+            request.get_ref().max_entries,
+            &request.get_ref().starting_token,
+        )?;
+        let entries = page
             .iter()
             // Like the spec's SHOULD, the default listing omits healthy
             // volumes; explicit pages are served as the test wrote them.
@@ -323,7 +321,7 @@ impl Controller for Service {
             .collect();
         Ok(Response::new(proto::ControllerListVolumeHealthResponse {
             entries,
-            next_token: State::next_token(index, pages.len()),
+            next_token,
         }))
     }
 

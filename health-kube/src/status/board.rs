@@ -172,10 +172,17 @@ impl Board {
 
     /// Releases every claim but `used` (the complete list of claims in use).
     pub fn release_others(&mut self, used: &[Claim]) {
+        // A set: the controller passes every claim of the cluster, and a
+        // scan of `used` per state was 10^10 comparisons at 100,000 PVs
+        // (BENCHMARKS.md, "Scale").
+        let used: std::collections::HashSet<(&str, &str)> = used
+            .iter()
+            .map(|c| (c.namespace.as_str(), c.name.as_str()))
+            .collect();
         let others: Vec<Key> = self
             .states
             .keys()
-            .filter(|k| !used.iter().any(|c| c.namespace == k.0 && c.name == k.1))
+            .filter(|k| !used.contains(&(k.0.as_str(), k.1.as_str())))
             .cloned()
             .collect();
         for (ns, name) in others {

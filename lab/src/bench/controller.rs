@@ -27,12 +27,14 @@
 //! rounds at 15 s fit in about a minute. Each round has its own volume and
 //! claim, so rounds never share an Event.
 
-mod audit;
-mod cluster;
-mod procs;
+// `audit`, `cluster`, `procs` and `scrape` are shared with the scale
+// benchmark (`super::scale`).
+pub(crate) mod audit;
+pub(crate) mod cluster;
+pub(crate) mod procs;
 mod report;
 mod rounds;
-mod scrape;
+pub(crate) mod scrape;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -52,11 +54,11 @@ use super::interrupt;
 use super::stats::Summary;
 
 /// The driver's name (GetPluginInfo) and the PVs' `spec.csi.driver`.
-const DRIVER: &str = "bench.csi.volume-health";
+pub(crate) const DRIVER: &str = "bench.csi.volume-health";
 /// The controller's user: an administrator (`system:masters`), a bench
 /// shortcut, under its own name so that the audit log tells its requests
 /// apart.
-const CONTROLLER_USER: &str = "volume-health-controller-bench";
+pub(crate) const CONTROLLER_USER: &str = "volume-health-controller-bench";
 /// The controller's default `--monitor-interval`, measured as such.
 const DEFAULT_INTERVAL: f64 = 15.0;
 const PAGE_SIZE: u32 = 500;
@@ -176,7 +178,7 @@ pub struct ControllerResult {
 
 /// Where kube-apiserver is: HEALTH_K8S_ASSETS, else the project's shared
 /// binaries beside the checkout (as `cargo xtask test` does).
-fn assets() -> PathBuf {
+pub(crate) fn assets() -> PathBuf {
     std::env::var_os(envtest::ASSETS_ENV)
         .map(PathBuf::from)
         .unwrap_or_else(|| workspace_root().join("../shared/k8s/bin"))
