@@ -264,24 +264,7 @@ impl AgentProc {
 
     /// utime + stime so far, in clock ticks.
     pub fn cpu_ticks(&self) -> Result<u64> {
-        let path = format!("/proc/{}/stat", self.pid);
-        let text = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
-        // comm (field 2) may contain spaces and parentheses: split after its
-        // closing parenthesis, which is the last one on the line.
-        let rest = text
-            .rsplit_once(')')
-            .map(|(_, r)| r)
-            .with_context(|| format!("{path}: no comm field"))?;
-        let fields: Vec<&str> = rest.split_whitespace().collect();
-        // Fields after comm start at 3 (state); utime is 14 and stime 15.
-        let field = |n: usize| -> Result<u64> {
-            fields
-                .get(n - 3)
-                .with_context(|| format!("{path}: no field {n}"))?
-                .parse()
-                .with_context(|| format!("{path}: field {n}"))
-        };
-        Ok(field(14)? + field(15)?)
+        cpu_ticks_of(self.pid)
     }
 
     /// A `kB` field of `/proc/<pid>/status`, e.g. `VmHWM` (peak RSS).
@@ -448,4 +431,26 @@ impl Drop for BpfStatsGuard {
             eprintln!("xtask: restoring {BPF_STATS} to {}: {e}", self.old);
         }
     }
+}
+
+/// utime + stime of process `pid` so far, in clock ticks.
+pub(crate) fn cpu_ticks_of(pid: impl std::fmt::Display) -> Result<u64> {
+    let path = format!("/proc/{pid}/stat");
+    let text = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
+    // comm (field 2) may contain spaces and parentheses: split after its
+    // closing parenthesis, which is the last one on the line.
+    let rest = text
+        .rsplit_once(')')
+        .map(|(_, r)| r)
+        .with_context(|| format!("{path}: no comm field"))?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // Fields after comm start at 3 (state); utime is 14 and stime 15.
+    let field = |n: usize| -> Result<u64> {
+        fields
+            .get(n - 3)
+            .with_context(|| format!("{path}: no field {n}"))?
+            .parse()
+            .with_context(|| format!("{path}: field {n}"))
+    };
+    Ok(field(14)? + field(15)?)
 }

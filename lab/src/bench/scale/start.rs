@@ -68,24 +68,9 @@ pub struct Start {
 
 /// utime + stime of `pid` in seconds.
 fn cpu_seconds(pid: u32) -> Result<f64> {
-    let path = format!("/proc/{pid}/stat");
-    let text = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
-    let rest = text
-        .rsplit_once(')')
-        .map(|(_, r)| r)
-        .with_context(|| format!("{path}: no comm field"))?;
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    // Fields after comm start at 3 (state); utime is 14 and stime 15.
-    let field = |n: usize| -> Result<f64> {
-        fields
-            .get(n - 3)
-            .with_context(|| format!("{path}: no field {n}"))?
-            .parse::<f64>()
-            .with_context(|| format!("{path}: field {n}"))
-    };
     // SAFETY: sysconf has no preconditions.
     let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-    Ok((field(14)? + field(15)?) / ticks)
+    Ok(crate::bench::agent::cpu_ticks_of(pid)? as f64 / ticks)
 }
 
 fn server_cpu(cluster: &Cluster) -> Result<(f64, f64)> {
