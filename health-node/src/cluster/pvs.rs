@@ -113,6 +113,14 @@ impl PvLookups {
         }
     }
 
+    /// Stops asking for the PVs no volume here names any more (`wanted`
+    /// are those the volumes name now): a PV whose GET keeps failing would
+    /// otherwise stay pending after its pod left.
+    pub fn forget_unwanted(&self, wanted: &std::collections::HashSet<&str>) {
+        self.lock()
+            .retain(|name, e| matches!(e, Entry::Known { .. }) || wanted.contains(name.as_str()));
+    }
+
     /// Some lookup has no answer yet.
     pub fn any_pending(&self) -> bool {
         self.lock()
@@ -156,7 +164,9 @@ impl PvLookups {
             Some(Entry::Pending {
                 backoff, failures, ..
             }) => (backoff, failures),
-            _ => (Box::default(), 0),
+            // Forgotten while it was asked for: no volume wants it.
+            None => return,
+            Some(Entry::Known { .. }) => (Box::default(), 0),
         };
         let entry = match result {
             Ok(pv) => Entry::Known {
@@ -278,6 +288,24 @@ mod tests {
             .as_ref()
             .is_none_or(|m| m.is_empty()));
         assert!(!lookups.any_pending());
+
+        // A PV no volume names any more is no longer waited for, even
+        // while its GET is out, and its late answer is not kept.
+        assert!(matches!(lookups.lookup("pv-left"), Lookup::Pending));
+        let (ApiRequest { uri, .. }, send) = next(&mut handle).await;
+        assert_eq!(uri, "/api/v1/persistentvolumes/pv-left");
+        lookups.forget_unwanted(&["pv-1"].into_iter().collect());
+        assert!(!lookups.any_pending());
+        respond(
+            send,
+            503,
+            &json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                    "reason": "ServiceUnavailable", "code": 503, "message": "busy"}),
+        );
+        answered.notified().await;
+        assert!(!lookups.any_pending());
+        // What was answered stays known.
+        assert!(matches!(lookups.lookup("pv-1"), Lookup::Known(Some(_))));
         task.abort();
     }
 }

@@ -85,6 +85,8 @@ impl ClusterReporter {
                     self.targets(&v.key, index);
                 }
             }
+            self.view
+                .forget_pvs_except(index.volumes().iter().map(|v| &v.volume));
         }
         if self.status.is_none() {
             return;

@@ -86,6 +86,12 @@ impl ClusterView {
         self.pvs.any_pending()
     }
 
+    /// Stops reading PVs that none of `volumes` names.
+    pub fn forget_pvs_except<'a>(&self, volumes: impl Iterator<Item = &'a KubeletVolume>) {
+        let wanted = volumes.filter_map(|v| v.pv.as_deref()).collect();
+        self.pvs.forget_unwanted(&wanted);
+    }
+
     /// Resolves when the store changed or a PV answer came since the last
     /// call.
     pub async fn changed(&self) {
