@@ -238,6 +238,13 @@ mod tests {
 
     use super::*;
 
+    /// Answers a request with the server's "busy" (503).
+    fn busy(send: health_kube::testing::Responder) {
+        let status = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                            "reason": "ServiceUnavailable", "code": 503, "message": "busy"});
+        respond(send, 503, &status);
+    }
+
     #[tokio::test]
     async fn a_failed_read_is_retried_after_a_backoff_and_the_volume_waits_meanwhile() {
         let (client, mut handle) = client();
@@ -247,12 +254,7 @@ mod tests {
         let (ApiRequest { uri, .. }, send) = next(&mut handle).await;
         assert_eq!(uri, "/api/v1/persistentvolumes/pv-1");
         let failed_at = Instant::now();
-        respond(
-            send,
-            503,
-            &json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
-                    "reason": "ServiceUnavailable", "code": 503, "message": "busy"}),
-        );
+        busy(send);
         // Still pending, and asked again only after the backoff's first
         // delay (500 ms to 1 s, jittered).
         answered.notified().await;
@@ -296,12 +298,7 @@ mod tests {
         assert_eq!(uri, "/api/v1/persistentvolumes/pv-left");
         lookups.forget_unwanted(&["pv-1"].into_iter().collect());
         assert!(!lookups.any_pending());
-        respond(
-            send,
-            503,
-            &json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
-                    "reason": "ServiceUnavailable", "code": 503, "message": "busy"}),
-        );
+        busy(send);
         answered.notified().await;
         assert!(!lookups.any_pending());
         // What was answered stays known.
