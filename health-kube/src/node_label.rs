@@ -32,16 +32,8 @@ pub fn node_label(node: &str) -> String {
     if is_label_value(node) && !node.is_empty() {
         return node.to_string();
     }
-    use sha2::Digest as _;
-    let digest = sha2::Sha256::digest(node.as_bytes());
-    let hex: String = digest
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect::<String>()
-        .chars()
-        .take(DIGEST_HEX)
-        .collect();
-    let keep = MAX_LABEL - DIGEST_HEX - 1;
+    let hex = short_digest(node);
+    let keep = MAX_LABEL - hex.len() - 1;
     let prefix: String = node
         .chars()
         .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
@@ -54,6 +46,17 @@ pub fn node_label(node: &str) -> String {
     } else {
         format!("{prefix}-{hex}")
     }
+}
+
+/// The first 8 bytes of SHA-256(`s`) in hex: what keeps a shortened name
+/// (this label, a field manager) apart from others sharing its prefix.
+pub(crate) fn short_digest(s: &str) -> String {
+    use sha2::Digest as _;
+    let digest = sha2::Sha256::digest(s.as_bytes());
+    digest[..DIGEST_HEX / 2]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 /// The key a node's agent keeps on the `VolumeHealth` objects where it has

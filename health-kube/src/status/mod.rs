@@ -54,9 +54,7 @@ fn bounded_manager(name: &str) -> String {
         return name.to_string();
     }
     // A node name may be 253 bytes: keep a prefix and a digest of the rest.
-    use sha2::Digest as _;
-    let digest = sha2::Sha256::digest(name.as_bytes());
-    let hex: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
+    let hex = crate::node_label::short_digest(name);
     let mut cut = MAX_MANAGER - hex.len() - 1;
     while !name.is_char_boundary(cut) {
         cut -= 1;

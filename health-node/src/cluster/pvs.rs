@@ -90,13 +90,19 @@ impl PvLookups {
     /// What is known of the PV `name`; asks the server when nothing is.
     pub fn lookup(&self, name: &str) -> Lookup {
         let now = Instant::now();
+        let expired =
+            |e: &Entry| matches!(e, Entry::Known { at, .. } if now.duration_since(*at) > KEEP);
         let mut entries = self.lock();
-        entries
-            .retain(|_, e| !matches!(e, Entry::Known { at, .. } if now.duration_since(*at) > KEEP));
         match entries.get(name) {
-            Some(Entry::Known { pv, .. }) => Lookup::Known(pv.clone()),
+            Some(Entry::Known { pv, at }) if now.duration_since(*at) <= KEEP => {
+                Lookup::Known(pv.clone())
+            }
             Some(Entry::Pending { .. }) => Lookup::Pending,
-            None => {
+            // Asked for the first time, or answered too long ago: the
+            // expired answers go now (a lookup of a known PV, which the
+            // error path may make, stays a map lookup).
+            _ => {
+                entries.retain(|_, e| !expired(e));
                 entries.insert(
                     name.to_string(),
                     Entry::Pending {
