@@ -60,7 +60,7 @@ struct Cli {
     #[arg(
         long,
         value_name = "ADDR:PORT",
-        default_value = "0.0.0.0:9809",
+        default_value = "0.0.0.0:9810",
         env = "HEALTH_METRICS_ADDR"
     )]
     metrics_addr: std::net::SocketAddr,

@@ -35,8 +35,8 @@ const NAME: &str = "volume-health-controller";
 const NAMESPACE: &str = "kube-system";
 /// The CLI's defaults (`health-controller --help`).
 const CSI_ADDRESS: &str = "/csi/csi.sock";
-const METRICS_ADDR: &str = "0.0.0.0:9809";
-const METRICS_PORT: i32 = 9809;
+const METRICS_ADDR: &str = "0.0.0.0:9810";
+const METRICS_PORT: i32 = 9810;
 /// The volume CSI controller pods share their socket in, by convention.
 const SOCKET_VOLUME: &str = "socket-dir";
 const PORT_NAME: &str = "health-metrics";
