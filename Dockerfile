@@ -14,7 +14,7 @@
 # carries no kernel programs).
 #
 # Without an engine, `cargo xtask image` writes the agent's image as an OCI
-# archive (README, "The image"); tests/tests/image.rs checks that its config
+# archive (docs/install.md, "The image"); tests/tests/image.rs checks that its config
 # has this file's ENTRYPOINT and CMD (those of the last stage).
 
 ARG RUST_VERSION=1.95

@@ -100,7 +100,7 @@ struct RunArgs {
     #[command(flatten)]
     intervals: IntervalArgs,
     /// Answer `health-agent csi-proxy` sidecars with this node's conditions
-    /// per CSI volume on this unix socket (README, "CSI proxy").
+    /// per CSI volume on this unix socket (docs/controller.md, "CSI proxy").
     #[arg(long, value_name = "PATH", env = "HEALTH_VOLUME_HEALTH_SOCKET")]
     volume_health_socket: Option<PathBuf>,
 }
@@ -197,7 +197,7 @@ struct VolumeArgs {
 
 #[derive(clap::Args)]
 struct VolumesArgs {
-    /// A JSON array, one object per pod volume (schema in README.md).
+    /// A JSON array, one object per pod volume (schema in docs/reference/json-schema.md).
     #[arg(long)]
     json: bool,
     #[command(flatten)]
@@ -208,7 +208,7 @@ struct VolumesArgs {
 
 #[derive(clap::Args)]
 struct WatchArgs {
-    /// JSON Lines on stdout, one object per event (schema in README.md).
+    /// JSON Lines on stdout, one object per event (schema in docs/reference/json-schema.md).
     #[arg(long)]
     json: bool,
     /// Stop after this many seconds (detaching cleanly, exit 0).

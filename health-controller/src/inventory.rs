@@ -9,7 +9,7 @@
 //! PVs are decoded into [`SlimPv`] (shared with the node agent), not k8s-openapi's `PersistentVolume`:
 //! every PV of the cluster is held, and the full type is 3.5 KB before its
 //! strings (an inline field per volume source), which made 10,000 PVs
-//! ~50 MB of the controller's memory (BENCHMARKS.md, "Controller").
+//! ~50 MB of the controller's memory (docs/benchmarks.md, "Controller").
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

@@ -171,7 +171,7 @@ impl State {
     /// pages, every volume in pages of `max_entries` (0: one page), as a
     /// driver honouring the request would. Only the page asked for is
     /// built: a driver of 100,000 volumes serves each page without copying
-    /// them all (which made a listed cycle quadratic; BENCHMARKS.md, "Scale").
+    /// them all (which made a listed cycle quadratic; docs/benchmarks.md, "Scale").
     #[allow(clippy::type_complexity)]
     fn page(
         &self,

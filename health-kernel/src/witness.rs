@@ -5,7 +5,7 @@
 //! this project's VM kind runs no BPF program and no perf event while one
 //! of its PID 1's threads is current, and a block completion in a softirq
 //! that happens to interrupt such a thread is lost to every BPF tool, with
-//! no miss counted anywhere (BENCHMARKS.md, "Error flood"). The agent cannot count
+//! no miss counted anywhere (docs/benchmarks.md, "Error flood"). The agent cannot count
 //! those errors, but it must not hide them.
 //!
 //! So, where the kernel has `block:block_rq_error`, the agent keeps a

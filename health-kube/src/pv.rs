@@ -1,7 +1,7 @@
 //! PersistentVolumes as the agent and the controller hold them: every PV
 //! of the cluster sits in a reflector, and k8s-openapi's `PersistentVolume`
 //! is 3.5 KB per object before its strings (an inline field per volume
-//! source), ~50 MB at 10,000 PVs (BENCHMARKS.md, "Controller"). kube's
+//! source), ~50 MB at 10,000 PVs (docs/benchmarks.md, "Controller"). kube's
 //! `Object` over the few fields read here decodes only those.
 
 use kube::core::{NotUsed, Object};

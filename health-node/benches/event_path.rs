@@ -8,7 +8,7 @@
 //! unrelated mounts (proc, tmpfs, overlay) that lookups must skip.
 //!
 //! Run by `cargo xtask bench` (which records the estimates in
-//! BENCHMARKS.md), or alone: `cargo bench -p health-agent --bench event_path`.
+//! docs/benchmarks.md), or alone: `cargo bench -p health-agent --bench event_path`.
 
 use std::hint::black_box;
 use std::time::SystemTime;

@@ -1,5 +1,5 @@
 //! `cargo xtask bench`: measures the agent against real kernel errors and
-//! records the figures in BENCHMARKS.md.
+//! records the figures in docs/benchmarks.md.
 //!
 //! Four parts, each a submodule:
 //! * [`latency`]: from a failed request to the agent's line;
@@ -165,7 +165,7 @@ pub struct BenchArgs {
     /// issue 29 (HEALTH_AGENT_BIN), which deploy/'s RBAC no longer fits.
     #[arg(long)]
     scale_grant_pv_list: bool,
-    /// Print the results but leave BENCHMARKS.md alone.
+    /// Print the results but leave docs/benchmarks.md alone.
     #[arg(long)]
     no_write: bool,
 }
@@ -307,7 +307,7 @@ impl Machine {
     }
 }
 
-/// Runs the selected parts, prints their headlines and updates BENCHMARKS.md.
+/// Runs the selected parts, prints their headlines and updates docs/benchmarks.md.
 pub fn run_bench(args: &BenchArgs) -> Result<()> {
     interrupt::install()?;
     let started = Instant::now();
@@ -347,7 +347,7 @@ pub fn run_bench(args: &BenchArgs) -> Result<()> {
         None
     };
     let machine = Machine::read();
-    let file = workspace_root().join("BENCHMARKS.md");
+    let file = workspace_root().join("docs/benchmarks.md");
     let mut headlines = Vec::new();
     let mut inexact = false;
     for part in parts {

@@ -1,13 +1,16 @@
 //! `health-lab`: the built agent driven end to end on this machine, run by
-//! `cargo xtask bench`, `cargo xtask demo` and `cargo xtask kind`.
+//! `cargo xtask bench`, `cargo xtask demo`, `cargo xtask kind` and
+//! `cargo xtask cluster`.
 //!
 //! [`bench`] measures it against real kernel errors and writes
-//! BENCHMARKS.md; [`demo`] shows it catching errors on a fault disk;
+//! docs/benchmarks.md; [`demo`] shows it catching errors on a fault disk;
 //! [`kind`] installs it into a kind cluster. All three use the test
 //! harness (`health-tests`: fault disks, filesystems, the API servers) and
-//! xtask's library (building the agent, its image).
+//! xtask's library (building the agent, its image). [`cluster`] runs a
+//! single-node Kubernetes on this host to install it into.
 
 mod bench;
+mod cluster;
 mod demo;
 mod kind;
 
@@ -27,12 +30,14 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Measure latency, overhead, an error flood and the event path (root); updates BENCHMARKS.md.
+    /// Measure latency, overhead, an error flood and the event path (root); updates docs/benchmarks.md.
     Bench(bench::BenchArgs),
     /// Show the agent catching real I/O errors on a fault disk (root, ~1 minute).
     Demo,
     /// End to end in a kind cluster: image, deploy/, a failing disk, Events (needs docker, kind, kubectl).
     Kind(kind::KindArgs),
+    /// A single-node Kubernetes on this host from local parts: up, down, status, fault (root).
+    Cluster(cluster::ClusterArgs),
 }
 
 fn main() -> ExitCode {
@@ -41,6 +46,7 @@ fn main() -> ExitCode {
         Command::Bench(args) => bench::run_bench(&args),
         Command::Demo => demo::run(),
         Command::Kind(args) => kind::run(&args),
+        Command::Cluster(args) => cluster::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

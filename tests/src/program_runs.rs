@@ -3,7 +3,7 @@
 //!
 //! On this project's VMs the kernel occasionally does not run a tracepoint
 //! program for a request that failed in a softirq, and counts no recursion
-//! miss either (BENCHMARKS.md, "Error flood", "Where the shortfall came from"): a flood
+//! miss either (docs/benchmarks.md, "Error flood"): a flood
 //! comes out a few errors in a million short. A test that compares the
 //! agent with the injected count would then fail for the kernel's reason.
 //! With [`ProgramRuns`] held, the kernel counts every run of every program
@@ -121,7 +121,7 @@ pub fn check_against_runs(
     }
     if kernel_loss > 0 {
         eprintln!(
-            "\n*** {what}: KNOWN KERNEL LOSS: the kernel ran the block_rq_error program {runs} times for {injected} failed requests; {kernel_loss} never reached it (no recursion miss counted). The agent reported exactly what the program saw. See BENCHMARKS.md, \"Error flood\". ***\n"
+            "\n*** {what}: KNOWN KERNEL LOSS: the kernel ran the block_rq_error program {runs} times for {injected} failed requests; {kernel_loss} never reached it (no recursion miss counted). The agent reported exactly what the program saw. See docs/benchmarks.md, \"Error flood\". ***\n"
         );
     }
     Ok(())

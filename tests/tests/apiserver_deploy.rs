@@ -340,7 +340,7 @@ fn every_file_and_old_cluster_rendering_of_deploy_passes_a_server_dry_run() -> R
             continue;
         }
         // A Component that applies to 1.26 (device-mapper-status adds a
-        // capability): rendered with deploy/ as README tells users to.
+        // capability): rendered with deploy/ as docs/install.md tells users to.
         let user = tempfile::tempdir()?;
         health_tests::k8s_tools::write_kustomization(
             user.path(),

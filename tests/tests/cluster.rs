@@ -859,21 +859,33 @@ fn the_agent_starts_and_detects_while_the_api_server_is_away() -> Result<()> {
     fx.fail_writes(9)?;
     std::thread::sleep(Duration::from_secs(2));
     assert!(fx.api.events().is_empty());
-    // The kernel side counted them meanwhile, without volume labels (the
-    // pods are not known yet).
+    // The device holds a pod volume whose pod is not known yet: its errors
+    // wait for the pod list instead of counting without a claim (a series
+    // they could never leave: counters do not move).
     let (_, text) = http_get(fx.metrics, "/metrics")?;
     let dev = fx.device_name();
-    let line = format!(
-        "volume_health_kernel_errors_total{{namespace=\"\",persistentvolumeclaim=\"\",persistentvolume=\"\",device=\"{dev}\",source=\"block_rq_error\",op=\"write\",errno=\"EIO\"}} 9"
-    );
-    assert!(
-        text.lines().any(|l| l == line),
-        "missing {line:?} in\n{text}"
-    );
+    let series = |t: &str| -> Vec<String> {
+        t.lines()
+            .filter(|l| {
+                l.starts_with("volume_health_kernel_errors_total{")
+                    && l.contains(&format!("device=\"{dev}\""))
+            })
+            .map(String::from)
+            .collect()
+    };
+    assert_eq!(series(&text), Vec::<String>::new(), "{text}");
     fx.api.set_mode(Mode::Up);
     fx.wait_ready()?;
-    // The conditions raised before the pods were known are delivered.
+    // The conditions raised before the pods were known are delivered, and
+    // the errors counted on the claim, none without it.
     wait_counts(&fx.api, "BlockIOErrors", 9, Duration::from_secs(45))?;
+    let (_, text) = http_get(fx.metrics, "/metrics")?;
+    assert_eq!(
+        series(&text),
+        vec![format!(
+            "volume_health_kernel_errors_total{{namespace=\"shop\",persistentvolumeclaim=\"data\",persistentvolume=\"{PV}\",device=\"{dev}\",source=\"block_rq_error\",op=\"write\",errno=\"EIO\"}} 9"
+        )]
+    );
     Ok(())
 }
 

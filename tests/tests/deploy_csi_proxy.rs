@@ -1,4 +1,4 @@
-//! The CSI proxy's deployment (README, "CSI proxy"), as kustomize and helm
+//! The CSI proxy's deployment (docs/controller.md, "CSI proxy"), as kustomize and helm
 //! render it:
 //! - `deploy/components/csi-proxy`: the agent's DaemonSet gains its
 //!   conditions socket (an env variable, a mount, a host directory) and

@@ -11,7 +11,9 @@
 //! registries); legends and alert texts may only name labels their query's
 //! result carries. promtool (PROMTOOL_BIN, the tools cache or PATH; `cargo
 //! xtask tools` installs it) checks the rendered rules and runs unit tests
-//! on them.
+//! on them. Every alert links its runbook (`runbook_url`, a page of
+//! docs/runbooks/ per alert, and no page without its alert), and every
+//! dashboard panel links the runbooks of the alerts on the series it shows.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -19,17 +21,19 @@ mod deploy_common;
 mod monitoring;
 
 use deploy_common::{
-    chart_dir, deploy_dir, read, run_tool, tool, try_run_tool, typed, yaml_documents,
+    chart_dir, deploy_dir, read, repo_root, run_tool, tool, try_run_tool, typed, yaml_documents,
 };
 use k8s_openapi::api::core::v1::{ConfigMap, Container, Service};
 use monitoring::dashboard::{label_values, promql_of, Dashboard, DataSource, Panel};
 use monitoring::exported::exported;
-use monitoring::operator::{PodMonitor, PrometheusRule, Relabeling, ServiceMonitor};
+use monitoring::operator::{PodMonitor, PrometheusRule, Relabeling, Rule, ServiceMonitor};
 use monitoring::promql::{template_labels, Checker};
 use serde_json::Value;
 
 const DASHBOARD_FILE: &str = "dashboards/volume-health.json";
 const DASHBOARD_KEY: &str = "volume-health.json";
+/// `monitoring.runbookBaseURL`'s default: the project's docs/runbooks/.
+const RUNBOOKS: &str = "https://github.com/volume-health/volume-health/blob/main/docs/runbooks";
 const ALL_ON: [&str; 3] = [
     "monitoring.dashboard.enabled=true",
     "monitoring.rules.enabled=true",
@@ -204,6 +208,28 @@ fn the_dashboard_config_map_holds_the_chart_file_with_the_sidecar_label() {
     assert_eq!(
         annotations.get("grafana_folder").map(String::as_str),
         Some("Storage")
+    );
+
+    // The panels' runbook links follow monitoring.runbookBaseURL.
+    let elsewhere = render(&[
+        ALL_ON[0],
+        "monitoring.runbookBaseURL=https://wiki.example.com/runbooks",
+    ]);
+    let cm: ConfigMap = typed(one(&elsewhere, "ConfigMap"), "helm template");
+    let text = &cm.data.unwrap()[DASHBOARD_KEY];
+    let file = dashboard_file();
+    let links = file.matches(&format!("{RUNBOOKS}/")).count();
+    assert_eq!(links, 20, "runbook links in {DASHBOARD_FILE}");
+    assert_eq!(
+        text,
+        &file.trim().replace(
+            &format!("{RUNBOOKS}/"),
+            "https://wiki.example.com/runbooks/"
+        )
+    );
+    assert_eq!(
+        text.matches("https://wiki.example.com/runbooks/").count(),
+        links
     );
 }
 
@@ -427,10 +453,15 @@ fn every_alert_selects_exported_series_and_names_only_its_labels() {
         let result = c.check(&rule.expr, &origin);
         assert_eq!(
             rule.annotations.keys().collect::<Vec<_>>(),
-            ["description", "summary"],
+            ["description", "runbook_url", "summary"],
             "{origin}"
         );
-        for (name, text) in &rule.annotations {
+        assert_eq!(
+            rule.annotations["runbook_url"],
+            format!("{RUNBOOKS}/{}.md", rule.alert),
+            "{origin}"
+        );
+        for (name, text) in rule.annotations.iter().filter(|(k, _)| *k != "runbook_url") {
             c.uses(&template_labels(text), &result, &format!("{origin} {name}"));
         }
         let severity = rule.labels.get("severity").map(String::as_str);
@@ -458,6 +489,7 @@ fn rule_values_set_thresholds_durations_and_labels() {
         "monitoring.rules.kernelErrors.for=3m",
         "monitoring.rules.volumeInaccessible.severity=page",
         "monitoring.rules.agentJob=vh-agents",
+        "monitoring.runbookBaseURL=https://wiki.example.com/storage/runbooks/",
     ]);
     assert_eq!(r.metadata.labels.as_ref().unwrap()["release"], "kps");
     let rule = |name: &str| {
@@ -488,6 +520,14 @@ fn rule_values_set_thresholds_durations_and_labels() {
     );
     for rule in r.spec.groups.iter().flat_map(|g| &g.rules) {
         assert_eq!(rule.labels["team"], "storage", "{}", rule.alert);
+        // One slash between the base and the page, however the base ends.
+        assert_eq!(
+            rule.annotations["runbook_url"],
+            format!(
+                "https://wiki.example.com/storage/runbooks/{}.md",
+                rule.alert
+            )
+        );
     }
 }
 
@@ -523,4 +563,131 @@ fn promtool_fires_the_volume_alerts_for_their_series() {
         dir.path(),
     );
     assert!(out.contains("SUCCESS"), "{out}");
+}
+
+/// The chart's alerts with the controller's, in the chart's order.
+fn all_alerts() -> Vec<Rule> {
+    let r = rules(&[ALL_ON[1], "controller.enabled=true"]);
+    r.spec.groups.into_iter().flat_map(|g| g.rules).collect()
+}
+
+#[test]
+fn every_alert_has_its_runbook_page_and_every_page_an_alert() {
+    let alerts: BTreeSet<String> = all_alerts().into_iter().map(|r| r.alert).collect();
+    assert_eq!(alerts.len(), 15);
+    let dir = repo_root().join("docs/runbooks");
+    let mut pages = BTreeSet::new();
+    for entry in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
+        let name = entry.unwrap().file_name().into_string().unwrap();
+        if name == "README.md" {
+            continue;
+        }
+        let alert = name
+            .strip_suffix(".md")
+            .unwrap_or_else(|| panic!("docs/runbooks/{name} is not a page"));
+        // Each page is titled by its alert, as the alert's link promises.
+        let text = read(&dir.join(&name));
+        assert_eq!(
+            text.lines().next(),
+            Some(format!("# {alert}").as_str()),
+            "{name}"
+        );
+        for section in ["## Meaning", "## Confirm", "## Act", "## Clears"] {
+            assert!(text.lines().any(|l| l == section), "{name}: no {section:?}");
+        }
+        pages.insert(alert.to_string());
+    }
+    assert_eq!(pages, alerts, "docs/runbooks/ against the chart's alerts");
+    // The index names every page.
+    let index = read(&dir.join("README.md"));
+    for alert in &alerts {
+        assert!(
+            index.contains(&format!("]({alert}.md)")),
+            "docs/runbooks/README.md lacks {alert}"
+        );
+    }
+}
+
+/// The series an expression selects.
+fn selected(
+    exported: &monitoring::exported::Exported,
+    exprs: &[&str],
+    origin: &str,
+) -> BTreeSet<String> {
+    let mut c = Checker::new(exported);
+    for e in exprs {
+        c.check(e, origin);
+    }
+    c.assert_clean();
+    c.selected
+}
+
+#[test]
+fn every_panel_links_the_runbooks_of_the_alerts_on_its_series() {
+    let exported = exported();
+    let alerts = all_alerts();
+    let agent_job = "volume-health-metrics";
+    // An alert's series; `up` is the agents' only where the alert names
+    // their job: the dashboard's $job lists the agents' jobs only.
+    let alert_series: Vec<(String, BTreeSet<String>)> = alerts
+        .iter()
+        .map(|a| {
+            let mut s = selected(&exported, &[&a.expr], &a.alert);
+            if !a.expr.contains(&format!("job=\"{agent_job}\"")) {
+                s.remove("up");
+            }
+            (a.alert.clone(), s)
+        })
+        .collect();
+    let variables = ["datasource", "job", "node", "namespace", "pvc"];
+    let d = dashboard();
+    let mut linked = BTreeSet::new();
+    for p in all_panels(&d.panels) {
+        let exprs: Vec<String> = p
+            .targets
+            .iter()
+            .map(|t| promql_of(&t.expr, &variables).unwrap())
+            .collect();
+        let exprs: Vec<&str> = exprs.iter().map(String::as_str).collect();
+        let shown = selected(&exported, &exprs, &p.title);
+        let want: Vec<String> = alert_series
+            .iter()
+            .filter(|(_, s)| !s.is_disjoint(&shown))
+            .map(|(a, _)| a.clone())
+            .collect();
+        let got: Vec<String> = p
+            .links
+            .iter()
+            .map(|l| {
+                assert!(l.target_blank, "panel {}: {}", p.title, l.url);
+                let alert = l
+                    .url
+                    .strip_prefix(&format!("{RUNBOOKS}/"))
+                    .and_then(|rest| rest.strip_suffix(".md"))
+                    .unwrap_or_else(|| panic!("panel {}: {} is no runbook", p.title, l.url));
+                assert_eq!(l.title, format!("Runbook: {alert}"), "panel {}", p.title);
+                alert.to_string()
+            })
+            .collect();
+        assert_eq!(got, want, "runbook links of panel {:?}", p.title);
+        linked.extend(got);
+    }
+    // The controller's scrape target has no panel; every other alert has one.
+    let unlinked: Vec<&str> = alerts
+        .iter()
+        .map(|a| a.alert.as_str())
+        .filter(|a| !linked.contains(*a))
+        .collect();
+    assert_eq!(unlinked, ["VolumeHealthControllerDown"]);
+    // The dashboard's own link: the runbooks' index.
+    assert_eq!(
+        d.links,
+        serde_json::json!([{
+            "title": "Runbooks",
+            "type": "link",
+            "url": format!("{RUNBOOKS}/README.md"),
+            "targetBlank": true,
+            "icon": "doc"
+        }])
+    );
 }

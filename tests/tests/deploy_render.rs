@@ -11,7 +11,7 @@
 //!   objects with `recursiveReadOnly: IfPossible` on exactly the mounts
 //!   `MOUNTS` marks recursive and nothing else changed. A kustomization
 //!   naming `deploy/` and `deploy/components/recursive-read-only` (as
-//!   README's Deploy section tells users to write it); `helm template` for
+//!   docs/install.md, "Deploy" tells users to write it); `helm template` for
 //!   1.31 and newer, or with `recursiveReadOnly=enabled`.
 //!
 //! The agents' API Priority and Fairness objects are version-dependent in
@@ -20,6 +20,10 @@
 //! (1.26-1.31) each add exactly their two objects, and the chart renders the
 //! one its cluster serves (v1 from 1.29) unless turned off. Every helm
 //! rendering below is checked for them and then compared without them.
+//!
+//! Capabilities some nodes need and others cannot grant (SYS_RESOURCE for
+//! kernels before 5.11, SYS_ADMIN for the device-mapper status call) are a
+//! Helm value and a Component each, which add exactly that capability.
 //!
 //! helm and kubectl: HELM_BIN / KUBECTL_BIN, the xtask tools cache, or PATH
 //! (`cargo xtask tools` installs them). Whether a real 1.26 API server takes
@@ -387,46 +391,72 @@ fn added_capabilities(objects: &[Parsed], origin: &str) -> Vec<String> {
     sc.capabilities.unwrap().add.unwrap()
 }
 
+/// What every rendering adds by default.
+const CAPABILITIES: [&str; 4] = ["BPF", "PERFMON", "DAC_READ_SEARCH", "SYS_NICE"];
+
+/// The Helm values that add one capability each, with the Component that
+/// adds the same: SYS_RESOURCE for kernels before 5.11 (RLIMIT_MEMLOCK),
+/// SYS_ADMIN for the device-mapper status call.
+const CAPABILITY_OPTIONS: [(&str, &str, &str); 2] = [
+    ("memlockCapability", "components/memlock", "SYS_RESOURCE"),
+    (
+        "deviceMapperStatus",
+        "components/device-mapper-status",
+        "SYS_ADMIN",
+    ),
+];
+
+/// deploy/ with the Components `dirs` (under deploy/), in that order.
+fn kustomize_components(dirs: &[&str]) -> Vec<Parsed> {
+    let user = tempfile::tempdir().unwrap();
+    let components: Vec<std::path::PathBuf> = dirs.iter().map(|d| deploy_dir().join(d)).collect();
+    let components: Vec<&Path> = components.iter().map(|p| p.as_path()).collect();
+    health_tests::k8s_tools::write_kustomization(user.path(), &[&deploy_dir()], &components)
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    kustomize(user.path())
+}
+
 #[test]
-fn device_mapper_status_adds_exactly_sys_admin_on_request() {
-    let base = [
-        "BPF",
-        "PERFMON",
-        "SYS_RESOURCE",
-        "DAC_READ_SEARCH",
-        "SYS_NICE",
-    ];
-    let with: Vec<&str> = base.iter().copied().chain(["SYS_ADMIN"]).collect();
+fn each_capability_option_adds_exactly_its_capability() {
+    let files = take_recursive(&kustomize(&deploy_dir()), "deploy/").1;
     assert_eq!(
         added_capabilities(&helm_template(&[]), "helm template"),
-        base
+        CAPABILITIES
     );
-    assert_eq!(
-        added_capabilities(
-            &helm_template(&["--set", "deviceMapperStatus=true"]),
-            "helm template --set deviceMapperStatus=true"
-        ),
-        with
-    );
-    let user = tempfile::tempdir().unwrap();
-    health_tests::k8s_tools::write_kustomization(
-        user.path(),
-        &[&deploy_dir()],
-        &[&deploy_dir().join("components/device-mapper-status")],
-    )
-    .unwrap_or_else(|e| panic!("{e:#}"));
-    let objects = kustomize(user.path());
-    assert_eq!(added_capabilities(&objects, "the component"), with);
-    // Nothing else changes.
-    let (_, rendered) = take_recursive(&objects, "the component");
-    let (_, files) = take_recursive(&kustomize(&deploy_dir()), "deploy/");
-    let differing: Vec<_> = rendered
+    for (value, component, capability) in CAPABILITY_OPTIONS {
+        let with: Vec<&str> = CAPABILITIES.iter().copied().chain([capability]).collect();
+        let set = format!("{value}=true");
+        let origin = format!("helm template --set {set}");
+        let helm = helm_template(&["--set", &set, "--set", "recursiveReadOnly=disabled"]);
+        assert_eq!(added_capabilities(&helm, &origin), with);
+        let origin = format!("deploy/ + {component}");
+        let kustomized = kustomize_components(&[component]);
+        assert_eq!(added_capabilities(&kustomized, &origin), with);
+        // Nothing else changes, and the value and the Component agree.
+        let rendered = take_recursive(&kustomized, &origin).1;
+        let differing: Vec<_> = rendered
+            .iter()
+            .filter(|(k, v)| files.get(*k) != Some(*v))
+            .map(|(k, _)| k.clone())
+            .collect();
+        assert_eq!(differing.len(), 1, "{origin}: {differing:?}");
+        assert_eq!(differing[0].0, "DaemonSet", "{origin}");
+        assert_eq!(
+            take_recursive(&helm, "helm").1,
+            rendered,
+            "{set} vs {component}"
+        );
+    }
+    // Both, in the order of the list.
+    let all: Vec<&str> = CAPABILITIES
         .iter()
-        .filter(|(k, v)| files.get(*k) != Some(*v))
-        .map(|(k, _)| k.clone())
+        .copied()
+        .chain(CAPABILITY_OPTIONS.map(|(_, _, c)| c))
         .collect();
-    assert_eq!(differing.len(), 1, "{differing:?}");
-    assert_eq!(differing[0].0, "DaemonSet");
+    let helm = helm_template(&["--set", "memlockCapability=true,deviceMapperStatus=true"]);
+    assert_eq!(added_capabilities(&helm, "helm template --set both"), all);
+    let kustomized = kustomize_components(&CAPABILITY_OPTIONS.map(|(_, c, _)| c));
+    assert_eq!(added_capabilities(&kustomized, "both Components"), all);
 }
 
 #[test]

@@ -523,3 +523,77 @@ fn orphaned_server_cleans_up_after_its_client_dies() -> Result<()> {
     assert!(!work_dir.exists(), "work dir {} left", work_dir.display());
     Ok(())
 }
+
+/// `--no-stdin` (a daemon's stdin is /dev/null): the server stays up past stdin's EOF,
+/// and SIGTERM makes it clean up what its client left (a mounted filesystem on a loop
+/// device over its image, the loop device, its own mount, the work dir) and exit 0.
+#[test]
+fn daemon_ignores_stdin_and_cleans_up_on_sigterm() -> Result<()> {
+    use std::io::BufRead;
+    use std::process::{Command, Stdio};
+    health_tests::require_env(&[])?;
+    let work = tempfile::Builder::new().prefix("faultdisk-").tempdir()?;
+    let work_dir = work.path().to_path_buf();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_faultdisk"))
+        .arg("--dir")
+        .arg(&work_dir)
+        .args(["--size", &(64 * MIB).to_string(), "--no-stdin"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .context("starting faultdisk --no-stdin")?;
+    let mut line = String::new();
+    io::BufReader::new(child.stdout.take().context("stdout")?).read_line(&mut line)?;
+    let info: health_tests::protocol::ServerInfo = serde_json::from_str(
+        line.trim_end()
+            .strip_prefix("ready ")
+            .with_context(|| format!("no ready line: {line:?}"))?,
+    )?;
+    // Without --no-stdin, /dev/null's EOF would have ended it by now.
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(child.try_wait()?, None, "the daemon exited at stdin's EOF");
+
+    let dev = cmd::run(
+        "losetup",
+        &["-f", "--show", "--direct-io=on", &info.image_path],
+    )?;
+    let dev = dev.stdout.trim().to_string();
+    let name = dev.trim_start_matches("/dev/").to_string();
+    let maj_min = sys::block_maj_min(&name)?;
+    fs::mkfs_ext4(Path::new(&dev))?;
+    let mnt = tempfile::tempdir()?;
+    cmd::run("mount", &[dev.as_str(), &mnt.path().to_string_lossy()])?;
+    std::fs::write(mnt.path().join("data"), b"kept until SIGTERM")?;
+
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )?;
+    let mut status = None;
+    let exited = sys::wait_for(Duration::from_secs(20), Duration::from_millis(50), || {
+        status = child.try_wait().ok().flatten();
+        status.is_some()
+    });
+    if !exited {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    assert!(exited, "the daemon did not exit within 20 s of SIGTERM");
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "exit status {status:?}"
+    );
+    assert_nothing_left(
+        Path::new(&info.image_path),
+        &name,
+        &maj_min,
+        Path::new(&info.mount_dir),
+    );
+    assert!(
+        sys::mount_at(mnt.path())?.is_none(),
+        "ext4 still mounted at {}",
+        mnt.path().display()
+    );
+    assert!(!work_dir.exists(), "work dir {} left", work_dir.display());
+    Ok(())
+}

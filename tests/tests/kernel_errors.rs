@@ -579,7 +579,7 @@ fn a_flood_of_errors_is_counted_exactly_despite_sampling() -> Result<()> {
 
     // Exactly what the program saw, every line's count added up; requests
     // the kernel never ran it for (a known, rare loss on this VM kind,
-    // BENCHMARKS.md, "Error flood") are reported and bounded, not hidden.
+    // docs/benchmarks.md, "Error flood") are reported and bounded, not hidden.
     let counted = tally(&run.events)
         .get(&key(lo.maj_min(), "block_io_error", "write", EIO))
         .copied()

@@ -50,7 +50,7 @@ impl ErrorStream {
                 // A stream, not a flood (about 400 errors/s): the agent gets
                 // samples and summaries, and few errors are exposed to the
                 // kernel's own, measured loss in softirq completions
-                // (BENCHMARKS.md, "Where the shortfall came from").
+                // (docs/benchmarks.md, "Error flood").
                 std::thread::sleep(Duration::from_millis(2));
             }
         });

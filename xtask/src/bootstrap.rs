@@ -117,6 +117,12 @@ pub fn ensure_commands(commands: &[(&str, &str)]) -> anyhow::Result<()> {
     Apt::default().ensure(&missing)
 }
 
+/// Makes sure the Debian `packages` are installed (`cargo xtask cluster`
+/// needs packages, not commands: the CNI plugins and a static busybox).
+pub fn ensure_packages(packages: &[&str]) -> anyhow::Result<()> {
+    Apt::default().ensure(packages)
+}
+
 fn installed(package: &str) -> bool {
     Command::new("dpkg-query")
         .args(["-W", "-f=${Status}", package])

@@ -19,7 +19,7 @@ pub struct Built {
 /// Only the agent's own crate (`health-agent`, the command line) embeds
 /// the kernel object; everything compiles in the background meanwhile,
 /// while apt installs the toolchain and the object is built, and the last
-/// build only embeds the object and links (BENCHMARKS.md, "First run").
+/// build only embeds the object and links (docs/benchmarks.md, "First run").
 pub fn all() -> anyhow::Result<Built> {
     // The whole package, with no object yet (/dev/null: nothing to embed):
     // the same features unify as in the build below, so it reuses all of it.

@@ -16,6 +16,7 @@
 
 pub mod bootstrap;
 pub mod build;
+pub mod cluster_test;
 pub mod fuzz;
 pub mod image;
 pub mod k8s_tools;

@@ -4,7 +4,7 @@
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use xtask::{build, fuzz, image, k8s_tools, lab, vm};
+use xtask::{build, cluster_test, fuzz, image, k8s_tools, lab, vm};
 
 #[derive(Parser)]
 #[command(name = "cargo xtask", about = "volume-health developer tasks")]
@@ -32,7 +32,7 @@ enum Command {
     /// Build, then show the agent catching real I/O errors on a fault disk (root, ~1 minute).
     Demo,
     /// Build, then measure latency, overhead, an error flood and the event path (root); updates
-    /// BENCHMARKS.md. `cargo xtask bench --help` lists the options.
+    /// docs/benchmarks.md. `cargo xtask bench --help` lists the options.
     #[command(disable_help_flag = true)]
     Bench {
         /// Options of the benchmarks (`lab bench`).
@@ -50,6 +50,15 @@ enum Command {
     #[command(disable_help_flag = true)]
     Kind {
         /// Options of the kind run (`lab kind`).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// A single-node Kubernetes on this host from local parts (root): `cargo xtask cluster
+    /// up|down|status|fault`, and `cluster test [FILTER]`, the end-to-end suite on it;
+    /// docs/local-cluster.md.
+    #[command(disable_help_flag = true)]
+    Cluster {
+        /// Options of the cluster command (`lab cluster`).
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
@@ -73,6 +82,10 @@ fn main() -> ExitCode {
         }),
         Command::Image(args) => image::run(&args),
         Command::Kind { args } => lab::run("kind", &args),
+        Command::Cluster { args } => match args.split_first() {
+            Some((first, filter)) if first == "test" => cluster_test::run(filter),
+            _ => lab::run("cluster", &args),
+        },
         Command::Vm(args) => vm::run(&args),
     };
     match result {

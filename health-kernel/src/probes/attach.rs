@@ -6,12 +6,13 @@ use aya::programs::{BtfTracePoint, FEntry, RawTracePoint, TracePoint};
 use aya::{Btf, Ebpf, EbpfLoader};
 use health_common::{complete_mode, field, rq};
 
-use super::errors::{classify_load_error, error_chain};
+use super::errors::{classify_load_error, error_chain, BpfRefusal};
 use super::layout::{BLOCK_BIO_COMPLETE, BLOCK_RQ_COMPLETE, BLOCK_RQ_ERROR, FS_PROGRAMS};
 use super::loader;
+use super::memlock::{raise_memlock_limit, MemlockShortfall};
 use super::pins::{self, PinError, PinSet};
 use super::plan::{BlockCounting, Plan, Planned, NO_FLUSHES};
-use super::preflight::{check_bpf, check_privileges, raise_memlock_limit};
+use super::preflight::{check_bpf, check_privileges};
 use super::requests::{self, BtfRequests};
 use super::{
     Attached, BlockAttach, KernelMaps, ProbeError, ProbeOptions, SourceState, SourceStatus,
@@ -78,7 +79,7 @@ pub fn attach(opts: &ProbeOptions) -> Result<(Attached, KernelMaps), ProbeError>
         .any(|s| matches!(s.state, SourceState::Active { .. }))
     {
         let lines: Vec<String> = sources.iter().map(|s| format!("  {s}")).collect();
-        return Err(ProbeError::NothingAttached(lines.join("\n")));
+        return Err(nothing_attached(lines.join("\n"), &sources, opts));
     }
     if let Some(p) = &mut pin_set {
         p.commit()?;
@@ -105,6 +106,22 @@ pub fn attach(opts: &ProbeOptions) -> Result<(Attached, KernelMaps), ProbeError>
         },
         maps,
     ))
+}
+
+/// No source attached: the memlock limit when programs were refused with
+/// EPERM on a kernel that charges them to it (the maps fitted, the
+/// programs did not), else the list of what became of each source.
+fn nothing_attached(lines: String, sources: &[SourceStatus], opts: &ProbeOptions) -> ProbeError {
+    let refused = sources.iter().any(|s| {
+        matches!(&s.state, SourceState::Missing { reason } if reason.contains("Operation not permitted"))
+    });
+    match MemlockShortfall::of_this_process(&opts.proc_root) {
+        Some(shortfall) if refused => ProbeError::MemlockLimit {
+            shortfall,
+            refused: BpfRefusal::Programs(lines),
+        },
+        _ => ProbeError::NothingAttached(lines),
+    }
 }
 
 /// What the kernel offers the programs, checked before anything loads.
@@ -138,7 +155,7 @@ fn preflight(opts: &ProbeOptions) -> Result<Kernel, ProbeError> {
     }
     check_privileges(&opts.proc_root)?;
     raise_memlock_limit();
-    check_bpf()?;
+    check_bpf(&opts.proc_root)?;
     let btf = opts.sys_root.join("kernel/btf/vmlinux");
     if !btf.exists() {
         return Err(ProbeError::BtfMissing(btf));

@@ -11,6 +11,8 @@
 
 use health_common::rq::STATUS_COUNT;
 
+use super::release::parse_version;
+
 const STABLE: [(usize, i32); 13] = [
     (1, libc::EOPNOTSUPP),
     (2, libc::ETIMEDOUT),
@@ -60,17 +62,6 @@ pub fn errno_table(release: &str) -> ([u8; STATUS_COUNT], bool) {
         table[status] = errno as u8;
     }
     (table, !extra.is_empty())
-}
-
-fn parse_version(release: &str) -> Option<(u32, u32)> {
-    let mut parts = release.split(|c: char| !c.is_ascii_digit());
-    Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?))
-}
-
-/// The running kernel's release, from `<proc>/sys/kernel/osrelease`.
-pub fn running_release(proc_root: &std::path::Path) -> std::io::Result<String> {
-    let text = std::fs::read_to_string(proc_root.join("sys/kernel/osrelease"))?;
-    Ok(text.trim().to_string())
 }
 
 #[cfg(test)]

@@ -3,6 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
+use super::memlock::MemlockShortfall;
 use super::preflight::check_privileges;
 use crate::tracefs::TracefsError;
 
@@ -12,6 +13,14 @@ pub enum ProbeError {
     NotPermitted(String),
     #[error("BPF is unavailable: {0}")]
     BpfUnavailable(String),
+    /// bpf() answered EPERM on a kernel that charges BPF memory to
+    /// RLIMIT_MEMLOCK, with the limit not raised (no CAP_SYS_RESOURCE).
+    #[error("{shortfall}")]
+    MemlockLimit {
+        shortfall: MemlockShortfall,
+        #[source]
+        refused: BpfRefusal,
+    },
     #[error(
         "kernel BTF is missing ({0} does not exist): the kernel was built without \
          CONFIG_DEBUG_INFO_BTF, and volume-health supports only kernels with BTF"
@@ -46,10 +55,10 @@ pub enum ProbeError {
 }
 
 impl ProbeError {
-    /// Process exit codes, documented in the README.
+    /// Process exit codes, documented in docs/reference/cli.md ("Exit codes").
     pub fn exit_code(&self) -> i32 {
         match self {
-            ProbeError::NotPermitted(_) => 3,
+            ProbeError::NotPermitted(_) | ProbeError::MemlockLimit { .. } => 3,
             ProbeError::BpfUnavailable(_) => 4,
             ProbeError::BtfMissing(_) => 5,
             ProbeError::Tracefs(TracefsError::Missing { .. }) => 6,
@@ -69,11 +78,43 @@ pub(super) fn error_chain(e: &dyn std::error::Error) -> String {
     out
 }
 
+/// What BPF refused when the memlock limit was the reason.
+#[derive(Debug, thiserror::Error)]
+pub enum BpfRefusal {
+    #[error("creating a test map")]
+    CheckMap(#[source] std::io::Error),
+    #[error("loading the kernel programs")]
+    Load(#[source] Box<aya::EbpfError>),
+    #[error("no program could be loaded:\n{0}")]
+    Programs(String),
+}
+
+/// Whether an error or one of its sources is the kernel's EPERM.
+pub(super) fn is_eperm(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur = Some(e);
+    while let Some(err) = cur {
+        if err
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.raw_os_error() == Some(libc::EPERM))
+        {
+            return true;
+        }
+        cur = err.source();
+    }
+    false
+}
+
 pub(super) fn classify_load_error(e: aya::EbpfError, proc_root: &Path) -> ProbeError {
     let text = error_chain(&e);
-    if text.contains("Operation not permitted") {
+    if is_eperm(&e) || text.contains("Operation not permitted") {
         if let Err(not_permitted) = check_privileges(proc_root) {
             return not_permitted;
+        }
+        if let Some(shortfall) = MemlockShortfall::of_this_process(proc_root) {
+            return ProbeError::MemlockLimit {
+                shortfall,
+                refused: BpfRefusal::Load(Box::new(e)),
+            };
         }
         return ProbeError::BpfUnavailable(format!(
             "the kernel refused to load programs despite the needed capabilities (lockdown or a security policy?): {text}"
@@ -90,6 +131,11 @@ mod tests {
     fn exit_codes_are_distinct_per_failure_class() {
         let codes = [
             ProbeError::NotPermitted(String::new()).exit_code(),
+            ProbeError::MemlockLimit {
+                shortfall: MemlockShortfall::judge("5.10.0", Some(65536)).unwrap(),
+                refused: BpfRefusal::Programs(String::new()),
+            }
+            .exit_code(),
             ProbeError::BpfUnavailable(String::new()).exit_code(),
             ProbeError::BtfMissing(PathBuf::new()).exit_code(),
             ProbeError::Tracefs(TracefsError::Missing {
@@ -97,6 +143,6 @@ mod tests {
             })
             .exit_code(),
         ];
-        assert_eq!(codes, [3, 4, 5, 6]);
+        assert_eq!(codes, [3, 3, 4, 5, 6]);
     }
 }

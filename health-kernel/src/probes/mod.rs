@@ -9,8 +9,9 @@
 //!
 //! Here: what is asked for and what attaching leaves ([`Attached`],
 //! [`KernelMaps`], one [`SourceStatus`] per program). `preflight` checks
-//! privileges and BPF, `layout` the fields each program reads, `attach`
-//! does the work, `errors` names what failed and its exit code.
+//! privileges and BPF, `memlock` the memory limit older kernels charge BPF
+//! to, `layout` the fields each program reads, `attach` does the work,
+//! `errors` names what failed and its exit code.
 
 mod attach;
 mod blk_status;
@@ -20,9 +21,11 @@ pub mod btf;
 mod errors;
 pub(crate) mod layout;
 mod loader;
+mod memlock;
 pub mod pins;
 mod plan;
 pub(crate) mod preflight;
+mod release;
 mod requests;
 
 use std::fmt;
@@ -31,8 +34,9 @@ use std::path::PathBuf;
 pub use attach::attach;
 use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, PerCpuHashMap, RingBuf};
 use aya::Ebpf;
-pub use errors::ProbeError;
+pub use errors::{BpfRefusal, ProbeError};
 use health_common::{CounterKey, ErrorTimes, PartTable, StackPair, DISK_NAME_LEN};
+pub use memlock::MemlockShortfall;
 // For tests/tests/tracefs.rs: a live BPF map, whose id a pinned witness is named for.
 #[doc(hidden)]
 pub use preflight::tiny_array_map;
@@ -51,7 +55,7 @@ pub struct ProbeOptions {
     pub proc_root: PathBuf,
     /// Also count failed flushes, which only `block_rq_complete` shows. It
     /// runs on every block completion, so it is off by default; see
-    /// BENCHMARKS.md for its cost on the healthy path.
+    /// docs/benchmarks.md, "Healthy-path overhead" for its cost.
     pub flush_errors: bool,
     /// Samples per device per second per CPU; counting is never limited.
     pub samples_per_sec: u32,
@@ -73,7 +77,8 @@ pub struct ProbeOptions {
 /// BTF raw tracepoints (`tp_btf`) run whatever else runs on the CPU, even a
 /// map syscall of this agent; tracefs tracepoints are skipped, uncounted,
 /// whenever any kprobe or tracepoint BPF program (ours or another tool's)
-/// or a map syscall is already running on the CPU. See BENCHMARKS.md.
+/// or a map syscall is already running on the CPU. See docs/benchmarks.md,
+/// "Error flood".
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum BlockAttach {
     /// `tp_btf` where the kernel has it, tracefs tracepoints elsewhere.
@@ -84,7 +89,7 @@ pub enum BlockAttach {
 }
 
 /// `block_bio_complete` fires for every bio of every layer, so it costs on
-/// the healthy path (as `--flush-errors` does; see BENCHMARKS.md). It is only
+/// the healthy path (as `--flush-errors` does; see docs/benchmarks.md). It is only
 /// needed where bio-based dm/md devices exist.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum BioErrors {

@@ -5,6 +5,8 @@ use std::io;
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::path::Path;
 
+use super::errors::BpfRefusal;
+use super::memlock::MemlockShortfall;
 use super::ProbeError;
 
 // Capability numbers from include/uapi/linux/capability.h.
@@ -38,33 +40,22 @@ pub(super) fn check_privileges(proc_root: &Path) -> Result<(), ProbeError> {
     )))
 }
 
-/// Kernels before 5.11 charge BPF maps and programs to RLIMIT_MEMLOCK,
-/// whose default (64 KiB on many distributions) is far below what the
-/// agent's maps take, and bpf() then fails with EPERM as if forbidden. Raise
-/// it for this process; later kernels account BPF memory to the cgroup and
-/// ignore the limit. Without CAP_SYS_RESOURCE the raise fails, and the load
-/// error that may follow says so.
-pub(super) fn raise_memlock_limit() {
-    let unlimited = libc::rlimit {
-        rlim_cur: libc::RLIM_INFINITY,
-        rlim_max: libc::RLIM_INFINITY,
-    };
-    // SAFETY: setrlimit reads the struct, which lives across the call.
-    if unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &unlimited) } != 0 {
-        tracing::debug!(
-            "raising RLIMIT_MEMLOCK failed ({}); kernels before 5.11 may refuse the maps",
-            io::Error::last_os_error()
-        );
-    }
-}
-
 /// Creates and closes a one-entry array map: the cheapest question that
-/// tells "no BPF in this kernel" (ENOSYS) from "BPF forbidden" (EPERM).
-pub(super) fn check_bpf() -> Result<(), ProbeError> {
+/// tells "no BPF in this kernel" (ENOSYS) from "BPF forbidden" (EPERM),
+/// and, on kernels before 5.11, from a memlock limit too low for even this.
+pub(super) fn check_bpf(proc_root: &Path) -> Result<(), ProbeError> {
     let err = match tiny_array_map() {
         Ok(_) => return Ok(()),
         Err(err) => err,
     };
+    if err.raw_os_error() == Some(libc::EPERM) {
+        if let Some(shortfall) = MemlockShortfall::of_this_process(proc_root) {
+            return Err(ProbeError::MemlockLimit {
+                shortfall,
+                refused: BpfRefusal::CheckMap(err),
+            });
+        }
+    }
     Err(match err.raw_os_error() {
         Some(libc::ENOSYS) => ProbeError::BpfUnavailable("the kernel has no bpf() system call (CONFIG_BPF_SYSCALL is off)".into()),
         Some(libc::EPERM) => ProbeError::BpfUnavailable(format!(

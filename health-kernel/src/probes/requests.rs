@@ -7,7 +7,7 @@
 //! the CPU at that moment; otherwise the kernel skips it without counting a
 //! miss. In an error flood that happens whenever a block completion
 //! interrupts the agent while it reads its own counters (measured: 1-4
-//! errors in 600 000, see BENCHMARKS.md). A `tp_btf` program is only kept
+//! errors in 600 000, see docs/benchmarks.md, "Error flood"). A `tp_btf` program is only kept
 //! from nesting inside itself, and the kernel counts that as a miss.
 
 use std::path::Path;
@@ -15,8 +15,8 @@ use std::path::Path;
 use aya::Btf;
 use health_common::rq;
 
-use super::blk_status;
 use super::btf::{counts_early, request_layout, KernelBtf};
+use super::{blk_status, release};
 
 /// Everything the `tp_btf` programs need, or why they cannot be used.
 pub(super) struct BtfRequests {
@@ -58,7 +58,7 @@ pub(super) fn plan(
     let requests = request_layout(&kernel)
         .map_err(|e| e.to_string())
         .and_then(|layout| {
-            let release = blk_status::running_release(proc_root)
+            let release = release::running_release(proc_root)
                 .map_err(|e| format!("reading the kernel release: {e}"))?;
             let (statuses, known) = blk_status::errno_table(&release);
             Ok(BtfRequests {

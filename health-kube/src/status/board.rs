@@ -174,7 +174,7 @@ impl Board {
     pub fn release_others(&mut self, used: &[Claim]) {
         // A set: the controller passes every claim of the cluster, and a
         // scan of `used` per state was 10^10 comparisons at 100,000 PVs
-        // (BENCHMARKS.md, "Scale").
+        // (docs/benchmarks.md, "Scale").
         let used: std::collections::HashSet<(&str, &str)> = used
             .iter()
             .map(|c| (c.namespace.as_str(), c.name.as_str()))

@@ -34,7 +34,7 @@ use crate::writer::REQUEST_TIMEOUT;
 /// Objects listed per page at start.
 const LIST_PAGE: u32 = 500;
 /// How long the node agent lets a new or cleared condition settle before
-/// its `VolumeHealth` write ([`Board::with_settle`]; BENCHMARKS.md, "Kernel error to Kubernetes Event").
+/// its `VolumeHealth` write ([`Board::with_settle`]; docs/benchmarks.md, "Kernel error to Kubernetes Event").
 pub const SETTLE: std::time::Duration = std::time::Duration::from_millis(20);
 /// Pods named in an entry; `podCount` has them all.
 const MAX_PODS: usize = 16;

@@ -61,7 +61,7 @@ pub const EVENT_THREAD: &str = "health-events";
 /// a busy node that wake-up waits for a time slice: with the CPUs 2×
 /// oversubscribed, failed request → Warning at a client watching the API
 /// server took p99 33 ms with the writer elsewhere and 13 ms here (the same
-/// at normal priority; BENCHMARKS.md, "Kernel error to Kubernetes Event").
+/// at normal priority; docs/benchmarks.md, "Kernel error to Kubernetes Event").
 pub struct Companion {
     /// Spawned on the event thread's runtime before the loop starts; it
     /// runs whenever the loop waits, at the thread's priority, so what it
@@ -141,6 +141,10 @@ async fn agent_loop<R: Reporter>(
     reporter: R,
     prio: EventThread,
 ) -> anyhow::Result<()> {
+    // Before anything else: a SIGTERM during start (a rolling update right
+    // after the pod came up) must end the agent cleanly, not kill it.
+    let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
     // Attaching and the first scans are bulk work too.
     let bulk = prio.bulk();
     let mut agent = Agent::start(&opts, reporter)?;
@@ -151,8 +155,6 @@ async fn agent_loop<R: Reporter>(
     // reporter took note.
     eprintln!("volume-health: ready, {active} error sources attached");
 
-    let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
-    let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
     let deadline = opts.duration.map(|d| tokio::time::Instant::now() + d);
     let mut reconcile = tokio::time::interval(RECONCILE_EVERY);
     let mut rescan = tokio::time::interval(RESCAN_EVERY);

@@ -3,7 +3,7 @@
 //! A health monitor is useful exactly when the node is in trouble, and a
 //! node whose CPUs are saturated is one kind of trouble: with every core
 //! busy, a normal-priority reader waits for a time slice behind the busy
-//! tasks (milliseconds, BENCHMARKS.md, "Detection latency"). The agent's loop therefore
+//! tasks (milliseconds, docs/benchmarks.md, "Detection latency"). The agent's loop therefore
 //! runs on its own thread, `health-events`, which waits for the sample ring
 //! buffer and carries an error to its line (or, in cluster mode, to the
 //! reporter's hand-off) at a raised priority when the kernel grants one:

@@ -37,6 +37,12 @@ pub struct ClusterReporter {
     /// started before the API server answered, or kubelet was quicker than
     /// the watch). Delivered in order once the pod is known.
     parked: BTreeMap<VolumeKey, Vec<Change>>,
+    /// Kernel errors on devices that hold a volume not attributable yet
+    /// (before the first pod list, or while its PV is being read), summed
+    /// per counter key with the device's name: recorded in the metrics once
+    /// the volume is known, so that a restarted agent credits the errors of
+    /// the gap to their claim as its Events do. Bounded by the keys.
+    waiting_errors: BTreeMap<CounterKey, (u64, Option<String>)>,
     /// Programs attached; readiness also waits for the first lists.
     attached: bool,
     /// The `VolumeHealth` entries of this node (`None`: not written).
@@ -64,6 +70,7 @@ impl ClusterReporter {
             health,
             known: HashMap::new(),
             parked: BTreeMap::new(),
+            waiting_errors: BTreeMap::new(),
             attached: false,
             status,
         }
@@ -141,6 +148,84 @@ impl ClusterReporter {
         }
         drop(board);
         sink.board.wake();
+    }
+
+    /// Whether errors on `dev` must wait for the cluster view: a volume on
+    /// it is not resolvable yet while the pods are not listed or PVs are
+    /// being read (once the view is settled, an unresolvable volume belongs
+    /// to no pod here and its errors count without a claim).
+    fn must_wait(&mut self, dev: Dev, ix: &VolumeIndex) -> bool {
+        let settled = self.view.is_ready() && !self.view.resolving();
+        if settled {
+            return false;
+        }
+        let keys: Vec<VolumeKey> = ix.volumes_for(dev).map(|v| v.key.clone()).collect();
+        keys.iter()
+            .any(|k| !self.known.contains_key(k) && self.targets(k, ix).is_none())
+    }
+
+    /// Records the errors that waited for volumes now attributable (all of
+    /// them once the view is settled).
+    fn record_waiting_errors(&mut self, ix: &VolumeIndex) {
+        if self.waiting_errors.is_empty() {
+            return;
+        }
+        let waiting = std::mem::take(&mut self.waiting_errors);
+        for (key, (count, name)) in waiting {
+            if self.must_wait(Dev::from_kernel(key.dev), ix) {
+                self.waiting_errors.insert(key, (count, name));
+            } else {
+                self.record_errors(key, count, name.as_deref(), Some(ix));
+            }
+        }
+    }
+
+    /// One counter key's errors in the metrics: once per PVC (or PV, or pod
+    /// volume without either) on the device, since the same error reaches
+    /// every pod using the volume; without a claim when no volume here is
+    /// on it.
+    fn record_errors(
+        &mut self,
+        key: CounterKey,
+        count: u64,
+        name: Option<&str>,
+        volumes: Option<&VolumeIndex>,
+    ) {
+        let dev = Dev::from_kernel(key.dev);
+        let mut seen: Vec<VolumeRef> = Vec::new();
+        if let Some(ix) = volumes {
+            for v in ix.volumes_for(dev) {
+                if !self.known.contains_key(&v.key) && self.targets(&v.key, ix).is_none() {
+                    continue;
+                }
+                let Some(t) = self.known.get(&v.key) else {
+                    continue;
+                };
+                let r = volume_ref(t);
+                let dup = seen.iter().any(|s| {
+                    s.namespace == r.namespace
+                        && match (&s.pvc, &r.pvc, &s.pv, &r.pv) {
+                            (Some(a), Some(b), _, _) => a == b,
+                            (None, None, Some(a), Some(b)) => a == b,
+                            _ => false,
+                        }
+                });
+                if !dup {
+                    seen.push(r);
+                }
+            }
+        }
+        let e = KernelError {
+            key,
+            count,
+            sample: None,
+        };
+        if seen.is_empty() {
+            self.metrics.record_kernel_error(&e, name, None);
+        }
+        for r in &seen {
+            self.metrics.record_kernel_error(&e, name, Some(r));
+        }
     }
 
     fn targets(&mut self, key: &VolumeKey, volumes: &VolumeIndex) -> Option<Targets> {
@@ -300,42 +385,13 @@ impl Reporter for ClusterReporter {
         }
         for (key, count) in per_key {
             let dev = Dev::from_kernel(key.dev);
-            let name = topo.device(dev).map(|d| d.name.as_str());
-            // One count per PVC (or PV, or pod volume without either): the
-            // same error reaches every pod using the volume.
-            let mut seen: Vec<VolumeRef> = Vec::new();
-            if let Some(ix) = volumes {
-                for v in ix.volumes_for(dev) {
-                    if !self.known.contains_key(&v.key) && self.targets(&v.key, ix).is_none() {
-                        continue;
-                    }
-                    let Some(t) = self.known.get(&v.key) else {
-                        continue;
-                    };
-                    let r = volume_ref(t);
-                    let dup = seen.iter().any(|s| {
-                        s.namespace == r.namespace
-                            && match (&s.pvc, &r.pvc, &s.pv, &r.pv) {
-                                (Some(a), Some(b), _, _) => a == b,
-                                (None, None, Some(a), Some(b)) => a == b,
-                                _ => false,
-                            }
-                    });
-                    if !dup {
-                        seen.push(r);
-                    }
+            let name = topo.device(dev).map(|d| d.name.clone());
+            match volumes {
+                Some(ix) if self.must_wait(dev, ix) => {
+                    let slot = self.waiting_errors.entry(key).or_insert((0, name));
+                    slot.0 += count;
                 }
-            }
-            let e = KernelError {
-                key,
-                count,
-                sample: None,
-            };
-            if seen.is_empty() {
-                self.metrics.record_kernel_error(&e, name, None);
-            }
-            for r in &seen {
-                self.metrics.record_kernel_error(&e, name, Some(r));
+                _ => self.record_errors(key, count, name.as_deref(), volumes),
             }
         }
         Ok(())
@@ -420,6 +476,7 @@ impl Reporter for ClusterReporter {
             // no longer used here released). Resolving the volumes asks for
             // the PVs not yet read.
             self.sync_status(v, None);
+            self.record_waiting_errors(v.index());
         }
         // After the PV reads were asked for: ready means attributable.
         self.update_readiness();

@@ -2,7 +2,7 @@
 //! `watch --json` and the human-readable line.
 //!
 //! Every key is always present (null when unknown) so consumers can rely on
-//! the shape; README.md documents each field.
+//! the shape; docs/reference/json-schema.md documents each field.
 
 use std::fmt::Write as _;
 use std::path::PathBuf;

@@ -13,7 +13,7 @@
 //! ([`super::ext4_error_evidence`]) adds what happened before any agent ran.
 //!
 //! The JSON is an array with one object per pod volume, sorted by pod uid and
-//! volume name; README.md documents each field.
+//! volume name; docs/reference/json-schema.md documents each field.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};

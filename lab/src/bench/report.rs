@@ -1,4 +1,4 @@
-//! BENCHMARKS.md: hand-written method and notes around generated result
+//! docs/benchmarks.md: hand-written method and notes around generated result
 //! blocks. Each block sits between `<!-- bench:ID:begin -->` and
 //! `<!-- bench:ID:end -->` and is replaced by the next run of that part, so a
 //! partial run (`--only`) leaves the other parts' last results alone.

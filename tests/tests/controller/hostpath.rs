@@ -14,36 +14,10 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use health_tests::controller::wait_for;
-use hyper_util::rt::TokioIo;
-use tokio::net::UnixStream;
-use tonic::transport::{Endpoint, Uri};
-
-pub const ASSETS_ENV: &str = "HEALTH_CSI_ASSETS";
-pub const DRIVER: &str = "hostpath.csi.k8s.io";
-const BINARY: &str = "hostpathplugin";
-
-/// Where `hostpathplugin` is; `Err` says where it was looked for.
-pub fn binary() -> Result<PathBuf, String> {
-    if let Some(dir) = std::env::var_os(ASSETS_ENV) {
-        let path = Path::new(&dir).join(BINARY);
-        return match path.is_file() {
-            true => Ok(path),
-            false => Err(format!("{ASSETS_ENV}={} has no {BINARY}", path.display())),
-        };
-    }
-    let root = health_tests::manifests::repo_root();
-    root.ancestors()
-        .map(|d| d.join("shared/csi/bin").join(BINARY))
-        .find(|p| p.is_file())
-        .ok_or_else(|| {
-            format!(
-                "no {BINARY}: {ASSETS_ENV} is unset and no shared/csi/bin/{BINARY} is beside {} or above it",
-                root.display()
-            )
-        })
-}
+pub use health_tests::hostpath::{binary, ASSETS_ENV, DRIVER, PLUGIN as BINARY};
+use health_tests::hostpath::{create_volume, Access};
 
 /// What a test does without the driver: under `CI=true` it fails, elsewhere
 /// it says so loudly and the caller returns.
@@ -129,40 +103,9 @@ impl HostPath {
 
     /// Creates a mounted-filesystem volume `name` of `bytes`; returns its id.
     pub async fn create_volume(&self, name: &str, bytes: i64) -> Result<String> {
-        let path = self.socket.clone();
-        let channel = Endpoint::from_static("http://localhost")
-            .connect_with_connector(tower::service_fn(move |_: Uri| {
-                let path = path.clone();
-                async move { UnixStream::connect(path).await.map(TokioIo::new) }
-            }))
-            .await
-            .context("connecting to the driver")?;
-        let request = wire::CreateVolumeRequest {
-            name: name.to_string(),
-            capacity_range: Some(wire::CapacityRange {
-                required_bytes: bytes,
-            }),
-            volume_capabilities: vec![wire::VolumeCapability {
-                mount: Some(wire::MountVolume {}),
-                access_mode: Some(wire::AccessMode {
-                    mode: wire::SINGLE_NODE_WRITER,
-                }),
-            }],
-        };
-        let mut grpc = tonic::client::Grpc::new(channel);
-        grpc.ready().await.context("the driver's channel")?;
-        let answer: tonic::Response<wire::CreateVolumeResponse> = grpc
-            .unary(
-                tonic::Request::new(request),
-                http::uri::PathAndQuery::from_static("/csi.v1.Controller/CreateVolume"),
-                tonic_prost::ProstCodec::default(),
-            )
-            .await
-            .with_context(|| format!("CreateVolume {name}"))?;
-        match answer.into_inner().volume {
-            Some(v) if !v.volume_id.is_empty() => Ok(v.volume_id),
-            other => bail!("CreateVolume {name} answered without a volume: {other:?}"),
-        }
+        Ok(create_volume(&self.socket, name, bytes, Access::Mount)
+            .await?
+            .id)
     }
 
     /// The directory that holds the volume's data: gone, the driver calls
@@ -181,62 +124,5 @@ impl HostPath {
     pub fn restore_volume(&self, id: &str) -> Result<()> {
         let dir = self.volume_dir(id);
         std::fs::create_dir(&dir).with_context(|| format!("creating {}", dir.display()))
-    }
-}
-
-/// The messages of CSI's CreateVolume this test sends and reads, with the
-/// spec's field numbers (container-storage-interface/spec `csi.proto`);
-/// fields left out are empty on the wire.
-mod wire {
-    /// `VolumeCapability.AccessMode.Mode.SINGLE_NODE_WRITER`.
-    pub const SINGLE_NODE_WRITER: i32 = 1;
-
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct CreateVolumeRequest {
-        #[prost(string, tag = "1")]
-        pub name: String,
-        #[prost(message, optional, tag = "2")]
-        pub capacity_range: Option<CapacityRange>,
-        #[prost(message, repeated, tag = "3")]
-        pub volume_capabilities: Vec<VolumeCapability>,
-    }
-
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct CapacityRange {
-        #[prost(int64, tag = "1")]
-        pub required_bytes: i64,
-    }
-
-    /// `access_type` is a oneof of `block` (1) and `mount` (2): only
-    /// `mount` is ever sent here.
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct VolumeCapability {
-        #[prost(message, optional, tag = "2")]
-        pub mount: Option<MountVolume>,
-        #[prost(message, optional, tag = "3")]
-        pub access_mode: Option<AccessMode>,
-    }
-
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct MountVolume {}
-
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct AccessMode {
-        #[prost(int32, tag = "1")]
-        pub mode: i32,
-    }
-
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct CreateVolumeResponse {
-        #[prost(message, optional, tag = "1")]
-        pub volume: Option<Volume>,
-    }
-
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct Volume {
-        #[prost(int64, tag = "1")]
-        pub capacity_bytes: i64,
-        #[prost(string, tag = "2")]
-        pub volume_id: String,
     }
 }

@@ -90,11 +90,22 @@ pub struct Panel {
     pub transformations: Option<Value>,
     #[serde(default)]
     pub targets: Vec<Target>,
+    /// Links shown on the panel: the runbooks of the alerts on what it shows.
+    #[serde(default)]
+    pub links: Vec<Link>,
     /// Rows only.
     #[serde(default)]
     pub collapsed: Option<bool>,
     #[serde(default)]
     pub panels: Option<Vec<Panel>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Link {
+    pub title: String,
+    pub url: String,
+    pub target_blank: bool,
 }
 
 #[derive(Debug, Deserialize)]

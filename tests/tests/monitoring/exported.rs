@@ -55,7 +55,7 @@ pub fn exported() -> Exported {
     all
 }
 
-fn agent_exposition() -> String {
+pub fn agent_exposition() -> String {
     // A cap of one series: the second kernel error's labels are refused,
     // which gives volume_health_metric_series_dropped_total its sample.
     let m = Metrics::with_max_series(1);
@@ -117,7 +117,7 @@ fn agent_exposition() -> String {
     m.try_encode().expect("encoding the agent's metrics")
 }
 
-fn controller_exposition() -> String {
+pub fn controller_exposition() -> String {
     let m = ControllerMetrics::new();
     m.cycle(CycleResult::Complete, Duration::from_millis(20));
     m.csi_calls("ControllerListVolumeHealth", "OK", 1);

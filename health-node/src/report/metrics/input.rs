@@ -1,6 +1,6 @@
 //! `volume_health_input_errors_total{source}`: outside input the agent
-//! skipped as malformed under its bad-line policies (README, "Input
-//! handling"): mountinfo lines, sysfs attribute values, ring-buffer records.
+//! skipped as malformed under its bad-line policies (docs/security.md,
+//! "Input handling"): mountinfo lines, sysfs attribute values, ring-buffer records.
 //! A format the agent does not understand then shows as a rate instead of
 //! as silently missing mounts or devices.
 

@@ -2,7 +2,7 @@
 //! fallocates and fsyncs can be made to fail with any errno on command. A loop device over
 //! that file turns those failures into real block-layer I/O errors.
 //!
-//! Usage: `faultdisk --dir DIR --size BYTES [--threads N] [--sync-dio]`
+//! Usage: `faultdisk --dir DIR --size BYTES [--threads N] [--sync-dio] [--no-stdin]`
 //!
 //! In DIR it creates `backing.img` (sparse, BYTES long), mounts the FUSE filesystem on
 //! `mnt/` and listens on `ctl.sock` (protocol in `health_tests::protocol`). When mounted it
@@ -32,12 +32,14 @@
 //! connection), on `vanish` (at once, without unmounting), or when its stdin reaches EOF,
 //! which means the process that started it is gone: it then cleans up as the client
 //! would have (unmounts filesystems on loop devices over its image, detaches them,
-//! unmounts itself, deletes DIR).
+//! unmounts itself, deletes DIR). With `--no-stdin` (a daemon, whose stdin is /dev/null)
+//! stdin is ignored and SIGTERM, SIGINT or SIGHUP starts that cleanup instead.
 //!
 //! Layout: this file parses the arguments, mounts and reports ready; `disk` holds the
 //! shared state and decides which requests fail, `image` serves them from the backing
 //! file, `delay` runs delayed ones, `fuse` is the filesystem the kernel talks to,
-//! `control` the control socket and `orphan` the cleanup after a vanished client.
+//! `control` the control socket and `orphan` the cleanup after a vanished client or a
+//! stop signal.
 
 mod control;
 mod delay;
@@ -60,7 +62,7 @@ use health_tests::protocol::{ServerInfo, BACKING_NAME, CONTROL_SOCKET, IMAGE_NAM
 use crate::control::control_loop;
 use crate::disk::Disk;
 use crate::fuse::FuseFs;
-use crate::orphan::{orphan_watch, ORPHAN_CLEANUP};
+use crate::orphan::{block_stop_signals, orphan_watch, signal_watch, WorkDir, ORPHAN_CLEANUP};
 
 /// fuser's ceiling for max_write (its read buffer is sized for it).
 const MAX_WRITE: u32 = 16 * 1024 * 1024;
@@ -81,12 +83,18 @@ struct Args {
     dir: PathBuf,
     size: u64,
     threads: usize,
+    /// Run as a daemon: stdin is not watched; a stop signal ends the server.
+    no_stdin: bool,
 }
+
+const USAGE: &str =
+    "usage: faultdisk --dir DIR --size BYTES [--threads N] [--sync-dio] [--no-stdin]";
 
 fn parse_args() -> Result<Args> {
     let mut dir = None;
     let mut size = None;
     let mut threads = DEFAULT_THREADS;
+    let mut no_stdin = false;
     let mut it = std::env::args_os().skip(1);
     while let Some(a) = it.next() {
         let mut value = |name: &str| {
@@ -98,9 +106,13 @@ fn parse_args() -> Result<Args> {
             Some("--dir") => dir = Some(PathBuf::from(value("--dir")?)),
             Some("--size") => {
                 let v = value("--size")?;
-                size = Some(v.parse::<u64>().with_context(|| format!("bad --size {v}"))?);
+                size = Some(
+                    v.parse::<u64>()
+                        .with_context(|| format!("bad --size {v}"))?,
+                );
             }
             Some("--sync-dio") => ASYNC_DIO.store(false, Ordering::Relaxed),
+            Some("--no-stdin") => no_stdin = true,
             Some("--threads") => {
                 let v = value("--threads")?;
                 threads = v
@@ -109,9 +121,7 @@ fn parse_args() -> Result<Args> {
                     .filter(|n| (1..=64).contains(n))
                     .with_context(|| format!("bad --threads {v} (1..=64)"))?;
             }
-            _ => bail!(
-                "unknown argument {a:?}; usage: faultdisk --dir DIR --size BYTES [--threads N] [--sync-dio]"
-            ),
+            _ => bail!("unknown argument {a:?}; {USAGE}"),
         }
     }
     let dir = dir.context("--dir is required")?;
@@ -119,11 +129,21 @@ fn parse_args() -> Result<Args> {
     if size == 0 || !size.is_multiple_of(512) {
         bail!("--size {size} must be a positive multiple of 512");
     }
-    Ok(Args { dir, size, threads })
+    Ok(Args {
+        dir,
+        size,
+        threads,
+        no_stdin,
+    })
 }
 
 fn real_main() -> Result<()> {
     let args = parse_args()?;
+    if args.no_stdin {
+        // Before any thread starts, so that all of them inherit the mask and the
+        // watcher alone receives the signals.
+        block_stop_signals()?;
+    }
     let dir = args
         .dir
         .canonicalize()
@@ -194,13 +214,19 @@ fn real_main() -> Result<()> {
             .context("starting control thread")?;
     }
     {
-        let dir = dir.clone();
-        let image = image_path.clone();
-        let mnt = mount_dir.clone();
+        let work = WorkDir {
+            dir: dir.clone(),
+            image: image_path.clone(),
+            mnt: mount_dir.clone(),
+        };
+        let (name, watch): (&str, fn(WorkDir)) = match args.no_stdin {
+            true => ("signal-watch", signal_watch),
+            false => ("orphan-watch", orphan_watch),
+        };
         std::thread::Builder::new()
-            .name("orphan-watch".into())
-            .spawn(move || orphan_watch(dir, image, mnt))
-            .context("starting stdin watcher")?;
+            .name(name.into())
+            .spawn(move || watch(work))
+            .with_context(|| format!("starting the {name} thread"))?;
     }
 
     let line = format!(
