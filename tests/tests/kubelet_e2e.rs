@@ -16,7 +16,8 @@
 //!   `VolumeHealth`, the label, the metrics); the DaemonSet restarted
 //!   mid-episode, with errors while it restarts and after (the same Events
 //!   go on with the episode's count); the recovery; a raw block volume
-//!   whose reads fail (attributed to its pod and PVC, naming the device).
+//!   whose reads fail (attributed to its pod and PVC, naming the device);
+//!   the README's "See an Event" step (a volume filled, then freed).
 //! - `memlock_capability_...`: the chart with `memlockCapability=true` runs
 //!   where the runtime can grant CAP_SYS_RESOURCE, and where it cannot (this
 //!   project's VMs) never starts, runc's refusal reported by the kubelet.
@@ -31,6 +32,8 @@
 mod agent;
 #[path = "kubelet_e2e/block.rs"]
 mod block;
+#[path = "kubelet_e2e/capacity.rs"]
+mod capacity;
 #[path = "kubelet_e2e/csi.rs"]
 mod csi;
 #[path = "kubelet_e2e/episode.rs"]
@@ -227,8 +230,8 @@ fn helm_chart_reports_a_shared_claim_across_a_restart_and_the_driver_and_a_block
     workload::delete_namespace(cluster)?;
     agent::remove(cluster)?;
     // Leave the PVs as the cluster made them: Available.
-    for mode in ["Filesystem", "Block"] {
-        workload::free_pv(cluster, &cluster.info.volume(mode)?.pv)?;
+    for volume in &cluster.info.storage()?.volumes {
+        workload::free_pv(cluster, &volume.pv)?;
     }
     Ok(())
 }
@@ -250,5 +253,8 @@ fn scenarios(e2e: &E2e, agent_pod: &str) -> Result<()> {
         let uids = [shared.uids[0].as_str(), shared.uids[1].as_str()];
         workload::delete_pods(&e2e.cluster, &episode::PODS, &uids)
     })?;
-    step("a raw block volume", || block::attribute(e2e, &new_name))
+    step("a raw block volume", || block::attribute(e2e, &new_name))?;
+    step("the README's step 4: a full volume", || {
+        capacity::fill_and_free(e2e)
+    })
 }
