@@ -9,9 +9,7 @@
 //! description, or a Node that is not Ready, fails and says how to bring it
 //! up (never a skip).
 
-use std::io::{BufRead as _, BufReader, Write as _};
 use std::os::unix::fs::{FileTypeExt as _, MetadataExt as _};
-use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::Output;
 use std::time::{Duration, Instant};
@@ -280,28 +278,7 @@ impl DiskControl {
 
     /// One request and its answer; an answer with `ok: false` is an error.
     pub fn call(&self, request: &Request) -> Result<Response> {
-        let stream = UnixStream::connect(&self.socket)
-            .with_context(|| format!("connecting to {}", self.socket.display()))?;
-        stream.set_read_timeout(Some(Duration::from_secs(30)))?;
-        stream.set_write_timeout(Some(Duration::from_secs(30)))?;
-        let mut line = serde_json::to_string(request)?;
-        line.push('\n');
-        (&stream)
-            .write_all(line.as_bytes())
-            .context("writing to the fault disk's control socket")?;
-        let mut answer = String::new();
-        BufReader::new(&stream)
-            .read_line(&mut answer)
-            .context("reading the fault disk's answer")?;
-        let response: Response = serde_json::from_str(&answer)
-            .with_context(|| format!("the fault disk answered {answer:?}"))?;
-        if !response.ok {
-            bail!(
-                "the fault disk refused {line:?}: {}",
-                response.error.as_deref().unwrap_or("no reason given")
-            );
-        }
-        Ok(response)
+        crate::faultdisk::call(&self.socket, request)
     }
 
     pub fn info(&self) -> Result<ServerInfo> {

@@ -1,8 +1,7 @@
 //! The fault disk on the node: the faultdisk server, a loop device over its
 //! image and ext4 on it; and where the probe file's blocks lie.
 
-use std::io::{BufRead, BufReader, Write};
-use std::os::unix::net::UnixStream;
+use std::io::{BufRead, BufReader};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
@@ -137,23 +136,7 @@ impl NodeDisk {
 
     /// One request on a fresh connection to the control socket.
     fn call(&self, req: &Request) -> anyhow::Result<Response> {
-        let stream = UnixStream::connect(&self.socket)
-            .with_context(|| format!("connecting to {}", self.socket.display()))?;
-        stream.set_read_timeout(Some(Duration::from_secs(30)))?;
-        let mut line = serde_json::to_string(req)?;
-        line.push('\n');
-        (&stream).write_all(line.as_bytes())?;
-        let mut answer = String::new();
-        BufReader::new(&stream).read_line(&mut answer)?;
-        let resp: Response = serde_json::from_str(&answer)
-            .with_context(|| format!("bad answer from the fault disk: {answer:?}"))?;
-        if !resp.ok {
-            bail!(
-                "fault disk refused {req:?}: {}",
-                resp.error.unwrap_or_default()
-            );
-        }
-        Ok(resp)
+        health_tests::faultdisk::call(&self.socket, req)
     }
 
     /// Filesystem, loop device, FUSE mount, server: in that order.

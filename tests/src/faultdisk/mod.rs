@@ -387,28 +387,7 @@ impl FaultDisk {
     }
 
     fn call_raw(&self, req: &Request, timeout: Duration) -> Result<Response> {
-        let stream = UnixStream::connect(&self.socket)
-            .with_context(|| format!("connecting to {}", self.socket.display()))?;
-        stream.set_read_timeout(Some(timeout))?;
-        stream.set_write_timeout(Some(timeout))?;
-        let mut line = serde_json::to_string(req).context("encoding request")?;
-        line.push('\n');
-        (&stream)
-            .write_all(line.as_bytes())
-            .context("sending request")?;
-        let mut answer = String::new();
-        BufReader::new(&stream)
-            .read_line(&mut answer)
-            .context("reading answer")?;
-        if answer.is_empty() {
-            bail!("server closed the connection without answering");
-        }
-        serde_json::from_str(&answer).with_context(|| {
-            format!(
-                "bad answer {:?}",
-                answer.chars().take(200).collect::<String>()
-            )
-        })
+        exchange(&self.socket, req, timeout)
     }
 
     /// Everything Drop does, reporting problems instead of printing them.
@@ -524,4 +503,47 @@ fn log_tail(path: &Path) -> String {
         }
         Err(e) => format!("(cannot read {}: {e})", path.display()),
     }
+}
+
+/// One request and its answer on a fresh connection to a faultdisk server's
+/// control socket `socket`, whatever the answer says (`ok` or not). The
+/// server's control protocol is tests/src/protocol.rs.
+pub fn exchange(socket: &Path, req: &Request, timeout: Duration) -> Result<Response> {
+    let stream = UnixStream::connect(socket)
+        .with_context(|| format!("connecting to {}", socket.display()))?;
+    stream.set_read_timeout(Some(timeout))?;
+    stream.set_write_timeout(Some(timeout))?;
+    let mut line = serde_json::to_string(req).context("encoding request")?;
+    line.push('\n');
+    (&stream)
+        .write_all(line.as_bytes())
+        .context("sending request")?;
+    let mut answer = String::new();
+    BufReader::new(&stream)
+        .read_line(&mut answer)
+        .context("reading answer")?;
+    if answer.is_empty() {
+        bail!("server closed the connection without answering");
+    }
+    serde_json::from_str(&answer).with_context(|| {
+        format!(
+            "bad answer {:?}",
+            answer.chars().take(200).collect::<String>()
+        )
+    })
+}
+
+/// [`exchange`] with the control timeout, for a server this process did not
+/// start (a daemon, a server on a kind node): an answer with `ok: false` is
+/// an error naming the request.
+pub fn call(socket: &Path, req: &Request) -> Result<Response> {
+    let resp = exchange(socket, req, CONTROL_TIMEOUT)
+        .with_context(|| format!("the fault disk at {}", socket.display()))?;
+    if !resp.ok {
+        bail!(
+            "the fault disk refused {req:?}: {}",
+            resp.error.as_deref().unwrap_or("no reason given")
+        );
+    }
+    Ok(resp)
 }

@@ -2,8 +2,7 @@
 //! direct I/O over regions of its image, ext4 on them; and taking all of it
 //! away again.
 
-use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
-use std::os::unix::net::UnixStream;
+use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -175,23 +174,7 @@ impl FaultDisk {
 
 /// One request on a fresh connection to the server's control socket.
 pub(super) fn request(socket: &Path, req: &Request) -> anyhow::Result<Response> {
-    let stream = UnixStream::connect(socket)
-        .with_context(|| format!("connecting to the fault disk at {}", socket.display()))?;
-    stream.set_read_timeout(Some(Duration::from_secs(30)))?;
-    let mut line = serde_json::to_string(req)?;
-    line.push('\n');
-    (&stream).write_all(line.as_bytes())?;
-    let mut answer = String::new();
-    BufReader::new(&stream).read_line(&mut answer)?;
-    let resp: Response = serde_json::from_str(&answer)
-        .with_context(|| format!("bad answer from the fault disk: {answer:?}"))?;
-    if !resp.ok {
-        bail!(
-            "the fault disk refused {req:?}: {}",
-            resp.error.unwrap_or_default()
-        );
-    }
-    Ok(resp)
+    health_tests::faultdisk::call(socket, req)
 }
 
 /// `$FAULTDISK_BIN`, else the release build of health-tests' `faultdisk`
