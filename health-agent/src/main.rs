@@ -235,17 +235,7 @@ fn seconds(name: &str, v: f64) -> Result<Duration, String> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let filter = health_kube::logging::filter(&cli.log).unwrap_or_else(|e| {
-        eprintln!(
-            "health-agent: invalid --log filter {:?} ({e}); using `info`",
-            cli.log
-        );
-        tracing_subscriber::EnvFilter::new("info")
-    });
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
+    health_kube::logging::init("health-agent", &cli.log);
 
     let host = HostPaths {
         proc_root: cli.host_proc.clone(),

@@ -78,17 +78,7 @@ fn seconds(name: &str, v: f64) -> anyhow::Result<Duration> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let filter = health_kube::logging::filter(&cli.log).unwrap_or_else(|e| {
-        eprintln!(
-            "health-controller: invalid --log filter {:?} ({e}); using `info`",
-            cli.log
-        );
-        tracing_subscriber::EnvFilter::new("info")
-    });
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
+    health_kube::logging::init("health-controller", &cli.log);
     let result = options(cli).and_then(|opts| {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)

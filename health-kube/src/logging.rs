@@ -9,6 +9,8 @@
 //! reports its own failures with context (and counts them), so kube-client's
 //! line adds only a false alarm.
 
+use std::io::IsTerminal;
+
 use tracing_subscriber::filter::{Directive, EnvFilter, ParseError};
 
 /// kube-client's HTTP trace layer (its target).
@@ -23,6 +25,21 @@ pub fn filter(spec: &str) -> Result<EnvFilter, ParseError> {
         filter = filter.add_directive(quiet);
     }
     Ok(filter)
+}
+
+/// Logs to stderr through [`filter`] (`info` when `spec` does not parse,
+/// said once). Colours only on a terminal: a pod's log, journald and a log
+/// shipper would otherwise store the escape codes.
+pub fn init(binary: &str, spec: &str) {
+    let filter = filter(spec).unwrap_or_else(|e| {
+        eprintln!("{binary}: invalid --log filter {spec:?} ({e}); using `info`");
+        EnvFilter::new("info")
+    });
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .init();
 }
 
 #[cfg(test)]

@@ -184,7 +184,7 @@ pub(super) fn parse_line(line: &[u8]) -> Result<MountEntry, String> {
     let dev: Dev = dev_text
         .parse()
         .map_err(|_| format!("invalid MAJ:MIN {dev_text:?}"))?;
-    let root = parse_path(fields[3], "root")?;
+    let root = parse_root(fields[3])?;
     let mount_point = parse_path(fields[4], "mount point")?;
     let fs_type = unescape_text(tail[0]);
     if fs_type.is_empty() {
@@ -221,6 +221,32 @@ fn parse_path(field: &[u8], what: &str) -> Result<PathBuf, String> {
         return Err(format!("{what} {:?} is not an absolute path", text(field)));
     }
     Ok(PathBuf::from(OsString::from_vec(bytes)))
+}
+
+/// The root field. Besides paths, the kernel prints the synthetic name of a
+/// dentry that has no path (`d_dname`): a bind mount of a namespace file,
+/// as every CNI node has under `/run/netns`, reads
+/// `44 43 0:4 net:[4026532177] /run/netns/cni-1 rw - nsfs nsfs rw`
+/// (measured on 6.18). Such a line is a mount, not a misread one.
+fn parse_root(field: &[u8]) -> Result<PathBuf, String> {
+    let bytes = unescape(field);
+    if is_dentry_name(&bytes) {
+        return Ok(PathBuf::from(OsString::from_vec(bytes)));
+    }
+    parse_path(field, "root")
+}
+
+/// `<name>:[<id>]`, the shape of every `d_dname` in the kernel (nsfs,
+/// pipefs, sockfs, anon inodes).
+pub(crate) fn is_dentry_name(root: &[u8]) -> bool {
+    root.iter().position(|&b| b == b':').is_some_and(|colon| {
+        colon > 0
+            && root[..colon]
+                .iter()
+                .all(|b| b.is_ascii_alphanumeric() || *b == b'_')
+            && root[colon + 1..].starts_with(b"[")
+            && root.ends_with(b"]")
+    })
 }
 
 fn unescape_text(field: &[u8]) -> String {
@@ -323,6 +349,17 @@ mod tests {
     }
 
     #[test]
+    fn a_bound_namespace_file_is_a_mount_not_a_malformed_line() {
+        // `ip netns add x` on 6.18; CNI plugins leave one per pod sandbox.
+        let text = "44 43 0:4 net:[4026532177] /run/netns/cni-1 rw shared:2 - nsfs nsfs rw\n";
+        let parsed = read_mountinfo(text.as_bytes(), None, Limits::default()).unwrap();
+        assert_eq!(parsed.bad_lines, 0);
+        assert_eq!(parsed.entries[0].root, Path::new("net:[4026532177]"));
+        assert_eq!(parsed.entries[0].mount_point, Path::new("/run/netns/cni-1"));
+        assert_eq!(parsed.entries[0].fs_type, "nsfs");
+    }
+
+    #[test]
     fn non_utf8_paths_keep_their_bytes() {
         let line = b"40 27 7:2 / /mnt/caf\xe9 rw - ext4 /dev/loop2 rw\n";
         let m = mount_table::read_mountinfo(&line[..], None, Default::default())
@@ -360,6 +397,14 @@ mod tests {
             (
                 "28 27 7:0 / relative rw - ext4 /dev/loop0 rw",
                 r#"mount point "relative" is not an absolute path"#,
+            ),
+            (
+                "28 27 7:0 sub /x rw - ext4 /dev/loop0 rw",
+                r#"root "sub" is not an absolute path"#,
+            ),
+            (
+                "28 27 0:4 net:4026532177 /x rw - nsfs nsfs rw",
+                r#"root "net:4026532177" is not an absolute path"#,
             ),
             (
                 "28 27 7:0 / /x rw - ext4 /dev/loop0 rw extra",

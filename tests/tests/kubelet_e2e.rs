@@ -256,5 +256,8 @@ fn scenarios(e2e: &E2e, agent_pod: &str) -> Result<()> {
     step("a raw block volume", || block::attribute(e2e, &new_name))?;
     step("the README's step 4: a full volume", || {
         capacity::fill_and_free(e2e)
+    })?;
+    step("the agent's log", || {
+        agent::quiet_log(&e2e.cluster, &new_name)
     })
 }

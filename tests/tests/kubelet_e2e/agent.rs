@@ -184,6 +184,36 @@ fn cannot_start(pod: &Pod) -> Option<String> {
     })
 }
 
+/// Fails unless the agent's whole log is plain text without a warning
+/// about what the suite did: everything it did to this node (CNI network
+/// namespaces, pods starting and stopping, raw block volumes being mapped,
+/// faults, the driver's conditions) is what a node does, and the agent
+/// reports what it found in Events and metrics, not in its log.
+///
+/// One warning is about the node itself and stays: this VM's cgroups give
+/// the pod no real-time budget, so the event path's SCHED_FIFO is refused
+/// (docs/operations.md, "Log warnings").
+pub fn quiet_log(cluster: &NodeCluster, pod: &str) -> Result<()> {
+    const ABOUT_THE_NODE: &str = "WARN health_node::agent: the event path runs at SCHED_OTHER";
+    let log = cluster.tools.kubectl(&["logs", "-n", AGENT_NS, pod])?;
+    ensure!(
+        !log.contains('\x1b'),
+        "colour codes in the log of {pod}:\n{log}"
+    );
+    let warnings: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains(" WARN ") || l.contains(" ERROR "))
+        .filter(|l| !l.contains(ABOUT_THE_NODE))
+        .collect();
+    ensure!(
+        warnings.is_empty(),
+        "{} warnings in the log of {pod}:\n{}",
+        warnings.len(),
+        warnings.join("\n")
+    );
+    Ok(())
+}
+
 /// The pod's log (and the previous container's, after a restart), for
 /// failure messages; what could not be read is said instead.
 pub fn logs(cluster: &NodeCluster, pod: &str) -> String {

@@ -9,7 +9,7 @@ use std::time::Duration;
 use anyhow::{ensure, Context, Result};
 use serde_json::Value;
 
-use crate::reports::{about, agent_events, conditions, volume_health, wait_counts, Object};
+use crate::reports::{about, agent_events, source, wait_counts, wait_volume_health, Object};
 use crate::workload::{self, exec, exec_ok, Mode, APP_NS, MOUNT};
 use crate::E2e;
 
@@ -48,22 +48,31 @@ pub fn fill_and_free(e2e: &E2e) -> Result<()> {
             "{e:#}"
         );
     }
+    // The node's own entry holds the check's condition; the claim's one-line
+    // reason may be the driver's condition of the same status (this driver
+    // raises VolumeConditionAbnormal on every volume).
+    let node = e2e.node_source();
+    let vh = wait_volume_health(cluster, PVC, REASON, Duration::from_secs(30), |vh| {
+        source(vh, &node)["conditions"]
+            .as_array()
+            .is_some_and(|cs| {
+                cs.iter()
+                    .any(|c| c["status"] == "Degraded" && c["reason"] == REASON)
+            })
+    })?;
+    ensure!(
+        vh["status"]["health"] == "Degraded",
+        "VolumeHealth {PVC}: {vh:#}"
+    );
     // What the README tells the user to run shows it.
     let listed = cluster
         .tools
         .kubectl(&["get", "volumehealth", "-n", APP_NS, PVC])?;
-    // The one-line reason may be the driver's condition of the same status
-    // (this driver raises it on every volume); the object holds both.
     ensure!(
-        listed.contains("Degraded"),
+        listed
+            .lines()
+            .any(|l| l.starts_with(&format!("{PVC} ")) && l.contains("Degraded")),
         "kubectl get volumehealth:\n{listed}"
-    );
-    let vh = volume_health(cluster, PVC)?;
-    ensure!(
-        conditions(&vh)
-            .iter()
-            .any(|(_, _, reason)| reason == REASON),
-        "VolumeHealth {PVC} has no {REASON}: {vh:#}"
     );
     let selected = cluster.tools.kubectl(&[
         "get",

@@ -184,6 +184,21 @@ impl Tree {
         Ok(out)
     }
 
+    /// The type of what is mounted at the regular file `path`: kubelet
+    /// bind-mounts a block volume's device over an empty file (the global
+    /// map file), and the listing's `d_type` shows the file underneath.
+    /// This is the walk's one stat through a mount point; kubelet only
+    /// mounts device nodes there, whose stat touches no device.
+    pub(super) fn mounted_type(&self, path: &Path) -> Result<EntryType, Skip> {
+        let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
+            return Err(unexpected(path, "not a plain path below the kubelet root"));
+        };
+        let fd = self.open_below(dir, OFlag::O_DIRECTORY)?;
+        let st = fstatat(&fd, name, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW)
+            .map_err(|errno| io_skip(path, errno))?;
+        Ok(EntryType(type_of_mode(st.st_mode)))
+    }
+
     /// Names, paths and types of a directory's entries. Missing directory:
     /// empty, silently; other errors: warn.
     pub(super) fn list_dir(&self, dir: &Path) -> Vec<(String, PathBuf, EntryType)> {

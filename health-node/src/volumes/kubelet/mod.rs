@@ -198,6 +198,20 @@ pub fn discover(kubelet_root: &Path) -> Vec<KubeletVolume> {
             if found.contains_key(&(uid.clone(), pv.clone(), VolumeMode::Block)) {
                 continue;
             }
+            // The device is bind-mounted over a regular file; a file with
+            // nothing over it is one being mapped or unmapped right now.
+            let ty = match ty.is_file().then(|| tree.mounted_type(&path)) {
+                None => ty,
+                Some(Ok(mounted)) if mounted.is_file() => {
+                    debug!(path = %path.display(), "CSI block volume not mapped (yet or any more)");
+                    continue;
+                }
+                Some(Ok(mounted)) => mounted,
+                Some(Err(e)) => {
+                    warn!(path = %path.display(), "skipping CSI block volume: {e}");
+                    continue;
+                }
+            };
             match csi_block_volume(&tree, &block_dir, &uid, &pv, path.clone(), ty) {
                 Ok(v) => keep(&mut found, v),
                 Err(e) => warn!(path = %path.display(), "skipping CSI block volume: {e}"),
