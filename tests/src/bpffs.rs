@@ -1,6 +1,8 @@
 //! A private BPF filesystem for one test: every mount of bpffs is its own
 //! instance, so what an agent pins there is seen by no other test, and
 //! unmounting it drops every pin (links detach with their last reference).
+//! The tracer witness kept with the pins is in tracefs, not here, so it is
+//! removed first, as `health-agent uninstall` does.
 
 use std::path::{Path, PathBuf};
 
@@ -60,8 +62,28 @@ impl Bpffs {
 
 impl Drop for Bpffs {
     fn drop(&mut self) {
+        if let Err(e) = remove_witness(&self.pin_dir()) {
+            eprintln!(
+                "removing the tracer witness of {}: {e:#}",
+                self.pin_dir().display()
+            );
+        }
         if let Err(e) = nix::mount::umount2(self.dir.path(), nix::mount::MntFlags::MNT_DETACH) {
             eprintln!("unmounting bpffs {}: {e}", self.dir.path().display());
         }
     }
+}
+
+/// Removes the tracefs instance an agent keeps with the pins at `pin_dir`,
+/// if any: with the pins gone it would wait for the next agent's start.
+fn remove_witness(pin_dir: &Path) -> Result<()> {
+    use health_kernel::probes::pins;
+    use health_kernel::{tracefs::Tracefs, witness};
+    let Some(layout) = pins::committed_layout(pin_dir)? else {
+        return Ok(());
+    };
+    let id = pins::stats_map_id(&layout)?;
+    let tracefs = Tracefs::locate(Path::new("/sys"))?;
+    witness::remove_pinned(tracefs.root(), id)?;
+    Ok(())
 }

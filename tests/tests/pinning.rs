@@ -147,7 +147,8 @@ fn a_killed_agent_restarts_and_every_error_is_reported_exactly_once() -> Result<
         .parent()
         .and_then(Path::parent)
         .context("the layout")?;
-    if kept_witness(layout)?.is_some() {
+    let witness = kept_witness(layout)?;
+    if witness.is_some() {
         let w = witness_figures(&after.stderr)
             .with_context(|| format!("no tracer witness figures:\n{}", after.stderr))?;
         assert_eq!(w.traced, injected, "{}", after.stderr);
@@ -188,6 +189,12 @@ fn a_killed_agent_restarts_and_every_error_is_reported_exactly_once() -> Result<
         [&(dev, name)],
         "{names:?}"
     );
+    // The test's bpffs goes with the tracer witness kept with its pins: a
+    // test run leaves no tracefs instance behind.
+    drop(bpffs);
+    if let Some(witness) = witness {
+        assert!(!witness.exists(), "{} left behind", witness.display());
+    }
     Ok(())
 }
 
