@@ -102,26 +102,35 @@ pub fn attribute(e2e: &E2e, agent_pod: &str) -> Result<()> {
     )?;
     check_warnings(e2e, &dev, &events)?;
     crate::episode::show("block Warnings", &events);
-    let vh = wait_volume_health(
+    wait_volume_health(
         cluster,
         PVC,
         &format!("Degraded x{READS}"),
         Duration::from_secs(15),
         |vh| source(vh, &e2e.node_source())["conditions"][0]["count"] == READS,
     )?;
-    // The driver's own condition of the block volume, as it says it.
+    // The driver's own condition of the block volume, as it says it. The
+    // volume is new: the agent's first ask of the driver about it may come
+    // after the errors, and its entry follows the answer.
     let driver = csi::driver_condition(&volume.volume_handle)?;
     let mut names = vec![e2e.node_source()];
     if driver.abnormal {
         names.push(e2e.csi_source());
     }
     names.sort();
-    let mut have = source_names(&vh);
-    have.sort();
-    ensure!(
-        have == names && vh["status"]["health"] == "Degraded",
-        "{vh:#}"
-    );
+    wait_volume_health(
+        cluster,
+        PVC,
+        &format!("Degraded with the entries {names:?}"),
+        Duration::from_secs(15),
+        |vh| {
+            let mut have = source_names(vh);
+            have.sort();
+            have == names
+                && vh["status"]["health"] == "Degraded"
+                && source(vh, &e2e.node_source())["conditions"][0]["count"] == READS
+        },
+    )?;
     wait_label(cluster, PVC, Some("Degraded"))?;
     let text = agent::metrics(cluster, agent_pod)?;
     let errors = format!(
