@@ -47,7 +47,7 @@ use std::time::{Duration, Instant};
 pub use agent::AgentProc;
 use anyhow::{bail, Context, Result};
 use xtask::build;
-use xtask::util::{cargo, is_root, output, run, say, workspace_root};
+use xtask::util::{is_root, output, say, workspace_root};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Part {
@@ -208,19 +208,7 @@ pub fn prepare() -> Result<Tools> {
     // bootstrap (inside build::all) installs the tools; check them anyway so a
     // missing one is named with its package before anything is set up.
     health_tests::require_env(&[])?;
-    say("building the faultdisk server (release)");
-    run(cargo().current_dir(workspace_root()).args([
-        "build",
-        "--release",
-        "--package",
-        "health-tests",
-        "--bin",
-        "faultdisk",
-    ]))?;
-    let faultdisk = build::target_dir().join("release/faultdisk");
-    if !faultdisk.is_file() {
-        bail!("the build succeeded but {} is missing", faultdisk.display());
-    }
+    let faultdisk = build::release_faultdisk()?;
     Ok(Tools {
         agent: built.agent,
         faultdisk,

@@ -122,15 +122,9 @@ impl Drop for Kubelet {
 /// Whether the running kernel's ext4 prefetches block bitmaps unless told
 /// `no_prefetch_block_bitmaps` (5.11 and later).
 fn ext4_prefetches_by_default() -> Result<bool> {
-    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease")
-        .context("reading /proc/sys/kernel/osrelease")?;
-    let mut parts = release.trim().split(['.', '-']);
-    let mut number = |what: &str| -> Result<u32> {
-        parts
-            .next()
-            .and_then(|p| p.parse().ok())
-            .with_context(|| format!("no {what} version in kernel release {release:?}"))
-    };
-    let (major, minor) = (number("major")?, number("minor")?);
+    use health_kernel::probes::release::{parse_version, running_release};
+    let release = running_release(Path::new("/proc")).context("reading the kernel release")?;
+    let (major, minor) = parse_version(&release)
+        .with_context(|| format!("no version in kernel release {release:?}"))?;
     Ok((major, minor) >= (5, 11))
 }

@@ -11,12 +11,14 @@
 //! --tests memlock`), from 5.11 on the agent loads regardless.
 
 use std::io::{BufRead, BufReader};
-use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::os::unix::process::CommandExt;
+use std::path::Path;
 use std::process::{ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
+use health_kernel::probes::release::{parse_version, running_release};
 use health_tests::agent::{agent_bin, agent_command};
 use health_tests::{require_root, shared_kernel};
 
@@ -30,12 +32,9 @@ const READY_TIMEOUT: Duration = Duration::from_secs(180);
 /// The running kernel's release and whether it charges BPF memory to
 /// RLIMIT_MEMLOCK (before 5.11).
 fn kernel() -> Result<(String, bool)> {
-    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease")?
-        .trim()
-        .to_string();
-    let mut parts = release.split(['.', '-']);
-    let mut next = || -> Result<u32> { Ok(parts.next().context("short kernel release")?.parse()?) };
-    let version = (next()?, next()?);
+    let release = running_release(Path::new("/proc"))?;
+    let version = parse_version(&release)
+        .with_context(|| format!("no version in kernel release {release:?}"))?;
     Ok((release, version < (5, 11)))
 }
 
@@ -154,11 +153,50 @@ fn run_limited(limit: u64, drop_sys_resource: bool) -> Result<Run> {
     })
 }
 
-/// How an agent stopped by SIGTERM once ready ends: 0, or killed by the
-/// signal when it came before the agent's handler (the agent installs it
-/// just after it prints that it is ready).
-fn stopped(status: ExitStatus) -> bool {
-    status.success() || status.signal() == Some(libc::SIGTERM)
+impl Run {
+    /// Its CAP_SYS_RESOURCE bit and memlock limit once ready; an error
+    /// naming the kernel and the agent's output when it never got ready.
+    fn loaded(&self, release: &str) -> Result<(bool, &str)> {
+        match &self.ready {
+            Some((sys_resource, memlock)) => Ok((*sys_resource, memlock)),
+            None => bail!(
+                "the agent did not load on {release} ({}):\n{}",
+                self.status,
+                self.stderr
+            ),
+        }
+    }
+
+    /// Loaded with memlock limit `memlock`, stopped cleanly by the SIGTERM
+    /// (its handler is installed before it says it is ready), and no word
+    /// of the limit.
+    fn check_loaded(&self, release: &str, memlock: &str) -> Result<bool> {
+        let (sys_resource, have) = self.loaded(release)?;
+        assert_eq!(have, memlock, "{}", self.stderr);
+        assert!(self.status.success(), "{}\n{}", self.status, self.stderr);
+        assert!(!self.stderr.contains("RLIMIT_MEMLOCK"), "{}", self.stderr);
+        Ok(sys_resource)
+    }
+
+    /// The agent's own lines (`health-agent: ...`), not its log's.
+    fn agent_lines(&self) -> Vec<&str> {
+        self.stderr
+            .lines()
+            .filter(|l| l.starts_with("health-agent: "))
+            .collect()
+    }
+}
+
+/// The start of the agent's message when a kernel that charges BPF memory
+/// to the limit refuses it, up to the cause.
+fn refusal(release: &str, kib: u64) -> String {
+    format!(
+        "health-agent: kernel {release} charges BPF memory to RLIMIT_MEMLOCK (every kernel \
+         before 5.11 does) and this process's limit is {kib} KiB, too little to load the agent; \
+         raising it needs CAP_SYS_RESOURCE, which this process does not have: grant it with \
+         the Helm value `--set memlockCapability=true` or the kustomize component \
+         deploy/components/memlock: "
+    )
 }
 
 #[test]
@@ -169,17 +207,8 @@ fn a_64_kib_memlock_limit_without_cap_sys_resource() -> Result<()> {
     let run = run_limited(LIMIT, true)?;
     if !charges {
         // 5.11+: the limit is not charged; the raise failed and that is all.
-        let Some((sys_resource, memlock)) = &run.ready else {
-            bail!(
-                "the agent did not load on {release} ({}):\n{}",
-                run.status,
-                run.stderr
-            );
-        };
+        let sys_resource = run.check_loaded(&release, &LIMIT.to_string())?;
         assert!(!sys_resource, "CAP_SYS_RESOURCE was not dropped");
-        assert_eq!(memlock, &LIMIT.to_string(), "{}", run.stderr);
-        assert!(stopped(run.status), "{}\n{}", run.status, run.stderr);
-        assert!(!run.stderr.contains("RLIMIT_MEMLOCK"), "{}", run.stderr);
         // Its log went to a pipe, as a pod's does: plain text, no colours.
         assert!(
             run.stderr.contains(" INFO ") && !run.stderr.contains('\x1b'),
@@ -194,18 +223,8 @@ fn a_64_kib_memlock_limit_without_cap_sys_resource() -> Result<()> {
         run.stderr
     );
     assert_eq!(run.status.code(), Some(3), "{}", run.stderr);
-    let message = format!(
-        "health-agent: kernel {release} charges BPF memory to RLIMIT_MEMLOCK (every kernel \
-         before 5.11 does) and this process's limit is 64 KiB, too little to load the agent; \
-         raising it needs CAP_SYS_RESOURCE, which this process does not have: grant it with \
-         the Helm value `--set memlockCapability=true` or the kustomize component \
-         deploy/components/memlock: "
-    );
-    let lines: Vec<&str> = run
-        .stderr
-        .lines()
-        .filter(|l| l.starts_with("health-agent: "))
-        .collect();
+    let message = refusal(&release, LIMIT / 1024);
+    let lines = run.agent_lines();
     assert_eq!(lines.len(), 1, "{}", run.stderr);
     let cause = lines[0]
         .strip_prefix(&message)
@@ -234,14 +253,6 @@ fn a_64_kib_memlock_limit_with_cap_sys_resource() -> Result<()> {
         bail!("this test needs CAP_SYS_RESOURCE on {release}, and this process has none");
     }
     let run = run_limited(LIMIT, false)?;
-    let Some((sys_resource, memlock)) = &run.ready else {
-        bail!(
-            "the agent did not load on {release} ({}):\n{}",
-            run.status,
-            run.stderr
-        );
-    };
-    assert_eq!(*sys_resource, own);
     // The raise works wherever the capability is there; where it is not
     // (this is 5.11+, as checked above) the limit stays and does not matter.
     let expected = if own {
@@ -249,9 +260,8 @@ fn a_64_kib_memlock_limit_with_cap_sys_resource() -> Result<()> {
     } else {
         LIMIT.to_string()
     };
-    assert_eq!(memlock, &expected, "{}", run.stderr);
-    assert!(stopped(run.status), "{}\n{}", run.status, run.stderr);
-    assert!(!run.stderr.contains("RLIMIT_MEMLOCK"), "{}", run.stderr);
+    let sys_resource = run.check_loaded(&release, &expected)?;
+    assert_eq!(sys_resource, own);
     Ok(())
 }
 
@@ -264,32 +274,15 @@ fn a_zero_memlock_limit_without_cap_sys_resource() -> Result<()> {
     let (release, charges) = kernel()?;
     let run = run_limited(0, true)?;
     if !charges {
-        let Some((sys_resource, memlock)) = &run.ready else {
-            bail!(
-                "the agent did not load on {release} ({}):\n{}",
-                run.status,
-                run.stderr
-            );
-        };
+        let sys_resource = run.check_loaded(&release, "0")?;
         assert!(!sys_resource, "CAP_SYS_RESOURCE was not dropped");
-        assert_eq!(memlock, "0", "{}", run.stderr);
-        assert!(stopped(run.status), "{}\n{}", run.status, run.stderr);
-        assert!(!run.stderr.contains("RLIMIT_MEMLOCK"), "{}", run.stderr);
         return Ok(());
     }
     assert_eq!(run.status.code(), Some(3), "{}", run.stderr);
     let expected = format!(
-        "health-agent: kernel {release} charges BPF memory to RLIMIT_MEMLOCK (every kernel \
-         before 5.11 does) and this process's limit is 0 KiB, too little to load the agent; \
-         raising it needs CAP_SYS_RESOURCE, which this process does not have: grant it with \
-         the Helm value `--set memlockCapability=true` or the kustomize component \
-         deploy/components/memlock: creating a test map: Operation not permitted (os error 1)"
+        "{}creating a test map: Operation not permitted (os error 1)",
+        refusal(&release, 0)
     );
-    let lines: Vec<&str> = run
-        .stderr
-        .lines()
-        .filter(|l| l.starts_with("health-agent: "))
-        .collect();
-    assert_eq!(lines, [expected.as_str()], "{}", run.stderr);
+    assert_eq!(run.agent_lines(), [expected.as_str()], "{}", run.stderr);
     Ok(())
 }

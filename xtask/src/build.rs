@@ -60,6 +60,25 @@ pub fn release_controller() -> anyhow::Result<PathBuf> {
     Ok(target_dir().join("release/health-controller"))
 }
 
+/// Builds the test harness's faultdisk server (release), for the bench and
+/// the local cluster's storage.
+pub fn release_faultdisk() -> anyhow::Result<PathBuf> {
+    say("building the faultdisk server (release)");
+    run(cargo().current_dir(workspace_root()).args([
+        "build",
+        "--release",
+        "--package",
+        "health-tests",
+        "--bin",
+        "faultdisk",
+    ]))?;
+    let bin = target_dir().join("release/faultdisk");
+    if !bin.is_file() {
+        bail!("the build succeeded but {} is missing", bin.display());
+    }
+    Ok(bin)
+}
+
 /// A cargo build running beside other work, its output in a log file under
 /// the target directory (shown when it fails); killed when dropped unfinished.
 struct Background {

@@ -25,7 +25,7 @@ mod memlock;
 pub mod pins;
 mod plan;
 pub(crate) mod preflight;
-mod release;
+pub mod release;
 mod requests;
 
 use std::fmt;

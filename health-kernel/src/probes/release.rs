@@ -11,7 +11,7 @@ pub fn running_release(proc_root: &Path) -> std::io::Result<String> {
 }
 
 /// `(major, minor)` of a release such as `5.10.0-34-amd64`.
-pub(super) fn parse_version(release: &str) -> Option<(u32, u32)> {
+pub fn parse_version(release: &str) -> Option<(u32, u32)> {
     let mut parts = release.split(|c: char| !c.is_ascii_digit());
     Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?))
 }

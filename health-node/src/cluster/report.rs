@@ -385,13 +385,17 @@ impl Reporter for ClusterReporter {
         }
         for (key, count) in per_key {
             let dev = Dev::from_kernel(key.dev);
-            let name = topo.device(dev).map(|d| d.name.clone());
+            let name = topo.device(dev).map(|d| d.name.as_str());
             match volumes {
                 Some(ix) if self.must_wait(dev, ix) => {
-                    let slot = self.waiting_errors.entry(key).or_insert((0, name));
+                    // The name is copied only for errors that wait.
+                    let slot = self
+                        .waiting_errors
+                        .entry(key)
+                        .or_insert_with(|| (0, name.map(str::to_owned)));
                     slot.0 += count;
                 }
-                _ => self.record_errors(key, count, name.as_deref(), volumes),
+                _ => self.record_errors(key, count, name, volumes),
             }
         }
         Ok(())

@@ -82,8 +82,7 @@ pub(super) fn mount_kernel_filesystems(state: &State) -> anyhow::Result<Vec<Stri
     let mut before = state
         .read_host()?
         .context("host.json is written before the kernel filesystems are mounted")?;
-    let text = std::fs::read_to_string("/proc/self/mountinfo")?;
-    let present = mounts::parse_mountinfo(&text);
+    let present = mounts::current_mounts()?;
     let mut mounted = Vec::new();
     for (path, fs_type) in KERNEL_FILESYSTEMS {
         let there = present
@@ -197,8 +196,7 @@ pub(super) fn remove_created_paths(before: &HostBefore) -> anyhow::Result<Vec<St
 
 /// The `kubepods` cgroup trees, in every mounted hierarchy.
 pub(super) fn kubepods_cgroups() -> anyhow::Result<Vec<PathBuf>> {
-    let text = std::fs::read_to_string("/proc/self/mountinfo")?;
-    let mut found: Vec<PathBuf> = mounts::parse_mountinfo(&text)
+    let mut found: Vec<PathBuf> = mounts::current_mounts()?
         .into_iter()
         .filter(|m| m.fs_type == "cgroup" || m.fs_type == "cgroup2")
         .map(|m| m.mount_point.join("kubepods"))

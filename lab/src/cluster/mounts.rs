@@ -5,58 +5,14 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::bail;
+use anyhow::{bail, Context};
+use health_topology::MountEntry;
 use nix::mount::{umount2, MntFlags};
-
-/// One line of /proc/self/mountinfo, the fields used here.
-#[derive(Debug, Clone, PartialEq)]
-pub(super) struct Mount {
-    pub mount_point: PathBuf,
-    pub fs_type: String,
-    pub super_options: String,
-}
-
-/// Parses mountinfo (proc(5)): the mount point is field 5, then optional
-/// fields up to "-", then the type, the source and the superblock options.
-pub(super) fn parse_mountinfo(text: &str) -> Vec<Mount> {
-    text.lines()
-        .filter_map(|line| {
-            let fields: Vec<&str> = line.split(' ').collect();
-            let mount_point = unescape(fields.get(4)?);
-            let dash = fields.iter().position(|f| *f == "-")?;
-            Some(Mount {
-                mount_point: PathBuf::from(mount_point),
-                fs_type: fields.get(dash + 1)?.to_string(),
-                super_options: fields.get(dash + 3).unwrap_or(&"").to_string(),
-            })
-        })
-        .collect()
-}
-
-/// mountinfo writes space, tab, newline and backslash as `\ooo`.
-fn unescape(field: &str) -> String {
-    let bytes = field.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'\\' && i + 4 <= bytes.len() {
-            let octal = std::str::from_utf8(&bytes[i + 1..i + 4]).unwrap_or("");
-            if let Ok(b) = u8::from_str_radix(octal, 8) {
-                out.push(b);
-                i += 4;
-                continue;
-            }
-        }
-        out.push(bytes[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
 
 /// The mount points at or under `root`, in the order to unmount them: the
 /// deepest first, and of those at one depth the latest mounted first (a
 /// mount stacked on another at the same point is listed after it).
-pub(super) fn unmount_order(mounts: &[Mount], root: &Path) -> Vec<PathBuf> {
+pub(super) fn unmount_order(mounts: &[MountEntry], root: &Path) -> Vec<PathBuf> {
     let mut under: Vec<(usize, usize, &Path)> = mounts
         .iter()
         .enumerate()
@@ -73,9 +29,11 @@ pub(super) fn unmount_order(mounts: &[Mount], root: &Path) -> Vec<PathBuf> {
     under.into_iter().map(|(_, _, p)| p.to_path_buf()).collect()
 }
 
-fn current_mounts() -> anyhow::Result<Vec<Mount>> {
-    let text = std::fs::read_to_string("/proc/self/mountinfo")?;
-    Ok(parse_mountinfo(&text))
+/// This process's mounts, read by the agent's own mountinfo parser.
+pub(super) fn current_mounts() -> anyhow::Result<Vec<MountEntry>> {
+    let text =
+        std::fs::read_to_string("/proc/self/mountinfo").context("reading /proc/self/mountinfo")?;
+    health_topology::parse_mountinfo(&text).context("parsing /proc/self/mountinfo")
 }
 
 /// The mount points at or under `root` now.
@@ -123,6 +81,7 @@ pub(super) fn unmount_all_under(root: &Path) -> anyhow::Result<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use health_topology::parse_mountinfo;
 
     const MOUNTINFO: &str = "\
 22 1 254:0 / / rw,relatime shared:1 - ext4 /dev/vda rw
@@ -137,7 +96,7 @@ mod tests {
 
     #[test]
     fn mountinfo_fields_are_read_with_escapes() {
-        let mounts = parse_mountinfo(MOUNTINFO);
+        let mounts = parse_mountinfo(MOUNTINFO).unwrap();
         assert_eq!(mounts.len(), 8);
         assert_eq!(mounts[1].fs_type, "cgroup");
         assert_eq!(mounts[1].super_options, "rw,memory");
@@ -149,7 +108,8 @@ mod tests {
 
     #[test]
     fn mounts_are_unmounted_deepest_and_latest_first() {
-        let order = unmount_order(&parse_mountinfo(MOUNTINFO), Path::new("/var/lib/kubelet"));
+        let mounts = parse_mountinfo(MOUNTINFO).unwrap();
+        let order = unmount_order(&mounts, Path::new("/var/lib/kubelet"));
         let order: Vec<String> = order.iter().map(|p| p.display().to_string()).collect();
         assert_eq!(
             order,

@@ -37,9 +37,7 @@ pub(super) fn check(state: &State) -> anyhow::Result<()> {
 /// "v1 (…controllers…)" or "v2"; an error when the kubelet's controllers
 /// are missing.
 fn cgroup_layout() -> anyhow::Result<String> {
-    let mountinfo =
-        std::fs::read_to_string("/proc/self/mountinfo").context("reading /proc/self/mountinfo")?;
-    let mounts = super::mounts::parse_mountinfo(&mountinfo);
+    let mounts = super::mounts::current_mounts()?;
     let is_v2 = mounts
         .iter()
         .any(|m| m.mount_point == Path::new("/sys/fs/cgroup") && m.fs_type == "cgroup2");

@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use anyhow::Result;
+use health_kube::status::VolumeHealth;
 use health_tests::node_cluster::{poll, NodeCluster};
 use k8s_openapi::api::core::v1::{Event, PersistentVolumeClaim};
 use kube::api::{Api, DynamicObject};
@@ -81,13 +82,7 @@ pub fn wait_counts(
 
 /// `(name, uid)` of each Event: the same pair later is the same object,
 /// patched.
-pub fn identities(events: &[Value]) -> Vec<(String, String)> {
-    let s = |v: &Value| v.as_str().unwrap_or("?").to_string();
-    events
-        .iter()
-        .map(|e| (s(&e["metadata"]["name"]), s(&e["metadata"]["uid"])))
-        .collect()
-}
+pub use health_tests::real_cluster::identities;
 
 /// Every Event the agent wrote in the namespace, as
 /// `(kind, name, type, reason, count)`, sorted.
@@ -110,13 +105,7 @@ pub fn tally(events: &[Value]) -> Vec<(String, String, String, String, i64)> {
 }
 
 fn volume_health_api(cluster: &NodeCluster) -> Api<DynamicObject> {
-    let resource = ApiResource {
-        group: "volume-health.io".into(),
-        version: "v1alpha1".into(),
-        api_version: "volume-health.io/v1alpha1".into(),
-        kind: "VolumeHealth".into(),
-        plural: "volumehealths".into(),
-    };
+    let resource = ApiResource::erase::<VolumeHealth>(&());
     Api::namespaced_with(cluster.admin.clone(), APP_NS, &resource)
 }
 

@@ -12,8 +12,9 @@ use health_tests::protocol::{
     Request, Response, ServerInfo, CONTROL_SOCKET, IMAGE_NAME, MOUNT_DIR,
 };
 use health_tests::{sys, LoopDevice};
-use xtask::util::{cargo, output, run, say, workspace_root};
+use xtask::util::{output, say};
 
+use super::super::mounts::mounted_under;
 use super::super::{daemon, State};
 use super::{Description, Filesystem, Region};
 
@@ -187,20 +188,7 @@ fn server_binary() -> anyhow::Result<PathBuf> {
         }
         return Ok(bin);
     }
-    say("building the faultdisk server (release)");
-    run(cargo().current_dir(workspace_root()).args([
-        "build",
-        "--release",
-        "--package",
-        "health-tests",
-        "--bin",
-        "faultdisk",
-    ]))?;
-    let bin = xtask::build::target_dir().join("release/faultdisk");
-    if !bin.is_file() {
-        bail!("the build succeeded but {} is missing", bin.display());
-    }
-    Ok(bin)
+    xtask::build::release_faultdisk()
 }
 
 /// Where loop device `name` starts in its backing file, and how much of it
@@ -298,7 +286,10 @@ pub(super) fn tear_down(state: &State, dir: &Path) -> anyhow::Result<()> {
     }
     // The filesystems; the server's own FUSE mount stays until its loop
     // devices are gone.
-    for mount in mounts_under(&dir)?.iter().filter(|m| !m.starts_with(&fuse)) {
+    for mount in mounted_under(&dir)?
+        .iter()
+        .filter(|m| !m.starts_with(&fuse))
+    {
         if let Err(e) = sys::unmount(mount, true) {
             errors.push(format!("{e:#}"));
         }
@@ -312,7 +303,7 @@ pub(super) fn tear_down(state: &State, dir: &Path) -> anyhow::Result<()> {
         errors.push(format!("{e:#}"));
     }
     // A server that died leaves its FUSE mount (unanswered) behind.
-    for mount in mounts_under(&dir)? {
+    for mount in mounted_under(&dir)? {
         if let Err(e) = sys::unmount(&mount, true) {
             errors.push(format!("{e:#}"));
         }
@@ -352,20 +343,6 @@ fn all_loops() -> anyhow::Result<Vec<String>> {
         }
     }
     Ok(out)
-}
-
-/// Mount points at or under `dir`, deepest (and latest) first.
-fn mounts_under(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
-    let mut found: Vec<PathBuf> = sys::mountinfo()?
-        .into_iter()
-        .map(|m| m.mount_point)
-        .filter(|p| p.starts_with(dir))
-        .collect();
-    // mountinfo lists in mount order: reversed, a stacked mount comes off
-    // before the one under it; the stable sort then puts deeper paths first.
-    found.reverse();
-    found.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
-    Ok(found)
 }
 
 /// The server, its loop devices and filesystems, as `status` shows them.

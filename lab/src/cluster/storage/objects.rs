@@ -227,6 +227,16 @@ fn pv(node: &str, volume: &Volume, created: &CreatedVolume) -> PersistentVolume 
     }
 }
 
+/// `<namespace>/<name>` of the claim a PV is bound to, if any.
+fn claimant(pv: &PersistentVolume) -> Option<String> {
+    let c = pv.spec.as_ref()?.claim_ref.as_ref()?;
+    Some(format!(
+        "{}/{}",
+        c.namespace.as_deref().unwrap_or(""),
+        c.name.as_deref().unwrap_or("")
+    ))
+}
+
 fn phase(pv: &PersistentVolume) -> &str {
     pv.status
         .as_ref()
@@ -247,17 +257,7 @@ async fn replace(api: &Api<PersistentVolume>, old: &PersistentVolume) -> anyhow:
     let deadline = Instant::now() + Duration::from_secs(30);
     while api.get_opt(&name).await?.is_some() {
         if Instant::now() > deadline {
-            let claim = old
-                .spec
-                .as_ref()
-                .and_then(|s| s.claim_ref.as_ref())
-                .map(|c| {
-                    format!(
-                        "{}/{}",
-                        c.namespace.as_deref().unwrap_or(""),
-                        c.name.as_deref().unwrap_or("")
-                    )
-                });
+            let claim = claimant(old);
             bail!(
                 "PV {name} of an older fault disk is still there 30 s after its deletion \
                  (bound to {}): delete that claim and its pods, or run `cargo xtask cluster down`",
@@ -314,17 +314,7 @@ pub(super) async fn status(
         let row = match api.get_opt(&v.pv).await? {
             None => (false, "missing".to_string()),
             Some(pv) => {
-                let claim = pv
-                    .spec
-                    .as_ref()
-                    .and_then(|s| s.claim_ref.as_ref())
-                    .map(|c| {
-                        format!(
-                            " by {}/{}",
-                            c.namespace.as_deref().unwrap_or(""),
-                            c.name.as_deref().unwrap_or("")
-                        )
-                    });
+                let claim = claimant(&pv).map(|c| format!(" by {c}"));
                 let phase = phase(&pv).to_string();
                 // A Released PV takes no new claim until `up` frees it.
                 let ok = phase == "Available" || phase == "Bound";
