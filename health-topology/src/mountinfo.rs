@@ -544,6 +544,18 @@ mod tests {
         })
     }
 
+    /// A root as the kernel prints a dentry without a path (`d_dname`):
+    /// `<name>:[<anything>]`, or any path.
+    fn root() -> impl Strategy<Value = Vec<u8>> {
+        let dentry = ("[a-z_]{1,12}", path()).prop_map(|(name, inner)| {
+            let mut r = format!("{name}:[").into_bytes();
+            r.extend(&inner[1..]);
+            r.push(b']');
+            r
+        });
+        prop_oneof![dentry, path()]
+    }
+
     /// Text fields as the kernel prints them: any UTF-8.
     fn text(min: usize) -> impl Strategy<Value = String> {
         vec(any::<char>(), min..12).prop_map(|c| c.into_iter().collect())
@@ -569,7 +581,7 @@ mod tests {
         fn escaped_fields_parse_back_to_themselves(
             ids in (any::<u32>(), any::<u32>()),
             dev in (any::<u32>(), any::<u32>()),
-            root in path(),
+            root in root(),
             point in path(),
             options in text(0),
             fs_type in text(1),
