@@ -109,6 +109,22 @@ fn script(dir: &Path, steps: &[Step], env: &Env, hang_report: Option<Duration>) 
         s.push_str(&format!("export {key}={}\n", quote(value)));
     }
     s.push_str("status=0\n");
+    // With `record-cmd` on (the default), enabling any trace event, as the
+    // agent's witness does, also hooks sched_switch and sched_wakeup: the
+    // kernel rewrites those tracepoints' sites in __schedule and the wakeup
+    // path while the other vCPU runs them. QEMU TCG does not always see the
+    // int3 the kernel plants for that as the kernel meant it, and the guest
+    // dies with "Oops: int3" (CI run of stop 34, 6.12, in ttwu_do_activate;
+    // reproduced here in 42 s by toggling an event in a tracefs instance
+    // under a pipe load, while 3,000 toggles with record-cmd off passed).
+    // New instances copy the top-level flag, so the witness then patches
+    // only its own cold block_rq_error site. Real hardware is not affected;
+    // nothing the suites assert depends on recorded command names.
+    s.push_str(&format!(
+        "mkdir -p {t} && mount -t tracefs tracefs {t} && echo 0 > {t}/options/record-cmd && umount {t} \
+         || {{ echo 'xtask vm: could not turn tracefs record-cmd off' >&2; status=1; }}\n",
+        t = "/run/xtask-vm-tracefs"
+    ));
     let announce = steps.len() > 1;
     for step in steps {
         let argv: Vec<String> = step.argv.iter().map(|a| quote(a)).collect();
@@ -499,5 +515,9 @@ mod tests {
             "{s}"
         );
         assert!(s.contains("export K='v'"));
+        // The scheduler's tracepoints stay unpatched before the command runs.
+        let off = s.find("echo 0 > /run/xtask-vm-tracefs/options/record-cmd");
+        let command = s.find("exec 'echo'");
+        assert!(off.is_some() && off < command, "{s}");
     }
 }
