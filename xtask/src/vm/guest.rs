@@ -109,22 +109,7 @@ fn script(dir: &Path, steps: &[Step], env: &Env, hang_report: Option<Duration>) 
         s.push_str(&format!("export {key}={}\n", quote(value)));
     }
     s.push_str("status=0\n");
-    // With `record-cmd` on (the default), enabling any trace event, as the
-    // agent's witness does, also hooks sched_switch and sched_wakeup: the
-    // kernel rewrites those tracepoints' sites in __schedule and the wakeup
-    // path while the other vCPU runs them. QEMU TCG does not always see the
-    // int3 the kernel plants for that as the kernel meant it, and the guest
-    // dies with "Oops: int3" (CI run of stop 34, 6.12, in ttwu_do_activate;
-    // reproduced here in 42 s by toggling an event in a tracefs instance
-    // under a pipe load, while 3,000 toggles with record-cmd off passed).
-    // New instances copy the top-level flag, so the witness then patches
-    // only its own cold block_rq_error site. Real hardware is not affected;
-    // nothing the suites assert depends on recorded command names.
-    s.push_str(&format!(
-        "mkdir -p {t} && mount -t tracefs tracefs {t} && echo 0 > {t}/options/record-cmd && umount {t} \
-         || {{ echo 'xtask vm: could not turn tracefs record-cmd off' >&2; status=1; }}\n",
-        t = "/run/xtask-vm-tracefs"
-    ));
+    s.push_str(&code_patching_guard());
     let announce = steps.len() > 1;
     for step in steps {
         let argv: Vec<String> = step.argv.iter().map(|a| quote(a)).collect();
@@ -150,6 +135,47 @@ fn script(dir: &Path, steps: &[Step], env: &Env, hang_report: Option<Duration>) 
         "echo $status > {d}/status.tmp && mv {d}/status.tmp {d}/status\n"
     ));
     s
+}
+
+/// Where the guest mounts tracefs for a moment, to set it up.
+const GUEST_TRACEFS: &str = "/run/xtask-vm-tracefs";
+
+/// The tracepoints the agent attaches to on hot I/O paths, each kept with
+/// two probes of its own in the guest (see [`code_patching_guard`]).
+const PINNED_EVENTS: &[&str] = &["block_rq_complete", "block_rq_error", "block_bio_complete"];
+
+/// Shell lines that keep the kernel from rewriting hot code while the
+/// suites run, or fail the run.
+///
+/// Enabling a tracepoint's first probe, or going from one probe to two,
+/// makes the kernel patch the tracepoint's sites (its static key and static
+/// call) with an int3 while the other vCPU may be running them. QEMU TCG
+/// does not always execute that as the kernel means, and the guest dies
+/// with "Oops: int3": the CI run of stop 34 in ttwu_do_activate (6.12).
+/// Here in a 6.12 guest, toggling one event of a tracefs instance under a
+/// pipe load killed the guest within 42 s (in __schedule), and toggling
+/// [`PINNED_EVENTS`] under direct I/O within 15 s (in blk_update_request);
+/// with this guard, 1,500 and 5,000 such toggles passed. Real hardware is
+/// not affected, so the product does nothing about it.
+/// * `record-cmd` off: with it on (the default), enabling any trace event,
+///   as the agent's witness does, also hooks sched_switch and sched_wakeup,
+///   whose sites run all the time. New instances copy the top-level flag.
+/// * Two tracefs instances, not tracing, with [`PINNED_EVENTS`] enabled: the
+///   agent's programs and witness then take those tracepoints from two
+///   probes to more and back, which the kernel does without patching code.
+///
+/// Nothing the suites assert depends on recorded command names or on other
+/// instances.
+fn code_patching_guard() -> String {
+    let t = GUEST_TRACEFS;
+    let events = PINNED_EVENTS.join(" ");
+    format!(
+        "if (mkdir -p {t} && mount -t tracefs tracefs {t} && echo 0 > {t}/options/record-cmd || exit 1; \
+         for i in a b; do p={t}/instances/xtask-vm-pin-$i; mkdir $p && echo 0 > $p/tracing_on || exit 1; \
+         for e in {events}; do f=$p/events/block/$e/enable; [ ! -e $f ] || echo 1 > $f || exit 1; done; done; \
+         umount {t}); then :; \
+         else echo 'xtask vm: could not keep the kernel from patching hot code (tracefs)' >&2; status=1; fi\n"
+    )
 }
 
 /// Single-quotes `s` for sh.
@@ -517,6 +543,10 @@ mod tests {
         assert!(s.contains("export K='v'"));
         // The scheduler's tracepoints stay unpatched before the command runs.
         let off = s.find("echo 0 > /run/xtask-vm-tracefs/options/record-cmd");
+        assert!(
+            s.contains("for e in block_rq_complete block_rq_error block_bio_complete;"),
+            "{s}"
+        );
         let command = s.find("exec 'echo'");
         assert!(off.is_some() && off < command, "{s}");
     }
