@@ -95,6 +95,19 @@ pub(super) const BLOCK_BIO_COMPLETE: ProgramSpec = ProgramSpec {
     fields: &BIO_COMPLETE_FIELDS,
 };
 
+/// The programs on the block layer's tracepoints.
+const BLOCK_PROGRAMS: [&ProgramSpec; 3] =
+    [&BLOCK_RQ_ERROR, &BLOCK_RQ_COMPLETE, &BLOCK_BIO_COMPLETE];
+
+/// The block layer's tracepoints the programs attach to, `(group, name)`:
+/// they sit on every I/O's path. `cargo xtask vm` keeps them hooked in its
+/// guests (`code_patching_guard` in xtask/src/vm/guest.rs).
+pub fn block_tracepoints() -> impl Iterator<Item = (&'static str, &'static str)> {
+    BLOCK_PROGRAMS
+        .into_iter()
+        .flat_map(|spec| spec.tracepoints.iter().copied())
+}
+
 pub(super) const FS_PROGRAMS: &[ProgramSpec] = &[
     ProgramSpec {
         program: "ext4_error",
@@ -192,7 +205,7 @@ const MAX_RECORD_END: u32 = 64 * 1024;
 /// program's tracepoint: the offsets each would read, or why not. For the
 /// fuzz target and property tests, which have no tracefs.
 pub(crate) fn check_against_every_program(format: &EventFormat) -> Vec<Result<Vec<u32>, String>> {
-    [&BLOCK_RQ_ERROR, &BLOCK_RQ_COMPLETE, &BLOCK_BIO_COMPLETE]
+    BLOCK_PROGRAMS
         .into_iter()
         .chain(FS_PROGRAMS)
         .map(|spec| {

@@ -36,6 +36,7 @@ use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, PerCpuHashMap, Ring
 use aya::Ebpf;
 pub use errors::{BpfRefusal, ProbeError};
 use health_common::{CounterKey, ErrorTimes, PartTable, StackPair, DISK_NAME_LEN};
+pub use layout::block_tracepoints;
 pub use memlock::MemlockShortfall;
 // For tests/tests/tracefs.rs: a live BPF map, whose id a pinned witness is named for.
 #[doc(hidden)]

@@ -140,9 +140,14 @@ fn script(dir: &Path, steps: &[Step], env: &Env, hang_report: Option<Duration>) 
 /// Where the guest mounts tracefs for a moment, to set it up.
 const GUEST_TRACEFS: &str = "/run/xtask-vm-tracefs";
 
-/// The tracepoints the agent attaches to on hot I/O paths, each kept with
-/// two probes of its own in the guest (see [`code_patching_guard`]).
-const PINNED_EVENTS: &[&str] = &["block_rq_complete", "block_rq_error", "block_bio_complete"];
+/// The block layer's tracepoints the agent attaches to, on every I/O's path
+/// (`health_kernel::probes::block_tracepoints`, checked below), as tracefs
+/// names them under `events/`.
+const HOT_AGENT_EVENTS: &[&str] = &[
+    "block/block_rq_error",
+    "block/block_rq_complete",
+    "block/block_bio_complete",
+];
 
 /// Shell lines that keep the kernel from rewriting hot code while the
 /// suites run, or fail the run.
@@ -154,13 +159,14 @@ const PINNED_EVENTS: &[&str] = &["block_rq_complete", "block_rq_error", "block_b
 /// with "Oops: int3": the CI run of stop 34 in ttwu_do_activate (6.12).
 /// Here in a 6.12 guest, toggling one event of a tracefs instance under a
 /// pipe load killed the guest within 42 s (in __schedule), and toggling
-/// [`PINNED_EVENTS`] under direct I/O within 15 s (in blk_update_request);
-/// with this guard, 1,500 and 5,000 such toggles passed. Real hardware is
-/// not affected, so the product does nothing about it.
+/// [`HOT_AGENT_EVENTS`] under direct I/O within 15 s (in
+/// blk_update_request); with this guard, 1,500 and 5,000 such toggles
+/// passed. Real hardware is not affected, so the product does nothing about
+/// it.
 /// * `record-cmd` off: with it on (the default), enabling any trace event,
 ///   as the agent's witness does, also hooks sched_switch and sched_wakeup,
 ///   whose sites run all the time. New instances copy the top-level flag.
-/// * Two tracefs instances, not tracing, with [`PINNED_EVENTS`] enabled: the
+/// * Two tracefs instances, not tracing, with those events enabled: the
 ///   agent's programs and witness then take those tracepoints from two
 ///   probes to more and back, which the kernel does without patching code.
 ///
@@ -168,11 +174,11 @@ const PINNED_EVENTS: &[&str] = &["block_rq_complete", "block_rq_error", "block_b
 /// instances.
 fn code_patching_guard() -> String {
     let t = GUEST_TRACEFS;
-    let events = PINNED_EVENTS.join(" ");
+    let events = HOT_AGENT_EVENTS.join(" ");
     format!(
         "if (mkdir -p {t} && mount -t tracefs tracefs {t} && echo 0 > {t}/options/record-cmd || exit 1; \
          for i in a b; do p={t}/instances/xtask-vm-pin-$i; mkdir $p && echo 0 > $p/tracing_on || exit 1; \
-         for e in {events}; do f=$p/events/block/$e/enable; [ ! -e $f ] || echo 1 > $f || exit 1; done; done; \
+         for e in {events}; do f=$p/events/$e/enable; [ ! -e $f ] || echo 1 > $f || exit 1; done; done; \
          umount {t}); then :; \
          else echo 'xtask vm: could not keep the kernel from patching hot code (tracefs)' >&2; status=1; fi\n"
     )
@@ -515,6 +521,14 @@ mod tests {
     }
 
     #[test]
+    fn the_hot_events_are_the_agents_block_tracepoints() {
+        let agent: Vec<String> = health_kernel::probes::block_tracepoints()
+            .map(|(group, name)| format!("{group}/{name}"))
+            .collect();
+        assert_eq!(HOT_AGENT_EVENTS, agent);
+    }
+
+    #[test]
     fn quoting_survives_single_quotes() {
         assert_eq!(quote("it's"), r"'it'\''s'");
     }
@@ -544,7 +558,9 @@ mod tests {
         // The scheduler's tracepoints stay unpatched before the command runs.
         let off = s.find("echo 0 > /run/xtask-vm-tracefs/options/record-cmd");
         assert!(
-            s.contains("for e in block_rq_complete block_rq_error block_bio_complete;"),
+            s.contains(
+                "for e in block/block_rq_error block/block_rq_complete block/block_bio_complete;"
+            ),
             "{s}"
         );
         let command = s.find("exec 'echo'");
