@@ -4,14 +4,14 @@
 #
 #   docker build -t volume-health-agent:0.1.0 .
 #
-# The builder runs the same bootstrap as `cargo xtask build` on a developer
-# machine: it apt-installs Debian's Rust compiler and library source
-# (rustc-web, cargo-web, rust-web-src), LLVM of that compiler's major and
-# builds bpf-linker against it (xtask/src/bootstrap.rs; it needs apt and
-# root, which a Debian image has), then builds the kernel programs and the
-# release agent with them embedded, and the controller. The runtime image
-# holds those two binaries (the controller, the CSI sidecar's command,
-# carries no kernel programs).
+# The builder runs `cargo xtask build` as on a developer machine: the
+# release agent with the committed kernel object embedded
+# (health-ebpf/object/, no eBPF toolchain needed) and the controller. Only
+# when the kernel sources no longer match that object does it apt-install
+# Debian's Rust compiler, LLVM and bpf-linker to build it
+# (xtask/src/ebpf/; it needs apt and root, which a Debian image has). The
+# runtime image holds those two binaries (the controller, the CSI sidecar's
+# command, carries no kernel programs).
 #
 # Without an engine, `cargo xtask image` writes the agent's image as an OCI
 # archive (docs/install.md, "The image"); tests/tests/image.rs checks that its config
@@ -21,13 +21,13 @@ ARG RUST_VERSION=1.95
 FROM rust:${RUST_VERSION}-bookworm AS builder
 WORKDIR /src
 COPY . .
-# Caches: crates, the tools cache (bpf-linker takes minutes to build) and
-# the target dir; the binaries are copied out of the cache mount.
+# Caches: crates, the tools cache (bpf-linker, when the kernel object must
+# be built) and the target dir; the binaries are copied out of the cache
+# mount.
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/root/.cache/volume-health \
     --mount=type=cache,target=/src/target \
     cargo xtask build \
-    && cargo build --release --locked --package health-controller \
     && mkdir -p /out \
     && cp target/release/health-agent target/release/health-controller /out/
 

@@ -1,9 +1,12 @@
-//! Embeds the kernel object built by `cargo xtask build`.
+//! Embeds the kernel object: the one committed in health-ebpf/object/, or
+//! the file `HEALTH_EBPF_OBJECT` names.
 //!
-//! The object is built separately (another target, another compiler; see
-//! xtask/src/build.rs). When it is missing, an empty placeholder is embedded
-//! so that `cargo check`/`clippy` work on a fresh checkout; such a binary
-//! refuses to start with a message naming `cargo xtask build`.
+//! The object is built separately (another target, another compiler) and
+//! kept in the repository with a manifest of its inputs; `cargo xtask`
+//! rebuilds it when the kernel sources change (xtask/src/ebpf/). When it is
+//! missing, an empty placeholder is embedded so that `cargo check`/`clippy`
+//! still work; such a binary refuses to start with a message naming
+//! `cargo xtask build`.
 use std::path::PathBuf;
 
 fn main() {
@@ -11,7 +14,7 @@ fn main() {
     let manifest = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").expect("set by cargo"));
     let object = std::env::var_os("HEALTH_EBPF_OBJECT")
         .map(PathBuf::from)
-        .unwrap_or_else(|| manifest.join("../target/ebpf/bpfel-unknown-none/release/health-ebpf"));
+        .unwrap_or_else(|| manifest.join("../health-ebpf/object/health-ebpf.bpfel.o"));
     println!("cargo:rerun-if-changed={}", object.display());
     let out =
         PathBuf::from(std::env::var_os("OUT_DIR").expect("set by cargo")).join("health-ebpf.o");

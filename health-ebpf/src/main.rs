@@ -33,6 +33,17 @@ use aya_log_ebpf::debug;
 
 mod fs;
 mod requests;
+
+// The records shared with userspace, compiled into this crate as a module
+// rather than as a dependency: cargo hashes a path dependency outside this
+// crate's workspace (health-common sits beside it) by its absolute path, and
+// the hash ends up in symbol names, so the object would differ with the
+// checkout's location. As a module it is the same from any checkout
+// (xtask/src/ebpf/, docs/development.md, "The kernel object").
+#[path = "../../health-common/src/lib.rs"]
+#[allow(dead_code, unused_attributes)]
+mod health_common;
+
 use health_common::{
     complete_mode, field, kdev, op, op_from_rwbs, rq, source, stat, CounterKey, ErrorSample,
     ErrorTimes, PartTable, StackPair, DETAIL_LEN, DISK_NAME_LEN, RWBS_LEN,

@@ -16,8 +16,11 @@ mod kind;
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::Parser;
+use xtask::lab_cli::LabCommand;
 
+/// The commands are xtask's definitions (xtask::lab_cli), so that
+/// `cargo xtask <command> --help` answers without building this crate.
 #[derive(Parser)]
 #[command(
     name = "health-lab",
@@ -25,28 +28,16 @@ use clap::{Parser, Subcommand};
 )]
 struct Cli {
     #[command(subcommand)]
-    command: Command,
-}
-
-#[derive(Subcommand)]
-enum Command {
-    /// Measure latency, overhead, an error flood and the event path (root); updates docs/benchmarks.md.
-    Bench(bench::BenchArgs),
-    /// Show the agent catching real I/O errors on a fault disk (root, ~1 minute).
-    Demo,
-    /// End to end in a kind cluster: image, deploy/, a failing disk, Events (needs docker, kind, kubectl).
-    Kind(kind::KindArgs),
-    /// A single-node Kubernetes on this host from local parts: up, down, status, fault (root).
-    Cluster(cluster::ClusterArgs),
+    command: LabCommand,
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Bench(args) => bench::run_bench(&args),
-        Command::Demo => demo::run(),
-        Command::Kind(args) => kind::run(&args),
-        Command::Cluster(args) => cluster::run(&args),
+        LabCommand::Bench(args) => bench::run_bench(&args),
+        LabCommand::Demo => demo::run(),
+        LabCommand::Kind(args) => kind::run(&args),
+        LabCommand::Cluster(args) => cluster::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

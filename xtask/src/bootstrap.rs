@@ -1,12 +1,14 @@
-//! Installing the eBPF toolchain on a fresh machine.
+//! Installing the eBPF toolchain and the test tools on a fresh machine.
 //!
-//! The kernel object is built with Debian's Rust (its library source ships
-//! as a Debian package that matches the compiler exactly, which
-//! `-Z build-std` needs) and linked by bpf-linker built against the same
-//! LLVM major as that compiler. The major is read from the compiler rather
-//! than assumed, so a Debian update that moves rustc to another LLVM still
-//! produces a working linker. Everything installed is cached: apt packages
-//! system-wide, bpf-linker under `~/.cache/volume-health/tools`.
+//! Only a build of the kernel object needs the toolchain (everyone else uses
+//! the committed object, xtask::ebpf). The object is built with Debian's
+//! Rust (its library source ships as a Debian package that matches the
+//! compiler exactly, which `-Z build-std` needs) and linked by bpf-linker
+//! built against the same LLVM major as that compiler. The major is read
+//! from the compiler rather than assumed, so a Debian update that moves
+//! rustc to another LLVM still produces a working linker. Everything
+//! installed is cached: apt packages system-wide, bpf-linker under
+//! `~/.cache/volume-health/tools`.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -19,11 +21,15 @@ pub const DEBIAN_RUSTC: &str = "/usr/bin/rustc";
 pub const DEBIAN_CARGO: &str = "/usr/bin/cargo";
 const BPF_LINKER_VERSION: &str = "0.13.0";
 
+/// The Debian package of the compiler; its cargo and library source come
+/// from the same source package, at the same version.
+pub const DEBIAN_RUST_PACKAGE: &str = "rustc-web";
 /// Debian's compiler, its cargo and its library source (for build-std).
-const COMPILER_PACKAGES: &[&str] = &["rustc-web", "cargo-web", "rust-web-src"];
-/// Tools the real-kernel tests and the demo drive, and etcd and openssl for the
-/// real kube-apiserver of the RBAC tests (health_tests::envtest).
-const TEST_PACKAGES: &[&str] = &[
+const COMPILER_PACKAGES: &[&str] = &[DEBIAN_RUST_PACKAGE, "cargo-web", "rust-web-src"];
+/// Tools the real-kernel tests, the demo and the benchmarks drive, and etcd
+/// and openssl for the real kube-apiserver of the RBAC tests
+/// (health_tests::envtest). Building or running the agent needs none.
+pub const TEST_PACKAGES: &[&str] = &[
     "util-linux",
     "e2fsprogs",
     "xfsprogs",
@@ -40,8 +46,9 @@ pub struct Toolchain {
     pub llvm_major: u32,
 }
 
-/// Makes sure everything the eBPF build and the tests need is installed.
-pub fn ensure() -> anyhow::Result<Toolchain> {
+/// Makes sure the eBPF toolchain is installed: only a build of the kernel
+/// object needs it (xtask::ebpf), not one of the agent.
+pub fn ensure_toolchain() -> anyhow::Result<Toolchain> {
     let mut apt = Apt::default();
     apt.ensure(COMPILER_PACKAGES)?;
     let llvm_major = rustc_llvm_major()?;
@@ -51,7 +58,6 @@ pub fn ensure() -> anyhow::Result<Toolchain> {
     ];
     let llvm_refs: Vec<&str> = llvm_packages.iter().map(String::as_str).collect();
     apt.ensure(&llvm_refs)?;
-    apt.ensure(TEST_PACKAGES)?;
     let bpf_linker = ensure_bpf_linker(llvm_major)?;
     Ok(Toolchain {
         bpf_linker,
@@ -81,7 +87,7 @@ struct Apt {
 
 impl Apt {
     fn ensure(&mut self, packages: &[&str]) -> anyhow::Result<()> {
-        let missing: Vec<&str> = packages.iter().copied().filter(|p| !installed(p)).collect();
+        let missing = missing_packages(packages);
         if missing.is_empty() {
             return Ok(());
         }
@@ -103,6 +109,27 @@ impl Apt {
             .args(&missing)
             .env("DEBIAN_FRONTEND", "noninteractive"))
     }
+}
+
+/// Makes sure the tools the root tests, the demo and the benchmarks drive
+/// are installed.
+pub fn ensure_test_packages() -> anyhow::Result<()> {
+    ensure_packages(TEST_PACKAGES)
+}
+
+/// Which of `packages` are not installed.
+pub fn missing_packages<'a>(packages: &[&'a str]) -> Vec<&'a str> {
+    packages.iter().copied().filter(|p| !installed(p)).collect()
+}
+
+/// The installed version of a Debian package (`dpkg-query`).
+pub fn package_version(package: &str) -> anyhow::Result<String> {
+    let version = output(Command::new("dpkg-query").args(["-W", "-f=${Version}", package]))?;
+    let version = version.trim();
+    if version.is_empty() {
+        bail!("dpkg-query knows no installed version of {package}");
+    }
+    Ok(version.to_string())
 }
 
 /// Makes sure each (command, Debian package) is there: a command found on

@@ -66,9 +66,47 @@ pub fn is_root() -> bool {
     nix::unistd::geteuid().is_root()
 }
 
-/// The cargo that runs xtask (rustup's proxy, the stable toolchain).
+/// The cargo that runs xtask (rustup's proxy, the stable toolchain),
+/// without the variables `cargo run` set for xtask itself.
+///
+/// Build scripts that read such a variable (ring's reads
+/// CARGO_MANIFEST_DIR and CARGO_PKG_*) make cargo rebuild their crate
+/// whenever its value changes; leaked from xtask (xtask's own manifest
+/// directory and name), they made every build from `cargo xtask` and every
+/// plain `cargo build` or `cargo test` rebuild ring, rustls, kube and all
+/// above them for the other (minutes on 2 cores).
 pub fn cargo() -> Command {
-    Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
+    let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    without_cargo_run_env(&mut cmd);
+    cmd
+}
+
+/// Leaves out of `cmd`'s environment what `cargo run` set for xtask (see
+/// [`cargo`]).
+pub fn without_cargo_run_env(cmd: &mut Command) -> &mut Command {
+    for (key, _) in std::env::vars_os() {
+        if key.to_str().is_some_and(is_set_by_cargo_run) {
+            cmd.env_remove(key);
+        }
+    }
+    cmd
+}
+
+/// Whether cargo sets `key` for a binary it runs (about that package), as
+/// opposed to configuration of the user's (CARGO_HOME, CARGO_TARGET_DIR,
+/// CARGO_BUILD_*, ...), which is passed on.
+fn is_set_by_cargo_run(key: &str) -> bool {
+    key.starts_with("CARGO_PKG_")
+        || matches!(
+            key,
+            "CARGO_MANIFEST_DIR"
+                | "CARGO_MANIFEST_PATH"
+                | "CARGO_MANIFEST_LINKS"
+                | "CARGO_CRATE_NAME"
+                | "CARGO_BIN_NAME"
+                | "CARGO_PRIMARY_PACKAGE"
+                | "CARGO_RUSTC_CURRENT_DIR"
+        )
 }
 
 /// `name` found in a directory of PATH, as a shell would find it.
@@ -109,4 +147,51 @@ pub fn replace_dir(staged: &std::path::Path, dir: &std::path::Path) -> anyhow::R
     }
     std::fs::rename(staged, dir)
         .with_context(|| format!("moving {} to {}", staged.display(), dir.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn only_what_cargo_run_sets_is_left_out_of_nested_cargo() {
+        for key in [
+            "CARGO_MANIFEST_DIR",
+            "CARGO_MANIFEST_PATH",
+            "CARGO_PKG_NAME",
+            "CARGO_PKG_VERSION_MAJOR",
+            "CARGO_CRATE_NAME",
+            "CARGO_PRIMARY_PACKAGE",
+        ] {
+            assert!(super::is_set_by_cargo_run(key), "{key}");
+        }
+        for key in [
+            "CARGO",
+            "CARGO_HOME",
+            "CARGO_TARGET_DIR",
+            "CARGO_BUILD_JOBS",
+            "CARGO_TERM_COLOR",
+            "RUSTUP_TOOLCHAIN",
+            "HEALTH_EBPF_OBJECT",
+        ] {
+            assert!(!super::is_set_by_cargo_run(key), "{key}");
+        }
+    }
+
+    /// The variables `cargo run` gives xtask (this test runs under cargo
+    /// too, with the same ones) do not reach a nested cargo.
+    #[test]
+    fn nested_cargo_does_not_inherit_this_packages_variables() {
+        assert!(std::env::var_os("CARGO_MANIFEST_DIR").is_some());
+        let cmd = super::cargo();
+        let removed: Vec<String> = cmd
+            .get_envs()
+            .filter(|(_, value)| value.is_none())
+            .map(|(key, _)| key.to_string_lossy().into_owned())
+            .collect();
+        assert!(
+            removed.iter().any(|k| k == "CARGO_MANIFEST_DIR"),
+            "{removed:?}"
+        );
+        assert!(removed.iter().any(|k| k == "CARGO_PKG_NAME"), "{removed:?}");
+        assert!(!removed.iter().any(|k| k == "CARGO_HOME"), "{removed:?}");
+    }
 }

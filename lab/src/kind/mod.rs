@@ -59,6 +59,7 @@ use health_tests::protocol::{Op, Rule};
 use images::{build_images, require_tools, Built};
 use kubectl::Kube;
 use workload::Workload;
+pub use xtask::lab_cli::kind::KindArgs;
 use xtask::util::{say, workspace_root};
 
 const E2E_IMAGE: &str = "volume-health-agent:e2e";
@@ -72,28 +73,6 @@ const PVC: &str = "faulty";
 const POD: &str = "writer";
 /// The condition the agent raises for failed block requests.
 const REASON: &str = "BlockIOErrors";
-
-#[derive(clap::Args)]
-pub struct KindArgs {
-    /// Leave the cluster (with the agent) running afterwards; the test's pod,
-    /// volume and fault disk are removed in any case.
-    #[arg(long)]
-    keep: bool,
-    /// Use the cluster if it exists (made by an earlier run with --keep)
-    /// instead of refusing to touch it.
-    #[arg(long)]
-    reuse: bool,
-    /// kind node image (default: kind's own).
-    #[arg(long, value_name = "IMAGE")]
-    node_image: Option<String>,
-    /// Seconds to wait for the Warning events once writes fail.
-    #[arg(long, default_value_t = 180)]
-    warning_timeout: u64,
-    /// Seconds to wait for the Normal event once the fault is cleared (the
-    /// agent's quiet window for kernel conditions is 5 minutes).
-    #[arg(long, default_value_t = 480)]
-    clear_timeout: u64,
-}
 
 pub fn run(args: &KindArgs) -> anyhow::Result<()> {
     require_tools()?;

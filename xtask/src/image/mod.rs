@@ -119,13 +119,25 @@ pub fn run(args: &ImageArgs) -> anyhow::Result<()> {
 
 pub fn build(args: &ImageArgs) -> anyhow::Result<Image> {
     crate::bootstrap::ensure_commands(BUILD_TOOLS)?;
-    let agent = match &args.agent {
-        Some(agent) => agent.clone(),
-        None => build::all()?.agent,
+    // Both binaries in one cargo run, as `cargo xtask build` builds them:
+    // after it, nothing compiles again.
+    let built = match (&args.agent, &args.controller) {
+        (Some(_), Some(_)) => None,
+        _ => Some(build::binaries(&build::Wanted {
+            controller: true,
+            ..Default::default()
+        })?),
     };
-    let controller = match &args.controller {
-        Some(controller) => controller.clone(),
-        None => build::release_controller()?,
+    let agent = match (&args.agent, &built) {
+        (Some(agent), _) => agent.clone(),
+        (None, built) => built.as_ref().context("built above")?.agent.clone(),
+    };
+    let controller = match (&args.controller, &built) {
+        (Some(controller), _) => controller.clone(),
+        (None, built) => built
+            .as_ref()
+            .and_then(|b| b.controller.clone())
+            .context("built above")?,
     };
     let commit = Commit::read(&workspace_root())?;
     let repository = args.repository.as_deref().unwrap_or(REPOSITORY);

@@ -244,6 +244,9 @@ pub fn run_in_guest(
             "--qemu-opts={}",
             devices::qemu_opts(dir.path(), &scratch)?
         ))
+        // Ours, not whichever busybox virtme-ng would find (tools.rs).
+        .arg("--busybox")
+        .arg(&tools.busybox)
         .arg("--exec")
         .arg(format!("sh {}", quote(&script_path.to_string_lossy())))
         // vng starts virtme-run from PATH.

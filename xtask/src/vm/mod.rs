@@ -244,16 +244,13 @@ fn default_tests(args: &VmArgs) -> anyhow::Result<(Vec<Step>, Env)> {
     // No separate `cargo build` of the agent: the test build below links
     // it (for health-agent's own tests) with the feature set `cargo xtask
     // test` uses, so after that command nothing is compiled again.
-    let toolchain = crate::bootstrap::ensure()?;
-    let ebpf_object = crate::build::ebpf(&toolchain)?;
+    // The tools the suites drive run in the guest from the shared root.
+    crate::bootstrap::ensure_test_packages()?;
+    // The agent embeds health-ebpf/object/ (rebuilt first when the kernel
+    // sources changed).
+    crate::ebpf::ensure()?;
     let agent = crate::build::target_dir().join("release/health-agent");
-    let env = vec![
-        (
-            "HEALTH_EBPF_OBJECT".to_string(),
-            ebpf_object.display().to_string(),
-        ),
-        ("HEALTH_AGENT_BIN".to_string(), agent.display().to_string()),
-    ];
+    let env = vec![("HEALTH_AGENT_BIN".to_string(), agent.display().to_string())];
     let mut binaries = test_binaries(&env)?;
     // Targets with `test = false` (device_faults: drivers the host lacks)
     // are left out of `cargo test`; build the requested ones by name.
