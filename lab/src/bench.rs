@@ -47,128 +47,8 @@ use std::time::{Duration, Instant};
 pub use agent::AgentProc;
 use anyhow::{bail, Context, Result};
 use xtask::build;
+pub use xtask::lab_cli::bench::{BenchArgs, Part};
 use xtask::util::{is_root, output, say, workspace_root};
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum Part {
-    Latency,
-    Overhead,
-    Flood,
-    Micro,
-    Events,
-    EventWatch,
-    Status,
-    Controller,
-    CsiProxy,
-    Scale,
-}
-
-#[derive(clap::Args, Debug)]
-pub struct BenchArgs {
-    /// Run only these parts (comma-separated); all by default.
-    #[arg(long, value_delimiter = ',', value_enum)]
-    only: Vec<Part>,
-    /// Failed requests in the latency measurement.
-    #[arg(long, default_value_t = 1000)]
-    latency_errors: u32,
-    /// Pause after each failed request in the latency measurement, in ms (keeps
-    /// the rate under the agent's default budget of 100 samples/s per device per CPU).
-    #[arg(long, default_value_t = 11)]
-    latency_gap_ms: u64,
-    /// CPU-bound busy threads spinning through the latency measurement (the
-    /// machine has 2 cores: 4 is 2x oversubscription).
-    #[arg(long, default_value_t = 0)]
-    load: u32,
-    /// The agent's --event-priority in the latency measurement (rt, nice,
-    /// normal); the agent's default when not given.
-    #[arg(long)]
-    latency_priority: Option<String>,
-    /// A/B rounds per agent configuration in the overhead measurement.
-    #[arg(long, default_value_t = 10)]
-    rounds: u32,
-    /// Seconds of requests in each overhead run.
-    #[arg(long, default_value_t = 1.0)]
-    run_secs: f64,
-    /// Seconds of the error flood.
-    #[arg(long, default_value_t = 10.0)]
-    flood_secs: f64,
-    /// Writer threads in the error flood.
-    #[arg(long, default_value_t = 4)]
-    flood_threads: u32,
-    /// Run a second BPF tracing tool (an agent with tracefs programs) on the
-    /// same tracepoints during the flood; recorded in its own section.
-    #[arg(long)]
-    flood_beside_tracer: bool,
-    /// Rounds (failure, Events, recovery) in the event latency measurement.
-    #[arg(long, default_value_t = 60)]
-    event_rounds: u32,
-    /// Rounds (failure, Events, recovery) on the real API server in the
-    /// event-watch measurement (with `--load` busy threads).
-    #[arg(long, default_value_t = 40)]
-    event_watch_rounds: u32,
-    /// Print every API request of each event round with its time after the
-    /// failed request (on stderr), to see what the Events wait behind.
-    #[arg(long)]
-    event_trace: bool,
-    /// Run the agent with --early-block-errors in the event latency and
-    /// flood measurements (failed requests counted at block_rq_complete,
-    /// before the kernel prints them); recorded in their own sections.
-    #[arg(long)]
-    early_block_errors: bool,
-    /// Storms (errors, VolumeHealth writes, recovery) in the status measurement.
-    #[arg(long, default_value_t = 3)]
-    status_rounds: u32,
-    /// Failed writes per storm in the status measurement.
-    #[arg(long, default_value_t = 10_000)]
-    status_errors: u64,
-    /// PVs (and driver volumes) in the controller measurement.
-    #[arg(long, default_value_t = 10_000)]
-    controller_volumes: usize,
-    /// Rounds (condition, Warning, recovery, Normal) per monitor interval in
-    /// the controller measurement.
-    #[arg(long, default_value_t = 10)]
-    controller_rounds: u32,
-    /// Steady cycles measured per CSI driver kind in the controller measurement.
-    #[arg(long, default_value_t = 3)]
-    controller_cycles: u32,
-    /// PV creates in flight while setting up the controller measurement.
-    #[arg(long, default_value_t = 8)]
-    controller_in_flight: usize,
-    /// The controller's --monitor-interval with the per-volume Get driver, in
-    /// seconds (longer than a cycle, so calls are counted between cycles).
-    #[arg(long, default_value_t = 5.0)]
-    controller_get_interval: f64,
-    /// Calls of each kind, directly and through the proxy, in the CSI
-    /// proxy measurement.
-    #[arg(long, default_value_t = 2000)]
-    proxy_calls: u32,
-    /// PV counts of the scale measurement, in increasing order (the PVs
-    /// grow between measurements).
-    #[arg(long, value_delimiter = ',', default_value = "1000,10000,100000")]
-    scale_pvs: Vec<usize>,
-    /// Starts of the single agent at each PV count.
-    #[arg(long, default_value_t = 2)]
-    scale_starts: u32,
-    /// Agents started at once, one node identity each (0: none).
-    #[arg(long, default_value_t = 50)]
-    scale_agents: usize,
-    /// The PV count at which the agents start at once.
-    #[arg(long, default_value_t = 10_000)]
-    scale_agents_at: usize,
-    /// Leave the controller out of the scale measurement.
-    #[arg(long)]
-    scale_no_controller: bool,
-    /// Creates in flight while populating the scale measurement's cluster.
-    #[arg(long, default_value_t = 32)]
-    scale_in_flight: usize,
-    /// Also let the agents list and watch PVs: for an agent built before
-    /// issue 29 (HEALTH_AGENT_BIN), which deploy/'s RBAC no longer fits.
-    #[arg(long)]
-    scale_grant_pv_list: bool,
-    /// Print the results but leave docs/benchmarks.md alone.
-    #[arg(long)]
-    no_write: bool,
-}
 
 /// The binaries the measurements run.
 pub struct Tools {
@@ -204,11 +84,15 @@ pub fn prepare() -> Result<Tools> {
         health_tests::require_env(&[])?;
         return Ok(tools);
     }
-    let built = build::all()?;
-    // bootstrap (inside build::all) installs the tools; check them anyway so a
-    // missing one is named with its package before anything is set up.
+    // The tools the measurements drive install while the agent compiles.
+    let built = build::binaries(&build::Wanted {
+        packages: xtask::bootstrap::TEST_PACKAGES,
+        ..Default::default()
+    })?;
+    // Check them anyway, so that a missing one is named with its package
+    // before anything is set up.
     health_tests::require_env(&[])?;
-    let faultdisk = build::release_faultdisk()?;
+    let faultdisk = build::release_test_binary("faultdisk")?;
     Ok(Tools {
         agent: built.agent,
         faultdisk,

@@ -31,6 +31,7 @@ const PACKAGES: &[(&str, &str)] = &[
     ("mdadm", "mdadm"),
     ("udevadm", "udev"),
     ("partx", "util-linux"),
+    ("blkid", "util-linux"),
     ("etcd", "etcd-server"),
     ("openssl", "openssl"),
     // tests/tests/image.rs: the OCI image read by independent tools, the

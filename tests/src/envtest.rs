@@ -21,7 +21,10 @@
 //!
 //! Binaries: `$HEALTH_K8S_ASSETS/kube-apiserver` (like envtest's KUBEBUILDER_ASSETS,
 //! so users point it at their own build), and `$HEALTH_K8S_ASSETS/etcd` or else
-//! `etcd` from PATH (Debian: `etcd-server`). `openssl` makes the ServiceAccount
+//! `etcd` from PATH; [`Options::oldest`] takes them from
+//! `$HEALTH_K8S_OLDEST_ASSETS` instead, the oldest API server the README claims.
+//! `cargo xtask test` builds both from Go modules and sets the variables
+//! (`cargo xtask components` prints them). `openssl` makes the ServiceAccount
 //! signing key. Both processes listen on random loopback ports, keep their data in
 //! a temporary directory, and are killed with their process groups on drop.
 //!
@@ -48,6 +51,9 @@ use self::process::{exited, free_port, kill_group, Keeper};
 
 /// Names the directory holding `kube-apiserver` (and optionally `etcd`).
 pub const ASSETS_ENV: &str = "HEALTH_K8S_ASSETS";
+/// Names the directory holding the oldest supported `kube-apiserver` (and
+/// optionally `etcd`), for [`Options::oldest`].
+pub const OLDEST_ASSETS_ENV: &str = "HEALTH_K8S_OLDEST_ASSETS";
 /// The kubelets every server knows unless [`Options::nodes`] says otherwise.
 pub const DEFAULT_NODES: &[&str] = &["node-1", "node-2"];
 /// How long kube-apiserver may take to become ready. It takes ~4 s alone on two
@@ -75,6 +81,7 @@ pub struct Options {
     service_accounts: Vec<(String, String)>,
     apiserver_args: Vec<String>,
     assets: Option<PathBuf>,
+    oldest: bool,
 }
 
 impl Default for Options {
@@ -92,6 +99,7 @@ impl Options {
             service_accounts: Vec::new(),
             apiserver_args: Vec::new(),
             assets: None,
+            oldest: false,
         }
     }
 
@@ -128,9 +136,21 @@ impl Options {
         self
     }
 
+    /// The oldest API server the project supports
+    /// (`$HEALTH_K8S_OLDEST_ASSETS`), for what an old cluster must accept.
+    pub fn oldest(mut self) -> Self {
+        self.oldest = true;
+        self
+    }
+
     /// Starts etcd and kube-apiserver and waits until `/readyz` answers `ok`.
     pub fn start(self) -> Result<RealApiServer, EnvtestError> {
-        let assets = Assets::find(self.assets.clone())?;
+        let env = if self.oldest {
+            OLDEST_ASSETS_ENV
+        } else {
+            ASSETS_ENV
+        };
+        let assets = Assets::find(self.assets.clone(), env)?;
         let identities = self.identities()?;
         let mut last = None;
         for _ in 0..START_ATTEMPTS {
@@ -196,8 +216,9 @@ fn missing_notice(why: &str) -> String {
     let bar = "!".repeat(78);
     format!(
         "\n{bar}\n!! TEST NOT RUN: it needs a real kube-apiserver and etcd.\n!! {why}\n\
-         !! Point {ASSETS_ENV} at a directory holding kube-apiserver (and etcd, or\n\
-         !! install Debian's etcd-server); `cargo xtask test` does this by itself.\n\
+         !! Point {ASSETS_ENV} (and {OLDEST_ASSETS_ENV}) at a directory holding\n\
+         !! kube-apiserver and etcd; `cargo xtask test` builds them and does this by\n\
+         !! itself, `cargo xtask components` prints them.\n\
          !! Under CI=true this is a failure.\n{bar}\n"
     )
 }
@@ -210,14 +231,14 @@ struct Assets {
 }
 
 impl Assets {
-    fn find(dir: Option<PathBuf>) -> Result<Self, EnvtestError> {
+    fn find(dir: Option<PathBuf>, env: &str) -> Result<Self, EnvtestError> {
         let dir = dir
-            .or_else(|| std::env::var_os(ASSETS_ENV).map(PathBuf::from))
-            .ok_or_else(|| EnvtestError::MissingAssets(format!("{ASSETS_ENV} is not set.")))?;
+            .or_else(|| std::env::var_os(env).map(PathBuf::from))
+            .ok_or_else(|| EnvtestError::MissingAssets(format!("{env} is not set.")))?;
         let apiserver = dir.join("kube-apiserver");
         if !apiserver.is_file() {
             return Err(EnvtestError::MissingAssets(format!(
-                "{} holds no kube-apiserver (set {ASSETS_ENV} to a directory that does).",
+                "{} holds no kube-apiserver (set {env} to a directory that does).",
                 dir.display()
             )));
         }
@@ -299,6 +320,10 @@ impl RealApiServer {
             .arg(format!("--etcd-servers={etcd_url}"))
             .arg(format!("--secure-port={port}"))
             .args(["--bind-address=127.0.0.1", "--advertise-address=127.0.0.1"])
+            // No endpoint reconciler: from 1.27 on the API server refuses to
+            // advertise a loopback address into the `kubernetes` Service's
+            // endpoints, which a test server has no use for.
+            .arg("--endpoint-reconciler-type=none")
             .arg(format!("--cert-dir={}", d.join("certs").display()))
             .arg(format!(
                 "--token-auth-file={}",

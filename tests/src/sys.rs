@@ -275,24 +275,66 @@ impl FileId {
 
 /// struct loop_info64 from <linux/loop.h>.
 #[repr(C)]
-struct LoopInfo64 {
-    lo_device: u64,
-    lo_inode: u64,
-    lo_rdevice: u64,
-    lo_offset: u64,
-    lo_sizelimit: u64,
-    lo_number: u32,
-    lo_encrypt_type: u32,
-    lo_encrypt_key_size: u32,
-    lo_flags: u32,
-    lo_file_name: [u8; 64],
-    lo_crypt_name: [u8; 64],
-    lo_encrypt_key: [u8; 32],
-    lo_init: [u64; 2],
+pub(crate) struct LoopInfo64 {
+    pub(crate) lo_device: u64,
+    pub(crate) lo_inode: u64,
+    pub(crate) lo_rdevice: u64,
+    pub(crate) lo_offset: u64,
+    pub(crate) lo_sizelimit: u64,
+    pub(crate) lo_number: u32,
+    pub(crate) lo_encrypt_type: u32,
+    pub(crate) lo_encrypt_key_size: u32,
+    pub(crate) lo_flags: u32,
+    pub(crate) lo_file_name: [u8; 64],
+    pub(crate) lo_crypt_name: [u8; 64],
+    pub(crate) lo_encrypt_key: [u8; 32],
+    pub(crate) lo_init: [u64; 2],
 }
 
 nix::ioctl_read_bad!(loop_get_status64, 0x4C05, LoopInfo64);
 nix::ioctl_none_bad!(loop_clr_fd, 0x4C01);
+
+/// What a bound loop device shows: its backing file's identity and the
+/// stretch of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LoopBinding {
+    pub file: FileId,
+    pub offset: u64,
+    /// 0: to the end of the file.
+    pub sizelimit: u64,
+}
+
+/// LOOP_GET_STATUS64 of loop device `name`: `None` when it is bound to
+/// nothing (or gone).
+pub fn loop_binding(name: &str) -> Result<Option<LoopBinding>> {
+    use std::os::fd::AsRawFd;
+    let dev = format!("/dev/{name}");
+    let file = match std::fs::File::open(&dev) {
+        Ok(f) => f,
+        Err(e) if matches!(e.raw_os_error(), Some(libc::ENXIO) | Some(libc::ENOENT)) => {
+            return Ok(None)
+        }
+        Err(e) => return Err(e).with_context(|| format!("opening {dev}")),
+    };
+    // SAFETY: LoopInfo64 is plain old data; all-zero is a valid value.
+    let mut info: LoopInfo64 = unsafe { std::mem::zeroed() };
+    // SAFETY: the kernel writes one loop_info64 into `info`, which outlives the call.
+    match unsafe { loop_get_status64(file.as_raw_fd(), &mut info) } {
+        Ok(_) => {}
+        Err(Errno::ENXIO) => return Ok(None),
+        Err(e) => return Err(e).with_context(|| format!("LOOP_GET_STATUS64 on {dev}")),
+    }
+    let dev_t = info.lo_device as libc::dev_t;
+    Ok(Some(LoopBinding {
+        file: FileId {
+            major: libc::major(dev_t),
+            minor: libc::minor(dev_t),
+            ino: info.lo_inode,
+        },
+        offset: info.lo_offset,
+        sizelimit: info.lo_sizelimit,
+    }))
+}
 
 /// Unmounts every filesystem on loop device `name` or its partitions (plain unmount,
 /// lazy if busy), then detaches it (LOOP_CLR_FD) — but only if it is bound to the file

@@ -15,14 +15,14 @@
 //! patch must be no complete object. The chart's rendering for a new
 //! cluster must be refused the same way.
 //!
-//! No root, no BPF; needs HEALTH_K8S_ASSETS (see the harness) and kubectl
-//! and helm (`cargo xtask tools`).
+//! No root, no BPF; needs HEALTH_K8S_OLDEST_ASSETS (see the harness) and
+//! kubectl and helm (`cargo xtask tools`).
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, ensure, Context, Result};
-use health_tests::envtest::{apply_manifest, runtime, RealApiServer};
+use health_tests::envtest::{apply_manifest, runtime, Options, RealApiServer};
 use health_tests::k8s_tools;
 use health_tests::manifests::{documents, repo_root};
 use serde_json::json;
@@ -275,7 +275,7 @@ fn expect_refused(run: &DryRun, refused: &str) -> Result<()> {
 
 #[test]
 fn every_file_and_old_cluster_rendering_of_deploy_passes_a_server_dry_run() -> Result<()> {
-    let Some(server) = health_tests::require_api_server() else {
+    let Some(server) = Options::new().oldest().require() else {
         return Ok(());
     };
     let tools = Tools::new(&server)?;

@@ -20,7 +20,7 @@
 //! deploy_render.rs; that deploy/ with the v1beta3 one passes a 1.26 dry run
 //! and with the v1 one is refused: apiserver_deploy.rs.)
 //!
-//! No root, no BPF; needs HEALTH_K8S_ASSETS (see the harness).
+//! No root, no BPF; needs HEALTH_K8S_OLDEST_ASSETS (see the harness).
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -191,6 +191,7 @@ async fn client_of(server: &RealApiServer, ns: &str, name: &str) -> Result<Clien
 
 fn start() -> Option<RealApiServer> {
     Options::new()
+        .oldest()
         .service_account(AGENT_NS, AGENT_SA)
         .service_account(CONTROLLER_NS, CONTROLLER_SA)
         // Same name, another namespace: not the agents.

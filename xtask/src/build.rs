@@ -1,4 +1,5 @@
-//! Building the kernel object and the agent, and running tests against them.
+//! Building the agent (with the kernel object embedded) and the
+//! controller, and running the tests against them.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -6,47 +7,80 @@ use std::process::{Child, Command, Stdio};
 
 use anyhow::{bail, Context};
 
-use crate::bootstrap::{self, DEBIAN_CARGO, DEBIAN_RUSTC};
+use crate::bootstrap;
+use crate::ebpf::{self, Committed};
 use crate::util::{cargo, is_root, run, run_foreground, say, workspace_root};
 
 pub struct Built {
-    pub ebpf_object: PathBuf,
     pub agent: PathBuf,
+    /// When [`Wanted::controller`].
+    pub controller: Option<PathBuf>,
 }
 
-/// Bootstrap, kernel object, release agent.
-///
-/// Only the agent's own crate (`health-agent`, the command line) embeds
-/// the kernel object; everything compiles in the background meanwhile,
-/// while apt installs the toolchain and the object is built, and the last
-/// build only embeds the object and links (docs/benchmarks.md, "First run").
+/// What a command needs besides the release agent.
+#[derive(Default)]
+pub struct Wanted<'a> {
+    /// The controller too, in the same cargo run as the agent: built on its
+    /// own, the libraries it shares with the agent unify other features
+    /// (health-common without `user`) and compile a second time, and the
+    /// agent's build after it again.
+    pub controller: bool,
+    /// Debian packages the command needs, installed while cargo compiles.
+    pub packages: &'a [&'a str],
+}
+
+/// The release agent, as `cargo xtask run` needs it.
 pub fn all() -> anyhow::Result<Built> {
-    // The whole package, with no object yet (/dev/null: nothing to embed):
-    // the same features unify as in the build below, so it reuses all of it.
-    let libraries = Background::cargo(
-        "the agent's libraries",
-        &["build", "--release", "--package", "health-agent"],
-        &[("HEALTH_EBPF_OBJECT", "/dev/null")],
-    )?;
-    let ebpf_object = bootstrap::ensure().and_then(|toolchain| ebpf(&toolchain));
-    libraries.finish()?;
-    let ebpf_object = ebpf_object?;
-    say("building health-agent (release)");
-    let agent = release_agent(&ebpf_object)?;
+    binaries(&Wanted::default())
+}
+
+/// The release agent with the kernel object embedded, and what `wanted`
+/// adds.
+///
+/// The object is the committed one when it fits the kernel sources (no
+/// toolchain needed, xtask::ebpf). When it does not, or when packages are
+/// missing, the Rust build runs in the background while apt installs and
+/// the object is built; only the agent's own crate (`health-agent`, the
+/// command line) embeds the object, so the last build just recompiles that
+/// crate and links (docs/benchmarks.md, "First run"). Every command builds
+/// with the same cargo arguments and environment, so none undoes another's
+/// build.
+pub fn binaries(wanted: &Wanted) -> anyhow::Result<Built> {
+    let committed = ebpf::check()?;
+    let missing = bootstrap::missing_packages(wanted.packages);
+    let mut args = vec!["build", "--release", "--package", "health-agent"];
+    if wanted.controller {
+        args.extend(["--package", "health-controller"]);
+    }
+    if std::env::var_os("HEALTH_EBPF_OBJECT").is_some() {
+        say("HEALTH_EBPF_OBJECT is set: the agent embeds that object, not health-ebpf/object/'s");
+    }
+    let stale = matches!(committed, Committed::Stale(_));
+    if stale || !missing.is_empty() {
+        let background = Background::cargo("the agent's libraries", &args)?;
+        let prepared = bootstrap::ensure_packages(&missing).and_then(|()| match committed {
+            Committed::Fresh => Ok(()),
+            Committed::Stale(reasons) => ebpf::rebuild(&reasons).map(drop),
+        });
+        background.finish()?;
+        prepared?;
+    }
+    say(if wanted.controller {
+        "building health-agent and health-controller (release)"
+    } else {
+        "building health-agent (release)"
+    });
+    run(cargo().current_dir(workspace_root()).args(&args))?;
+    let release = target_dir().join("release");
+    let agent = release.join("health-agent");
     say(format!(
         "built {} (kernel programs embedded)",
         agent.display()
     ));
-    Ok(Built { ebpf_object, agent })
-}
-
-/// Builds the release agent with `ebpf_object` embedded.
-pub fn release_agent(ebpf_object: &Path) -> anyhow::Result<PathBuf> {
-    run(cargo()
-        .current_dir(workspace_root())
-        .args(["build", "--release", "--package", "health-agent"])
-        .env("HEALTH_EBPF_OBJECT", ebpf_object))?;
-    Ok(target_dir().join("release/health-agent"))
+    Ok(Built {
+        agent,
+        controller: wanted.controller.then(|| release.join("health-controller")),
+    })
 }
 
 /// Builds the release controller (no kernel object: it has none).
@@ -60,19 +94,20 @@ pub fn release_controller() -> anyhow::Result<PathBuf> {
     Ok(target_dir().join("release/health-controller"))
 }
 
-/// Builds the test harness's faultdisk server (release), for the bench and
-/// the local cluster's storage.
-pub fn release_faultdisk() -> anyhow::Result<PathBuf> {
-    say("building the faultdisk server (release)");
+/// Builds a program of the test harness (release): the faultdisk server
+/// (the bench and the local cluster's storage) or the project's CSI driver
+/// `csi-loop-driver` (the local cluster's storage).
+pub fn release_test_binary(name: &str) -> anyhow::Result<PathBuf> {
+    say(format!("building {name} (release)"));
     run(cargo().current_dir(workspace_root()).args([
         "build",
         "--release",
         "--package",
         "health-tests",
         "--bin",
-        "faultdisk",
+        name,
     ]))?;
-    let bin = target_dir().join("release/faultdisk");
+    let bin = target_dir().join("release").join(name);
     if !bin.is_file() {
         bail!("the build succeeded but {} is missing", bin.display());
     }
@@ -88,11 +123,7 @@ struct Background {
 }
 
 impl Background {
-    fn cargo(
-        what: &'static str,
-        args: &[&str],
-        env: &[(&str, &str)],
-    ) -> anyhow::Result<Background> {
+    fn cargo(what: &'static str, args: &[&str]) -> anyhow::Result<Background> {
         let dir = target_dir();
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
         let log = dir.join("xtask-background-build.log");
@@ -100,7 +131,6 @@ impl Background {
         let child = cargo()
             .current_dir(workspace_root())
             .args(args)
-            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(out.try_clone()?)
             .stderr(out)
@@ -148,69 +178,6 @@ pub fn target_dir() -> PathBuf {
     std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| workspace_root().join("target"))
-}
-
-/// Where the kernel object is built: a target directory of its own, so that
-/// this build (another compiler) neither waits for the lock of the agent's
-/// build running beside it nor shares its host artifacts.
-pub fn ebpf_target_dir() -> PathBuf {
-    target_dir().join("ebpf")
-}
-
-/// The kernel object `cargo xtask build` writes.
-pub fn ebpf_object() -> PathBuf {
-    ebpf_target_dir().join("bpfel-unknown-none/release/health-ebpf")
-}
-
-/// Builds `health-ebpf` for bpfel-unknown-none with Debian's compiler.
-pub fn ebpf(toolchain: &bootstrap::Toolchain) -> anyhow::Result<PathBuf> {
-    let root = workspace_root();
-    let target_dir = ebpf_target_dir();
-    say(format!(
-        "building the kernel programs (Debian rustc, LLVM {})",
-        toolchain.llvm_major
-    ));
-    let mut cmd = Command::new(DEBIAN_CARGO);
-    cmd.current_dir(root.join("health-ebpf"))
-        .args([
-            "build",
-            "--release",
-            "--locked",
-            "--target",
-            "bpfel-unknown-none",
-            "-Z",
-            "build-std=core",
-        ])
-        .arg("--target-dir")
-        .arg(&target_dir)
-        // rustup's proxies and the outer cargo's settings must not leak in:
-        // this build uses a different compiler.
-        .env_remove("RUSTUP_TOOLCHAIN")
-        .env_remove("RUSTFLAGS")
-        .env_remove("CARGO_ENCODED_RUSTFLAGS")
-        .env_remove("RUSTC_WRAPPER")
-        .env_remove("RUSTC_WORKSPACE_WRAPPER")
-        .env_remove("CARGO_TARGET_DIR")
-        .env("RUSTC", DEBIAN_RUSTC)
-        // build-std is unstable; Debian's stable compiler allows it this way.
-        .env("RUSTC_BOOTSTRAP", "1")
-        .env(
-            "CARGO_TARGET_BPFEL_UNKNOWN_NONE_LINKER",
-            &toolchain.bpf_linker,
-        )
-        .env(
-            "CARGO_TARGET_BPFEL_UNKNOWN_NONE_RUSTFLAGS",
-            "-C debuginfo=2 -C link-arg=--btf",
-        );
-    run(&mut cmd).context("building the kernel programs")?;
-    let object = ebpf_object();
-    if !object.is_file() {
-        bail!(
-            "the eBPF build succeeded but {} is missing",
-            object.display()
-        );
-    }
-    Ok(object)
 }
 
 pub fn run_agent(built: &Built, args: &[String]) -> anyhow::Result<()> {
@@ -273,8 +240,14 @@ pub fn test(args: &[String]) -> anyhow::Result<()> {
              nothing was skipped, nothing was run"
         );
     }
-    let toolchain = bootstrap::ensure()?;
-    let ebpf_object = ebpf(&toolchain)?;
+    // The real-server suites' Kubernetes and csi-sanity compile from Go
+    // modules beside everything below (once per version; a cold build is
+    // the longest part of a first run, docs/benchmarks.md, "CI").
+    let components = crate::components::Background::start(crate::components::ALL);
+    bootstrap::ensure_test_packages()?;
+    // The committed kernel object must be what the toolchain builds from
+    // these sources (the agent embeds that file).
+    ebpf::verify()?;
     // tests/tests/deploy.rs renders the chart and the kustomization;
     // deploy_monitoring.rs also runs promtool on the chart's rules.
     let k8s = crate::k8s_tools::ensure()?;
@@ -287,54 +260,40 @@ pub fn test(args: &[String]) -> anyhow::Result<()> {
     // build instead: cargo builds a package's binaries for its integration
     // tests (health-agent/tests/, health-controller/tests/), and it builds
     // everything before running anything.
-    say("building and running the test suite (release profile)");
-    let mut cargo = cargo();
-    if let Some(assets) = k8s_assets() {
-        say(format!(
-            "kube-apiserver for the RBAC tests: {ASSETS_ENV}={}",
-            assets.display()
-        ));
-        cargo.env(ASSETS_ENV, assets);
-    }
+    let suite = |run: bool| {
+        let mut cargo = cargo();
+        cargo
+            .current_dir(workspace_root())
+            .args(["test", "--release", "--workspace", "--no-fail-fast"])
+            .env(
+                "HEALTH_AGENT_BIN",
+                target_dir().join("release/health-agent"),
+            )
+            .env(
+                "HEALTH_CONTROLLER_BIN",
+                target_dir().join("release/health-controller"),
+            )
+            .env("HELM_BIN", &k8s.helm)
+            .env("KUBECTL_BIN", &k8s.kubectl)
+            .env("PROMTOOL_BIN", &k8s.promtool);
+        if !run {
+            cargo.arg("--no-run");
+        }
+        cargo
+    };
+    say("building the test suite (release profile)");
+    // A failed build is told at once; the Go builds it leaves go on
+    // filling the cache for the next run.
+    run(&mut suite(false))?;
+    let components = components.finish()?;
+    say("running the test suite");
+    let mut cargo = suite(true);
+    components.apply(&mut cargo);
     run(cargo
-        .current_dir(workspace_root())
-        .args(["test", "--release", "--workspace", "--no-fail-fast"])
-        .env("HEALTH_EBPF_OBJECT", &ebpf_object)
-        .env(
-            "HEALTH_AGENT_BIN",
-            target_dir().join("release/health-agent"),
-        )
-        .env(
-            "HEALTH_CONTROLLER_BIN",
-            target_dir().join("release/health-controller"),
-        )
         // tests/image.rs runs `xtask image`: this very binary.
         .env("HEALTH_XTASK_BIN", std::env::current_exe()?)
-        .env("HELM_BIN", &k8s.helm)
-        .env("KUBECTL_BIN", &k8s.kubectl)
-        .env("PROMTOOL_BIN", &k8s.promtool)
         .arg("--")
         .args(args))
-}
-
-/// Where health_tests::envtest finds kube-apiserver (and optionally etcd).
-pub const ASSETS_ENV: &str = "HEALTH_K8S_ASSETS";
-
-/// The user's `HEALTH_K8S_ASSETS` wins (the test reads it itself); else the
-/// project's shared binaries beside the checkout (`../shared/k8s/bin`), or
-/// beside a directory above it (a checkout nested deeper, as CI may make),
-/// when there. With neither, the envtest tests fail under CI=true and say so
-/// loudly elsewhere.
-pub fn k8s_assets() -> Option<PathBuf> {
-    if std::env::var_os(ASSETS_ENV).is_some() {
-        return None;
-    }
-    let root = workspace_root();
-    root.ancestors()
-        .skip(1)
-        .map(|dir| dir.join("shared/k8s/bin"))
-        .find(|bin| bin.join("kube-apiserver").is_file())
-        .and_then(|bin| bin.canonicalize().ok())
 }
 
 #[cfg(test)]

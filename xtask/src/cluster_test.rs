@@ -10,7 +10,6 @@
 
 use std::process::Command;
 
-use crate::build::{k8s_assets, ASSETS_ENV};
 use crate::image::{self, ImageArgs};
 use crate::lab;
 use crate::util::{cargo, run as run_cmd, say, workspace_root};
@@ -64,9 +63,7 @@ fn run_suite(filter: &[String]) -> anyhow::Result<()> {
     say("running the end-to-end suite on the cluster (tests/tests/kubelet_e2e.rs)");
     let mut cmd: Command = cargo();
     cmd.current_dir(workspace_root()).args(SUITE);
-    if let Some(assets) = k8s_assets() {
-        cmd.env(ASSETS_ENV, assets);
-    }
+    crate::components::ensure(&[crate::components::Part::Kubernetes])?.apply(&mut cmd);
     cmd.arg("--").arg("--test-threads=1").args(filter);
     run_cmd(&mut cmd)
 }

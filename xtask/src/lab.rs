@@ -24,10 +24,9 @@ pub fn run(command: &str, args: &[String]) -> anyhow::Result<()> {
     ]))?;
     let bin = target_dir().join("release/health-lab");
     let mut lab = Command::new(&bin);
-    // The real kube-apiserver of the benchmarks, found as the tests find it.
-    if let Some(assets) = crate::build::k8s_assets() {
-        lab.env(crate::build::ASSETS_ENV, assets);
-    }
+    // The Kubernetes of the local cluster and of the benchmarks' real API
+    // server, built first if needed.
+    crate::components::for_lab(command, args)?.apply(&mut lab);
     // After Ctrl-C the lab cleans up its disks and mounts and exits 130.
     let status = run_foreground(lab.arg(command).args(args))?;
     match status.code() {

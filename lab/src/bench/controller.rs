@@ -176,16 +176,22 @@ pub struct ControllerResult {
     pub slow: Latency,
 }
 
-/// Where kube-apiserver is: HEALTH_K8S_ASSETS, else the project's shared
-/// binaries beside the checkout (as `cargo xtask test` does).
-pub(crate) fn assets() -> PathBuf {
+/// Where kube-apiserver is: HEALTH_K8S_ASSETS, which xtask sets to the
+/// project's build of Kubernetes before it runs the benchmarks.
+pub(crate) fn assets() -> Result<PathBuf> {
     std::env::var_os(envtest::ASSETS_ENV)
         .map(PathBuf::from)
-        .unwrap_or_else(|| workspace_root().join("../shared/k8s/bin"))
+        .with_context(|| {
+            format!(
+                "{} is not set: run the benchmarks with `cargo xtask bench`, which builds \
+                 Kubernetes and sets it",
+                envtest::ASSETS_ENV
+            )
+        })
 }
 
 pub fn run(tools: &Tools, cfg: &Config) -> Result<ControllerResult> {
-    let assets = assets();
+    let assets = assets()?;
     say(format!(
         "controller: starting kube-apiserver and etcd ({})",
         assets.display()

@@ -91,7 +91,7 @@ pub fn run(tools: &Tools<'_>, cfg: &Config) -> Result<ScaleResult> {
         "--scale-agents must be below {}: the nodes from there on are the other nodes",
         populate::FIRST_OTHER_NODE
     );
-    let assets = controller::assets();
+    let assets = controller::assets()?;
     say(format!(
         "scale: starting kube-apiserver and etcd ({})",
         assets.display()
