@@ -16,6 +16,10 @@ fn main() -> Result<(), Box<dyn Error>> {
         // compile against tonic's always-present server traits, so the agent's
         // default build does not need tonic's transport server.
         .build_server(true)
+        // A server implements only the RPCs it serves: the others answer
+        // UNIMPLEMENTED, as a driver that lacks them does (the fake driver
+        // serves no volume lifecycle, the test driver no expansion).
+        .generate_default_stubs(true)
         // We connect over unix sockets with our own connector; the generated
         // `connect(dst)` helper would assume TCP URIs.
         .build_transport(false)

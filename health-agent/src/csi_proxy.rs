@@ -34,9 +34,10 @@ pub struct CsiProxyArgs {
     #[arg(long, value_name = "SECS", default_value_t = DEFAULT_AGENT_TIMEOUT.as_secs_f64())]
     agent_timeout: f64,
     /// Pass NodeGetCapabilities as the driver answers it, without adding
-    /// GET_VOLUME_HEALTH: for conformance runs of a csi-sanity built before
-    /// CSI 1.13, which fails on a capability it does not know. The kubelet
-    /// then asks NodeGetVolumeHealth only of drivers that advertise it.
+    /// GET_VOLUME_HEALTH and GET_STORAGE_HEALTH: for conformance runs of a
+    /// csi-sanity built before CSI 1.13, which fails on a capability it does
+    /// not know. The kubelet then asks NodeGetVolumeHealth and
+    /// NodeGetStorageHealth only of drivers that advertise them.
     #[arg(long)]
     keep_driver_capabilities: bool,
 }

@@ -23,7 +23,7 @@ use health_node::volumes::kubelet::DEFAULT_KUBELET_ROOT;
 use health_node::volumes::{self, view, LiveVolumesConfig};
 use health_topology::HostPaths;
 
-/// The kernel programs (`health-ebpf`), as `cargo xtask build` built them.
+/// The kernel programs (`health-ebpf`): the committed object (build.rs).
 static KERNEL_OBJECT: &[u8] =
     health_kernel::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/health-ebpf.o"));
 
@@ -58,7 +58,8 @@ enum Command {
     /// Detach the programs an agent left pinned and remove every pin.
     Uninstall(PinArgs),
     /// Sidecar of a CSI driver's node pod: pass the kubelet's calls to the
-    /// driver, adding this node's conditions to NodeGetVolumeHealth.
+    /// driver, adding this node's conditions to NodeGetVolumeHealth and
+    /// NodeGetStorageHealth.
     CsiProxy(csi_proxy::CsiProxyArgs),
     /// Moved to its own binary and image: `health-controller`.
     #[command(hide = true, disable_help_flag = true)]

@@ -5,10 +5,8 @@
 //! [`node_session`] is the kubelet's life of one volume on a node, as
 //! encoded requests: NodeGetInfo, NodeStageVolume, NodePublishVolume,
 //! NodeGetVolumeStats, NodeExpandVolume, NodeUnpublishVolume,
-//! NodeUnstageVolume, then two methods no driver knows. The request
-//! messages the project's own `csi.proto` leaves out are declared here with
-//! the field numbers of the CSI spec's `csi.proto`
-//! (container-storage-interface/spec, commit e981e2a).
+//! NodeUnstageVolume, then two methods no driver knows. The requests are
+//! the messages of the project's `csi.proto` ([`crate::proto`]).
 
 use std::collections::BTreeMap;
 use std::io;
@@ -22,6 +20,14 @@ use hyper::client::conn::http2::SendRequest;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use prost::Message;
 use tokio::net::UnixStream;
+
+use crate::proto::volume_capability::access_mode::Mode;
+use crate::proto::volume_capability::{AccessMode, AccessType, MountVolume};
+use crate::proto::{
+    CapacityRange, CreateVolumeRequest, CreateVolumeResponse, DeleteVolumeRequest,
+    NodeExpandVolumeRequest, NodePublishVolumeRequest, NodeStageVolumeRequest,
+    NodeUnpublishVolumeRequest, NodeUnstageVolumeRequest, VolumeCapability,
+};
 
 /// The authority grpc-go clients (the kubelet among them) send for unix
 /// socket targets.
@@ -294,7 +300,9 @@ pub fn node_session(v: &SessionVolume<'_>) -> Vec<SessionCall> {
 pub fn mount_capability() -> VolumeCapability {
     VolumeCapability {
         access_type: Some(AccessType::Mount(MountVolume::default())),
-        access_mode: Some(AccessMode { mode: 1 }),
+        access_mode: Some(AccessMode {
+            mode: Mode::SingleNodeWriter as i32,
+        }),
     }
 }
 
@@ -308,6 +316,7 @@ pub fn create_volume_request(name: &str, bytes: i64) -> Vec<u8> {
             limit_bytes: 0,
         }),
         volume_capabilities: vec![mount_capability()],
+        ..Default::default()
     }
     .encode_to_vec()
 }
@@ -324,126 +333,4 @@ pub fn delete_volume_request(volume_id: &str) -> Vec<u8> {
         volume_id: volume_id.to_string(),
     }
     .encode_to_vec()
-}
-
-#[derive(Clone, PartialEq, Message)]
-pub struct VolumeCapability {
-    #[prost(oneof = "AccessType", tags = "1, 2")]
-    pub access_type: Option<AccessType>,
-    #[prost(message, optional, tag = "3")]
-    pub access_mode: Option<AccessMode>,
-}
-
-#[derive(Clone, PartialEq, prost::Oneof)]
-pub enum AccessType {
-    #[prost(message, tag = "1")]
-    Block(BlockVolume),
-    #[prost(message, tag = "2")]
-    Mount(MountVolume),
-}
-
-#[derive(Clone, PartialEq, Message)]
-pub struct BlockVolume {}
-
-#[derive(Clone, PartialEq, Message)]
-pub struct MountVolume {
-    #[prost(string, tag = "1")]
-    pub fs_type: String,
-    #[prost(string, repeated, tag = "2")]
-    pub mount_flags: Vec<String>,
-}
-
-#[derive(Clone, PartialEq, Message)]
-pub struct AccessMode {
-    /// SINGLE_NODE_WRITER = 1.
-    #[prost(int32, tag = "1")]
-    pub mode: i32,
-}
-
-#[derive(Clone, PartialEq, Message)]
-pub struct CapacityRange {
-    #[prost(int64, tag = "1")]
-    pub required_bytes: i64,
-    #[prost(int64, tag = "2")]
-    pub limit_bytes: i64,
-}
-
-#[derive(Clone, PartialEq, Message)]
-pub struct NodeStageVolumeRequest {
-    #[prost(string, tag = "1")]
-    pub volume_id: String,
-    #[prost(map = "string, string", tag = "2")]
-    pub publish_context: std::collections::HashMap<String, String>,
-    #[prost(string, tag = "3")]
-    pub staging_target_path: String,
-    #[prost(message, optional, tag = "4")]
-    pub volume_capability: Option<VolumeCapability>,
-}
-
-#[derive(Clone, PartialEq, Message)]
-pub struct NodeUnstageVolumeRequest {
-    #[prost(string, tag = "1")]
-    pub volume_id: String,
-    #[prost(string, tag = "2")]
-    pub staging_target_path: String,
-}
-
-#[derive(Clone, PartialEq, Message)]
-pub struct NodePublishVolumeRequest {
-    #[prost(string, tag = "1")]
-    pub volume_id: String,
-    #[prost(map = "string, string", tag = "2")]
-    pub publish_context: std::collections::HashMap<String, String>,
-    #[prost(string, tag = "3")]
-    pub staging_target_path: String,
-    #[prost(string, tag = "4")]
-    pub target_path: String,
-    #[prost(message, optional, tag = "5")]
-    pub volume_capability: Option<VolumeCapability>,
-    #[prost(bool, tag = "6")]
-    pub readonly: bool,
-}
-
-#[derive(Clone, PartialEq, Message)]
-pub struct NodeUnpublishVolumeRequest {
-    #[prost(string, tag = "1")]
-    pub volume_id: String,
-    #[prost(string, tag = "2")]
-    pub target_path: String,
-}
-
-#[derive(Clone, PartialEq, Message)]
-pub struct NodeExpandVolumeRequest {
-    #[prost(string, tag = "1")]
-    pub volume_id: String,
-    #[prost(string, tag = "2")]
-    pub volume_path: String,
-    #[prost(message, optional, tag = "3")]
-    pub capacity_range: Option<CapacityRange>,
-    #[prost(string, tag = "4")]
-    pub staging_target_path: String,
-    #[prost(message, optional, tag = "5")]
-    pub volume_capability: Option<VolumeCapability>,
-}
-
-#[derive(Clone, PartialEq, Message)]
-pub struct CreateVolumeRequest {
-    #[prost(string, tag = "1")]
-    pub name: String,
-    #[prost(message, optional, tag = "2")]
-    pub capacity_range: Option<CapacityRange>,
-    #[prost(message, repeated, tag = "3")]
-    pub volume_capabilities: Vec<VolumeCapability>,
-}
-
-#[derive(Clone, PartialEq, Message)]
-pub struct CreateVolumeResponse {
-    #[prost(message, optional, tag = "1")]
-    pub volume: Option<crate::proto::Volume>,
-}
-
-#[derive(Clone, PartialEq, Message)]
-pub struct DeleteVolumeRequest {
-    #[prost(string, tag = "1")]
-    pub volume_id: String,
 }

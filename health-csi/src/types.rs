@@ -268,9 +268,7 @@ impl StorageHealthEntry {
         };
         let access_type = self.access_type.map(|a| match a {
             AccessType::Block => Wire::Block(BlockVolume {}),
-            AccessType::Mount => Wire::Mount(MountVolume {
-                fs_type: String::new(),
-            }),
+            AccessType::Mount => Wire::Mount(MountVolume::default()),
         });
         StorageBackendHealthWire {
             status: status as i32,
@@ -278,6 +276,7 @@ impl StorageHealthEntry {
             message: self.message.clone(),
             volume_capability: access_type.map(|a| proto::VolumeCapability {
                 access_type: Some(a),
+                access_mode: None,
             }),
         }
     }
@@ -524,7 +523,8 @@ mod tests {
             StorageHealthEntry::from_wire(wire(
                 2,
                 Some(proto::VolumeCapability {
-                    access_type: Some(Wire::Block(BlockVolume {}))
+                    access_type: Some(Wire::Block(BlockVolume {})),
+                    access_mode: None,
                 })
             )),
             StorageHealthEntry::new(StorageHealthStatus::StorageUnreachable, "R", "m")
@@ -537,11 +537,8 @@ mod tests {
         );
         // A capability without an access type restricts nothing.
         assert_eq!(
-            StorageHealthEntry::from_wire(wire(
-                2,
-                Some(proto::VolumeCapability { access_type: None })
-            ))
-            .access_type,
+            StorageHealthEntry::from_wire(wire(2, Some(proto::VolumeCapability::default())))
+                .access_type,
             None
         );
     }

@@ -1,4 +1,5 @@
-//! Where the proxy gets the node agent's conditions for a volume. The agent
+//! Where the proxy gets the node agent's conditions for a volume, and for a
+//! driver's storage on this node. The agent
 //! side (its socket and a client for it) lives in `health-node`; the proxy
 //! only knows this interface, so it builds and is tested without the agent.
 
@@ -28,5 +29,13 @@ pub trait Evidence: Send + Sync {
         &'a self,
         driver: Option<&'a str>,
         volume_id: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<AgentCondition>, BoxError>>;
+
+    /// What the agent found in the storage stack under the volumes of the
+    /// driver named `driver` on this node (`None`: every driver's): paths
+    /// down, a pool full, an array degraded. Empty: nothing adverse.
+    fn storage_conditions<'a>(
+        &'a self,
+        driver: Option<&'a str>,
     ) -> BoxFuture<'a, Result<Vec<AgentCondition>, BoxError>>;
 }

@@ -30,7 +30,10 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::UnixStream;
 use tokio::sync::watch;
 
-use super::{intercept, Shared, NODE_GET_CAPABILITIES, NODE_GET_VOLUME_HEALTH};
+use super::{
+    intercept, storage, Shared, NODE_GET_CAPABILITIES, NODE_GET_STORAGE_HEALTH,
+    NODE_GET_VOLUME_HEALTH,
+};
 
 /// What goes to the driver: the kubelet's body as it streams in, or bytes
 /// the proxy holds (a body it had to read, a call of its own).
@@ -242,6 +245,7 @@ async fn route(
     match request.uri().path() {
         NODE_GET_CAPABILITIES => intercept::node_capabilities(shared, upstream, request).await,
         NODE_GET_VOLUME_HEALTH => intercept::node_volume_health(shared, upstream, request).await,
+        NODE_GET_STORAGE_HEALTH => storage::node_storage_health(shared, upstream, request).await,
         _ => pass(upstream, request).await,
     }
 }

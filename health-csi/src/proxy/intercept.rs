@@ -1,6 +1,7 @@
-//! The two calls the proxy answers differently: NodeGetCapabilities gains
-//! GET_VOLUME_HEALTH, and NodeGetVolumeHealth merges the driver's entries
-//! with the agent's conditions.
+//! The calls the proxy answers differently: NodeGetCapabilities gains
+//! GET_VOLUME_HEALTH and GET_STORAGE_HEALTH, and NodeGetVolumeHealth merges
+//! the driver's entries with the agent's conditions (NodeGetStorageHealth:
+//! [`super::storage`]).
 //!
 //! Both touch only answers they understand: a driver error, a compressed or
 //! malformed message goes back exactly as the driver sent it, so what the
@@ -20,8 +21,8 @@ use crate::proto::node_service_capability::rpc::Type as NodeRpc;
 
 const GET_PLUGIN_INFO: &str = "/csi.v1.Identity/GetPluginInfo";
 
-/// The driver's NodeGetCapabilities answer, with GET_VOLUME_HEALTH appended
-/// when the driver does not advertise it.
+/// The driver's NodeGetCapabilities answer, with GET_VOLUME_HEALTH and
+/// GET_STORAGE_HEALTH appended where the driver does not advertise them.
 pub(super) async fn node_capabilities(
     shared: &Shared,
     upstream: &Upstream,
@@ -38,15 +39,22 @@ pub(super) async fn node_capabilities(
     let Some((message, decoded)) = message else {
         return Ok(Response::from_parts(head, held(body, trailers)));
     };
-    let advertised = advertises_volume_health(&decoded);
-    shared.learn_volume_health(advertised);
-    if advertised || !shared.config.add_capability {
+    let advertised = shared.learn_capabilities(&decoded);
+    let missing: Vec<NodeRpc> = [
+        (advertised.volume_health, NodeRpc::GetVolumeHealth),
+        (advertised.storage_health, NodeRpc::GetStorageHealth),
+    ]
+    .into_iter()
+    .filter(|(has, _)| !has)
+    .map(|(_, rpc)| rpc)
+    .collect();
+    if missing.is_empty() || !shared.config.add_capability {
         return Ok(Response::from_parts(head, held(body, trailers)));
     }
     // Protobuf merges a repeated field by concatenation: the driver's bytes
-    // followed by one more `capabilities` entry decode as its list plus ours.
+    // followed by more `capabilities` entries decode as its list plus ours.
     let mut changed = message.to_vec();
-    changed.extend_from_slice(&volume_health_capability());
+    changed.extend_from_slice(&capabilities(&missing));
     shared.count(|c| &c.capabilities_added);
     Ok(Response::from_parts(
         head,
@@ -78,6 +86,11 @@ pub(super) async fn node_volume_health(
     let driver_answers = volume_health_advertised(shared, upstream, &uri).await;
     let agent = agent_conditions(shared, upstream, &uri, &asked.volume_id);
     if !driver_answers {
+        // The call is the proxy's to answer, and CSI 1.13 requires a
+        // volume id (csi-sanity's NodeGetVolumeHealth spec checks it).
+        if asked.volume_id.is_empty() {
+            return Ok(own_error(INVALID_ARGUMENT, "volume_id is required"));
+        }
         let agent = agent.await;
         shared.count(|c| &c.health_answers);
         let answer = proto::NodeGetVolumeHealthResponse {
@@ -114,7 +127,7 @@ pub(super) async fn node_volume_health(
 
 /// The message of an answer with grpc-status OK, if it is one readable
 /// message.
-fn answered<'a>(
+pub(super) fn answered<'a>(
     headers: &HeaderMap,
     trailers: Option<&HeaderMap>,
     body: &'a [u8],
@@ -124,32 +137,53 @@ fn answered<'a>(
         .flatten()
 }
 
-fn advertises_volume_health(answer: &proto::NodeGetCapabilitiesResponse) -> bool {
+/// Whether a NodeGetCapabilities answer advertises `rpc`.
+pub(super) fn advertises(answer: &proto::NodeGetCapabilitiesResponse, rpc: NodeRpc) -> bool {
     use proto::node_service_capability::Type as Arm;
-    answer.capabilities.iter().any(|c| {
-        matches!(&c.r#type, Some(Arm::Rpc(rpc)) if rpc.r#type == NodeRpc::GetVolumeHealth as i32)
-    })
+    answer
+        .capabilities
+        .iter()
+        .any(|c| matches!(&c.r#type, Some(Arm::Rpc(r)) if r.r#type == rpc as i32))
 }
 
-/// One `capabilities` entry of NodeGetCapabilitiesResponse saying
-/// GET_VOLUME_HEALTH, encoded as a field of that message.
-fn volume_health_capability() -> Vec<u8> {
+/// `capabilities` entries of NodeGetCapabilitiesResponse saying `rpcs`,
+/// encoded as fields of that message.
+fn capabilities(rpcs: &[NodeRpc]) -> Vec<u8> {
     use proto::node_service_capability::{Rpc, Type as Arm};
     proto::NodeGetCapabilitiesResponse {
-        capabilities: vec![proto::NodeServiceCapability {
-            r#type: Some(Arm::Rpc(Rpc {
-                r#type: NodeRpc::GetVolumeHealth as i32,
-            })),
-        }],
+        capabilities: rpcs
+            .iter()
+            .map(|rpc| proto::NodeServiceCapability {
+                r#type: Some(Arm::Rpc(Rpc {
+                    r#type: *rpc as i32,
+                })),
+            })
+            .collect(),
     }
     .encode_to_vec()
 }
 
 /// An answer of the proxy's own: OK, with `message`.
-fn own_answer(message: &[u8]) -> Response<ToKubelet> {
+pub(super) fn own_answer(message: &[u8]) -> Response<ToKubelet> {
     let mut trailers = HeaderMap::new();
     trailers.insert(grpc::STATUS, HeaderValue::from_static("0"));
     let mut response = Response::new(held(grpc::frame(message), Some(trailers)));
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(grpc::CONTENT_TYPE));
+    response
+}
+
+/// gRPC's INVALID_ARGUMENT.
+const INVALID_ARGUMENT: u16 = 3;
+
+/// An error answer of the proxy's own: no message, the status and its
+/// text in trailers only, as gRPC servers answer a refused call.
+fn own_error(code: u16, message: &'static str) -> Response<ToKubelet> {
+    let mut trailers = HeaderMap::new();
+    trailers.insert(grpc::STATUS, HeaderValue::from(code));
+    trailers.insert("grpc-message", HeaderValue::from_static(message));
+    let mut response = Response::new(held(bytes::Bytes::new(), Some(trailers)));
     response
         .headers_mut()
         .insert(CONTENT_TYPE, HeaderValue::from_static(grpc::CONTENT_TYPE));
@@ -160,16 +194,12 @@ fn own_answer(message: &[u8]) -> Response<ToKubelet> {
 /// NodeGetCapabilities answer, else asked. A driver that cannot say is taken
 /// as not advertising it (the kubelet, asking the same, would not call).
 async fn volume_health_advertised(shared: &Shared, upstream: &Upstream, uri: &Uri) -> bool {
-    if let Some(known) = shared.known_volume_health() {
-        return known;
+    if let Some(known) = shared.known_capabilities() {
+        return known.volume_health;
     }
     match own_call::<proto::NodeGetCapabilitiesResponse>(upstream, uri, NODE_GET_CAPABILITIES).await
     {
-        Ok(answer) => {
-            let advertised = advertises_volume_health(&answer);
-            shared.learn_volume_health(advertised);
-            advertised
-        }
+        Ok(answer) => shared.learn_capabilities(&answer).volume_health,
         Err(e) => {
             tracing::warn!(error = %e, "answering NodeGetVolumeHealth without the driver");
             false
@@ -210,7 +240,7 @@ async fn agent_conditions(
 
 /// The driver's name (GetPluginInfo), asked once and kept; `None` while it
 /// cannot be had.
-async fn driver_name(shared: &Shared, upstream: &Upstream, uri: &Uri) -> Option<String> {
+pub(super) async fn driver_name(shared: &Shared, upstream: &Upstream, uri: &Uri) -> Option<String> {
     if let Some(name) = shared.driver_name() {
         return Some(name);
     }
@@ -229,7 +259,7 @@ async fn driver_name(shared: &Shared, upstream: &Upstream, uri: &Uri) -> Option<
 
 /// Why a call of the proxy's own to the driver gave no answer.
 #[derive(Debug, thiserror::Error)]
-enum OwnCallError {
+pub(super) enum OwnCallError {
     #[error("building the request for {path}")]
     Request {
         path: &'static str,
@@ -260,7 +290,7 @@ enum OwnCallError {
 /// A unary call with an empty request (all the proxy makes), on the
 /// kubelet's connection to the driver, with the scheme and authority the
 /// kubelet sent.
-async fn own_call<M: prost::Message + Default>(
+pub(super) async fn own_call<M: prost::Message + Default>(
     upstream: &Upstream,
     uri: &Uri,
     path: &'static str,

@@ -13,14 +13,19 @@
 //! connections one for one, and a driver that is down or goes away closes
 //! the kubelet's connection as its own socket would have ([`forward`]).
 //!
-//! Two methods are intercepted ([`intercept`]):
+//! Three methods are intercepted ([`intercept`], [`storage`]):
 //! - `Node/NodeGetCapabilities`: the driver's answer, with `GET_VOLUME_HEALTH`
-//!   appended when it lacks it (protobuf merges a repeated field by
-//!   concatenation, so the driver's bytes stay as they are);
+//!   and `GET_STORAGE_HEALTH` appended where it lacks them (protobuf merges
+//!   a repeated field by concatenation, so the driver's bytes stay as they
+//!   are);
 //! - `Node/NodeGetVolumeHealth`: the driver's own entries, when it advertises
 //!   the capability, merged with the agent's conditions for that volume
 //!   ([`merge`]: the Kubernetes 1.37 limits). Without the capability the
-//!   driver is not asked, as the kubelet would not ask it.
+//!   driver is not asked, as the kubelet would not ask it;
+//! - `Node/NodeGetStorageHealth`: likewise, the driver's backend entries
+//!   merged with what the agent found in the storage stack under this
+//!   driver's volumes on the node (the kubelet's
+//!   `CSINode.status.storageHealth`).
 //!
 //! The agent's conditions come through [`Evidence`] (the agent's local socket
 //! in `health-node`). Fail-open: an agent that does not answer in time costs
@@ -32,6 +37,7 @@ mod grpc;
 mod intercept;
 mod merge;
 mod outage;
+mod storage;
 
 use std::future::Future;
 use std::io;
@@ -50,6 +56,7 @@ use outage::Outage;
 /// The kubelet's gRPC method paths the proxy answers differently.
 pub const NODE_GET_CAPABILITIES: &str = "/csi.v1.Node/NodeGetCapabilities";
 pub const NODE_GET_VOLUME_HEALTH: &str = "/csi.v1.Node/NodeGetVolumeHealth";
+pub const NODE_GET_STORAGE_HEALTH: &str = "/csi.v1.Node/NodeGetStorageHealth";
 
 /// Default bound on one question to the agent: far below the kubelet's own
 /// call timeout, so a stuck agent delays an answer by at most this.
@@ -66,11 +73,12 @@ pub struct ProxyConfig {
     pub driver_socket: PathBuf,
     /// Bound on one question to the agent.
     pub agent_timeout: Duration,
-    /// Add GET_VOLUME_HEALTH to the driver's NodeGetCapabilities answer
-    /// when it lacks it: what makes the kubelet ask NodeGetVolumeHealth at
-    /// all. Off, NodeGetCapabilities passes as the driver answers, for
-    /// conformance runs of a csi-sanity built before CSI 1.13, which fails
-    /// on any capability it does not know.
+    /// Add GET_VOLUME_HEALTH and GET_STORAGE_HEALTH to the driver's
+    /// NodeGetCapabilities answer where it lacks them: what makes the
+    /// kubelet ask NodeGetVolumeHealth and NodeGetStorageHealth at all. Off,
+    /// NodeGetCapabilities passes as the driver answers, for conformance
+    /// runs of a csi-sanity built before CSI 1.13, which fails on any
+    /// capability it does not know.
     pub add_capability: bool,
 }
 
@@ -82,10 +90,12 @@ pub struct ProxyStats {
     /// Client connections closed at once because the driver's socket did
     /// not accept a connection.
     pub driver_unreachable: u64,
-    /// NodeGetCapabilities answers the proxy added GET_VOLUME_HEALTH to.
+    /// NodeGetCapabilities answers the proxy added capabilities to.
     pub capabilities_added: u64,
     /// NodeGetVolumeHealth answers the proxy merged or made.
     pub health_answers: u64,
+    /// NodeGetStorageHealth answers the proxy merged or made.
+    pub storage_answers: u64,
     /// Of those, answers without the agent's entries because the agent did
     /// not answer (down, slow, or refusing).
     pub agent_unavailable: u64,
@@ -103,7 +113,15 @@ struct Counters {
     driver_unreachable: AtomicU64,
     capabilities_added: AtomicU64,
     health_answers: AtomicU64,
+    storage_answers: AtomicU64,
     agent_unavailable: AtomicU64,
+}
+
+/// The health calls a driver's NodeGetCapabilities advertises.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Advertised {
+    volume_health: bool,
+    storage_health: bool,
 }
 
 /// What the driver said about itself, as far as the proxy needs it.
@@ -111,8 +129,8 @@ struct Counters {
 struct DriverFacts {
     /// GetPluginInfo's name: the agent keys volumes by driver and handle.
     name: Option<String>,
-    /// Whether it advertises GET_VOLUME_HEALTH, and when that was learnt.
-    volume_health: Option<(bool, Instant)>,
+    /// The health calls it advertises, and when that was learnt.
+    capabilities: Option<(Advertised, Instant)>,
 }
 
 struct Shared {
@@ -146,6 +164,7 @@ impl Proxy {
             driver_unreachable: load(&c.driver_unreachable),
             capabilities_added: load(&c.capabilities_added),
             health_answers: load(&c.health_answers),
+            storage_answers: load(&c.storage_answers),
             agent_unavailable: load(&c.agent_unavailable),
         }
     }
@@ -197,19 +216,25 @@ impl Shared {
         counter(&self.counters).fetch_add(1, Ordering::Relaxed);
     }
 
-    /// What the driver advertised about GET_VOLUME_HEALTH, if learnt
-    /// recently enough.
-    fn known_volume_health(&self) -> Option<bool> {
+    /// The health calls the driver advertised, if learnt recently enough.
+    fn known_capabilities(&self) -> Option<Advertised> {
         let facts = self.facts.lock().unwrap_or_else(|p| p.into_inner());
         facts
-            .volume_health
+            .capabilities
             .filter(|(_, at)| at.elapsed() < CAPABILITY_TTL)
             .map(|(advertised, _)| advertised)
     }
 
-    fn learn_volume_health(&self, advertised: bool) {
+    /// Keeps what a NodeGetCapabilities answer of the driver advertises.
+    fn learn_capabilities(&self, answer: &crate::proto::NodeGetCapabilitiesResponse) -> Advertised {
+        use crate::proto::node_service_capability::rpc::Type as NodeRpc;
+        let advertised = Advertised {
+            volume_health: intercept::advertises(answer, NodeRpc::GetVolumeHealth),
+            storage_health: intercept::advertises(answer, NodeRpc::GetStorageHealth),
+        };
         let mut facts = self.facts.lock().unwrap_or_else(|p| p.into_inner());
-        facts.volume_health = Some((advertised, Instant::now()));
+        facts.capabilities = Some((advertised, Instant::now()));
+        advertised
     }
 
     fn driver_name(&self) -> Option<String> {

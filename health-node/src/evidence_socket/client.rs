@@ -14,7 +14,7 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper_util::rt::TokioIo;
 use tokio::net::UnixStream;
 
-use super::{Answer, Question, PATH};
+use super::{Answer, Question, StorageQuestion, PATH, STORAGE_PATH};
 
 /// An answer is at most a few dozen conditions.
 const MAX_ANSWER: usize = 1 << 20;
@@ -60,6 +60,19 @@ impl AgentSocket {
 
     /// The agent's answer for one volume.
     pub async fn ask(&self, question: &Question) -> Result<Answer, AskError> {
+        self.exchange(PATH, question).await
+    }
+
+    /// The agent's answer for one driver's storage.
+    pub async fn ask_storage(&self, question: &StorageQuestion) -> Result<Answer, AskError> {
+        self.exchange(STORAGE_PATH, question).await
+    }
+
+    async fn exchange(
+        &self,
+        path: &'static str,
+        question: &impl serde::Serialize,
+    ) -> Result<Answer, AskError> {
         let stream =
             UnixStream::connect(&self.socket)
                 .await
@@ -78,7 +91,7 @@ impl AgentSocket {
         let body = serde_json::to_vec(question).map_err(AskError::Encode)?;
         let request = Request::builder()
             .method(Method::POST)
-            .uri(PATH)
+            .uri(path)
             .header(HOST, "localhost")
             .header(CONTENT_TYPE, "application/json")
             .body(Full::new(Bytes::from(body)))
@@ -113,17 +126,32 @@ impl Evidence for AgentSocket {
                 driver: driver.map(str::to_string),
                 volume_handle: volume_id.to_string(),
             };
-            let answer = self.ask(&question).await?;
-            Ok(answer
-                .conditions
-                .into_iter()
-                .map(|c| AgentCondition {
-                    status: c.status,
-                    reason: c.reason,
-                    message: c.message,
-                    source: c.source,
-                })
-                .collect())
+            Ok(agent_conditions(self.ask(&question).await?))
         })
     }
+
+    fn storage_conditions<'a>(
+        &'a self,
+        driver: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<Vec<AgentCondition>, BoxError>> {
+        Box::pin(async move {
+            let question = StorageQuestion {
+                driver: driver.map(str::to_string),
+            };
+            Ok(agent_conditions(self.ask_storage(&question).await?))
+        })
+    }
+}
+
+fn agent_conditions(answer: Answer) -> Vec<AgentCondition> {
+    answer
+        .conditions
+        .into_iter()
+        .map(|c| AgentCondition {
+            status: c.status,
+            reason: c.reason,
+            message: c.message,
+            source: c.source,
+        })
+        .collect()
 }

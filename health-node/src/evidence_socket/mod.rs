@@ -17,8 +17,15 @@
 //! answer, and echoing it would count it twice. [`server`] answers from the
 //! board; [`client`] is the proxy's side.
 //!
+//! The board also keeps, per driver, what the stack check found under its
+//! volumes (paths down, a pool full, an array degraded, an NVMe critical
+//! warning): the node's state of that driver's storage, which the proxy
+//! answers the kubelet's NodeGetStorageHealth with (and so
+//! `CSINode.status.storageHealth`).
+//!
 //! The protocol is HTTP/1.1 with JSON, so that `curl --unix-socket` can ask
-//! it too: `POST /v1/volume-conditions` with [`Question`], answered with
+//! it too: `POST /v1/volume-conditions` with [`Question`], and `POST
+//! /v1/storage-conditions` with [`StorageQuestion`], each answered with
 //! [`Answer`].
 
 mod client;
@@ -40,8 +47,10 @@ pub use server::{bind_fresh, serve, ServeError, Served};
 use crate::report::Reporter;
 use crate::volumes::{Handled, LiveVolumes, VolumeIndex, VolumeKey};
 
-/// The one path the socket answers.
+/// Where the proxy asks about one volume.
 pub const PATH: &str = "/v1/volume-conditions";
+/// Where the proxy asks about a driver's storage on this node.
+pub const STORAGE_PATH: &str = "/v1/storage-conditions";
 
 /// Where the agent serves it and the proxy asks, unless told otherwise: a
 /// host directory both pods mount (deploy/components/csi-proxy).
@@ -57,8 +66,16 @@ pub struct Question {
     pub volume_handle: String,
 }
 
-/// The agent's conditions of that volume, worst first; empty when it knows
-/// nothing adverse (or does not know the volume).
+/// What the proxy asks for NodeGetStorageHealth: one driver's storage.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StorageQuestion {
+    /// The driver's name; `None`: every driver's storage on this node.
+    pub driver: Option<String>,
+}
+
+/// The agent's conditions of that volume (or that storage), worst first;
+/// empty when it knows nothing adverse (or does not know the volume).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Answer {
     pub conditions: Vec<AnsweredCondition>,
@@ -75,12 +92,15 @@ pub struct AnsweredCondition {
 
 /// (driver, volume handle) → the agent's conditions of that volume.
 type ByVolume = BTreeMap<(String, String), Vec<AnsweredCondition>>;
+/// driver → what the stack check found under its volumes on this node.
+type ByDriver = BTreeMap<String, Vec<AnsweredCondition>>;
 
-/// The agent's current conditions per (driver, volume handle). Cheap to
-/// clone; clones share one state.
+/// The agent's current conditions per (driver, volume handle), and per
+/// driver its storage's. Cheap to clone; clones share one state.
 #[derive(Clone, Debug, Default)]
 pub struct Board {
     volumes: Arc<RwLock<ByVolume>>,
+    storage: Arc<RwLock<ByDriver>>,
 }
 
 impl Board {
@@ -97,6 +117,20 @@ impl Board {
             .flat_map(|(_, conditions)| conditions.iter().cloned());
         Answer {
             conditions: union(found),
+        }
+    }
+
+    /// The stack findings under `question`'s driver's volumes (every
+    /// driver's when it is not named): one entry per distinct finding,
+    /// worst first.
+    pub fn answer_storage(&self, question: &StorageQuestion) -> Answer {
+        let storage = self.storage.read().unwrap_or_else(|p| p.into_inner());
+        let found = storage
+            .iter()
+            .filter(|(driver, _)| question.driver.as_ref().is_none_or(|d| d == *driver))
+            .flat_map(|(_, conditions)| conditions.iter().cloned());
+        Answer {
+            conditions: distinct(found),
         }
     }
 
@@ -123,11 +157,20 @@ impl Board {
         volumes: impl IntoIterator<Item = (Option<&'a str>, Option<&'a str>, Vec<Condition>)>,
     ) {
         let mut by_volume = ByVolume::new();
+        let mut by_driver = ByDriver::new();
         for (driver, handle, conditions) in volumes {
             let (Some(driver), Some(handle)) = (driver, handle) else {
                 continue;
             };
-            let found = conditions.into_iter().filter(is_agents_own).map(answered);
+            let found: Vec<AnsweredCondition> = conditions
+                .into_iter()
+                .filter(is_agents_own)
+                .map(answered)
+                .collect();
+            by_driver
+                .entry(driver.to_string())
+                .or_default()
+                .extend(found.iter().filter(|c| c.source == STACK_SOURCE).cloned());
             by_volume
                 .entry((driver.to_string(), handle.to_string()))
                 .or_default()
@@ -137,7 +180,12 @@ impl Board {
         for conditions in by_volume.values_mut() {
             *conditions = union(std::mem::take(conditions));
         }
+        by_driver.retain(|_, conditions| !conditions.is_empty());
+        for conditions in by_driver.values_mut() {
+            *conditions = distinct(std::mem::take(conditions));
+        }
         *self.volumes.write().unwrap_or_else(|p| p.into_inner()) = by_volume;
+        *self.storage.write().unwrap_or_else(|p| p.into_inner()) = by_driver;
     }
 }
 
@@ -154,6 +202,19 @@ fn answered(c: Condition) -> AnsweredCondition {
         reason: c.reason,
         message: c.message,
     }
+}
+
+/// The source of what the stack check finds (`check/stack`): the node's
+/// state of a driver's storage.
+const STACK_SOURCE: &str = "check/stack";
+
+/// One condition per finding (status, reason and message): two volumes on
+/// one multipath map say it once, two maps each say theirs; worst first.
+fn distinct(conditions: impl IntoIterator<Item = AnsweredCondition>) -> Vec<AnsweredCondition> {
+    let mut out: Vec<AnsweredCondition> = conditions.into_iter().collect();
+    out.sort_by(|a, b| (a.status, &a.reason, &a.message).cmp(&(b.status, &b.reason, &b.message)));
+    out.dedup_by(|a, b| (a.status, &a.reason, &a.message) == (b.status, &b.reason, &b.message));
+    out
 }
 
 /// One condition per (status, reason), the first one met; worst first.
@@ -394,6 +455,79 @@ mod tests {
         // A later round replaces the board whole.
         b.set([(Some("d.csi"), Some("vol-1"), Vec::new())]);
         assert!(b.volumes.read().unwrap().is_empty());
+    }
+
+    #[test]
+    fn the_board_keeps_each_drivers_stack_findings_once() {
+        use health_core::conditions::CheckKind;
+        let stack = |status, reason: &str, message: &str| Condition {
+            message: message.into(),
+            ..condition(Source::Check(CheckKind::Stack), status, reason)
+        };
+        let b = Board::default();
+        // Two volumes on one multipath map, a third on another, and a
+        // driver whose volumes' stacks are fine.
+        b.set([
+            (
+                Some("d.csi"),
+                Some("vol-1"),
+                vec![
+                    stack(Status::Degraded, "PathsDown", "dm-3: 1 of 2 paths down"),
+                    condition(Source::Kernel, Status::DataLoss, "BlockIOErrors"),
+                ],
+            ),
+            (
+                Some("d.csi"),
+                Some("vol-2"),
+                vec![stack(
+                    Status::Degraded,
+                    "PathsDown",
+                    "dm-3: 1 of 2 paths down",
+                )],
+            ),
+            (
+                Some("d.csi"),
+                Some("vol-3"),
+                vec![stack(
+                    Status::Inaccessible,
+                    "AllPathsDown",
+                    "dm-5: no path up",
+                )],
+            ),
+            (
+                Some("e.csi"),
+                Some("vol-9"),
+                vec![condition(Source::Kernel, Status::DataLoss, "BlockIOErrors")],
+            ),
+        ]);
+        let own = |status, reason: &str, message: &str| AnsweredCondition {
+            status,
+            reason: reason.into(),
+            message: message.into(),
+            source: "check/stack".into(),
+        };
+        let d = b.answer_storage(&StorageQuestion {
+            driver: Some("d.csi".into()),
+        });
+        assert_eq!(
+            d.conditions,
+            [
+                own(Status::Inaccessible, "AllPathsDown", "dm-5: no path up"),
+                own(Status::Degraded, "PathsDown", "dm-3: 1 of 2 paths down"),
+            ]
+        );
+        let e = b.answer_storage(&StorageQuestion {
+            driver: Some("e.csi".into()),
+        });
+        assert_eq!(e, Answer::default());
+        let all = b.answer_storage(&StorageQuestion { driver: None });
+        assert_eq!(all, d);
+        // Repaired: the next round says nothing.
+        b.set([(Some("d.csi"), Some("vol-3"), Vec::new())]);
+        assert_eq!(
+            b.answer_storage(&StorageQuestion { driver: None }),
+            Answer::default()
+        );
     }
 
     #[test]

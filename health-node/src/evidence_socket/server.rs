@@ -1,5 +1,6 @@
-//! The agent's side: HTTP/1.1 on a unix socket, one route, answered from
-//! the [`Board`] without waiting on anything. Bounded like the metrics
+//! The agent's side: HTTP/1.1 on a unix socket, two routes (a volume's
+//! conditions, a driver's storage), answered from the [`Board`] without
+//! waiting on anything. Bounded like the metrics
 //! endpoint: a few connections at once, headers within a timeout, a small
 //! request body.
 
@@ -22,7 +23,7 @@ use tokio::net::UnixListener;
 use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 
-use super::{Board, Question, PATH};
+use super::{Answer, Board, Question, StorageQuestion, PATH, STORAGE_PATH};
 
 /// Connections served at once: one proxy per CSI driver on the node asks.
 const MAX_CONNECTIONS: usize = 32;
@@ -169,12 +170,16 @@ async fn answer(
     board: Board,
     request: Request<Incoming>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
-    if request.uri().path() != PATH {
-        return Ok(text(
-            StatusCode::NOT_FOUND,
-            format!("only {PATH} is served\n"),
-        ));
-    }
+    let storage = match request.uri().path() {
+        PATH => false,
+        STORAGE_PATH => true,
+        _ => {
+            return Ok(text(
+                StatusCode::NOT_FOUND,
+                format!("only {PATH} and {STORAGE_PATH} are served\n"),
+            ))
+        }
+    };
     if request.method() != Method::POST {
         let mut response = text(StatusCode::METHOD_NOT_ALLOWED, "POST only\n".into());
         response
@@ -194,8 +199,12 @@ async fn answer(
             ))
         }
     };
-    let question: Question = match serde_json::from_slice(&body) {
-        Ok(q) => q,
+    let answer: Result<Answer, serde_json::Error> = match storage {
+        false => serde_json::from_slice::<Question>(&body).map(|q| board.answer(&q)),
+        true => serde_json::from_slice::<StorageQuestion>(&body).map(|q| board.answer_storage(&q)),
+    };
+    let answer = match answer {
+        Ok(answer) => answer,
         Err(e) => {
             return Ok(text(
                 StatusCode::BAD_REQUEST,
@@ -203,7 +212,6 @@ async fn answer(
             ))
         }
     };
-    let answer = board.answer(&question);
     let json = match serde_json::to_vec(&answer) {
         Ok(json) => json,
         Err(e) => {
@@ -327,13 +335,73 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn the_proxy_gets_the_stack_findings_under_a_drivers_volumes() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("conditions.sock");
+        let served = serve(&path).await.unwrap();
+        served.board().set([
+            (
+                Some("d.csi"),
+                Some("vol-1"),
+                vec![
+                    condition(
+                        Source::Check(CheckKind::Stack),
+                        Status::Degraded,
+                        "PathsDown",
+                        "dm-3 (mpatha): 1 of 2 paths down",
+                    ),
+                    condition(
+                        Source::Kernel,
+                        Status::DataLoss,
+                        "BlockIOErrors",
+                        "3 errors",
+                    ),
+                ],
+            ),
+            (
+                Some("other.csi"),
+                Some("vol-2"),
+                vec![condition(
+                    Source::Check(CheckKind::Stack),
+                    Status::Inaccessible,
+                    "ArrayFailed",
+                    "md0 failed",
+                )],
+            ),
+        ]);
+        let agent = AgentSocket::new(&path);
+        assert_eq!(
+            agent.storage_conditions(Some("d.csi")).await.unwrap(),
+            [AgentCondition {
+                status: Status::Degraded,
+                reason: "PathsDown".into(),
+                message: "dm-3 (mpatha): 1 of 2 paths down".into(),
+                source: "check/stack".into(),
+            }]
+        );
+        assert_eq!(agent.storage_conditions(None).await.unwrap().len(), 2);
+        assert_eq!(agent.storage_conditions(Some("x.csi")).await.unwrap(), []);
+        assert_eq!(
+            raw(&path, Method::POST, STORAGE_PATH, r#"{"driver":"other.csi"}"#).await,
+            (
+                200,
+                r#"{"conditions":[{"status":"Inaccessible","reason":"ArrayFailed","message":"md0 failed","source":"check/stack"}]}"#
+                    .to_string()
+            )
+        );
+    }
+
+    #[tokio::test]
     async fn anything_but_a_question_is_refused_with_a_reason() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("conditions.sock");
         let _served = serve(&path).await.unwrap();
         assert_eq!(
             raw(&path, Method::POST, "/elsewhere", "").await,
-            (404, "only /v1/volume-conditions is served\n".to_string())
+            (
+                404,
+                "only /v1/volume-conditions and /v1/storage-conditions are served\n".to_string()
+            )
         );
         assert_eq!(
             raw(&path, Method::GET, PATH, "").await,

@@ -2,11 +2,14 @@
 //! calls directly and through the proxy give the same bytes, except the two
 //! answers the proxy exists to change, which are asserted entry by entry.
 //!
-//! `pass_through`: every call but the two passes as the driver answers it,
+//! `pass_through`: every call but those passes as the driver answers it,
 //! and a driver that goes away takes the connection with it; `volume_health`:
-//! NodeGetCapabilities' addition decides and NodeGetVolumeHealth merges.
+//! NodeGetCapabilities' addition decides and NodeGetVolumeHealth merges;
+//! `storage_health`: NodeGetStorageHealth merges the driver's backends with
+//! the agent's stack findings.
 
 mod pass_through;
+mod storage_health;
 mod volume_health;
 
 use std::path::{Path, PathBuf};
@@ -38,10 +41,13 @@ enum AgentMode {
     Hang,
 }
 
-/// The agent as the proxy sees it, with every question it was asked.
+/// The agent as the proxy sees it, with every question it was asked. Its
+/// mode answers both questions: a volume's, and (the same conditions) a
+/// driver's storage.
 struct FakeAgent {
     mode: Mutex<AgentMode>,
     asked: Mutex<Vec<(Option<String>, String)>>,
+    asked_storage: Mutex<Vec<Option<String>>>,
 }
 
 impl FakeAgent {
@@ -49,11 +55,27 @@ impl FakeAgent {
         Arc::new(FakeAgent {
             mode: Mutex::new(mode),
             asked: Mutex::new(Vec::new()),
+            asked_storage: Mutex::new(Vec::new()),
         })
     }
 
     fn asked(&self) -> Vec<(Option<String>, String)> {
         self.asked.lock().unwrap().clone()
+    }
+
+    fn asked_storage(&self) -> Vec<Option<String>> {
+        self.asked_storage.lock().unwrap().clone()
+    }
+
+    fn answer(&self) -> BoxFuture<'static, Result<Vec<AgentCondition>, BoxError>> {
+        let mode = self.mode.lock().unwrap().clone();
+        Box::pin(async move {
+            match mode {
+                AgentMode::Answer(c) => Ok(c),
+                AgentMode::Fail => Err("connection refused".into()),
+                AgentMode::Hang => std::future::pending().await,
+            }
+        })
     }
 }
 
@@ -67,14 +89,18 @@ impl Evidence for FakeAgent {
             .lock()
             .unwrap()
             .push((driver.map(str::to_string), volume_id.to_string()));
-        let mode = self.mode.lock().unwrap().clone();
-        Box::pin(async move {
-            match mode {
-                AgentMode::Answer(c) => Ok(c),
-                AgentMode::Fail => Err("connection refused".into()),
-                AgentMode::Hang => std::future::pending().await,
-            }
-        })
+        self.answer()
+    }
+
+    fn storage_conditions<'a>(
+        &'a self,
+        driver: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<Vec<AgentCondition>, BoxError>> {
+        self.asked_storage
+            .lock()
+            .unwrap()
+            .push(driver.map(str::to_string));
+        self.answer()
     }
 }
 

@@ -205,9 +205,10 @@ async fn node_capabilities_gain_get_volume_health_after_the_drivers_own_bytes() 
     .await;
     let proxied = call(&client(&proxy.socket).await, NODE_GET_CAPABILITIES, &[]).await;
     // Field 1 (capabilities), 4 bytes: field 1 (rpc), 2 bytes: field 1
-    // (type) = 7, GET_VOLUME_HEALTH.
+    // (type) = 7, GET_VOLUME_HEALTH; then the same with 8,
+    // GET_STORAGE_HEALTH.
     let mut expected = direct.message().unwrap().to_vec();
-    expected.extend_from_slice(b"\x0a\x04\x0a\x02\x08\x07");
+    expected.extend_from_slice(b"\x0a\x04\x0a\x02\x08\x07\x0a\x04\x0a\x02\x08\x08");
     assert_eq!(proxied.body, frame(&expected));
     assert_eq!(
         (&proxied.headers, &proxied.trailers),
@@ -220,11 +221,12 @@ async fn node_capabilities_gain_get_volume_health_after_the_drivers_own_bytes() 
             Type::GetVolumeStats as i32,
             Type::VolumeCondition as i32,
             Type::GetVolumeHealth as i32,
+            Type::GetStorageHealth as i32,
         ]
     );
     assert_eq!(proxy.proxy.stats().capabilities_added, 1);
 
-    // A driver that advertises it already gets its answer back unchanged.
+    // A driver that advertises both already gets its answer back unchanged.
     driver.set_mode(DriverMode::Modern);
     let direct = call(
         &client(driver.socket_path()).await,

@@ -128,6 +128,14 @@ async fn a_driver_without_the_capability_is_not_asked_and_the_agent_answers() {
     assert_eq!(answer.headers["content-type"], ["application/grpc"]);
     assert_eq!(driver.calls(Rpc::NodeGetVolumeHealth), 0);
     assert_eq!(driver.calls(Rpc::NodeGetCapabilities), 1);
+
+    // Answering it itself, the proxy refuses what the spec refuses.
+    let refused = call(&kubelet, NODE_GET_VOLUME_HEALTH, &health_request("")).await;
+    assert_eq!(
+        (refused.grpc_status(), refused.grpc_message()),
+        (Some("3"), Some("volume_id is required"))
+    );
+    assert_eq!(refused.message(), None);
 }
 
 #[tokio::test]
