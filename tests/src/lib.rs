@@ -35,11 +35,12 @@ pub mod audit;
 pub mod bpffs;
 pub mod cmd;
 pub mod controller;
+/// The project's CSI driver (loop devices over stretches of files) and its client.
+pub mod csi_driver;
 pub mod devices;
 pub mod envtest;
 pub mod faultdisk;
 pub mod fs;
-pub mod hostpath;
 pub mod hung_fuse;
 pub mod iscsi;
 pub mod k8s_tools;

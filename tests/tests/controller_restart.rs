@@ -1,6 +1,6 @@
 //! One story across a controller restart (issue 28, item 5), tried as a
-//! user would: the real csi-driver-host-path v1.18 as the controller's
-//! driver (a volume is abnormal while its directory is gone), the real
+//! user would: the project's CSI driver (`csi-loop-driver`) as the
+//! controller's driver (a volume is abnormal while its file is gone), the real
 //! kube-apiserver under the shipped controller RBAC
 //! ([`health_tests::controller`]), a cycle every 2 s. A leader is SIGKILLed
 //! in the middle of an episode and a new process takes the Lease over.
@@ -14,11 +14,11 @@
 //! measured delays are printed.
 //!
 //! Needs `HEALTH_K8S_ASSETS` (see the harness), the controller binary
-//! (`HEALTH_CONTROLLER_BIN` or the release build) and `hostpathplugin`
-//! ([`hostpath`]); no root.
+//! (`HEALTH_CONTROLLER_BIN` or the release build); the driver is cargo's
+//! build ([`loop_driver`]); no root.
 
-#[path = "controller/hostpath.rs"]
-mod hostpath;
+#[path = "controller/loop_driver.rs"]
+mod loop_driver;
 #[path = "controller/timeline.rs"]
 mod timeline;
 
@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context, Result};
 use health_tests::controller::{wait_for, ControllerEnv, ControllerProcess, Replica};
-use hostpath::HostPath;
+use loop_driver::LoopDriver;
 use serde_json::Value;
 use timeline::{PvcEvent, Snapshot, Timeline};
 
@@ -36,8 +36,13 @@ const PV: &str = "pv-data";
 const INTERVAL_SECS: u32 = 2;
 const REASON: &str = "VolumeConditionAbnormal";
 const CLEARED: &str = "VolumeConditionAbnormalCleared";
-/// What the driver says of a volume whose directory is gone.
-const ABNORMAL: &str = "The source path of the volume doesn't exist";
+/// What the driver says of volume `id` while its file is gone.
+fn abnormal(driver: &LoopDriver, id: &str) -> String {
+    format!(
+        "the volume's backing file {} is gone",
+        driver.volume_file(id).display()
+    )
+}
 /// Generous for a busy 2-core machine: a cycle is due every 2 s, and a
 /// recovery takes two of them.
 const SOON: Duration = Duration::from_secs(30);
@@ -47,25 +52,19 @@ async fn a_sigkilled_leaders_successor_tells_the_same_story_in_events_object_and
     let Some(env) = ControllerEnv::start().await else {
         return;
     };
-    let bin = match hostpath::binary() {
-        Ok(bin) => bin,
-        Err(why) => return hostpath::missing(&why),
-    };
     let dir = tempfile::tempdir().expect("a temporary directory");
-    let driver = HostPath::start(&bin, dir.path())
-        .await
-        .expect("starting hostpathplugin");
+    let driver = LoopDriver::start(dir.path()).expect("starting csi-loop-driver");
     let result = story(&env, &driver).await;
     if result.is_err() {
-        eprintln!("----- hostpathplugin -----\n{}", driver.log());
+        eprintln!("----- csi-loop-driver -----\n{}", driver.log());
     }
     env.check(result);
 }
 
-async fn story(env: &ControllerEnv, driver: &HostPath) -> Result<()> {
+async fn story(env: &ControllerEnv, driver: &LoopDriver) -> Result<()> {
     let id = driver.create_volume("pvc-data", 1 << 20).await?;
-    env.claim(PVC, PV, hostpath::DRIVER, &id).await?;
-    let lease = health_controller::default_lease_name(hostpath::DRIVER);
+    env.claim(PVC, PV, loop_driver::DRIVER, &id).await?;
+    let lease = health_controller::default_lease_name(loop_driver::DRIVER);
     let replica = |name: &str| Replica::new(name, driver.socket()).monitor_interval(INTERVAL_SECS);
     let a = env.controller(replica("ctl-a"))?;
     env.wait_holder(&lease, "ctl-a", SOON).await?;
@@ -161,7 +160,11 @@ async fn story(env: &ControllerEnv, driver: &HostPath) -> Result<()> {
         normal2.name == normal.name
             && normal2.reason == CLEARED
             && normal2.instance == "ctl-b"
-            && normal2.message == format!("PV {PV}: Degraded {REASON} cleared; it was: {ABNORMAL}"),
+            && normal2.message
+                == format!(
+                    "PV {PV}: Degraded {REASON} cleared; it was: {}",
+                    abnormal(driver, &id)
+                ),
         "the continued recovery Event: {normal2:#?}"
     );
     // When it is there, the object says so.
@@ -178,11 +181,11 @@ async fn story(env: &ControllerEnv, driver: &HostPath) -> Result<()> {
     no_errors("ctl-b", &stop(b)?)
 }
 
-/// The volume's directory goes: the `n`th Warning, as the driver words it,
+/// The volume's file goes: the `n`th Warning, as the driver words it,
 /// then the object and the label. Returns the Warning and how long after
 /// the change it was seen.
 async fn open_episode(
-    driver: &HostPath,
+    driver: &LoopDriver,
     id: &str,
     timeline: &Timeline,
     n: usize,
@@ -202,7 +205,7 @@ async fn open_episode(
     ensure!(
         warning.reason == REASON
             && warning.count == 1
-            && warning.message == format!("PV {PV}: Degraded {REASON}: {ABNORMAL}"),
+            && warning.message == format!("PV {PV}: Degraded {REASON}: {}", abnormal(driver, id)),
         "{warning:#?}"
     );
     timeline
@@ -213,10 +216,10 @@ async fn open_episode(
     Ok((warning, warned.at.duration_since(broke)))
 }
 
-/// The directory comes back: the `n`th recovery told. Returns the state
+/// The file comes back: the `n`th recovery told. Returns the state
 /// that first told it and what was measured.
 async fn close_episode(
-    driver: &HostPath,
+    driver: &LoopDriver,
     id: &str,
     timeline: &Timeline,
     n: i32,
@@ -233,7 +236,7 @@ async fn close_episode(
 /// Delays from a change of the volume to what the user sees.
 #[derive(Debug)]
 struct Measured {
-    /// The directory back → the recovery Event seen.
+    /// The file back → the recovery Event seen.
     recovered: Duration,
     /// The recovery Event seen → the object and the label first seen
     /// healthy, in seconds (negative: they were first).
@@ -312,7 +315,7 @@ fn episode_start(s: &Snapshot) -> Result<[&str; 3]> {
     ensure!(condition["status"] == "True", "not True: {condition:#}");
     let entry = &s.status("sources")[0];
     ensure!(
-        entry["name"] == "CSIDriver" && entry["driver"] == hostpath::DRIVER,
+        entry["name"] == "CSIDriver" && entry["driver"] == loop_driver::DRIVER,
         "{entry:#}"
     );
     Ok([
@@ -328,7 +331,7 @@ fn text(v: &Value) -> &str {
 
 /// Waits until the driver has answered `n` more ListVolumes calls: the
 /// leader's cycles, counted where they happen.
-async fn cycles(driver: &HostPath, n: usize) -> Result<()> {
+async fn cycles(driver: &LoopDriver, n: usize) -> Result<()> {
     let target = driver.calls("ListVolumes") + n;
     wait_for(&format!("{n} more ListVolumes calls"), SOON, || async {
         Ok((driver.calls("ListVolumes") >= target).then_some(()))

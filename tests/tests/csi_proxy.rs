@@ -1,20 +1,18 @@
-//! `health-agent csi-proxy` in front of the real csi-driver-host-path
-//! (hostpathplugin v1.18.0): the kubelet's session for a volume gives the
-//! same answers, byte for byte, directly and through the proxy; upstream's
-//! conformance suite csi-sanity gives the same result for every spec; the
+//! `health-agent csi-proxy` in front of the project's own CSI driver
+//! (`csi-loop-driver`, cargo's build): the kubelet's session for a volume
+//! gives the same answers, byte for byte, directly and through the proxy;
+//! the conformance suite csi-sanity (v5.6.0, CSI 1.13) gives the result it
+//! gives directly for every spec, but where the proxy answers itself; the
 //! merged NodeGetVolumeHealth comes from the agent's real conditions
 //! socket; and the agent or the driver going away is what it would be.
 //!
-//! Binaries: `$HEALTH_CSI_ASSETS/{hostpathplugin,csi-sanity}`, else
-//! `shared/csi/bin` beside the checkout (../shared/csi/README.md); a
-//! missing one fails the test. Root: hostpathplugin bind-mounts published
-//! volumes. Everything lives on a tmpfs of the test's own, so the volume
-//! statistics the driver reports (statfs of that tmpfs) are the same for
-//! both replays.
+//! csi-sanity is `$HEALTH_CSI_ASSETS/csi-sanity` (`cargo xtask test` builds
+//! it); missing, the test fails. Root: the driver attaches loop devices and
+//! mounts. Everything lives on a tmpfs of the test's own.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -28,30 +26,24 @@ use health_csi::replay::{
     RawAnswer, RawClient, ReplayError, SessionVolume,
 };
 use health_node::evidence_socket::{self, AgentSocket, Served};
+use health_tests::csi_driver::client::DriverProcess;
+use health_tests::csi_driver::DEFAULT_DRIVER_NAME as DRIVER;
 use health_tests::Mount;
 use prost::Message;
 use serde_json::Value;
 use tokio::task::JoinHandle;
 
-const DRIVER: &str = "hostpath.csi.k8s.io";
 const CREATE_VOLUME: &str = "/csi.v1.Controller/CreateVolume";
 const DELETE_VOLUME: &str = "/csi.v1.Controller/DeleteVolume";
+const BIN: &str = env!("CARGO_BIN_EXE_csi-loop-driver");
 
-/// A binary of `$HEALTH_CSI_ASSETS` (as tests/controller/hostpath.rs
-/// finds hostpathplugin), else of `shared/csi/bin` beside the checkout or
-/// above it.
-fn csi_bin(name: &str) -> PathBuf {
-    let dir = match std::env::var_os("HEALTH_CSI_ASSETS") {
-        Some(dir) => PathBuf::from(dir),
-        None => Path::new(env!("CARGO_MANIFEST_DIR"))
-            .ancestors()
-            .map(|d| d.join("shared/csi/bin"))
-            .find(|d| d.join(name).is_file())
-            .unwrap_or_else(|| {
-                panic!("{name} not found: set HEALTH_CSI_ASSETS to a directory holding hostpathplugin and csi-sanity (../shared/csi/README.md)")
-            }),
-    };
-    let bin = dir.join(name);
+/// csi-sanity, from `$HEALTH_CSI_ASSETS` (where `cargo xtask test` puts
+/// the build of its pinned version).
+fn csi_sanity() -> PathBuf {
+    let dir = std::env::var_os("HEALTH_CSI_ASSETS").unwrap_or_else(|| {
+        panic!("HEALTH_CSI_ASSETS is unset: it names the directory holding csi-sanity v5.6.0 (cargo xtask test sets it)")
+    });
+    let bin = Path::new(&dir).join("csi-sanity");
     assert!(
         bin.is_file(),
         "{} is missing (HEALTH_CSI_ASSETS)",
@@ -60,62 +52,10 @@ fn csi_bin(name: &str) -> PathBuf {
     bin
 }
 
-/// hostpathplugin serving Identity, Controller and Node on `dir/csi.sock`,
+/// The driver serving Identity, Controller and Node on `dir/csi.sock`,
 /// its state in `dir/state`; killed on drop.
-struct Hostpath {
-    child: Child,
-    socket: PathBuf,
-    log: PathBuf,
-}
-
-impl Hostpath {
-    fn start(dir: &Path) -> Hostpath {
-        let socket = dir.join("csi.sock");
-        let log = dir.join("hostpath.log");
-        let out = std::fs::File::create(&log).unwrap();
-        let child = Command::new(csi_bin("hostpathplugin"))
-            .arg(format!("--endpoint=unix://{}", socket.display()))
-            .arg("--nodeid=node1")
-            .arg(format!("--drivername={DRIVER}"))
-            .arg(format!("--statedir={}", dir.join("state").display()))
-            .stdout(out.try_clone().unwrap())
-            .stderr(out)
-            .spawn()
-            .unwrap();
-        let mut driver = Hostpath { child, socket, log };
-        driver.wait_for_socket();
-        driver
-    }
-
-    fn wait_for_socket(&mut self) {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !self.socket.exists() {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                panic!("hostpathplugin exited ({status}): {}", self.log_text());
-            }
-            assert!(
-                Instant::now() < deadline,
-                "hostpathplugin did not listen within 10 s: {}",
-                self.log_text()
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-
-    fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Hostpath {
-    fn drop(&mut self) {
-        self.kill();
-    }
+fn start_driver(dir: &Path, args: &[&str]) -> DriverProcess {
+    DriverProcess::start(Path::new(BIN), dir, "node1", args).unwrap_or_else(|e| panic!("{e:#}"))
 }
 
 /// The proxy, in this process, on `socket`.
@@ -179,21 +119,21 @@ fn tmpfs() -> Mount {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn hostpath_answers_a_kubelet_session_the_same_through_the_proxy() {
+async fn the_driver_answers_a_kubelet_session_the_same_through_the_proxy() {
     let fs = tmpfs();
     let root = fs.path();
-    let mut driver = Hostpath::start(root);
+    let mut driver = start_driver(&root.join("driver"), &[]);
     let agent_socket = root.join("run/conditions.sock");
     let agent: Served = evidence_socket::serve(&agent_socket).await.unwrap();
     let proxy = start_proxy(
         &root.join("proxy/csi.sock"),
-        &driver.socket,
+        driver.socket(),
         &agent_socket,
         true,
     );
 
     let created = call(
-        &driver.socket,
+        driver.socket(),
         CREATE_VOLUME,
         &create_volume_request("proxy-session", 64 << 20),
     )
@@ -219,7 +159,7 @@ async fn hostpath_answers_a_kubelet_session_the_same_through_the_proxy() {
     // each leaves the driver as it found it.
     let mut direct = Vec::new();
     for c in &session {
-        direct.push(call(&driver.socket, &c.path, &c.message).await);
+        direct.push(call(driver.socket(), &c.path, &c.message).await);
     }
     let mut proxied = Vec::new();
     for c in &session {
@@ -240,7 +180,8 @@ async fn hostpath_answers_a_kubelet_session_the_same_through_the_proxy() {
             ("NodeStageVolume", Some("0")),
             ("NodePublishVolume", Some("0")),
             ("NodeGetVolumeStats", Some("0")),
-            ("NodeExpandVolume", Some("0")),
+            // Not served (no EXPAND_VOLUME): the generated stub's answer.
+            ("NodeExpandVolume", Some("12")),
             ("NodeUnpublishVolume", Some("0")),
             ("NodeUnstageVolume", Some("0")),
             ("unknown method", Some("12")),
@@ -251,31 +192,28 @@ async fn hostpath_answers_a_kubelet_session_the_same_through_the_proxy() {
     assert_eq!(info.node_id, "node1");
     let stats = proto::NodeGetVolumeStatsResponse::decode(proxied[3].message().unwrap()).unwrap();
     assert_eq!(stats.usage.len(), 2, "{stats:?}");
-    // hostpathplugin looks for the mount under /var/lib/kubelet/pods only
-    // (../shared/notes/csi-health.md): a quirk of the driver, carried as is.
     assert_eq!(
         stats.volume_condition,
         Some(proto::VolumeCondition {
-            abnormal: true,
-            message: "The volume isn't mounted".to_string()
+            abnormal: false,
+            message: "healthy".to_string()
         })
     );
+    // tonic answers an unknown method or service UNIMPLEMENTED without a
+    // message; the proxy passes exactly that.
     assert_eq!(
-        proxied[7].grpc_message(),
-        Some("unknown method NodeFrobnicateVolume for service csi.v1.Node")
-    );
-    assert_eq!(
-        proxied[8].grpc_message(),
-        Some("unknown service csi.v1.Unknown")
+        (proxied[7].grpc_message(), proxied[8].grpc_message()),
+        (None, None)
     );
 
-    // hostpathplugin speaks the legacy health only: the proxy adds
-    // GET_VOLUME_HEALTH after its bytes, and answers NodeGetVolumeHealth
-    // from the agent without asking it.
-    let caps = call(&driver.socket, NODE_GET_CAPABILITIES, &[]).await;
+    // The driver speaks the legacy health only (without --volume-health):
+    // the proxy adds GET_VOLUME_HEALTH and GET_STORAGE_HEALTH after its
+    // bytes, and answers NodeGetVolumeHealth from the agent without asking
+    // it.
+    let caps = call(driver.socket(), NODE_GET_CAPABILITIES, &[]).await;
     let caps_proxied = call(&proxy.socket, NODE_GET_CAPABILITIES, &[]).await;
     let mut expected = caps.message().unwrap().to_vec();
-    expected.extend_from_slice(b"\x0a\x04\x0a\x02\x08\x07");
+    expected.extend_from_slice(b"\x0a\x04\x0a\x02\x08\x07\x0a\x04\x0a\x02\x08\x08");
     assert_eq!(caps_proxied.body, frame(&expected));
     assert_eq!(caps_proxied.trailers, caps.trailers);
 
@@ -324,7 +262,7 @@ async fn hostpath_answers_a_kubelet_session_the_same_through_the_proxy() {
     );
     // The driver itself does not know the call.
     assert_eq!(
-        call(&driver.socket, NODE_GET_VOLUME_HEALTH, &asked)
+        call(driver.socket(), NODE_GET_VOLUME_HEALTH, &asked)
             .await
             .grpc_status(),
         Some("12")
@@ -341,12 +279,13 @@ async fn hostpath_answers_a_kubelet_session_the_same_through_the_proxy() {
             driver_unreachable: 0,
             capabilities_added: 1,
             health_answers: 2,
+            storage_answers: 0,
             agent_unavailable: 1,
         }
     );
 
     let deleted = call(
-        &driver.socket,
+        driver.socket(),
         DELETE_VOLUME,
         &delete_volume_request(&volume_id),
     )
@@ -370,7 +309,7 @@ async fn hostpath_answers_a_kubelet_session_the_same_through_the_proxy() {
         &kubelet.call("/csi.v1.Node/NodeGetInfo", &[]).await
     ));
     assert!(matches!(
-        RawClient::connect(&driver.socket).await,
+        RawClient::connect(driver.socket()).await,
         Err(ReplayError::Connect { .. })
     ));
     assert!(closed_unanswered(&proxy.socket).await);
@@ -425,11 +364,14 @@ type Specs = BTreeMap<String, (String, String)>;
 async fn sanity(endpoint: &Path, dir: &Path) -> Specs {
     std::fs::create_dir_all(dir).unwrap();
     let report = dir.join("report.json");
-    let mut command = Command::new(csi_bin("csi-sanity"));
+    let mut command = Command::new(csi_sanity());
     command
         .arg(format!("--csi.endpoint={}", endpoint.display()))
         .arg(format!("--csi.mountdir={}", dir.join("mount").display()))
         .arg(format!("--csi.stagingdir={}", dir.join("stage").display()))
+        // 64 MiB volumes (the default is 10 GiB): ext4 is made on each
+        // staged one, in the test's tmpfs.
+        .arg(format!("--csi.testvolumesize={}", 64 << 20))
         .arg("--ginkgo.no-color")
         .arg(format!("--ginkgo.json-report={}", report.display()))
         .stdout(Stdio::piped())
@@ -473,62 +415,105 @@ fn counts(specs: &Specs) -> BTreeMap<&str, usize> {
     out
 }
 
+/// Each spec whose outcome in `run` is not its outcome in `base` (or that
+/// did not run in `base`), with that outcome.
+fn differences(base: &Specs, run: &Specs) -> Specs {
+    run.iter()
+        .filter(|(name, a)| base.get(*name) != Some(*a))
+        .map(|(name, a)| (name.clone(), a.clone()))
+        .collect()
+}
+
+fn spec(state: &str, failure: &str) -> (String, String) {
+    (state.to_string(), failure.to_string())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn csi_sanity_through_the_proxy_matches_it_directly() {
     let fs = tmpfs();
     let root = fs.path();
-    let driver = Hostpath::start(root);
+    let driver = start_driver(&root.join("driver"), &[]);
     let agent_socket = root.join("run/conditions.sock");
     let _agent = evidence_socket::serve(&agent_socket).await.unwrap();
     let keeping = start_proxy(
         &root.join("keep/csi.sock"),
-        &driver.socket,
+        driver.socket(),
         &agent_socket,
         false,
     );
     let adding = start_proxy(
         &root.join("add/csi.sock"),
-        &driver.socket,
+        driver.socket(),
         &agent_socket,
         true,
     );
 
-    let direct = sanity(&driver.socket, &root.join("sanity-direct")).await;
+    let started = Instant::now();
+    let direct = sanity(driver.socket(), &root.join("sanity-direct")).await;
+    eprintln!(
+        "csi-sanity against the driver: {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    // Every spec the driver's capabilities enable passes; the others are
+    // skipped by csi-sanity itself (snapshots, publish, expansion,
+    // capacity, modification, group snapshots, CSI 1.13 health).
     assert_eq!(
         counts(&direct),
-        BTreeMap::from([("passed", 77), ("pending", 1), ("skipped", 18)]),
+        BTreeMap::from([("passed", 40), ("pending", 1), ("skipped", 62)]),
         "{direct:#?}"
     );
-    // Passing NodeGetCapabilities as the driver answers it: every spec
-    // as directly.
+    // Passing NodeGetCapabilities as the driver answers it: every spec as
+    // directly.
     let kept = sanity(&keeping.socket, &root.join("sanity-keep")).await;
     assert_eq!(kept, direct);
-    // Adding GET_VOLUME_HEALTH: this csi-sanity predates CSI 1.13 and fails
-    // any capability it does not know (node.go: "Unknown capability"), as
-    // it would for a driver advertising it itself; every other spec as
-    // directly.
+    // Adding GET_VOLUME_HEALTH and GET_STORAGE_HEALTH: csi-sanity v5.6.0
+    // knows CSI 1.13, so their specs run, against the proxy's own answers
+    // (the driver serves neither), and pass; every other spec as directly.
     let added = sanity(&adding.socket, &root.join("sanity-add")).await;
-    // Each spec whose outcome through the proxy is not its outcome directly
-    // (or that did not run directly), with that outcome.
-    let differ: Specs = added
-        .iter()
-        .filter(|(name, a)| direct.get(*name) != Some(*a))
-        .map(|(name, a)| (name.clone(), a.clone()))
-        .collect();
+    let node_health = [
+        "Node Service / NodeGetStorageHealth / should return appropriate response",
+        "Node Service / NodeGetVolumeHealth / should fail when no volume id is provided",
+        "Node Service / NodeGetVolumeHealth / should return health for a valid volume",
+    ];
+    let passed = |names: &[&str]| -> Specs {
+        names
+            .iter()
+            .map(|n| (n.to_string(), spec("passed", "")))
+            .collect()
+    };
+    assert_eq!(differences(&direct, &added), passed(&node_health));
     assert_eq!(added.len(), direct.len());
-    let capabilities_spec =
-        "Node Service / NodeGetCapabilities / should return appropriate capabilities";
-    assert_eq!(
-        differ,
-        Specs::from([(
-            capabilities_spec.to_string(),
-            ("failed".to_string(), "Unknown capability: 7\n".to_string())
-        )])
-    );
-    assert_eq!(
-        direct[capabilities_spec],
-        ("passed".to_string(), String::new())
-    );
     assert_eq!(keeping.proxy.stats().capabilities_added, 0);
     assert!(adding.proxy.stats().capabilities_added > 0);
+
+    // The driver serving CSI 1.13's health itself (`--volume-health`):
+    // its five specs pass directly, and through a proxy that adds only the
+    // storage health it lacks, that spec too.
+    let modern = start_driver(&root.join("modern"), &["--volume-health"]);
+    let fronting = start_proxy(
+        &root.join("front/csi.sock"),
+        modern.socket(),
+        &agent_socket,
+        true,
+    );
+    let modern_direct = sanity(modern.socket(), &root.join("sanity-modern")).await;
+    assert_eq!(
+        differences(&direct, &modern_direct),
+        passed(&[
+            "ControllerGetVolumeHealth [Controller Server] / should fail when no volume id is provided",
+            "ControllerGetVolumeHealth [Controller Server] / should return health for a valid volume",
+            "ControllerListVolumeHealth [Controller Server] / should return appropriate response",
+            node_health[1],
+            node_health[2],
+        ])
+    );
+    let modern_added = sanity(&fronting.socket, &root.join("sanity-front")).await;
+    assert_eq!(
+        differences(&modern_direct, &modern_added),
+        passed(&node_health[..1])
+    );
+    assert_eq!(
+        counts(&modern_added),
+        BTreeMap::from([("passed", 46), ("pending", 1), ("skipped", 56)])
+    );
 }
