@@ -53,27 +53,21 @@ pub struct Images {
 }
 
 /// The storage part of `cluster.json` (lab/src/cluster/storage/): the fault
-/// disk, the CSI driver over it, and the PVs.
+/// disk, the project's CSI driver over it behind `health-agent csi-proxy`,
+/// and the PVs.
 #[derive(Clone, Debug, Deserialize)]
 pub struct Storage {
     /// The faultdisk server's control socket.
     pub control_socket: PathBuf,
-    /// The disk image every loop device of the storage reads and writes.
+    /// The disk image every volume's loop device reads and writes.
     pub image: PathBuf,
-    /// The CSI driver's state directory, on its own filesystem of the disk.
-    pub csi_data: Filesystem,
     pub driver: String,
+    /// The driver's own socket.
     pub csi_socket: PathBuf,
+    /// The proxy's socket, which the kubelet calls.
+    pub proxy_socket: PathBuf,
     pub storage_class: String,
     pub volumes: Vec<Volume>,
-}
-
-/// A filesystem on a loop device over a stretch of the disk image.
-#[derive(Clone, Debug, Deserialize)]
-pub struct Filesystem {
-    pub device: PathBuf,
-    pub maj_min: String,
-    pub mount: PathBuf,
 }
 
 /// A PV and what backs it.
@@ -83,12 +77,17 @@ pub struct Volume {
     pub volume_handle: String,
     /// `Filesystem` or `Block`.
     pub mode: String,
-    /// The driver's path for it: the directory it bind-mounts
-    /// (Filesystem), or the file behind its loop device (Block).
-    pub path: PathBuf,
-    /// The device that holds its data.
+    /// The loop device over its stretch of the image.
     pub device: PathBuf,
     pub maj_min: String,
+    pub region: Region,
+}
+
+/// A stretch of the disk image.
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+pub struct Region {
+    pub offset: u64,
+    pub bytes: u64,
 }
 
 impl Description {

@@ -1,8 +1,9 @@
 //! The product installed as users install it, on a real node: the
 //! single-node cluster `cargo xtask cluster up` runs on this machine
-//! (kubelet, containerd, runc, the real csi-driver-host-path registered with
-//! the kubelet through node-driver-registrar, PVs on a fault disk), the
-//! agent's image as `cargo xtask image` builds it and the shipped names.
+//! (Kubernetes 1.37 with its volume health on: kubelet, containerd, runc,
+//! the project's CSI driver registered with the kubelet through
+//! `health-agent csi-proxy`, PVs on a fault disk), the agent's image as
+//! `cargo xtask image` builds it and the shipped names.
 //!
 //! - `kustomize_manifests_...`: `kubectl apply -k deploy/` as it ships;
 //!   the DaemonSet pod Ready through its own probes, the metrics served;
@@ -18,6 +19,11 @@
 //!   go on with the episode's count); the recovery; a raw block volume
 //!   whose reads fail (attributed to its pod and PVC, naming the device);
 //!   the README's "See an Event" step (a volume filled, then freed).
+//! - `kubernetes_volume_health_...`: Kubernetes 1.37's `pod.status.volumeHealth`
+//!   (through `health-agent csi-proxy`, which the driver registered with the
+//!   kubelet), `pvc.status.healthStatus` (health-controller) and
+//!   `CSINode.status.storageHealth`, raised by one failed write and cleared
+//!   after the quiet window (kubelet_e2e/volume_health.rs).
 //! - `memlock_capability_...`: the chart with `memlockCapability=true` runs
 //!   where the runtime can grant CAP_SYS_RESOURCE, and where it cannot (this
 //!   project's VMs) never starts, runc's refusal reported by the kubelet.
@@ -40,6 +46,8 @@ mod csi;
 mod episode;
 #[path = "kubelet_e2e/reports.rs"]
 mod reports;
+#[path = "kubelet_e2e/volume_health.rs"]
+mod volume_health;
 #[path = "kubelet_e2e/workload.rs"]
 mod workload;
 
@@ -230,6 +238,39 @@ fn helm_chart_reports_a_shared_claim_across_a_restart_and_the_driver_and_a_block
     workload::delete_namespace(cluster)?;
     agent::remove(cluster)?;
     // Leave the PVs as the cluster made them: Available.
+    for volume in &cluster.info.storage()?.volumes {
+        workload::free_pv(cluster, &volume.pv)?;
+    }
+    Ok(())
+}
+
+#[test]
+fn kubernetes_volume_health_reaches_the_pod_the_claim_and_the_node() -> Result<()> {
+    let _one = one_at_a_time();
+    let e2e = E2e::open()?;
+    let cluster = &e2e.cluster;
+    agent::remove(cluster)?;
+    workload::fresh_namespace(cluster)?;
+    let values = tempfile::tempdir()?;
+    let pod = step("helm install with csiProxy and controller", || {
+        agent::install_chart_with(
+            cluster,
+            values.path(),
+            &["csiProxy.enabled=true", "controller.enabled=true"],
+        )?;
+        agent::wait_ready(cluster, None, Duration::from_secs(90))
+    })?;
+    let name = pod.metadata.name.clone().context("a pod name")?;
+    let result = step("Kubernetes 1.37's volume health", || {
+        volume_health::scenario(&e2e)
+    });
+    if let Err(e) = &result {
+        eprintln!("{}", agent::logs(cluster, &name));
+        eprintln!("left installed for a look: {e:#}");
+        return result;
+    }
+    workload::delete_namespace(cluster)?;
+    agent::remove(cluster)?;
     for volume in &cluster.info.storage()?.volumes {
         workload::free_pv(cluster, &volume.pv)?;
     }

@@ -1,12 +1,11 @@
 //! `health-agent csi-proxy`: the latency it adds to a kubelet's CSI call.
 //!
-//! Two drivers: the real csi-driver-host-path (hostpathplugin, from
-//! HEALTH_CSI_ASSETS or `shared/csi/bin` beside the checkout; Go, whose
-//! collector and goroutine start-ups give its answers a tail of their own)
-//! and the project's test driver (Rust, served on a thread of this process,
-//! like a driver without such a tail); the release agent's `csi-proxy` in
-//! front of each as its own process, and the agent's conditions socket
-//! served here. Each call is made alternately directly and through the
+//! Two drivers: the lab cluster's CSI driver (`csi-loop-driver`, its own
+//! process, as the kubelet meets it) and the project's in-process test
+//! driver (served on a thread of this process, no process boundary between
+//! the benchmark and the driver); the release agent's `csi-proxy` in front
+//! of each as its own process, and the agent's conditions socket served
+//! here. Each call is made alternately directly and through the
 //! proxy (so that drift on the machine hits both alike), on one connection
 //! reused and on a new connection per call (what the kubelet does); the
 //! added latency is the proxied percentile minus the direct one.
@@ -25,7 +24,7 @@ use health_csi::proto;
 use health_csi::replay::RawClient;
 use health_csi::testing::{DriverMode, TestDriver};
 use health_node::evidence_socket;
-use xtask::util::{say, workspace_root};
+use xtask::util::say;
 
 use super::stats::Summary;
 use super::Tools;
@@ -37,7 +36,7 @@ pub struct Config {
 
 /// Calls before measuring: connections, caches and the allocator warm up.
 const WARMUP: u32 = 200;
-const DRIVER: &str = "hostpath.csi.k8s.io";
+const DRIVER: &str = "loop.csi.volume-health.io";
 const VOLUME: &str = "bench-volume";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -48,7 +47,7 @@ enum Connection {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum DriverKind {
-    Hostpath,
+    LoopDriver,
     TestDriver,
 }
 
@@ -64,21 +63,6 @@ struct Row {
 pub struct ProxyResult {
     calls: u32,
     rows: Vec<Row>,
-}
-
-/// hostpathplugin, from HEALTH_CSI_ASSETS or beside the checkout.
-fn hostpathplugin() -> Result<PathBuf> {
-    let found = match std::env::var_os("HEALTH_CSI_ASSETS") {
-        Some(dir) => Some(Path::new(&dir).join("hostpathplugin")),
-        None => workspace_root()
-            .ancestors()
-            .map(|d| d.join("shared/csi/bin/hostpathplugin"))
-            .find(|p| p.is_file()),
-    };
-    match found {
-        Some(p) if p.is_file() => Ok(p),
-        _ => bail!("no hostpathplugin: set HEALTH_CSI_ASSETS to a directory holding it (../shared/csi/README.md)"),
-    }
 }
 
 /// A child process killed on drop.
@@ -110,7 +94,7 @@ fn wait_for(socket: &Path, child: &mut Child, what: &str) -> Result<()> {
 
 pub fn run(tools: &Tools, cfg: &Config) -> Result<ProxyResult> {
     let mut rows = Vec::new();
-    for driver in [DriverKind::Hostpath, DriverKind::TestDriver] {
+    for driver in [DriverKind::LoopDriver, DriverKind::TestDriver] {
         rows.extend(run_with(tools, cfg, driver)?);
     }
     Ok(ProxyResult {
@@ -119,7 +103,7 @@ pub fn run(tools: &Tools, cfg: &Config) -> Result<ProxyResult> {
     })
 }
 
-/// A driver serving `socket` until dropped: hostpathplugin as a child
+/// A driver serving `socket` until dropped: csi-loop-driver as a child
 /// process, or the test driver on a thread and runtime of its own.
 enum Driver {
     /// Killed when dropped.
@@ -134,19 +118,20 @@ impl Driver {
     fn start(kind: DriverKind, dir: &Path) -> Result<Driver> {
         let socket = dir.join("csi.sock");
         match kind {
-            DriverKind::Hostpath => {
+            DriverKind::LoopDriver => {
+                let bin = xtask::build::release_test_binary("csi-loop-driver")?;
                 let mut child = Proc(
-                    Command::new(hostpathplugin()?)
+                    Command::new(&bin)
                         .arg(format!("--endpoint=unix://{}", socket.display()))
-                        .arg("--nodeid=bench")
-                        .arg(format!("--drivername={DRIVER}"))
-                        .arg(format!("--statedir={}", dir.join("state").display()))
+                        .arg("--node-id=bench")
+                        .arg("--state-dir")
+                        .arg(dir.join("state"))
                         .stdout(Stdio::null())
                         .stderr(Stdio::null())
                         .spawn()
-                        .context("starting hostpathplugin")?,
+                        .with_context(|| format!("starting {}", bin.display()))?,
                 );
-                wait_for(&socket, &mut child.0, "hostpathplugin")?;
+                wait_for(&socket, &mut child.0, "csi-loop-driver")?;
                 Ok(Driver::Process { _child: child })
             }
             DriverKind::TestDriver => {
@@ -386,7 +371,7 @@ impl ProxyResult {
                 None => ("—".into(), "—".into(), "—".into(), "—".into()),
             };
             let driver = match r.driver {
-                DriverKind::Hostpath => "hostpathplugin",
+                DriverKind::LoopDriver => "csi-loop-driver",
                 DriverKind::TestDriver => "test driver",
             };
             out.push_str(&format!(
@@ -395,9 +380,9 @@ impl ProxyResult {
             ));
         }
         out.push_str(&format!(
-            "\nWorst added p99: {:.0} µs (goal ≤ 1000 µs). NodeGetVolumeHealth has no direct figure: hostpathplugin has no such call, \
+            "\nWorst added p99: {:.0} µs (goal ≤ 1000 µs). NodeGetVolumeHealth has no direct figure: neither driver advertises it here, \
              and the proxy answers it after asking the agent's socket (a new HTTP/1.1 connection per question); \
-             the test driver has it but is not asked, as it does not advertise it (mode LegacyOnly).\n",
+             (csi-loop-driver runs without --volume-health, the test driver in mode LegacyOnly).\n",
             self.worst_added_p99()
         ));
         out

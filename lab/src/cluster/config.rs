@@ -101,7 +101,12 @@ pub(super) fn write_all(state: &State, net: &Network, _assets: &Assets) -> anyho
     )?;
     write(
         &kubelet_config(state),
-        &render_kubelet(net.node_ip, &ca, &state.path("kubelet/volume-plugins")),
+        &render_kubelet(
+            net.node_ip,
+            &ca,
+            &state.path("kubelet/volume-plugins"),
+            &containerd_socket(state),
+        ),
     )?;
     std::fs::create_dir_all(state.path("kubelet/volume-plugins"))?;
     Ok(())
@@ -207,10 +212,22 @@ current-context: volume-health
 }
 
 /// The KubeletConfiguration (see the module's comment for why each setting).
-pub(super) fn render_kubelet(node_ip: Ipv4Addr, client_ca: &Path, plugin_dir: &Path) -> String {
+pub(super) fn render_kubelet(
+    node_ip: Ipv4Addr,
+    client_ca: &Path,
+    plugin_dir: &Path,
+    runtime_socket: &Path,
+) -> String {
     format!(
         r#"apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
+containerRuntimeEndpoint: "unix://{runtime}"
+# This machine kind mounts cgroup v1; from 1.35 the kubelet refuses it unless told.
+failCgroupV1: false
+# How often the kubelet asks the CSI drivers for volume and storage health
+# (CSIVolumeHealth) and volume statistics: the default minute, shortened so
+# that the end-to-end suite sees a condition come and go within seconds.
+volumeStatsAggPeriod: "{VOLUME_STATS_PERIOD}"
 address: "{node_ip}"
 port: {KUBELET_PORT}
 readOnlyPort: 0
@@ -242,8 +259,12 @@ imageGCLowThresholdPercent: 98
 "#,
         ca = client_ca.display(),
         plugins = plugin_dir.display(),
+        runtime = runtime_socket.display(),
     )
 }
+
+/// The kubelet's `volumeStatsAggPeriod`.
+pub(super) const VOLUME_STATS_PERIOD: &str = "5s";
 
 #[cfg(test)]
 mod tests {
@@ -300,8 +321,12 @@ mod tests {
             Ipv4Addr::new(192, 0, 2, 2),
             Path::new("/s/pki/ca.crt"),
             Path::new("/s/kubelet/volume-plugins"),
+            Path::new("/s/containerd/containerd.sock"),
         );
         for line in [
+            "containerRuntimeEndpoint: \"unix:///s/containerd/containerd.sock\"",
+            "failCgroupV1: false",
+            "volumeStatsAggPeriod: \"5s\"",
             "address: \"192.0.2.2\"",
             "port: 10250",
             "readOnlyPort: 0",

@@ -1,15 +1,17 @@
 //! etcd, kube-apiserver, kube-controller-manager and kube-scheduler: each
 //! started when it does not run, and waited for.
 //!
-//! The API server is set up as ../shared/k8s/envtest.sh does (static
-//! tokens, Node and RBAC authorization, ServiceAccount keys), plus what a
-//! node needs: its serving certificate from the cluster's CA, a client
-//! certificate towards the kubelet, and InternalIP first so `kubectl
-//! logs/exec` reach the kubelet. The controller-manager runs every
-//! controller except those that need a cloud or a pod CIDR allocator
-//! (nodeipam; the bridge's host-local range is fixed), and no `service`
-//! (load balancers) or `route` controller; it signs ServiceAccount tokens
-//! and publishes the CA (kube-root-ca.crt) that pods verify the API server
+//! The API server is set up as the tests' real server is
+//! (tests/src/envtest.rs: static tokens, Node and RBAC authorization,
+//! ServiceAccount keys), plus what a node needs: its serving certificate
+//! from the cluster's CA, a client certificate towards the kubelet, and
+//! InternalIP first so `kubectl logs/exec` reach the kubelet. Kubernetes'
+//! volume health (`pvc.status.healthStatus`, `pod.status.volumeHealth`,
+//! `CSINode.status.storageHealth`) is on: the `CSIVolumeHealth` gate on the
+//! API server and the kubelet ([`FEATURE_GATES`]). The controller-manager
+//! runs every controller except the pod CIDR allocator (nodeipam; the
+//! bridge's host-local range is fixed); it signs ServiceAccount tokens and
+//! publishes the CA (kube-root-ca.crt) that pods verify the API server
 //! with.
 
 use std::net::TcpStream;
@@ -24,31 +26,35 @@ use super::config::{Network, SERVICE_CIDR};
 use super::{api, daemon, pki, State};
 use super::{APISERVER_PORT, ETCD_PEER_PORT, ETCD_PORT, KCM_PORT, SCHEDULER_PORT};
 
-/// Where the Kubernetes binaries are.
+/// Where the Kubernetes binaries are: the project's build of
+/// `xtask::components::KUBERNETES` (xtask builds it before it runs the lab
+/// and names it in `HEALTH_K8S_ASSETS`), or a user's own there.
 pub(super) struct Assets {
     pub bin: PathBuf,
 }
+
+/// The feature gates of the API server and the kubelet: Kubernetes'
+/// volume health, alpha in 1.37 and off by default.
+pub(super) const FEATURE_GATES: &str = "--feature-gates=CSIVolumeHealth=true";
 
 const BINARIES: &[&str] = &[
     "kube-apiserver",
     "kube-controller-manager",
     "kube-scheduler",
     "kubelet",
+    "etcd",
 ];
 
 impl Assets {
-    /// `HEALTH_K8S_ASSETS`, else `../shared/k8s/bin` above the workspace.
+    /// The directory `HEALTH_K8S_ASSETS` names, with every program.
     pub(super) fn find() -> anyhow::Result<Assets> {
-        let bin = std::env::var_os(xtask::build::ASSETS_ENV)
-            .map(PathBuf::from)
-            .or_else(xtask::build::k8s_assets)
-            .with_context(|| {
-                format!(
-                    "no Kubernetes binaries: set {}=DIR (a directory with {})",
-                    xtask::build::ASSETS_ENV,
-                    BINARIES.join(", ")
-                )
-            })?;
+        let env = xtask::components::K8S_ENV;
+        let bin = std::env::var_os(env).map(PathBuf::from).with_context(|| {
+            format!(
+                "no Kubernetes binaries: {env} is not set (`cargo xtask cluster up` builds them \
+                 and sets it; `cargo xtask components` prints it)"
+            )
+        })?;
         let missing: Vec<&str> = BINARIES
             .iter()
             .copied()
@@ -56,10 +62,9 @@ impl Assets {
             .collect();
         if !missing.is_empty() {
             bail!(
-                "{} lacks {} ({} points there)",
+                "{} lacks {} ({env} points there)",
                 bin.display(),
-                missing.join(", "),
-                xtask::build::ASSETS_ENV
+                missing.join(", ")
             );
         }
         Ok(Assets { bin })
@@ -73,7 +78,7 @@ impl Assets {
 pub(super) fn start(state: &State, assets: &Assets, net: &Network) -> anyhow::Result<()> {
     if daemon::running(state, "etcd").is_none() {
         say("starting etcd");
-        daemon::start(state, "etcd", etcd(state))?;
+        daemon::start(state, "etcd", etcd(state, assets))?;
     }
     wait_port(state, "etcd", ETCD_PORT, Duration::from_secs(30))?;
     if daemon::running(state, "kube-apiserver").is_none() {
@@ -98,8 +103,8 @@ pub(super) fn start(state: &State, assets: &Assets, net: &Network) -> anyhow::Re
     Ok(())
 }
 
-fn etcd(state: &State) -> Command {
-    let mut cmd = Command::new("etcd");
+fn etcd(state: &State, assets: &Assets) -> Command {
+    let mut cmd = assets.command("etcd");
     cmd.arg("--name=volume-health")
         .arg(format!("--data-dir={}", state.path("etcd").display()))
         .arg(format!("--listen-client-urls=http://127.0.0.1:{ETCD_PORT}"))
@@ -141,6 +146,7 @@ fn apiserver(state: &State, assets: &Assets, net: &Network) -> Command {
         .arg(format!("--service-cluster-ip-range={SERVICE_CIDR}"))
         .arg("--enable-admission-plugins=NodeRestriction")
         .arg("--allow-privileged=true")
+        .arg(FEATURE_GATES)
         .arg("--kubelet-preferred-address-types=InternalIP,Hostname")
         .arg(format!(
             "--kubelet-client-certificate={}",
@@ -173,7 +179,7 @@ fn controller_manager(state: &State, assets: &Assets) -> Command {
     let mut cmd = assets.command("kube-controller-manager");
     common(&mut cmd, state);
     cmd.arg(format!("--secure-port={KCM_PORT}"))
-        .arg("--controllers=*,-nodeipam,-cloud-node-lifecycle,-service,-route")
+        .arg("--controllers=*,-nodeipam")
         .arg(format!(
             "--service-account-private-key-file={}",
             p("sa.key")

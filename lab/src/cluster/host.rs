@@ -31,14 +31,17 @@ const SYSCTLS: &[&str] = &[
 ];
 
 /// Paths created whatever our configuration says: the kubelet's pod log
-/// directories (hard-coded in 1.26), libcni's cache (containerd's CNI
-/// library keeps results there), the containerd shims' socket directory.
+/// directories (hard-coded), libcni's cache (containerd's CNI library keeps
+/// results there), the containerd shims' socket directory, and the agent's
+/// conditions socket directory (the chart's `csiProxy.socketDir`, a
+/// hostPath the kubelet creates when an agent serves the CSI proxy).
 pub(super) const FIXED_PATHS: &[&str] = &[
     KUBELET_ROOT,
     "/var/log/pods",
     "/var/log/containers",
     "/var/lib/cni",
     "/run/containerd",
+    "/run/volume-health",
 ];
 
 /// The kernel filesystems the agent's DaemonSet mounts from the host

@@ -2,9 +2,10 @@
 //! this host, from local parts only (docs/local-cluster.md is the user's
 //! view).
 //!
-//! etcd (Debian's etcd-server), kube-apiserver, kube-controller-manager,
-//! kube-scheduler and the kubelet (from `HEALTH_K8S_ASSETS`, default
-//! `../shared/k8s/bin`), containerd and runc and the CNI plugins from
+//! etcd, kube-apiserver, kube-controller-manager, kube-scheduler and the
+//! kubelet of Kubernetes 1.37 with its volume health on (the project's
+//! build from Go modules, `xtask::components`, or a user's own in
+//! `HEALTH_K8S_ASSETS`), containerd and runc and the CNI plugins from
 //! Debian; the pause, busybox and agent images built here and imported
 //! (nothing is pulled). Everything lives in one state directory
 //! ([`State`]) except the kubelet's root, `/var/lib/kubelet`, where the
@@ -37,12 +38,12 @@ mod status;
 mod storage;
 mod teardown;
 
-use std::path::PathBuf;
 use std::time::Instant;
 
-use anyhow::Context;
-use clap::Subcommand;
+use anyhow::{bail, Context};
 use serde_json::json;
+pub use xtask::lab_cli::cluster::ClusterArgs;
+use xtask::lab_cli::cluster::{ClusterCommand, UpArgs};
 use xtask::util::say;
 
 use state::State;
@@ -77,27 +78,6 @@ pub(super) const DAEMONS: &[&str] = &[
     "kubelet",
 ];
 
-#[derive(clap::Args)]
-pub struct ClusterArgs {
-    /// The state directory [default: $HEALTH_CLUSTER_DIR, else target/cluster of the workspace].
-    #[arg(long, value_name = "DIR", global = true)]
-    state_dir: Option<PathBuf>,
-    #[command(subcommand)]
-    command: ClusterCommand,
-}
-
-#[derive(Subcommand)]
-enum ClusterCommand {
-    /// Bring the cluster up (root; idempotent: a healthy cluster is left as it is).
-    Up(UpArgs),
-    /// Stop everything and undo what the cluster changed on the host (idempotent).
-    Down,
-    /// Each component's state; exits non-zero when any is down.
-    Status,
-    /// Inject or clear errors on the cluster's fault disk.
-    Fault(storage::FaultArgs),
-}
-
 pub fn run(args: &ClusterArgs) -> anyhow::Result<()> {
     let state = State::open(args.state_dir.as_deref())?;
     match &args.command {
@@ -105,16 +85,10 @@ pub fn run(args: &ClusterArgs) -> anyhow::Result<()> {
         ClusterCommand::Down => teardown::down(&state),
         ClusterCommand::Status => status::report(&state),
         ClusterCommand::Fault(fault) => storage::fault(&state, fault),
+        ClusterCommand::Test { .. } => {
+            bail!("`cluster test` is run by xtask (xtask/src/cluster_test.rs), not by the lab")
+        }
     }
-}
-
-#[derive(clap::Args)]
-struct UpArgs {
-    /// Import this agent image archive (from `cargo xtask image`) instead of
-    /// building the agent and its image; on a running cluster, import it
-    /// over the one there.
-    #[arg(long, value_name = "FILE")]
-    agent_archive: Option<PathBuf>,
 }
 
 fn up(state: &State, args: &UpArgs) -> anyhow::Result<()> {

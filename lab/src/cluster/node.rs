@@ -68,15 +68,7 @@ pub(super) fn start_kubelet(state: &State, assets: &Assets, net: &Network) -> an
             "--cert-dir={}",
             state.path("kubelet/pki").display()
         ))
-        .arg("--container-runtime=remote")
-        .arg(format!(
-            "--container-runtime-endpoint=unix://{}",
-            config::containerd_socket(state).display()
-        ))
-        .arg(format!(
-            "--pod-infra-container-image={}",
-            images::PAUSE_IMAGE
-        ));
+        .arg(super::control_plane::FEATURE_GATES);
         daemon::start(state, "kubelet", cmd)?;
     }
     wait_port(

@@ -5,8 +5,9 @@
 /// containerd and runc run the containers; the CNI plugins (bridge,
 /// host-local, loopback in /usr/lib/cni) give pods their network;
 /// busybox-static is the test image's only binary; gcc and libc6-dev build
-/// the static pause binary; etcd-server is the API server's store; iproute2,
-/// iptables and openssl set up the node's network and certificates.
+/// the static pause binary; iproute2, iptables and openssl set up the
+/// node's network and certificates. etcd and Kubernetes itself are the
+/// project's builds from Go modules (xtask::components).
 pub(super) const PACKAGES: &[&str] = &[
     "containerd",
     "runc",
@@ -14,7 +15,6 @@ pub(super) const PACKAGES: &[&str] = &[
     "busybox-static",
     "gcc",
     "libc6-dev",
-    "etcd-server",
     "iproute2",
     "iptables",
     "openssl",

@@ -5,7 +5,7 @@
 //! the CA in its ServiceAccount token volume); the API server's client
 //! certificate towards the kubelet (system:masters); the ServiceAccount
 //! signing key; and bearer tokens for the admin and the node (as
-//! ../shared/k8s/envtest.sh makes them: a static token file).
+//! envtest does: a static token file).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -84,6 +84,15 @@ pub fn delete_kustomization(cluster: &NodeCluster) -> Result<()> {
 /// `helm install volume-health deploy/helm/volume-health` with its
 /// defaults and [`extra_args`] only.
 pub fn install_chart(cluster: &NodeCluster, dir: &std::path::Path) -> Result<()> {
+    install_chart_with(cluster, dir, &[])
+}
+
+/// [`install_chart`] with `--set` of each of `sets` too.
+pub fn install_chart_with(
+    cluster: &NodeCluster,
+    dir: &std::path::Path,
+    sets: &[&str],
+) -> Result<()> {
     let values = dir.join("values.yaml");
     let args: Vec<String> = extra_args()
         .iter()
@@ -91,13 +100,13 @@ pub fn install_chart(cluster: &NodeCluster, dir: &std::path::Path) -> Result<()>
         .collect();
     std::fs::write(&values, format!("extraArgs:\n{}", args.concat()))?;
     let chart = repo_root().join("deploy/helm/volume-health");
-    cluster.tools.helm(&[
-        "install",
-        RELEASE,
-        &chart.to_string_lossy(),
-        "-f",
-        &values.to_string_lossy(),
-    ])?;
+    let chart = chart.to_string_lossy();
+    let values = values.to_string_lossy();
+    let mut args = vec!["install", RELEASE, &chart, "-f", &values];
+    for set in sets {
+        args.extend(["--set", set]);
+    }
+    cluster.tools.helm(&args)?;
     Ok(())
 }
 

@@ -1,5 +1,5 @@
 //! A raw block volume (`volumeDevices`): reads in the pod fail where the
-//! fault disk fails the block volume's backing file, and the agent
+//! fault disk fails the block volume's stretch of the image, and the agent
 //! attributes them to that pod and its PVC, naming the device the kubelet
 //! mapped into the pod.
 
@@ -27,9 +27,9 @@ const REASON: &str = "BlockIOErrors";
 const READS: u64 = 3;
 
 /// Scenario 7. The device is the one the cluster's storage says backs the
-/// PV, reached from the kubelet's `volumeDevices` path of the pod; each
-/// failed 4 KiB read in the pod is one failed request on it (and one on the
-/// driver's state filesystem below, which no pod volume uses).
+/// PV (a loop device over its stretch of the fault disk's image), reached
+/// from the kubelet's `volumeDevices` path of the pod; each failed 4 KiB
+/// read in the pod is one failed request on it.
 pub fn attribute(e2e: &E2e, agent_pod: &str) -> Result<()> {
     let cluster = &e2e.cluster;
     let volume = cluster.info.volume("Block")?;
@@ -44,34 +44,31 @@ pub fn attribute(e2e: &E2e, agent_pod: &str) -> Result<()> {
         volume.maj_min
     );
     let backing = loop_backing_file(major, minor)?;
+    let image = &cluster.info.storage()?.image;
     ensure!(
-        backing == volume.path,
-        "{name} is over {}, not the driver's file {}",
+        &backing == image,
+        "{name} is over {}, not the fault disk's image {}",
         backing.display(),
-        volume.path.display()
+        image.display()
+    );
+    let offset = std::fs::read_to_string(format!("/sys/block/{name}/loop/offset"))?;
+    ensure!(
+        offset.trim() == volume.region.offset.to_string(),
+        "{name} starts at byte {} of the image, not at the PV's {}",
+        offset.trim(),
+        volume.region.offset
     );
     let dev = Device { name, major, minor };
-    let below = Device::of_dev_t(std::os::unix::fs::MetadataExt::dev(&std::fs::metadata(
-        &backing,
-    )?))?;
-
-    let text = agent::metrics(cluster, agent_pod)?;
-    let unattributed = format!(
-        "volume_health_kernel_errors_total{{namespace=\"\",persistentvolumeclaim=\"\",persistentvolume=\"\",\
-         device=\"{}\",source=\"block_rq_error\",op=\"read\",errno=\"EIO\"}}",
-        below.name
-    );
-    let below_before = sample(&text, &unattributed);
-    let ranges = e2e.disk.file_ranges(&backing)?;
+    // The reads below, 1 MiB apart from the volume's start: each fails.
+    let region = volume.region;
     let before = e2e.disk.stats()?.injected(Op::Read, libc::EIO);
-    let rules = e2e.disk.add_rules(
-        ranges
-            .iter()
-            .map(|r| Rule::new(Op::Read, libc::EIO).range(r.start, r.end - r.start)),
-    )?;
+    let rules = e2e
+        .disk
+        .add_rules([Rule::new(Op::Read, libc::EIO).range(region.offset, READS << 20)])?;
     let input = format!("if={DEVICE}");
     for i in 0..READS {
         let skip = format!("skip={}", i * 256);
+        // 256 blocks of 4 KiB: 1 MiB in, as the rule above covers.
         exec_eio(
             cluster,
             POD,
@@ -109,10 +106,17 @@ pub fn attribute(e2e: &E2e, agent_pod: &str) -> Result<()> {
         Duration::from_secs(15),
         |vh| source(vh, &e2e.node_source())["conditions"][0]["count"] == READS,
     )?;
-    // The driver's own condition of the block volume, as it says it. The
-    // volume is new: the agent's first ask of the driver about it may come
-    // after the errors, and its entry follows the answer.
-    let driver = csi::driver_condition(&volume.volume_handle)?;
+    // The driver's own condition of the block volume, as it says it.
+    // Asked where the kubelet and the agent ask it: the kubelet's per-pod
+    // bind of the device under its global map path.
+    let map = cluster
+        .info
+        .kubelet_root
+        .join("plugins/kubernetes.io/csi/volumeDevices")
+        .join(&volume.pv)
+        .join("dev")
+        .join(&uid);
+    let driver = csi::driver_condition(cluster, &volume.volume_handle, &map)?;
     let mut names = vec![e2e.node_source()];
     if driver.abnormal {
         names.push(e2e.csi_source());
@@ -141,13 +145,6 @@ pub fn attribute(e2e: &E2e, agent_pod: &str) -> Result<()> {
     ensure!(
         sample(&text, &errors) == READS as f64,
         "{errors} is not {READS}:\n{text}"
-    );
-    // The failed requests below (the driver's state filesystem) reach no
-    // pod volume: counted, on no claim.
-    let below_now = sample(&text, &unattributed) - below_before;
-    ensure!(
-        below_now == injected as f64,
-        "{unattributed} grew by {below_now}, not by the disk's {injected}:\n{text}"
     );
     let mine: Vec<Value> = agent_events(cluster)?
         .into_iter()

@@ -1,23 +1,25 @@
-//! The CSI driver's own condition. csi-driver-host-path v1.18's node
-//! service answers NodeGetVolumeStats with `volume_condition`; the agent
-//! asks it about each pod volume every `--csi-interval` and shows what it
-//! says. The driver logs every gRPC answer (`-v=5`), so the test reads the
-//! driver's own words from its log and requires the agent's Events, its
-//! `VolumeHealth` entry and its probe metrics to say exactly that.
+//! The CSI driver's own condition. The project's driver answers
+//! NodeGetVolumeStats with the legacy `volume_condition`; the agent asks it
+//! about each pod volume every `--csi-interval` and shows what it says. The
+//! test asks the driver the same question on its own socket and requires
+//! the agent's Events, its `VolumeHealth` entry and its probe metrics to
+//! say exactly that.
 
-use std::path::PathBuf;
+use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
-use health_tests::node_cluster::{poll, state_dir};
-use serde_json::Value;
+use health_csi::proto;
+use health_csi::proto::node_client::NodeClient;
+use health_tests::csi_driver::client::unix_channel;
+use health_tests::node_cluster::{poll, NodeCluster};
 
-use crate::agent::{self, CSI_INTERVAL_SECS};
+use crate::agent;
 use crate::episode::{Shared, PODS, PVC};
 use crate::reports::{
     about, agent_events, sample, source, wait_counts, wait_volume_health, Object,
 };
-use crate::workload::APP_NS;
+use crate::workload::{self, APP_NS};
 use crate::E2e;
 
 /// The reason the agent gives a legacy `abnormal: true`
@@ -29,11 +31,6 @@ const OBJECTS: [Object; 3] = [
     ("PersistentVolumeClaim", PVC),
 ];
 
-/// The driver's log (the lab's daemon log of `hostpathplugin`).
-fn driver_log() -> PathBuf {
-    state_dir().join("logs/hostpathplugin.log")
-}
-
 /// What the driver says of a volume: its `volume_condition`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DriverSays {
@@ -41,44 +38,51 @@ pub struct DriverSays {
     pub message: String,
 }
 
-/// The newest `volume_condition` the driver answered NodeGetVolumeStats
-/// with for volume `handle`, once it has answered one.
-pub fn driver_condition(handle: &str) -> Result<DriverSays> {
-    let log = driver_log();
-    poll(
-        &format!(
-            "the driver to answer NodeGetVolumeStats for {handle} (in {})",
-            log.display()
-        ),
-        Duration::from_secs(3 * CSI_INTERVAL_SECS + 10),
-        || {
-            let text = std::fs::read_to_string(&log)
-                .with_context(|| format!("reading {}", log.display()))?;
-            let mut asked_for_it = false;
-            let mut last = None;
-            for line in text.lines() {
-                if let Some(request) = json_after(line, "GRPC request: ") {
-                    asked_for_it =
-                        request["volume_id"] == handle && request.get("volume_path").is_some();
-                } else if let Some(answer) = json_after(line, "GRPC response: ") {
-                    if asked_for_it && answer.get("usage").is_some() {
-                        let c = &answer["volume_condition"];
-                        last = Some(DriverSays {
-                            abnormal: c["abnormal"].as_bool().unwrap_or(false),
-                            message: c["message"].as_str().unwrap_or_default().to_string(),
-                        });
-                    }
-                    asked_for_it = false;
-                }
-            }
-            Ok(last.ok_or_else(|| "no answer yet".to_string()))
-        },
-    )
+/// The driver's `volume_condition` of volume `handle` at `volume_path` (a
+/// pod's publish path), asked on the driver's own socket as the agent asks
+/// it.
+pub fn driver_condition(
+    cluster: &NodeCluster,
+    handle: &str,
+    volume_path: &Path,
+) -> Result<DriverSays> {
+    let socket = cluster.info.storage()?.csi_socket.clone();
+    let request = proto::NodeGetVolumeStatsRequest {
+        volume_id: handle.to_string(),
+        volume_path: volume_path.display().to_string(),
+        staging_target_path: String::new(),
+    };
+    let answer = cluster.block_on(async {
+        let mut node = NodeClient::new(unix_channel(&socket).await?);
+        node.node_get_volume_stats(request)
+            .await
+            .with_context(|| format!("NodeGetVolumeStats {handle} on {}", socket.display()))
+    })?;
+    let condition = answer
+        .into_inner()
+        .volume_condition
+        .context("the driver advertises VOLUME_CONDITION and answered none")?;
+    Ok(DriverSays {
+        abnormal: condition.abnormal,
+        message: condition.message,
+    })
 }
 
-fn json_after(line: &str, marker: &str) -> Option<Value> {
-    let (_, rest) = line.split_once(marker)?;
-    serde_json::from_str(rest.trim()).ok()
+/// Waits until the agent has counted a probe of the driver as `series`
+/// says (it asks every `--csi-interval`).
+fn probed(cluster: &NodeCluster, agent_pod: &str, series: &str) -> Result<()> {
+    poll(
+        &format!("the agent to count {series}"),
+        Duration::from_secs(3 * agent::CSI_INTERVAL_SECS + 10),
+        || {
+            let text = agent::metrics(cluster, agent_pod)?;
+            Ok(if sample(&text, series) >= 1.0 {
+                Ok(())
+            } else {
+                Err(text)
+            })
+        },
+    )
 }
 
 /// What the agent shows of the driver's condition on the shared claim is
@@ -88,7 +92,8 @@ fn json_after(line: &str, marker: &str) -> Option<Value> {
 pub fn shown(e2e: &E2e, shared: &Shared, agent_pod: &str) -> Result<DriverSays> {
     let cluster = &e2e.cluster;
     let handle = &cluster.info.volume("Filesystem")?.volume_handle;
-    let says = driver_condition(handle)?;
+    let path = workload::fs_publish_path(cluster, &shared.uids[0], &e2e.fs_pv);
+    let says = driver_condition(cluster, handle, &path)?;
     let DriverSays { abnormal, message } = says.clone();
     eprintln!("the driver says of {handle}: abnormal {abnormal}, {message:?}");
     let driver = &cluster.info.storage()?.driver;
@@ -138,11 +143,7 @@ pub fn shown(e2e: &E2e, shared: &Shared, agent_pod: &str) -> Result<DriverSays> 
                 && c[0]["origin"] == "csi-node",
             "the driver's entry: {vh:#}"
         );
-        let text = agent::metrics(cluster, agent_pod)?;
-        ensure!(
-            sample(&text, &probes("abnormal")) >= 1.0,
-            "no abnormal probe counted:\n{text}"
-        );
+        probed(cluster, agent_pod, &probes("abnormal"))?;
     } else {
         let events = agent_events(cluster)?;
         for o in OBJECTS {
@@ -150,11 +151,7 @@ pub fn shown(e2e: &E2e, shared: &Shared, agent_pod: &str) -> Result<DriverSays> 
         }
         let vh = crate::reports::volume_health(cluster, PVC)?;
         ensure!(source(&vh, &e2e.csi_source()).is_null(), "{vh:#}");
-        let text = agent::metrics(cluster, agent_pod)?;
-        ensure!(
-            sample(&text, &probes("healthy")) >= 1.0,
-            "no healthy probe counted:\n{text}"
-        );
+        probed(cluster, agent_pod, &probes("healthy"))?;
     }
     Ok(says)
 }

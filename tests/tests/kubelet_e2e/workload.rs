@@ -13,7 +13,7 @@ use k8s_openapi::api::core::v1::{
     Namespace, PersistentVolume, PersistentVolumeClaim, Pod, ServiceAccount,
 };
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
-use serde_json::json;
+use serde_json::{json, Value};
 
 use crate::agent::is_ready;
 
@@ -126,9 +126,23 @@ pub fn claim(cluster: &NodeCluster, name: &str, pv: &str, class: &str, mode: Mod
     )
 }
 
-/// A busybox pod using claim `claim` at [`MOUNT`] or [`DEVICE`], waited for
-/// until Ready; its UID.
+/// A busybox pod using claim `claim` as volume `vol` at [`MOUNT`] or
+/// [`DEVICE`], waited for until Ready; its UID.
 pub fn pod(cluster: &NodeCluster, name: &str, claim: &str, mode: Mode) -> Result<String> {
+    let at = match mode {
+        Mode::Filesystem => MOUNT,
+        Mode::Block => DEVICE,
+    };
+    pod_with(cluster, name, &[("vol", claim, mode, at)])
+}
+
+/// A busybox pod with one volume per (volume name, claim, mode, mount
+/// path or device path) of `volumes`, waited for until Ready; its UID.
+pub fn pod_with(
+    cluster: &NodeCluster,
+    name: &str,
+    volumes: &[(&str, &str, Mode, &str)],
+) -> Result<String> {
     let pods = Api::<Pod>::namespaced(cluster.admin.clone(), APP_NS);
     let mut container = json!({
         "name": "app",
@@ -136,14 +150,26 @@ pub fn pod(cluster: &NodeCluster, name: &str, claim: &str, mode: Mode) -> Result
         "imagePullPolicy": "Never",
         "command": ["sleep", "100000"],
     });
-    match mode {
-        Mode::Filesystem => {
-            container["volumeMounts"] = json!([{"name": "vol", "mountPath": MOUNT}]);
-        }
-        Mode::Block => {
-            container["volumeDevices"] = json!([{"name": "vol", "devicePath": DEVICE}]);
+    let mut mounts = Vec::new();
+    let mut devices = Vec::new();
+    for (volume, _, mode, at) in volumes {
+        match mode {
+            Mode::Filesystem => mounts.push(json!({"name": volume, "mountPath": at})),
+            Mode::Block => devices.push(json!({"name": volume, "devicePath": at})),
         }
     }
+    if !mounts.is_empty() {
+        container["volumeMounts"] = json!(mounts);
+    }
+    if !devices.is_empty() {
+        container["volumeDevices"] = json!(devices);
+    }
+    let specs: Vec<Value> = volumes
+        .iter()
+        .map(|(volume, claim, _, _)| {
+            json!({"name": volume, "persistentVolumeClaim": {"claimName": claim}})
+        })
+        .collect();
     let pod = serde_json::from_value(json!({
         "metadata": {"name": name},
         "spec": {
@@ -151,7 +177,7 @@ pub fn pod(cluster: &NodeCluster, name: &str, claim: &str, mode: Mode) -> Result
             // whole grace period.
             "terminationGracePeriodSeconds": 0,
             "containers": [container],
-            "volumes": [{"name": "vol", "persistentVolumeClaim": {"claimName": claim}}]
+            "volumes": specs
         }
     }))?;
     cluster.block_on(pods.create(&PostParams::default(), &pod))?;

@@ -1,8 +1,6 @@
 //! The fault disk: the faultdisk server as a daemon, loop devices with
-//! direct I/O over regions of its image, ext4 on them; and taking all of it
-//! away again.
+//! direct I/O over regions of its image; and taking all of it away again.
 
-use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -16,7 +14,7 @@ use xtask::util::{output, say};
 
 use super::super::mounts::mounted_under;
 use super::super::{daemon, State};
-use super::{Description, Filesystem, Region};
+use super::{Description, Region};
 
 pub(super) const DAEMON: &str = "faultdisk";
 /// How long the server may take to mount and answer.
@@ -43,7 +41,7 @@ impl FaultDisk {
         match request(&socket, &Request::Info) {
             Ok(Response {
                 info: Some(info), ..
-            }) if info.size == super::layout().2 => Ok(Some(FaultDisk { socket, info })),
+            }) if info.size == super::layout().1 => Ok(Some(FaultDisk { socket, info })),
             Ok(Response {
                 info: Some(info), ..
             }) => {
@@ -51,7 +49,7 @@ impl FaultDisk {
                 say(format!(
                     "the fault disk has {} bytes, this layout wants {}: replacing it",
                     info.size,
-                    super::layout().2
+                    super::layout().1
                 ));
                 Ok(None)
             }
@@ -72,7 +70,7 @@ impl FaultDisk {
         let bin = server_binary()?;
         let dir = work_dir(state);
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-        let (_, _, bytes) = super::layout();
+        let (_, bytes) = super::layout();
         let mut cmd = Command::new(&bin);
         cmd.arg("--dir")
             .arg(&dir)
@@ -116,31 +114,17 @@ impl FaultDisk {
         self.info.size
     }
 
-    /// ext4 on a loop device over `region`, mounted at `mount` (which must
-    /// exist or be creatable). With `journal` false it has none, and
-    /// continues on errors: see the module docs of `storage`.
-    pub(super) fn filesystem(
-        &self,
-        region: Region,
-        mount: &Path,
-        journal: bool,
-    ) -> anyhow::Result<Filesystem> {
-        let name = self.loop_over(region)?;
-        let device = PathBuf::from(format!("/dev/{name}"));
-        let maj_min = sys::block_maj_min(&name)?;
-        ensure_ext4(&device, &maj_min, mount, journal)?;
-        Ok(Filesystem {
-            device,
-            maj_min,
-            region,
-            mount: mount.to_path_buf(),
-        })
-    }
-
     /// The loop device over exactly `region` of the image: the one already
     /// attached, or a new one with direct I/O (errors would otherwise wait
     /// in a second page cache) whose requests each fit one FUSE request.
-    fn loop_over(&self, region: Region) -> anyhow::Result<String> {
+    /// Returns the device and its "MAJ:MIN".
+    pub(super) fn loop_over(&self, region: Region) -> anyhow::Result<(PathBuf, String)> {
+        let name = self.find_or_attach(region)?;
+        let maj_min = sys::block_maj_min(&name)?;
+        Ok((PathBuf::from(format!("/dev/{name}")), maj_min))
+    }
+
+    fn find_or_attach(&self, region: Region) -> anyhow::Result<String> {
         for name in sys::loops_backed_by(self.image())? {
             if loop_region(&name)? == region {
                 return Ok(name);
@@ -188,7 +172,7 @@ fn server_binary() -> anyhow::Result<PathBuf> {
         }
         return Ok(bin);
     }
-    xtask::build::release_faultdisk()
+    xtask::build::release_test_binary("faultdisk")
 }
 
 /// Where loop device `name` starts in its backing file, and how much of it
@@ -205,85 +189,16 @@ fn loop_region(name: &str) -> anyhow::Result<Region> {
     })
 }
 
-/// `device` mounted at `mount`: left alone when it already is, made ext4
-/// first when it holds none.
-fn ensure_ext4(device: &Path, maj_min: &str, mount: &Path, journal: bool) -> anyhow::Result<()> {
-    if let Some(m) = sys::mount_at(mount)? {
-        if m.maj_min == maj_min {
-            return Ok(());
-        }
-        bail!(
-            "{} has {} ({}) mounted, not {}",
-            mount.display(),
-            m.source,
-            m.maj_min,
-            device.display()
-        );
-    }
-    if !has_ext4(device)? {
-        let mut args = vec![
-            "-q",
-            "-F",
-            "-E",
-            "lazy_itable_init=0,lazy_journal_init=0,nodiscard",
-        ];
-        if !journal {
-            args.extend(["-O", "^has_journal"]);
-        }
-        health_tests::fs::mkfs("mkfs.ext4", device, &args)?;
-    }
-    std::fs::create_dir_all(mount).with_context(|| format!("creating {}", mount.display()))?;
-    let options = if journal { "" } else { "errors=continue" };
-    nix::mount::mount(
-        Some(device),
-        mount,
-        Some("ext4"),
-        nix::mount::MsFlags::empty(),
-        Some(options),
-    )
-    .with_context(|| format!("mounting {} on {}", device.display(), mount.display()))
-}
-
-/// Whether `device` holds an ext2/3/4 superblock (magic 0xEF53, 56 bytes
-/// into the superblock at byte 1024).
-fn has_ext4(device: &Path) -> anyhow::Result<bool> {
-    let mut f =
-        std::fs::File::open(device).with_context(|| format!("opening {}", device.display()))?;
-    let mut magic = [0u8; 2];
-    f.seek(SeekFrom::Start(1024 + 56))?;
-    f.read_exact(&mut magic)
-        .with_context(|| format!("reading {}'s superblock", device.display()))?;
-    Ok(u16::from_le_bytes(magic) == 0xEF53)
-}
-
-/// Everything under `dir` goes: the loop devices over files on the fault
-/// disk (the driver's block volumes), every mount under `dir` (deepest
-/// first), the loop devices over the image, the server (which unmounts its
-/// FUSE mount) and the files. Idempotent.
+/// Everything under `dir` goes: every mount under it (deepest first), the
+/// loop devices over the image (and the kubelet's loop devices holding a
+/// block volume's), the server (which unmounts its FUSE mount) and the
+/// files, the driver's records with them. Idempotent.
 pub(super) fn tear_down(state: &State, dir: &Path) -> anyhow::Result<()> {
     // Loop devices name their backing files by canonical path.
     let dir = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
     let fuse = dir.join("faultdisk").join(MOUNT_DIR);
     let image = fuse.join(IMAGE_NAME);
     let mut errors = Vec::new();
-    // Loop devices over files on the fault disk (the driver's block
-    // volumes) hold its filesystems busy: they go first, and before them
-    // what holds them in turn.
-    let on_disk: Vec<String> = all_loops()?
-        .into_iter()
-        .filter(|name| {
-            sys::loop_backing_file(name)
-                .is_some_and(|b| b.starts_with(&dir) && !b.starts_with(&fuse))
-        })
-        .collect();
-    for name in &on_disk {
-        if let Err(e) = detach_holders(name) {
-            errors.push(format!("{e:#}"));
-        }
-        if let Err(e) = sys::detach_loop_device(name, None) {
-            errors.push(format!("{e:#}"));
-        }
-    }
     // The filesystems; the server's own FUSE mount stays until its loop
     // devices are gone.
     for mount in mounted_under(&dir)?
@@ -295,6 +210,9 @@ pub(super) fn tear_down(state: &State, dir: &Path) -> anyhow::Result<()> {
         }
     }
     for name in sys::loops_backed_by(&image)? {
+        if let Err(e) = detach_holders(&name) {
+            errors.push(format!("{e:#}"));
+        }
         if let Err(e) = sys::detach_loop_device(&name, None) {
             errors.push(format!("{e:#}"));
         }
@@ -363,42 +281,36 @@ pub(super) fn status(state: &State, d: &Description) -> Vec<(String, bool, Strin
         },
     };
     out.push(("fault disk".to_string(), server.0, server.1));
-    let mut filesystems = vec![(
-        "csi-data".to_string(),
-        &d.csi_data.device,
-        &d.csi_data.maj_min,
-        d.csi_data.mount.clone(),
-    )];
-    for v in d.volumes.iter().filter(|v| v.region.is_some()) {
-        filesystems.push((v.pv.clone(), &v.device, &v.maj_min, v.path.clone()));
-    }
-    for (what, device, maj_min, mount) in filesystems {
-        let (ok, detail) = match sys::mount_at(&mount) {
-            Ok(Some(m)) if &m.maj_min == maj_min => {
-                let ro = m.has_super_option("ro") || m.has_mount_option("ro");
-                (
-                    !ro,
-                    format!(
-                        "{} on {}{}",
-                        device.display(),
-                        mount.display(),
-                        if ro { " (read-only)" } else { "" }
-                    ),
-                )
-            }
-            Ok(Some(m)) => (
-                false,
+    for v in &d.volumes {
+        let attached = v
+            .device
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .filter(|n| {
+                sys::loop_backing_file(n).is_some_and(|b| b == d.image)
+                    && loop_region(n).is_ok_and(|r| r == v.region)
+            });
+        let (ok, detail) = match attached {
+            Some(_) => (
+                true,
                 format!(
-                    "{} has {} mounted, not {}",
-                    mount.display(),
-                    m.source,
-                    device.display()
+                    "{} ({}) over image bytes [{}, {})",
+                    v.device.display(),
+                    v.maj_min,
+                    v.region.offset,
+                    v.region.offset + v.region.bytes
                 ),
             ),
-            Ok(None) => (false, format!("{} is not mounted", mount.display())),
-            Err(e) => (false, format!("{e:#}")),
+            None => (
+                false,
+                format!(
+                    "{} is no longer attached over its stretch of {}",
+                    v.device.display(),
+                    d.image.display()
+                ),
+            ),
         };
-        out.push((format!("fault disk fs {what}"), ok, detail));
+        out.push((format!("fault disk volume {}", v.pv), ok, detail));
     }
     out
 }

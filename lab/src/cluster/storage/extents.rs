@@ -2,7 +2,7 @@
 //! the disk image, which is what the faultdisk server's rules match; and
 //! the small parsers of `cluster fault add`'s arguments.
 
-use anyhow::{bail, Context};
+use anyhow::bail;
 use health_tests::fs::Extent;
 
 /// A half-open byte range `[start, end)`.
@@ -63,52 +63,6 @@ pub(super) fn window(offset: Option<u64>, len: Option<u64>) -> anyhow::Result<Op
                 len.map_or(u64::MAX, |l| start.saturating_add(l)),
             )))
         }
-    }
-}
-
-/// A byte count: digits with an optional binary suffix K, M or G ("64K",
-/// "1M"; "KiB"/"MiB"/"GiB" too).
-pub(super) fn parse_bytes(text: &str) -> anyhow::Result<u64> {
-    let t = text.trim();
-    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (digits, suffix) = t.split_at(split);
-    let n: u64 = digits
-        .parse()
-        .with_context(|| format!("{text:?} is not a byte count (e.g. 4096, 64K, 1M)"))?;
-    let shift = match suffix.trim() {
-        "" | "B" => 0,
-        "K" | "KiB" => 10,
-        "M" | "MiB" => 20,
-        "G" | "GiB" => 30,
-        other => bail!("unknown unit {other:?} in {text:?} (K, M or G)"),
-    };
-    n.checked_mul(1 << shift)
-        .with_context(|| format!("{text:?} is too large"))
-}
-
-/// An errno by name ("EIO", "enospc") or number (1..=511, what FUSE can answer).
-pub(super) fn parse_errno(text: &str) -> anyhow::Result<i32> {
-    let t = text.trim();
-    if let Ok(n) = t.parse::<i32>() {
-        if (1..=health_tests::protocol::MAX_ERRNO).contains(&n) {
-            return Ok(n);
-        }
-        bail!(
-            "errno {n} is outside 1..={}",
-            health_tests::protocol::MAX_ERRNO
-        );
-    }
-    let upper = t.to_ascii_uppercase();
-    (1..=health_tests::protocol::MAX_ERRNO)
-        .find(|n| errno_name(*n) == upper)
-        .with_context(|| format!("{text:?} is not an errno name or number (e.g. EIO, ENOSPC, 5)"))
-}
-
-/// "EIO" for 5; the number itself when Linux has no name for it.
-pub(super) fn errno_name(n: i32) -> String {
-    match nix::errno::Errno::from_raw(n) {
-        nix::errno::Errno::UnknownErrno => n.to_string(),
-        e => format!("{e:?}"),
     }
 }
 
@@ -184,28 +138,5 @@ mod tests {
         assert_eq!(window(None, Some(5)).unwrap(), Some((0, 5)));
         assert_eq!(window(Some(10), None).unwrap(), Some((10, u64::MAX)));
         assert!(window(Some(1), Some(0)).is_err());
-    }
-
-    #[test]
-    fn byte_counts_take_binary_suffixes() {
-        assert_eq!(parse_bytes("4096").unwrap(), 4096);
-        assert_eq!(parse_bytes("64K").unwrap(), 64 << 10);
-        assert_eq!(parse_bytes("1M").unwrap(), 1 << 20);
-        assert_eq!(parse_bytes("2GiB").unwrap(), 2 << 30);
-        assert!(parse_bytes("1T").is_err());
-        assert!(parse_bytes("M").is_err());
-        assert!(parse_bytes("99999999999999G").is_err());
-    }
-
-    #[test]
-    fn errnos_by_name_or_number() {
-        assert_eq!(parse_errno("EIO").unwrap(), libc::EIO);
-        assert_eq!(parse_errno("enospc").unwrap(), libc::ENOSPC);
-        assert_eq!(parse_errno("61").unwrap(), libc::ENODATA);
-        assert!(parse_errno("512").is_err());
-        assert!(parse_errno("0").is_err());
-        assert!(parse_errno("EWHATEVER").is_err());
-        assert_eq!(errno_name(libc::ETIMEDOUT), "ETIMEDOUT");
-        assert_eq!(errno_name(500), "500");
     }
 }

@@ -10,94 +10,21 @@ use anyhow::{bail, Context};
 use health_tests::fs::file_extents;
 use health_tests::protocol::{ByteRange, Op, Request, Rule};
 
+use xtask::lab_cli::cluster::{errno_name, AddArgs, FaultArgs, FaultCommand, OpArg};
+
 use super::super::State;
-use super::extents::{self, errno_name, Range};
-use super::{disk, Description, Volume};
+use super::extents::{self, Range};
+use super::{disk, Description, Mode, Volume};
 
-#[derive(clap::Args)]
-pub(in super::super) struct FaultArgs {
-    #[command(subcommand)]
-    command: FaultCommand,
-}
-
-#[derive(clap::Subcommand)]
-enum FaultCommand {
-    /// Make requests to part of the fault disk fail (the whole disk when no target is given).
-    Add(AddArgs),
-    /// Remove every rule: the disk answers normally again.
-    Clear,
-    /// Failures injected and requests served since the disk started.
-    Stats {
-        /// The server's counters as JSON (health_tests::protocol::Stats).
-        #[arg(long)]
-        json: bool,
-    },
-}
-
-#[derive(clap::Args)]
-struct AddArgs {
-    /// Which requests fail.
-    #[arg(long, value_enum, default_value_t = OpArg::Write)]
-    op: OpArg,
-    /// The error they fail with: a name (EIO, ENOSPC, ETIMEDOUT, ENODATA...) or a number.
-    #[arg(long, default_value = "EIO", value_parser = errno_arg)]
-    errno: i32,
-    /// A file or directory on the fault disk (through any mount of it), or a block volume's device.
-    #[arg(long, conflicts_with = "volume")]
-    path: Option<PathBuf>,
-    /// A PV on the fault disk (vh-fs-1, vh-block-1...): its whole data.
-    #[arg(long)]
-    volume: Option<String>,
-    /// Start of the failing bytes within the target (4096, 64K, 1M).
-    #[arg(long, value_parser = bytes_arg)]
-    offset: Option<u64>,
-    /// Length of the failing bytes within the target.
-    #[arg(long, value_parser = bytes_arg)]
-    len: Option<u64>,
-    /// Each rule (one per extent) fails at most this many requests.
-    #[arg(long)]
-    limit: Option<u64>,
-}
-
-#[derive(Clone, Copy, clap::ValueEnum)]
-enum OpArg {
-    Read,
-    Write,
-    /// Discards and write-zeroes (FUSE fallocate).
-    Discard,
-    /// Cache flushes (they carry no range: only without a target).
-    Flush,
-    Any,
-}
-
-impl OpArg {
-    fn op(self) -> Op {
-        match self {
-            OpArg::Read => Op::Read,
-            OpArg::Write => Op::Write,
-            OpArg::Discard => Op::Discard,
-            OpArg::Flush => Op::Flush,
-            OpArg::Any => Op::Any,
-        }
+/// The fault disk's name for the requests `arg` selects.
+fn op(arg: OpArg) -> Op {
+    match arg {
+        OpArg::Read => Op::Read,
+        OpArg::Write => Op::Write,
+        OpArg::Discard => Op::Discard,
+        OpArg::Flush => Op::Flush,
+        OpArg::Any => Op::Any,
     }
-
-    fn requests(self) -> &'static str {
-        match self {
-            OpArg::Read => "reads",
-            OpArg::Write => "writes",
-            OpArg::Discard => "discards",
-            OpArg::Flush => "flushes",
-            OpArg::Any => "all requests",
-        }
-    }
-}
-
-fn errno_arg(text: &str) -> Result<i32, String> {
-    extents::parse_errno(text).map_err(|e| e.to_string())
-}
-
-fn bytes_arg(text: &str) -> Result<u64, String> {
-    extents::parse_bytes(text).map_err(|e| e.to_string())
 }
 
 pub(in super::super) fn fault(state: &State, args: &FaultArgs) -> anyhow::Result<()> {
@@ -134,7 +61,7 @@ pub(in super::super) fn fault(state: &State, args: &FaultArgs) -> anyhow::Result
 
 fn add_rules(d: &Description, args: &AddArgs) -> anyhow::Result<()> {
     let (what, ranges) = target(d, args)?;
-    let op = args.op.op();
+    let op = op(args.op);
     let ranges: Vec<Option<Range>> = match (op, ranges) {
         (Op::Flush, None) => vec![None],
         (Op::Flush, Some(_)) => {
@@ -182,7 +109,7 @@ fn target(d: &Description, args: &AddArgs) -> anyhow::Result<(String, Option<Vec
             format!("{} (the image)", d.image.display()),
             vec![extents::region_range(0, d.image_bytes, window)?],
         ),
-        (None, Some(pv)) => volume_ranges(d, d.volume(pv)?, window)?,
+        (None, Some(pv)) => volume_ranges(d.volume(pv)?, window)?,
         (Some(path), _) => path_ranges(d, path, window)?,
     };
     if ranges.is_empty() {
@@ -191,30 +118,19 @@ fn target(d: &Description, args: &AddArgs) -> anyhow::Result<(String, Option<Vec
     Ok((what, Some(ranges)))
 }
 
-fn volume_ranges(
-    d: &Description,
-    v: &Volume,
-    window: Option<Range>,
-) -> anyhow::Result<(String, Vec<Range>)> {
-    match v.region {
-        Some(r) => Ok((
-            format!("volume {} (its ext4 on {})", v.pv, v.device.display()),
-            vec![extents::region_range(r.offset, r.bytes, window)?],
-        )),
-        None => {
-            let extents = file_extents(&v.path)?;
-            let ranges = extents::file_ranges(&extents, d.csi_data.region.offset, window);
-            Ok((
-                format!(
-                    "volume {} ({} of its file {})",
-                    v.pv,
-                    extents_text(ranges.len()),
-                    v.path.display()
-                ),
-                ranges,
-            ))
-        }
-    }
+fn volume_ranges(v: &Volume, window: Option<Range>) -> anyhow::Result<(String, Vec<Range>)> {
+    let what = match v.mode {
+        Mode::Filesystem => format!("volume {} (its ext4 on {})", v.pv, v.device.display()),
+        Mode::Block => format!("volume {} ({})", v.pv, v.device.display()),
+    };
+    Ok((
+        what,
+        vec![extents::region_range(
+            v.region.offset,
+            v.region.bytes,
+            window,
+        )?],
+    ))
 }
 
 fn path_ranges(
@@ -235,30 +151,26 @@ fn path_ranges(
                     path.display()
                 )
             })?;
-        return volume_ranges(d, v, window);
+        return volume_ranges(v, window);
     }
     let dev = maj_min(meta.dev());
-    let base = if dev == d.csi_data.maj_min {
-        d.csi_data.region.offset
-    } else {
-        d.volumes
-            .iter()
-            .find(|v| v.maj_min == dev)
-            .and_then(|v| v.region)
-            .map(|r| r.offset)
-            .with_context(|| {
-                format!(
-                    "{} is on device {dev}, not on the fault disk (its filesystems: csi-data {}{})",
-                    path.display(),
-                    d.csi_data.maj_min,
-                    d.volumes
-                        .iter()
-                        .filter(|v| v.region.is_some())
-                        .map(|v| format!(", {} {}", v.pv, v.maj_min))
-                        .collect::<String>()
-                )
-            })?
-    };
+    let base = d
+        .volumes
+        .iter()
+        .find(|v| v.maj_min == dev && v.mode == Mode::Filesystem)
+        .map(|v| v.region.offset)
+        .with_context(|| {
+            format!(
+                "{} is on device {dev}, not on the fault disk (its filesystems: {})",
+                path.display(),
+                d.volumes
+                    .iter()
+                    .filter(|v| v.mode == Mode::Filesystem)
+                    .map(|v| format!("{} {}", v.pv, v.maj_min))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        })?;
     let files = if meta.is_dir() {
         if window.is_some() {
             bail!(
@@ -283,14 +195,6 @@ fn path_ranges(
         ),
     };
     Ok((what, ranges))
-}
-
-/// "1 extent", "3 extents" (touching extents counted as one).
-fn extents_text(n: usize) -> String {
-    match n {
-        1 => "1 extent".to_string(),
-        n => format!("{n} extents"),
-    }
 }
 
 fn maj_min(dev: u64) -> String {

@@ -1,33 +1,35 @@
-//! The cluster's storage: a disk that fails on command, under a real CSI
-//! driver that the kubelet itself registered, stages and publishes, with
-//! PVs ready for users' claims.
+//! The cluster's storage: a disk that fails on command, under the
+//! project's own CSI driver that the kubelet itself registered, stages and
+//! publishes through `health-agent csi-proxy`, with PVs ready for users'
+//! claims.
 //!
 //! What `up` builds (each step is skipped when already in place):
 //!
 //! ```text
 //! faultdisk server (daemon "faultdisk", --no-stdin)   state/storage/faultdisk/
-//!   serves mnt/disk.img (448 MiB) over FUSE, fails chosen requests (`cluster fault`)
-//!   |-- loop, direct I/O, image [0, 192 MiB)      -> ext4 at state/storage/csi-data
-//!   |     = hostpathplugin's --statedir: its state.json, and the block volumes'
-//!   |       backing files, under the loop devices hostpath attached (direct I/O
-//!   |       switched on, written once so that reads reach the disk)
-//!   |-- loop, image [192 MiB, 256 MiB)            -> ext4 at csi-data/<vh-fs-1's id>
-//!   |-- ...                                          (vh-fs-2, vh-fs-3)
-//!   `-- loop, image [384 MiB, 448 MiB)            -> ext4 at csi-data/<vh-fs-4's id>
-//! hostpathplugin (daemon)  /var/lib/kubelet/plugins/hostpath.csi.k8s.io/csi.sock
-//! csi-node-driver-registrar (daemon) -> plugins_registry/hostpath.csi.k8s.io-reg.sock
-//! CSIDriver hostpath.csi.k8s.io, StorageClass volume-health-faulty (the default,
-//! Immediate binding), PVs vh-fs-1..4 (Filesystem) and vh-block-1..2 (Block),
-//! 64 MiB each, volume handles from CSI CreateVolume on the driver's socket.
+//!   serves mnt/disk.img (384 MiB) over FUSE, fails chosen requests (`cluster fault`)
+//!   |-- loop, direct I/O, image [0, 64 MiB)       vh-fs-1 (ext4 made at its first NodeStage)
+//!   |-- ...                                        vh-fs-2..4
+//!   |-- loop, direct I/O, image [256, 320 MiB)    vh-block-1
+//!   `-- loop, direct I/O, image [320, 384 MiB)    vh-block-2
+//! csi-proxy (daemon, `health-agent csi-proxy`)
+//!     /var/lib/kubelet/plugins/loop.csi.volume-health.io/volume-health/csi.sock
+//! csi-loop-driver (daemon, records in state/storage/driver)
+//!     /var/lib/kubelet/plugins/loop.csi.volume-health.io/csi.sock, and the
+//!     kubelet's registration in plugins_registry/, announcing the proxy's socket
+//! CSIDriver loop.csi.volume-health.io, StorageClass volume-health-faulty (the
+//! default, Immediate binding), PVs vh-fs-1..4 (Filesystem) and vh-block-1..2
+//! (Block), 64 MiB each, from CSI CreateVolume over their stretch of the image.
 //! ```
 //!
-//! Each filesystem volume is its own ext4 on its own stretch of the disk (as
-//! a PV is its own disk in a real cluster): `cluster fault add --volume
-//! vh-fs-1` fails that whole stretch, so that files a pod creates later fail
-//! too, and errors in one volume never touch another or the driver's state.
-//! Those filesystems have no journal and continue on errors: a failed
-//! metadata write would otherwise abort the journal and leave the volume
-//! read-only for good, and `fault clear` must bring it back.
+//! Each volume is its own stretch of the disk under a loop device of its
+//! own (as a PV is its own disk in a real cluster), which the driver finds
+//! already attached and uses: `cluster fault add --volume vh-fs-1` fails
+//! that whole stretch, so that files a pod creates later fail too, and
+//! errors in one volume never touch another. The filesystems have no
+//! journal and continue on errors: a failed metadata write would otherwise
+//! abort the journal and leave the volume read-only for good, and `fault
+//! clear` must bring it back.
 //!
 //! Injecting errors (`cargo xtask cluster fault`, [`fault`]):
 //!
@@ -39,7 +41,7 @@
 //! cluster fault clear
 //! ```
 //!
-//! `--path` takes a file or directory on any of the fault disk's filesystems
+//! `--path` takes a file or directory on any of the volumes' filesystems
 //! (through any mount of it, a pod's included), or a block volume's device;
 //! its data extents (FIEMAP, as `filefrag` reads them) become byte ranges of
 //! the disk image. `--offset`/`--len` narrow the target in its own bytes (the
@@ -47,7 +49,8 @@
 //! disk: a page cache hit never does (read with O_DIRECT, or drop caches).
 //!
 //! `cluster.json`'s `storage` ([`Description`]) tells tests and scripts all
-//! of this: the control socket, devices, mounts and each PV's backing.
+//! of this: the control socket, the sockets, and each PV's device and
+//! stretch.
 
 mod disk;
 mod driver;
@@ -59,18 +62,15 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use health_tests::hostpath::CreatedVolume;
 use serde::{Deserialize, Serialize};
 use xtask::util::say;
 
 use super::{daemon, State};
-pub(super) use fault::{fault, FaultArgs};
+pub(super) use fault::fault;
 
 const MIB: u64 = 1 << 20;
 /// The StorageClass of the PVs (the cluster's default class).
 pub(super) const STORAGE_CLASS: &str = "volume-health-faulty";
-/// The driver's state: its volumes' records and the block volumes' files.
-const CSI_DATA_BYTES: u64 = 192 * MIB;
 
 /// How a volume is consumed (a PV's `volumeMode`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -123,28 +123,22 @@ pub(super) struct Region {
     pub bytes: u64,
 }
 
-/// Where each loop device of the image starts: the driver's state first,
-/// then one region per filesystem volume, in [`VOLUMES`] order.
-fn layout() -> (Region, Vec<Option<Region>>, u64) {
-    let csi_data = Region {
-        offset: 0,
-        bytes: CSI_DATA_BYTES,
-    };
-    let mut next = CSI_DATA_BYTES;
+/// Each volume's stretch of the image, in [`VOLUMES`] order, adjacent from
+/// its start; and the image's size.
+fn layout() -> (Vec<Region>, u64) {
+    let mut next = 0;
     let regions = VOLUMES
         .iter()
         .map(|v| {
-            (v.mode == Mode::Filesystem).then(|| {
-                let r = Region {
-                    offset: next,
-                    bytes: v.bytes,
-                };
-                next += v.bytes;
-                r
-            })
+            let r = Region {
+                offset: next,
+                bytes: v.bytes,
+            };
+            next += v.bytes;
+            r
         })
         .collect();
-    (csi_data, regions, next)
+    (regions, next)
 }
 
 /// The `storage` part of `cluster.json`.
@@ -153,29 +147,20 @@ pub(super) struct Description {
     /// The faultdisk server's control socket (JSON lines:
     /// `health_tests::protocol`); `cluster fault` speaks it.
     pub control_socket: PathBuf,
-    /// The disk image every loop device below reads and writes.
+    /// The disk image every volume's loop device reads and writes.
     pub image: PathBuf,
     pub image_bytes: u64,
-    /// The driver's state dir: an ext4 on the image's first region.
-    pub csi_data: Filesystem,
     pub driver: String,
-    /// The driver's socket, as the kubelet and the agent reach it.
+    /// The driver's own socket (the agent and a controller reach it there).
     pub csi_socket: PathBuf,
-    /// The registrar's socket in the kubelet's plugins_registry.
+    /// `health-agent csi-proxy`'s socket, which the kubelet calls.
+    pub proxy_socket: PathBuf,
+    /// The driver's registration socket in the kubelet's plugins_registry.
     pub registration_socket: PathBuf,
+    /// The driver's records.
+    pub driver_state: PathBuf,
     pub storage_class: String,
     pub volumes: Vec<Volume>,
-}
-
-/// A filesystem on a loop device over a region of the image.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub(super) struct Filesystem {
-    /// `/dev/loopN`.
-    pub device: PathBuf,
-    /// "7:N", as block tracepoints and mountinfo name it.
-    pub maj_min: String,
-    pub region: Region,
-    pub mount: PathBuf,
 }
 
 /// A PV and what backs it.
@@ -185,16 +170,12 @@ pub(super) struct Volume {
     pub volume_handle: String,
     pub mode: Mode,
     pub capacity_bytes: u64,
-    /// The driver's path for it: the directory it bind-mounts (Filesystem),
-    /// or the file behind its loop device (Block).
-    pub path: PathBuf,
-    /// The device that holds its data: its own ext4's loop device
-    /// (Filesystem), or the loop device the driver attached over `path`
-    /// (Block), which the kubelet maps into pods.
+    /// The loop device over its stretch of the image (the driver stages
+    /// it; ext4 for a Filesystem volume, mapped into pods for a Block one).
     pub device: PathBuf,
+    /// "7:N", as block tracepoints and mountinfo name it.
     pub maj_min: String,
-    /// Filesystem volumes only: their region of the image.
-    pub region: Option<Region>,
+    pub region: Region,
 }
 
 impl Description {
@@ -239,25 +220,40 @@ pub(super) fn up(state: &State) -> anyhow::Result<()> {
     let disk = match disk::FaultDisk::connect(state)? {
         Some(disk) => disk,
         None => {
-            // A disk that is gone took the driver's state and the volumes
-            // with it: what is left of them goes too before a fresh one.
+            // A disk that is gone took the volumes with it: what is left
+            // of them (and the driver's records of them) goes too before a
+            // fresh one.
             down(state).context("clearing what a previous fault disk left")?;
             disk::FaultDisk::start(state)?
         }
     };
-    let (csi_region, regions, _) = layout();
-    let csi_data = disk.filesystem(csi_region, &dir(state).join("csi-data"), true)?;
-    driver::ensure_plugin(state, &csi_data.mount)?;
+    let (regions, _) = layout();
+    let mut devices = Vec::new();
+    for region in &regions {
+        devices.push(disk.loop_over(*region)?);
+    }
+    // The proxy first: the driver's registration sends the kubelet to it.
+    driver::ensure_proxy(state)?;
+    let driver_state = dir(state).join("driver");
+    driver::ensure_plugin(state, &driver_state)?;
     let rt = runtime()?;
     let mut volumes = Vec::new();
-    for (spec, region) in VOLUMES.iter().zip(regions) {
-        let created = rt.block_on(driver::create_volume(spec))?;
-        volumes.push((volume(&disk, &csi_data, spec, region, &created)?, created));
+    for ((spec, region), (device, maj_min)) in VOLUMES.iter().zip(regions).zip(devices) {
+        let created = rt.block_on(driver::create_volume(spec, disk.image(), region))?;
+        let volume = Volume {
+            pv: spec.pv.to_string(),
+            volume_handle: created.id.clone(),
+            mode: spec.mode,
+            capacity_bytes: spec.bytes,
+            device,
+            maj_min,
+            region,
+        };
+        volumes.push((volume, created));
     }
     rt.block_on(async {
         let client = objects::client(state).await?;
         objects::apply_csi_driver(&client).await?;
-        driver::ensure_registrar(state)?;
         objects::wait_registered(&client, state.node_name(), Duration::from_secs(60)).await?;
         objects::apply_storage_class(&client).await?;
         for (volume, created) in &volumes {
@@ -269,17 +265,18 @@ pub(super) fn up(state: &State) -> anyhow::Result<()> {
         control_socket: disk.control_socket().to_path_buf(),
         image: disk.image().to_path_buf(),
         image_bytes: disk.size(),
-        csi_data,
         driver: driver::DRIVER.to_string(),
         csi_socket: driver::socket(),
+        proxy_socket: driver::proxy_socket(),
         registration_socket: driver::registration_socket(),
+        driver_state,
         storage_class: STORAGE_CLASS.to_string(),
         volumes: volumes.into_iter().map(|(v, _)| v).collect(),
     };
     description.write(state)?;
     let names: Vec<&str> = description.volumes.iter().map(|v| v.pv.as_str()).collect();
     say(format!(
-        "storage: {} registered; PVs {} in StorageClass {STORAGE_CLASS} on the fault disk {}",
+        "storage: {} registered through csi-proxy; PVs {} in StorageClass {STORAGE_CLASS} on the fault disk {}",
         driver::DRIVER,
         names.join(", "),
         description.image.display()
@@ -287,41 +284,12 @@ pub(super) fn up(state: &State) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// What backs a volume the driver created: its own ext4 on `region`, or
-/// (a block volume) the loop device the driver attached.
-fn volume(
-    disk: &disk::FaultDisk,
-    csi_data: &Filesystem,
-    spec: &VolumeSpec,
-    region: Option<Region>,
-    created: &CreatedVolume,
-) -> anyhow::Result<Volume> {
-    let path = csi_data.mount.join(&created.id);
-    let (device, maj_min) = match region {
-        Some(region) => {
-            let fs = disk.filesystem(region, &path, false)?;
-            (fs.device, fs.maj_min)
-        }
-        None => driver::prepare_block(&path)?,
-    };
-    Ok(Volume {
-        pv: spec.pv.to_string(),
-        volume_handle: created.id.clone(),
-        mode: spec.mode,
-        capacity_bytes: spec.bytes,
-        path,
-        device,
-        maj_min,
-        region,
-    })
-}
-
-/// Stops the registrar and the driver, takes every mount and loop device of
-/// the fault disk away, stops its server and removes the files. Runs after
-/// the kubelet is gone; idempotent.
+/// Stops the driver and the proxy, takes every mount and loop device of
+/// the fault disk away, stops its server and removes the files (the
+/// driver's records with them). Runs after the kubelet is gone; idempotent.
 pub(super) fn down(state: &State) -> anyhow::Result<()> {
     let mut errors = Vec::new();
-    for name in [driver::REGISTRAR_DAEMON, driver::PLUGIN_DAEMON] {
+    for name in [driver::PLUGIN_DAEMON, driver::PROXY_DAEMON] {
         if let Err(e) = daemon::stop(state, name, Duration::from_secs(10)) {
             errors.push(format!("{e:#}"));
         }
@@ -379,23 +347,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn filesystem_volumes_get_adjacent_regions_after_the_driver_state() {
-        let (csi, regions, total) = layout();
-        assert_eq!(
-            csi,
-            Region {
-                offset: 0,
-                bytes: 192 * MIB
-            }
-        );
-        let fs = |i: u64| {
-            Some(Region {
-                offset: (192 + 64 * i) * MIB,
-                bytes: 64 * MIB,
-            })
+    fn every_volume_gets_its_own_adjacent_region() {
+        let (regions, total) = layout();
+        let at = |i: u64| Region {
+            offset: 64 * i * MIB,
+            bytes: 64 * MIB,
         };
-        assert_eq!(regions, vec![fs(0), fs(1), fs(2), fs(3), None, None]);
-        assert_eq!(total, 448 * MIB);
+        assert_eq!(regions, (0..6).map(at).collect::<Vec<_>>());
+        assert_eq!(total, 384 * MIB);
     }
 
     #[test]
@@ -403,34 +362,29 @@ mod tests {
         let d = Description {
             control_socket: "/s/ctl.sock".into(),
             image: "/s/mnt/disk.img".into(),
-            image_bytes: 320 * MIB,
-            csi_data: Filesystem {
-                device: "/dev/loop3".into(),
-                maj_min: "7:3".into(),
-                region: Region {
-                    offset: 0,
-                    bytes: 192 * MIB,
-                },
-                mount: "/s/csi-data".into(),
-            },
-            driver: "hostpath.csi.k8s.io".into(),
-            csi_socket: "/var/lib/kubelet/plugins/hostpath.csi.k8s.io/csi.sock".into(),
+            image_bytes: 384 * MIB,
+            driver: "loop.csi.volume-health.io".into(),
+            csi_socket: "/var/lib/kubelet/plugins/loop.csi.volume-health.io/csi.sock".into(),
+            proxy_socket: "/p".into(),
             registration_socket: "/r".into(),
+            driver_state: "/s/driver".into(),
             storage_class: STORAGE_CLASS.into(),
             volumes: vec![Volume {
                 pv: "vh-block-1".into(),
                 volume_handle: "id".into(),
                 mode: Mode::Block,
                 capacity_bytes: 64 * MIB,
-                path: "/s/csi-data/id".into(),
                 device: "/dev/loop5".into(),
                 maj_min: "7:5".into(),
-                region: None,
+                region: Region {
+                    offset: 256 * MIB,
+                    bytes: 64 * MIB,
+                },
             }],
         };
         let json = serde_json::to_value(&d).unwrap();
         assert_eq!(json["volumes"][0]["mode"], "Block");
-        assert_eq!(json["csi_data"]["region"]["bytes"], 192 * MIB);
+        assert_eq!(json["volumes"][0]["region"]["offset"], 256 * MIB);
         let back: Description = serde_json::from_value(json).unwrap();
         assert_eq!(back, d);
         assert_eq!(back.volume("vh-block-1").unwrap().maj_min, "7:5");

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use health_tests::hostpath::CreatedVolume;
+use health_tests::csi_driver::client::CreatedVolume;
 use k8s_openapi::api::core::v1::{
     CSIPersistentVolumeSource, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm,
     PersistentVolume, PersistentVolumeSpec, VolumeNodeAffinity,
@@ -80,7 +80,8 @@ pub(super) async fn apply_csi_driver(client: &Client) -> anyhow::Result<()> {
 }
 
 /// Until the node's CSINode lists the driver: the kubelet has called
-/// NodeGetInfo through the registrar's socket.
+/// NodeGetInfo on the socket the driver's registration announced (the
+/// proxy's).
 pub(super) async fn wait_registered(
     client: &Client,
     node: &str,
@@ -96,7 +97,7 @@ pub(super) async fn wait_registered(
         if Instant::now() > deadline {
             bail!(
                 "the kubelet did not register {DRIVER} within {within:?}: CSINode {node} lists {drivers:?} \
-                 (the registrar's log tells why)"
+                 (the driver's and the proxy's logs tell why)"
             );
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
@@ -166,34 +167,15 @@ pub(super) async fn apply_pv(
 }
 
 fn pv(node: &str, volume: &Volume, created: &CreatedVolume) -> PersistentVolume {
-    // The driver's topology (its node key), else the node's hostname label.
-    let mut terms: Vec<NodeSelectorTerm> = created
-        .topology
-        .iter()
-        .map(|segments| NodeSelectorTerm {
-            match_expressions: Some(
-                segments
-                    .iter()
-                    .map(|(key, value)| NodeSelectorRequirement {
-                        key: key.clone(),
-                        operator: "In".to_string(),
-                        values: Some(vec![value.clone()]),
-                    })
-                    .collect(),
-            ),
-            ..NodeSelectorTerm::default()
-        })
-        .collect();
-    if terms.is_empty() {
-        terms.push(NodeSelectorTerm {
-            match_expressions: Some(vec![NodeSelectorRequirement {
-                key: "kubernetes.io/hostname".to_string(),
-                operator: "In".to_string(),
-                values: Some(vec![node.to_string()]),
-            }]),
-            ..NodeSelectorTerm::default()
-        });
-    }
+    // The driver reports no topology: the node's hostname label pins it.
+    let terms = vec![NodeSelectorTerm {
+        match_expressions: Some(vec![NodeSelectorRequirement {
+            key: "kubernetes.io/hostname".to_string(),
+            operator: "In".to_string(),
+            values: Some(vec![node.to_string()]),
+        }]),
+        ..NodeSelectorTerm::default()
+    }];
     let (mode, fs_type) = match volume.mode {
         Mode::Filesystem => ("Filesystem", Some("ext4".to_string())),
         Mode::Block => ("Block", None),
