@@ -199,7 +199,11 @@ async fn serves_the_drivers_answers_with_the_agents_conditions_until_sigterm() {
         .iter()
         .filter_map(|c| c.r#type.as_ref().map(|Arm::Rpc(rpc)| rpc.r#type))
         .collect();
-    assert_eq!(types.last(), Some(&(Type::GetVolumeHealth as i32)));
+    // The proxy appends both health calls the driver does not advertise.
+    assert_eq!(
+        types[types.len().saturating_sub(2)..],
+        [Type::GetVolumeHealth as i32, Type::GetStorageHealth as i32]
+    );
 
     let asked = proto::NodeGetVolumeHealthRequest {
         volume_id: "vol-1".into(),

@@ -1,5 +1,6 @@
-//! `VolumeHealth` on a real kube-apiserver (v1.26.1, `health_tests::envtest`)
-//! with the ValidatingAdmissionPolicy alpha of 1.26 switched on: the CRD of
+//! `VolumeHealth` on a real kube-apiserver (the oldest supported, v1.26,
+//! `health_tests::envtest`) with the ValidatingAdmissionPolicy alpha of 1.26
+//! switched on: the CRD of
 //! deploy/ installs and its schema refuses bad objects; the agents of two
 //! nodes and the controller write their own entries by server-side apply
 //! under the agent's real ClusterRole (deploy/clusterrole.yaml); the
@@ -7,7 +8,9 @@
 //! which is what 1.26 serves) keep one node's agent from overwriting or
 //! removing another's entry and from touching a PVC beyond its label;
 //! `kubectl get volumehealth -A` and `kubectl get pvc -l` show the state and
-//! clear on recovery.
+//! clear on recovery. On the newest (1.37, the policies as deploy/ ships
+//! them), the controller's union reaches `pvc.status.healthStatus` where the
+//! `CSIVolumeHealth` gate is on and is dropped, said once, where it is off.
 //!
 //! Node identities: every agent runs as one ServiceAccount; Kubernetes 1.30+
 //! adds the pod's node to the user info of its token, which the policy reads.
@@ -58,17 +61,29 @@ fn documents(file: &Path) -> Result<Vec<Value>> {
     Ok(docs)
 }
 
+const POLICY_FILES: [&str; 4] = [
+    "volumehealth-policy.yaml",
+    "volumehealth-policybinding.yaml",
+    "pvc-label-policy.yaml",
+    "pvc-label-policybinding.yaml",
+];
+
+/// The policies of deploy/ as it ships them (admissionregistration v1, 1.30+).
+fn policies_as_shipped() -> Result<Vec<Value>> {
+    let dir = repo().join("deploy/components/admission-policy");
+    let mut out = Vec::new();
+    for f in POLICY_FILES {
+        out.extend(documents(&dir.join(f))?);
+    }
+    Ok(out)
+}
+
 /// The policies of deploy/ as 1.26 serves them: v1alpha1, whose binding has
 /// no `validationActions` (it always denies).
 fn policies_for_1_26() -> Result<Vec<Value>> {
     let dir = repo().join("deploy/components/admission-policy");
     let mut out = Vec::new();
-    for f in [
-        "volumehealth-policy.yaml",
-        "volumehealth-policybinding.yaml",
-        "pvc-label-policy.yaml",
-        "pvc-label-policybinding.yaml",
-    ] {
+    for f in POLICY_FILES {
         for mut d in documents(&dir.join(f))? {
             ensure!(
                 d["apiVersion"] == "admissionregistration.k8s.io/v1",
@@ -89,6 +104,15 @@ fn policies_for_1_26() -> Result<Vec<Value>> {
     Ok(out)
 }
 
+/// Which server a test runs on.
+#[derive(Clone, Copy, Debug)]
+enum Server {
+    /// 1.26 with the ValidatingAdmissionPolicy alpha.
+    Oldest,
+    /// 1.37, its `CSIVolumeHealth` gate on or off.
+    Newest { volume_health_gate: bool },
+}
+
 struct Env {
     server: RealApiServer,
     admin: Client,
@@ -97,11 +121,20 @@ struct Env {
 
 impl Env {
     async fn start() -> Result<Option<Env>> {
-        let Some(server) = Options::new()
-            .apiserver_arg("--feature-gates=ValidatingAdmissionPolicy=true")
-            .apiserver_arg("--runtime-config=admissionregistration.k8s.io/v1alpha1=true")
-            .require()
-        else {
+        Env::start_on(Server::Oldest).await
+    }
+
+    async fn start_on(on: Server) -> Result<Option<Env>> {
+        let options = match on {
+            Server::Oldest => Options::new()
+                .oldest()
+                .apiserver_arg("--feature-gates=ValidatingAdmissionPolicy=true")
+                .apiserver_arg("--runtime-config=admissionregistration.k8s.io/v1alpha1=true"),
+            Server::Newest { volume_health_gate } => Options::new().apiserver_arg(&format!(
+                "--feature-gates=CSIVolumeHealth={volume_health_gate}"
+            )),
+        };
+        let Some(server) = options.require() else {
             return Ok(None);
         };
         let admin = server.client(server.admin()).await?;
@@ -118,7 +151,11 @@ impl Env {
                     .with_context(|| format!("applying deploy/{f}"))?;
             }
         }
-        for d in policies_for_1_26()? {
+        let policies = match on {
+            Server::Oldest => policies_for_1_26()?,
+            Server::Newest { .. } => policies_as_shipped()?,
+        };
+        for d in policies {
             apply_manifest(&admin, &d)
                 .await
                 .context("applying the admission policies")?;
@@ -181,10 +218,50 @@ impl Env {
         ))
     }
 
+    /// The controller's ServiceAccount under deploy/controller/rbac's
+    /// ClusterRole.
+    async fn controller_client(&self) -> Result<Client> {
+        for d in documents(&repo().join("deploy/controller/rbac/clusterrole.yaml"))? {
+            apply_manifest(&self.admin, &d).await?;
+        }
+        let binding = json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+            "metadata": {"name": "volume-health-controller"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "volume-health-controller"},
+            "subjects": [{"kind": "ServiceAccount", "name": "volume-health-controller", "namespace": "kube-system"}],
+        });
+        apply_manifest(&self.admin, &binding).await?;
+        self.server
+            .impersonating_client(&Impersonation::service_account(
+                "kube-system",
+                "volume-health-controller",
+            ))
+            .await
+    }
+
     async fn object(&self) -> Result<VolumeHealth> {
         Ok(Api::<VolumeHealth>::namespaced(self.admin.clone(), NS)
             .get(PVC)
             .await?)
+    }
+
+    /// The claim's `status.healthStatus` as stored: (status, reason,
+    /// message) per condition, and the last transition.
+    async fn health_status(
+        &self,
+    ) -> Result<Option<(Vec<(String, String, String)>, Option<String>)>> {
+        let pvc = Api::<PersistentVolumeClaim>::namespaced(self.admin.clone(), NS)
+            .get(PVC)
+            .await?;
+        Ok(pvc.status.and_then(|s| s.health_status).map(|h| {
+            let conditions = h
+                .health_conditions
+                .unwrap_or_default()
+                .into_iter()
+                .map(|c| (c.status, c.reason, c.message.unwrap_or_default()))
+                .collect();
+            (conditions, h.last_transition_time.map(|t| t.0.to_string()))
+        }))
     }
 
     async fn label(&self) -> Result<Option<String>> {
@@ -610,27 +687,14 @@ fn the_controller_writes_its_own_entries_beside_the_nodes() -> Result<()> {
     use health_controller::status::upstream::{shape, HealthStatusWriter, Outcome, Support};
     health_tests::multi_thread_runtime()?.block_on(async {
         let Some(env) = Env::start().await? else { return Ok(()) };
-        for d in documents(&repo().join("deploy/controller/rbac/clusterrole.yaml"))? {
-            apply_manifest(&env.admin, &d).await?;
-        }
-        let binding = json!({
-            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-            "metadata": {"name": "volume-health-controller"},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "volume-health-controller"},
-            "subjects": [{"kind": "ServiceAccount", "name": "volume-health-controller", "namespace": "kube-system"}],
-        });
-        apply_manifest(&env.admin, &binding).await?;
-        let controller = env
-            .server
-            .impersonating_client(&Impersonation::service_account("kube-system", "volume-health-controller"))
-            .await?;
+        let controller = env.controller_client().await?;
         let api = StatusApi::new(controller.clone(), status::CONTROLLER_MANAGER.into(), entry_names(), None);
         let now = SystemTime::now();
         let csi = SourceEntry {
             name: "CSIDriver".into(),
             kind: EntryKind::CsiDriver,
             node: None,
-            driver: Some("hostpath.csi.k8s.io".into()),
+            driver: Some("loop.csi.volume-health.io".into()),
             pods: vec![],
             pod_count: None,
             update_time: "2026-11-24T10:00:00Z".into(),
@@ -670,6 +734,94 @@ fn the_controller_writes_its_own_entries_beside_the_nodes() -> Result<()> {
         assert_eq!(upstream.write(&env.claim, wanted.clone(), now).await, Outcome::Skipped);
         assert_eq!(upstream.support(), Support::Absent);
         assert_eq!(upstream.write(&env.claim, wanted, now).await, Outcome::Skipped);
+        Ok(())
+    })
+}
+
+#[test]
+fn on_1_37_the_union_reaches_pvc_status_health_status_where_the_gate_is_on() -> Result<()> {
+    use health_controller::status::upstream::{shape, HealthStatusWriter, Outcome, Support};
+    health_tests::multi_thread_runtime()?.block_on(async {
+        for gate in [true, false] {
+            let on = Server::Newest {
+                volume_health_gate: gate,
+            };
+            let Some(env) = Env::start_on(on).await? else {
+                return Ok(());
+            };
+            let controller = env.controller_client().await?;
+            // A node's agent reports through its own entry, under the
+            // policies as deploy/ ships them.
+            env.node_api("node-a")
+                .await?
+                .put(
+                    &env.claim,
+                    &[node_entry(
+                        "node-a",
+                        vec![cond(Status::Degraded, "BlockIOErrors", Some(2))],
+                    )],
+                    SystemTime::now(),
+                )
+                .await?;
+            let wanted = shape::wanted(&env.object().await?);
+            let mut upstream = HealthStatusWriter::new(controller, None);
+            let now = SystemTime::now();
+            let first = upstream.write(&env.claim, wanted.clone(), now).await;
+            let stored = env.health_status().await?;
+            if !gate {
+                // Accepted and dropped: learnt from the first answer, never
+                // written again.
+                assert_eq!(
+                    (first, upstream.support()),
+                    (Outcome::Skipped, Support::Dropped),
+                    "{on:?}"
+                );
+                assert_eq!(stored, None, "{on:?}");
+                assert_eq!(
+                    upstream.write(&env.claim, wanted, now).await,
+                    Outcome::Skipped
+                );
+                continue;
+            }
+            assert_eq!(
+                (first, upstream.support()),
+                (Outcome::Written, Support::Served),
+                "{on:?}"
+            );
+            assert_eq!(
+                stored,
+                Some((
+                    vec![(
+                        "Degraded".to_string(),
+                        "BlockIOErrors".to_string(),
+                        "Node/node-a: BlockIOErrors message".to_string()
+                    )],
+                    Some("2026-11-24T10:00:00Z".to_string())
+                )),
+                "{on:?}"
+            );
+            // The same union again: nothing written.
+            assert_eq!(
+                upstream.write(&env.claim, wanted, now).await,
+                Outcome::Unchanged
+            );
+            // Recovery: the node's entry clears, and so does the field.
+            env.node_api("node-a")
+                .await?
+                .put(&env.claim, &[node_entry("node-a", vec![])], now)
+                .await?;
+            let wanted = shape::wanted(&env.object().await?);
+            assert_eq!(
+                upstream.write(&env.claim, wanted, now).await,
+                Outcome::Written
+            );
+            // A new (empty) set: its transition is now.
+            assert_eq!(
+                env.health_status().await?,
+                Some((vec![], Some(shape::to_time(now).0.to_string()))),
+                "after recovery"
+            );
+        }
         Ok(())
     })
 }

@@ -15,7 +15,7 @@ use prost::Message as _;
 
 use super::forward::{held, ProxyError, ToKubelet, Upstream};
 use super::merge::{merged, WireEntry};
-use super::{grpc, AgentCondition, Shared, NODE_GET_CAPABILITIES};
+use super::{grpc, Advertised, AgentCondition, Shared, NODE_GET_CAPABILITIES};
 use crate::proto;
 use crate::proto::node_service_capability::rpc::Type as NodeRpc;
 
@@ -83,7 +83,9 @@ pub(super) async fn node_volume_health(
         return Ok(upstream.send(request).await?.map(Either::Left));
     };
     let uri = parts.uri.clone();
-    let driver_answers = volume_health_advertised(shared, upstream, &uri).await;
+    let driver_answers = advertised(shared, upstream, &uri, "NodeGetVolumeHealth")
+        .await
+        .volume_health;
     let agent = agent_conditions(shared, upstream, &uri, &asked.volume_id);
     if !driver_answers {
         // The call is the proxy's to answer, and CSI 1.13 requires a
@@ -190,19 +192,25 @@ fn own_error(code: u16, message: &'static str) -> Response<ToKubelet> {
     response
 }
 
-/// Whether the driver advertises GET_VOLUME_HEALTH: as learnt from a recent
-/// NodeGetCapabilities answer, else asked. A driver that cannot say is taken
-/// as not advertising it (the kubelet, asking the same, would not call).
-async fn volume_health_advertised(shared: &Shared, upstream: &Upstream, uri: &Uri) -> bool {
+/// The health calls the driver advertises: as learnt from a recent
+/// NodeGetCapabilities answer, else asked. A driver that cannot say is
+/// taken as advertising none (the kubelet, asking the same, would not call);
+/// `answering` names the call the proxy answers without it, for the log.
+pub(super) async fn advertised(
+    shared: &Shared,
+    upstream: &Upstream,
+    uri: &Uri,
+    answering: &str,
+) -> Advertised {
     if let Some(known) = shared.known_capabilities() {
-        return known.volume_health;
+        return known;
     }
     match own_call::<proto::NodeGetCapabilitiesResponse>(upstream, uri, NODE_GET_CAPABILITIES).await
     {
-        Ok(answer) => shared.learn_capabilities(&answer).volume_health,
+        Ok(answer) => shared.learn_capabilities(&answer),
         Err(e) => {
-            tracing::warn!(error = %e, "answering NodeGetVolumeHealth without the driver");
-            false
+            tracing::warn!(error = %e, "answering {answering} without the driver");
+            Advertised::NONE
         }
     }
 }

@@ -124,6 +124,13 @@ struct Advertised {
     storage_health: bool,
 }
 
+impl Advertised {
+    const NONE: Advertised = Advertised {
+        volume_health: false,
+        storage_health: false,
+    };
+}
+
 /// What the driver said about itself, as far as the proxy needs it.
 #[derive(Default)]
 struct DriverFacts {

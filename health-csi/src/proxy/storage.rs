@@ -21,9 +21,9 @@ use prost::Message as _;
 use health_core::conditions::{clip_to, Status};
 
 use super::forward::{held, ProxyError, ToKubelet, Upstream};
-use super::intercept::{answered, driver_name, own_answer, own_call};
+use super::intercept::{advertised, answered, driver_name, own_answer};
 use super::merge::{MAX_ENTRIES, MAX_MESSAGE_BYTES, MAX_REASON_BYTES};
-use super::{AgentCondition, Shared, NODE_GET_CAPABILITIES};
+use super::{AgentCondition, Shared};
 use crate::proto;
 use crate::proto::node_get_storage_health_response::StorageBackendHealth;
 use crate::proto::StorageHealthErrorType as Wire;
@@ -41,7 +41,9 @@ pub(super) async fn node_storage_health(
         .map_err(ProxyError::Request)?
         .to_bytes();
     let uri = parts.uri.clone();
-    let driver_answers = storage_health_advertised(shared, upstream, &uri).await;
+    let driver_answers = advertised(shared, upstream, &uri, "NodeGetStorageHealth")
+        .await
+        .storage_health;
     let agent = agent_storage(shared, upstream, &uri);
     if !driver_answers {
         let agent = agent.await;
@@ -126,23 +128,6 @@ fn rank(status: i32) -> u8 {
         Ok(Wire::StorageUnreachable) => 0,
         Ok(Wire::StorageDegraded) => 1,
         Ok(Wire::UnknownStorageHealthErrorType) | Err(_) => 2,
-    }
-}
-
-/// Whether the driver advertises GET_STORAGE_HEALTH: as learnt from a
-/// recent NodeGetCapabilities answer, else asked; a driver that cannot say
-/// is taken as not advertising it.
-async fn storage_health_advertised(shared: &Shared, upstream: &Upstream, uri: &http::Uri) -> bool {
-    if let Some(known) = shared.known_capabilities() {
-        return known.storage_health;
-    }
-    match own_call::<proto::NodeGetCapabilitiesResponse>(upstream, uri, NODE_GET_CAPABILITIES).await
-    {
-        Ok(answer) => shared.learn_capabilities(&answer).storage_health,
-        Err(e) => {
-            tracing::warn!(error = %e, "answering NodeGetStorageHealth without the driver");
-            false
-        }
     }
 }
 

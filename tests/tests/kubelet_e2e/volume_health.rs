@@ -13,9 +13,10 @@
 //! - `pvc.status.healthStatus`, which the controller writes: the affected
 //!   claim carries the node agent's kernel evidence, the other nothing;
 //! - after the quiet window both clear;
-//! - and the kubelet asked NodeGetStorageHealth through the proxy (the
-//!   proxy's and the agent's answer, empty: loop devices have no stack
-//!   state), so `CSINode.status.storageHealth` holds nothing adverse.
+//! - and `CSINode.status.storageHealth` holds nothing adverse for the
+//!   driver: loop devices have no stack state to report (a stack's findings
+//!   in the proxy's NodeGetStorageHealth answer are health-csi's proxy
+//!   tests, tests/csi/proxy/storage_health.rs).
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -145,8 +146,8 @@ pub fn scenario(e2e: &E2e) -> Result<()> {
     eprintln!("pod.status.volumeHealth after recovery: {cleared:?}");
     wait_health_status(cluster, PVC, "cleared", |s| conditions_of(s).is_empty())?;
 
-    // The kubelet asked for the driver's storage health (through the proxy,
-    // which added the capability) and found nothing adverse.
+    // Nothing adverse for the driver on the node (the proxy advertises
+    // GET_STORAGE_HEALTH; this host's volumes have no stack state).
     let storage = csinode_storage_health(cluster)?;
     let driver = &cluster.info.storage()?.driver;
     ensure!(
