@@ -76,8 +76,14 @@ fn script(dir: &Path, steps: &[Step], env: &Env, hang_report: Option<Duration>) 
     // does not run: it probes every block device a writer closes, so a test
     // that fails a disk saw reads it never made (a_vanished_disk: 6 failed
     // reads instead of 2). Stopped, the guest is like the host the suite
-    // is written for; devtmpfs still creates the device nodes.
-    s.push_str("udevadm control --exit 2>/dev/null\n");
+    // is written for; devtmpfs still creates the device nodes. It may still
+    // be starting when this script does, its control socket not yet
+    // answering (a_vanished_disk failed so once in 6.12 with a single
+    // `--exit`): asked again while its process lives, for up to 10 s.
+    s.push_str(
+        "n=0; while [ $n -lt 100 ] && grep -qsx systemd-udevd /proc/[0-9]*/comm; do \
+         udevadm control --exit 2>/dev/null && break; n=$((n+1)); sleep 0.1; done\n",
+    );
     // The scratch disk is the virtio disk with its serial (the others are
     // the tests', see `devices`).
     s.push_str(&format!(
