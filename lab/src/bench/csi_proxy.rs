@@ -381,8 +381,8 @@ impl ProxyResult {
         }
         out.push_str(&format!(
             "\nWorst added p99: {:.0} µs (goal ≤ 1000 µs). NodeGetVolumeHealth has no direct figure: neither driver advertises it here, \
-             and the proxy answers it after asking the agent's socket (a new HTTP/1.1 connection per question); \
-             (csi-loop-driver runs without --volume-health, the test driver in mode LegacyOnly).\n",
+             and the proxy answers it after asking the agent's socket (a new HTTP/1.1 connection per question): \
+             csi-loop-driver runs without --volume-health, the test driver in mode LegacyOnly.\n",
             self.worst_added_p99()
         ));
         out

@@ -37,7 +37,7 @@ fn is_path_char(c: char) -> bool {
 
 /// Every citation of this repository's pages in folded `text`: tokens
 /// `README.md` (or `README` followed by a quoted heading) and `docs/....md`.
-/// Other READMEs (`shared/csi/README.md`) are not this repository's pages.
+/// Other READMEs (`vendor/csi/README.md`) are not this repository's pages.
 pub fn citations(text: &str) -> Vec<Citation> {
     let mut out = vec![];
     let mut at = 0;
@@ -98,7 +98,7 @@ fn quoted(mut after: &str) -> Vec<String> {
 fn citations_are_found_across_comment_lines() {
     let text = fold(
         "//! skipped as malformed (README, \"Input\n//! handling\"), see docs/benchmarks.md, \"Error flood\", \"CI\".\n\
-         # the README's test command; shared/csi/README.md; docs/runbooks/README.md\n\
+         # the README's test command; vendor/csi/README.md; docs/runbooks/README.md\n\
          let s = \"See docs/benchmarks.md, \\\"Scale\\\"\"; if p == \"README.md\" { x(\"y\") }",
     );
     assert_eq!(
