@@ -86,7 +86,7 @@ pub(super) async fn node_volume_health(
     let driver_answers = advertised(shared, upstream, &uri, "NodeGetVolumeHealth")
         .await
         .volume_health;
-    let agent = agent_conditions(shared, upstream, &uri, &asked.volume_id);
+    let agent = ask_agent(shared, upstream, &uri, Question::Volume(&asked.volume_id));
     if !driver_answers {
         // The call is the proxy's to answer, and CSI 1.13 requires a
         // volume id (csi-sanity's NodeGetVolumeHealth spec checks it).
@@ -215,22 +215,35 @@ pub(super) async fn advertised(
     }
 }
 
-/// The agent's conditions for the volume, bounded in time; none when the
-/// agent cannot say (counted and logged: the answer is the driver's alone).
-async fn agent_conditions(
+/// What the proxy asks the agent's socket.
+pub(super) enum Question<'a> {
+    /// The conditions of one volume (by handle).
+    Volume(&'a str),
+    /// The driver's storage findings.
+    Storage,
+}
+
+/// The agent's answer, bounded in time; none when the agent cannot say
+/// (counted and logged: the answer is the driver's alone).
+pub(super) async fn ask_agent(
     shared: &Shared,
     upstream: &Upstream,
     uri: &Uri,
-    volume_id: &str,
+    question: Question<'_>,
 ) -> Vec<AgentCondition> {
     let driver = driver_name(shared, upstream, uri).await;
+    let (asked, answering) = match question {
+        Question::Volume(volume_id) => (
+            shared.evidence.conditions(driver.as_deref(), volume_id),
+            "NodeGetVolumeHealth",
+        ),
+        Question::Storage => (
+            shared.evidence.storage_conditions(driver.as_deref()),
+            "NodeGetStorageHealth",
+        ),
+    };
     let timeout = shared.config.agent_timeout;
-    let asked = tokio::time::timeout(
-        timeout,
-        shared.evidence.conditions(driver.as_deref(), volume_id),
-    )
-    .await;
-    let failure = match asked {
+    let failure = match tokio::time::timeout(timeout, asked).await {
         Ok(Ok(conditions)) => {
             shared.agent_outage.ok();
             return conditions;
@@ -241,7 +254,7 @@ async fn agent_conditions(
     shared.count(|c| &c.agent_unavailable);
     shared.agent_outage.failed(
         &failure,
-        "answering NodeGetVolumeHealth with the driver's entries alone",
+        &format!("answering {answering} with the driver's entries alone"),
     );
     Vec::new()
 }

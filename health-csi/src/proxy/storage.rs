@@ -21,7 +21,7 @@ use prost::Message as _;
 use health_core::conditions::{clip_to, Status};
 
 use super::forward::{held, ProxyError, ToKubelet, Upstream};
-use super::intercept::{advertised, answered, driver_name, own_answer};
+use super::intercept::{advertised, answered, ask_agent, own_answer, Question};
 use super::merge::{MAX_ENTRIES, MAX_MESSAGE_BYTES, MAX_REASON_BYTES};
 use super::{AgentCondition, Shared};
 use crate::proto;
@@ -44,7 +44,7 @@ pub(super) async fn node_storage_health(
     let driver_answers = advertised(shared, upstream, &uri, "NodeGetStorageHealth")
         .await
         .storage_health;
-    let agent = agent_storage(shared, upstream, &uri);
+    let agent = ask_agent(shared, upstream, &uri, Question::Storage);
     if !driver_answers {
         let agent = agent.await;
         shared.count(|c| &c.storage_answers);
@@ -129,36 +129,6 @@ fn rank(status: i32) -> u8 {
         Ok(Wire::StorageDegraded) => 1,
         Ok(Wire::UnknownStorageHealthErrorType) | Err(_) => 2,
     }
-}
-
-/// The agent's findings for this driver, bounded in time; none when the
-/// agent cannot say (counted and logged, as for the volume answers).
-async fn agent_storage(
-    shared: &Shared,
-    upstream: &Upstream,
-    uri: &http::Uri,
-) -> Vec<AgentCondition> {
-    let driver = driver_name(shared, upstream, uri).await;
-    let timeout = shared.config.agent_timeout;
-    let asked = tokio::time::timeout(
-        timeout,
-        shared.evidence.storage_conditions(driver.as_deref()),
-    )
-    .await;
-    let failure = match asked {
-        Ok(Ok(conditions)) => {
-            shared.agent_outage.ok();
-            return conditions;
-        }
-        Ok(Err(e)) => e.to_string(),
-        Err(_) => format!("no answer within {timeout:?}"),
-    };
-    shared.count(|c| &c.agent_unavailable);
-    shared.agent_outage.failed(
-        &failure,
-        "answering NodeGetStorageHealth with the driver's entries alone",
-    );
-    Vec::new()
 }
 
 #[cfg(test)]
