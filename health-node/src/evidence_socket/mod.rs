@@ -35,7 +35,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
 
 use health_common::CounterKey;
-use health_core::conditions::{Condition, Source, Status};
+use health_core::conditions::{CheckKind, Condition, Source, Status};
 use health_kernel::clock::Clock;
 use health_kernel::collector::{KernelError, KernelStats};
 use health_topology::{InputErrors, Topology};
@@ -162,15 +162,14 @@ impl Board {
             let (Some(driver), Some(handle)) = (driver, handle) else {
                 continue;
             };
-            let found: Vec<AnsweredCondition> = conditions
-                .into_iter()
-                .filter(is_agents_own)
-                .map(answered)
-                .collect();
-            by_driver
-                .entry(driver.to_string())
-                .or_default()
-                .extend(found.iter().filter(|c| c.source == STACK_SOURCE).cloned());
+            let own: Vec<Condition> = conditions.into_iter().filter(is_agents_own).collect();
+            by_driver.entry(driver.to_string()).or_default().extend(
+                own.iter()
+                    .filter(|c| is_stack_state(c))
+                    .cloned()
+                    .map(answered),
+            );
+            let found = own.into_iter().map(answered);
             by_volume
                 .entry((driver.to_string(), handle.to_string()))
                 .or_default()
@@ -204,9 +203,10 @@ fn answered(c: Condition) -> AnsweredCondition {
     }
 }
 
-/// The source of what the stack check finds (`check/stack`): the node's
-/// state of a driver's storage.
-const STACK_SOURCE: &str = "check/stack";
+/// What the stack check finds: the node's state of a driver's storage.
+fn is_stack_state(c: &Condition) -> bool {
+    c.source == Source::Check(CheckKind::Stack)
+}
 
 /// One condition per finding (status, reason and message): two volumes on
 /// one multipath map say it once, two maps each say theirs; worst first.
@@ -410,7 +410,6 @@ mod tests {
 
     #[test]
     fn the_board_holds_the_agents_own_conditions_per_csi_volume() {
-        use health_core::conditions::CheckKind;
         let b = Board::default();
         let pod_a = vec![
             condition(Source::Kernel, Status::DataLoss, "BlockIOErrors"),
@@ -459,7 +458,6 @@ mod tests {
 
     #[test]
     fn the_board_keeps_each_drivers_stack_findings_once() {
-        use health_core::conditions::CheckKind;
         let stack = |status, reason: &str, message: &str| Condition {
             message: message.into(),
             ..condition(Source::Check(CheckKind::Stack), status, reason)
