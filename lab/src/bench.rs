@@ -84,6 +84,12 @@ pub fn prepare() -> Result<Tools> {
         health_tests::require_env(&[])?;
         return Ok(tools);
     }
+    // The fault disk server comes from the workspace build, which also
+    // leaves its own agent (the test suites' feature set) at
+    // target/release/health-agent; the agent measured is a user's build of
+    // its package, built after it and copied apart, so that no later
+    // workspace build (the csi_proxy part's driver) replaces it midway.
+    let faultdisk = build::release_test_binary("faultdisk")?;
     // The tools the measurements drive install while the agent compiles.
     let built = build::binaries(&build::Wanted {
         packages: xtask::bootstrap::TEST_PACKAGES,
@@ -92,11 +98,11 @@ pub fn prepare() -> Result<Tools> {
     // Check them anyway, so that a missing one is named with its package
     // before anything is set up.
     health_tests::require_env(&[])?;
-    let faultdisk = build::release_test_binary("faultdisk")?;
-    Ok(Tools {
-        agent: built.agent,
-        faultdisk,
-    })
+    let agent = build::target_dir().join("bench/health-agent");
+    std::fs::create_dir_all(agent.parent().context("a parent")?)?;
+    std::fs::copy(&built.agent, &agent)
+        .with_context(|| format!("copying {} to {}", built.agent.display(), agent.display()))?;
+    Ok(Tools { agent, faultdisk })
 }
 
 /// Progress on stderr, so stdout stays for results.

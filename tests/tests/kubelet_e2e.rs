@@ -32,7 +32,10 @@
 //! Node not Ready, every test fails saying so. Needs root (the tests read
 //! the kubelet's tree and file extents on the host, and steer the fault
 //! disk), and kubectl and helm (`cargo xtask tools`). Run:
-//! `cargo test --release -p health-tests --features cluster-e2e --test kubelet_e2e -- --test-threads=1`.
+//! `cargo xtask cluster test`, or on a cluster already up
+//! `cargo test --release --workspace --test kubelet_e2e -- --test-threads=1`
+//! (`--workspace`: the feature set of every other build, so nothing
+//! compiles twice).
 
 #[path = "kubelet_e2e/agent.rs"]
 mod agent;

@@ -94,24 +94,51 @@ pub fn release_controller() -> anyhow::Result<PathBuf> {
     Ok(target_dir().join("release/health-controller"))
 }
 
-/// Builds a program of the test harness (release): the faultdisk server
-/// (the bench and the local cluster's storage) or the project's CSI driver
-/// `csi-loop-driver` (the local cluster's storage).
+/// A program of the test harness (release) from the workspace build: the
+/// faultdisk server (the bench and the local cluster's storage) or the
+/// project's CSI driver `csi-loop-driver` (the local cluster's storage).
 pub fn release_test_binary(name: &str) -> anyhow::Result<PathBuf> {
-    say(format!("building {name} (release)"));
-    run(cargo().current_dir(workspace_root()).args([
-        "build",
-        "--release",
-        "--package",
-        "health-tests",
-        "--bin",
-        name,
-    ]))?;
+    workspace(&[])?;
     let bin = target_dir().join("release").join(name);
     if !bin.is_file() {
-        bail!("the build succeeded but {} is missing", bin.display());
+        bail!(
+            "the workspace build succeeded but {} is missing",
+            bin.display()
+        );
     }
     Ok(bin)
+}
+
+/// [`workspace`]'s cargo arguments: `--tests` brings the dev-dependencies,
+/// and so the feature set `cargo test --release --workspace` finds built.
+const WORKSPACE_BUILD: &[&str] = &[
+    "build",
+    "--release",
+    "--workspace",
+    "--lib",
+    "--bins",
+    "--tests",
+];
+
+/// Every library, program and test of the workspace in one release build
+/// (`tests`: targets with `test = false` to add by name), with the feature
+/// set of `cargo test --release --workspace`: dependencies unified with the
+/// dev-dependencies. `cargo xtask test`, `cluster test`, `vm` and the lab
+/// build this and nothing else, so none of them compiles what another
+/// already has. Built per package instead (`cargo build -p health-lab`,
+/// `-p health-tests --bin faultdisk`, ...), each selection unified its own
+/// features and compiled tokio, kube, hyper and the workspace crates again:
+/// about 10 minutes of a cold CI run (docs/benchmarks.md, "CI"). The
+/// agent users build (`cargo xtask build`, `run`, `image`) stays its own
+/// package's build.
+pub fn workspace(tests: &[&str]) -> anyhow::Result<()> {
+    say("building the workspace: programs and tests (release profile)");
+    let mut cmd = cargo();
+    cmd.current_dir(workspace_root()).args(WORKSPACE_BUILD);
+    for test in tests {
+        cmd.args(["--test", test]);
+    }
+    run(&mut cmd)
 }
 
 /// A cargo build running beside other work, its output in a log file under
@@ -253,14 +280,11 @@ pub fn test(args: &[String]) -> anyhow::Result<()> {
     let k8s = crate::k8s_tools::ensure()?;
     // tests/tests/image.rs reads the image with skopeo and umoci.
     bootstrap::ensure_commands(crate::image::TEST_TOOLS)?;
-    // No separate `cargo build` of the agent first: the test build unifies
-    // dependency features across the workspace and its dev-dependencies, so
-    // it would compile tokio, hyper, kube, tonic and aya a second time
-    // (about 7 minutes on 2 cores). The agent binary comes from this very
-    // build instead: cargo builds a package's binaries for its integration
-    // tests (health-agent/tests/, health-controller/tests/), and it builds
-    // everything before running anything.
-    let suite = |run: bool| {
+    // The agent and the controller the suites run come from the workspace
+    // build (HEALTH_AGENT_BIN), not from a build of their own package: that
+    // one unifies fewer features and would compile tokio, hyper, kube,
+    // tonic and aya a second time (about 7 minutes on 2 cores).
+    let suite = || {
         let mut cargo = cargo();
         cargo
             .current_dir(workspace_root())
@@ -276,18 +300,14 @@ pub fn test(args: &[String]) -> anyhow::Result<()> {
             .env("HELM_BIN", &k8s.helm)
             .env("KUBECTL_BIN", &k8s.kubectl)
             .env("PROMTOOL_BIN", &k8s.promtool);
-        if !run {
-            cargo.arg("--no-run");
-        }
         cargo
     };
-    say("building the test suite (release profile)");
     // A failed build is told at once; the Go builds it leaves go on
     // filling the cache for the next run.
-    run(&mut suite(false))?;
+    workspace(&[])?;
     let components = components.finish()?;
     say("running the test suite");
-    let mut cargo = suite(true);
+    let mut cargo = suite();
     components.apply(&mut cargo);
     run(cargo
         // tests/image.rs runs `xtask image`: this very binary.

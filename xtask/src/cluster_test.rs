@@ -10,28 +10,29 @@
 
 use std::process::Command;
 
+use crate::build;
 use crate::image::{self, ImageArgs};
 use crate::lab;
 use crate::util::{cargo, run as run_cmd, say, workspace_root};
 
-/// The suite's own arguments after `--`: one test at a time (they share the
-/// one node, its agent and its fault disk).
-const SUITE: &[&str] = &[
-    "test",
-    "--release",
-    "--package",
-    "health-tests",
-    "--features",
-    "cluster-e2e",
-    "--test",
-    "kubelet_e2e",
-];
+/// The suite (a `test = false` target), with the workspace build's
+/// selection and so its features: nothing compiles again.
+const SUITE: &[&str] = &["test", "--release", "--workspace", "--test", "kubelet_e2e"];
 
 pub fn run(filter: &[String]) -> anyhow::Result<()> {
+    // Everything the stage runs, in the build `cargo xtask test` left: the
+    // agent and the controller of the image (the same binaries the other
+    // suites test), the lab, the fault disk server, the CSI driver and
+    // the suite itself.
+    crate::ebpf::ensure()?;
+    build::workspace(&["kubelet_e2e"])?;
+    let release = build::target_dir().join("release");
     let (repository, tag) = ("volume-health-agent", env!("CARGO_PKG_VERSION"));
     let archive = image::build(&ImageArgs {
         repository: Some(repository.into()),
         tag: Some(tag.into()),
+        agent: Some(release.join("health-agent")),
+        controller: Some(release.join("health-controller")),
         ..Default::default()
     })?
     .path;
@@ -64,6 +65,8 @@ fn run_suite(filter: &[String]) -> anyhow::Result<()> {
     let mut cmd: Command = cargo();
     cmd.current_dir(workspace_root()).args(SUITE);
     crate::components::ensure(&[crate::components::Part::Kubernetes])?.apply(&mut cmd);
+    // One test at a time: they share the one node, its agent and its fault
+    // disk.
     cmd.arg("--").arg("--test-threads=1").args(filter);
     run_cmd(&mut cmd)
 }

@@ -5,7 +5,7 @@
 use std::process::Command;
 
 use crate::build::target_dir;
-use crate::util::{cargo, run as run_cmd, run_foreground, say, workspace_root};
+use crate::util::run_foreground;
 
 /// The lab ended with this exit status (130 after Ctrl-C); xtask exits
 /// with it too.
@@ -15,13 +15,9 @@ pub struct Exited(pub u8);
 
 /// Builds the lab (release) and runs `health-lab COMMAND ARGS`.
 pub fn run(command: &str, args: &[String]) -> anyhow::Result<()> {
-    say("building the lab (release)");
-    run_cmd(cargo().current_dir(workspace_root()).args([
-        "build",
-        "--release",
-        "--package",
-        "health-lab",
-    ]))?;
+    // The lab, the fault disk server and the CSI driver it starts come from
+    // the one workspace build (`cargo xtask test` leaves it done).
+    crate::build::workspace(&[])?;
     let bin = target_dir().join("release/health-lab");
     let mut lab = Command::new(&bin);
     // The Kubernetes of the local cluster and of the benchmarks' real API
