@@ -11,7 +11,6 @@
 //! while the guest runs.
 
 use std::fs::{self, File};
-use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -20,6 +19,7 @@ use anyhow::{bail, Context};
 
 use super::devices;
 use super::kernels::Kernel;
+use super::relay::Relay;
 use super::tools::Tools;
 use crate::util::{run, say};
 
@@ -58,6 +58,18 @@ pub struct Machine {
     pub memory: String,
     pub cpus: u32,
     pub timeout: Duration,
+    /// Set when guests run side by side: every line of this guest's output
+    /// and every message about it starts with `[label]`.
+    pub label: Option<String>,
+}
+
+impl Machine {
+    fn say(&self, msg: impl AsRef<str>) {
+        match &self.label {
+            Some(label) => say(format!("[{label}] {}", msg.as_ref())),
+            None => say(msg),
+        }
+    }
 }
 
 /// How long before the run's timeout the guest records what every task is
@@ -76,13 +88,22 @@ fn script(dir: &Path, steps: &[Step], env: &Env, hang_report: Option<Duration>) 
     // does not run: it probes every block device a writer closes, so a test
     // that fails a disk saw reads it never made (a_vanished_disk: 6 failed
     // reads instead of 2). Stopped, the guest is like the host the suite
-    // is written for; devtmpfs still creates the device nodes. It may still
-    // be starting when this script does, its control socket not yet
-    // answering (a_vanished_disk failed so once in 6.12 with a single
-    // `--exit`): asked again while its process lives, for up to 10 s.
+    // is written for; devtmpfs still creates the device nodes. The init
+    // starts it on a thread of its own, beside this script: on a busy host
+    // (guests side by side) it appeared only after a check here had found
+    // none. So where the init finds a udevd (its own search: the two
+    // systemd paths, then `udevd` on PATH), wait for the process, for up
+    // to 60 s, then ask it to exit until it is gone (its control socket
+    // may not answer yet), for up to 10 s more.
     s.push_str(
-        "n=0; while [ $n -lt 100 ] && grep -qsx systemd-udevd /proc/[0-9]*/comm; do \
-         udevadm control --exit 2>/dev/null && break; n=$((n+1)); sleep 0.1; done\n",
+        "udevd=; for c in /usr/lib/systemd/systemd-udevd /lib/systemd/systemd-udevd $(command -v udevd); do \
+         [ -x \"$c\" ] && udevd=$c && break; done\n\
+         if [ -n \"$udevd\" ]; then \
+         n=0; while [ $n -lt 600 ] && ! grep -qsx -e systemd-udevd -e udevd /proc/[0-9]*/comm; do n=$((n+1)); sleep 0.1; done; \
+         n=0; while [ $n -lt 100 ] && grep -qsx -e systemd-udevd -e udevd /proc/[0-9]*/comm; do \
+         udevadm control --exit 2>/dev/null; n=$((n+1)); sleep 0.1; done; \
+         if grep -qsx -e systemd-udevd -e udevd /proc/[0-9]*/comm; then \
+         echo 'xtask vm: udevd would not stop; it probes the disks the tests fail' >&2; fi; fi\n",
     );
     // The scratch disk is the virtio disk with its serial (the others are
     // the tests', see `devices`).
@@ -267,7 +288,7 @@ pub fn run_in_guest(
                 .context("duplicating the console log")?,
         )
         .stderr(console_file);
-    say(format!(
+    machine.say(format!(
         "booting {} ({} {}) under QEMU TCG, {} vCPUs, {} memory, no network",
         kernel.release, kernel.package, kernel.version, machine.cpus, machine.memory
     ));
@@ -275,7 +296,7 @@ pub fn run_in_guest(
     let mut child = cmd
         .spawn()
         .with_context(|| format!("starting {}", tools.vng.display()))?;
-    match follow(&mut child, dir.path(), machine.timeout, start) {
+    match follow(&mut child, dir.path(), machine, start) {
         Ok(outcome) => Ok(outcome),
         Err(e) => {
             kill_tree(child.id());
@@ -338,11 +359,13 @@ fn scratch_disk(dir: &Path) -> anyhow::Result<PathBuf> {
 fn follow(
     child: &mut Child,
     dir: &Path,
-    timeout: Duration,
+    machine: &Machine,
     start: Instant,
 ) -> anyhow::Result<Outcome> {
-    let mut out = Relay::new(dir.join("stdout"));
-    let mut err = Relay::new(dir.join("stderr"));
+    let timeout = machine.timeout;
+    let label = machine.label.as_deref();
+    let mut out = Relay::new(dir.join("stdout"), label);
+    let mut err = Relay::new(dir.join("stderr"), label);
     let mut booted: Option<Duration> = None;
     let mut turns: u64 = 0;
     loop {
@@ -358,7 +381,7 @@ fn follow(
         let elapsed = start.elapsed();
         if booted.is_none() && dir.join("started").exists() {
             booted = Some(elapsed);
-            say(format!("guest up after {:.1} s", elapsed.as_secs_f64()));
+            machine.say(format!("guest up after {:.1} s", elapsed.as_secs_f64()));
         }
         if let Ok(text) = fs::read_to_string(dir.join("status")) {
             let exit_code: i32 = text
@@ -367,9 +390,11 @@ fn follow(
                 .with_context(|| format!("bad status file from the guest: {text:?}"))?;
             let boot = booted.unwrap_or(elapsed);
             let command = elapsed.saturating_sub(boot);
-            wait_poweroff(child);
+            wait_poweroff(child, machine);
             out.pump(&mut std::io::stdout())?;
             err.pump(&mut std::io::stderr())?;
+            out.finish(&mut std::io::stdout());
+            err.finish(&mut std::io::stderr());
             return Ok(Outcome {
                 exit_code,
                 boot,
@@ -382,6 +407,8 @@ fn follow(
             }
             out.pump(&mut std::io::stdout())?;
             err.pump(&mut std::io::stderr())?;
+            out.finish(&mut std::io::stdout());
+            err.finish(&mut std::io::stderr());
             match booted {
                 None => bail!("QEMU exited ({status}) before the guest came up"),
                 Some(_) => bail!(
@@ -425,7 +452,7 @@ fn soft_lockup(console: &Path) -> Option<String> {
         .map(|l| l.trim().to_string())
 }
 
-fn wait_poweroff(child: &mut Child) {
+fn wait_poweroff(child: &mut Child, machine: &Machine) {
     let deadline = Instant::now() + POWEROFF_LIMIT;
     while Instant::now() < deadline {
         if let Ok(Some(_)) = child.try_wait() {
@@ -433,7 +460,7 @@ fn wait_poweroff(child: &mut Child) {
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-    say("the guest did not power off; stopping QEMU");
+    machine.say("the guest did not power off; stopping QEMU");
     kill_tree(child.id());
     let _ = child.wait();
 }
@@ -462,34 +489,6 @@ pub fn kill_tree(pid: u32) {
         unsafe {
             libc::kill(p as libc::pid_t, libc::SIGKILL);
         }
-    }
-}
-
-/// Copies what a file gained since the last call to `to`.
-struct Relay {
-    path: PathBuf,
-    offset: u64,
-}
-
-impl Relay {
-    fn new(path: PathBuf) -> Relay {
-        Relay { path, offset: 0 }
-    }
-
-    fn pump(&mut self, to: &mut impl Write) -> anyhow::Result<()> {
-        let Ok(mut file) = File::open(&self.path) else {
-            return Ok(());
-        };
-        file.seek(SeekFrom::Start(self.offset))
-            .with_context(|| format!("reading {}", self.path.display()))?;
-        let mut buf = Vec::new();
-        file.read_to_end(&mut buf)
-            .with_context(|| format!("reading {}", self.path.display()))?;
-        self.offset += buf.len() as u64;
-        // A closed pipe on our side must not fail the run.
-        let _ = to.write_all(&buf);
-        let _ = to.flush();
-        Ok(())
     }
 }
 
@@ -574,5 +573,17 @@ mod tests {
         );
         let command = s.find("exec 'echo'");
         assert!(off.is_some() && off < command, "{s}");
+        // udevd is waited for and stopped before the guest counts as up.
+        let udevd = s.find("udevadm control --exit");
+        let started = s.find(": > '/tmp/d'/started");
+        assert!(udevd.is_some() && udevd < started, "{s}");
+        // And the whole is valid sh.
+        let checked = Command::new("sh")
+            .arg("-n")
+            .arg("-c")
+            .arg(&s)
+            .status()
+            .unwrap();
+        assert!(checked.success(), "sh -n refused the script:\n{s}");
     }
 }
