@@ -391,10 +391,8 @@ fn follow(
             let boot = booted.unwrap_or(elapsed);
             let command = elapsed.saturating_sub(boot);
             wait_poweroff(child, machine);
-            out.pump(&mut std::io::stdout())?;
-            err.pump(&mut std::io::stderr())?;
-            out.finish(&mut std::io::stdout());
-            err.finish(&mut std::io::stderr());
+            out.drain(&mut std::io::stdout())?;
+            err.drain(&mut std::io::stderr())?;
             return Ok(Outcome {
                 exit_code,
                 boot,
@@ -405,10 +403,8 @@ fn follow(
             if dir.join("status").exists() {
                 continue; // written just before power-off: the next turn reads it
             }
-            out.pump(&mut std::io::stdout())?;
-            err.pump(&mut std::io::stderr())?;
-            out.finish(&mut std::io::stdout());
-            err.finish(&mut std::io::stderr());
+            out.drain(&mut std::io::stdout())?;
+            err.drain(&mut std::io::stderr())?;
             match booted {
                 None => bail!("QEMU exited ({status}) before the guest came up"),
                 Some(_) => bail!(

@@ -154,7 +154,7 @@ pub fn run(args: &VmArgs) -> anyhow::Result<()> {
     if host {
         say("--kernel host: running on this machine's kernel, no VM");
         let outcome = run_on_host(&steps, &env, args.timeout)?;
-        return finish(&[("host", Ok(outcome))]);
+        return report(&[("host", Ok(outcome))]);
     }
     let side_by_side = guests.len() > 1;
     let outcomes = run_guests(&guests, args.jobs as usize, |(name, tools, kernel)| {
@@ -179,11 +179,12 @@ pub fn run(args: &VmArgs) -> anyhow::Result<()> {
         .map(|(name, _, _)| *name)
         .zip(outcomes)
         .collect();
-    finish(&named)
+    report(&named)
 }
 
 /// Runs `work` on every item, at most `jobs` at a time, and returns the
-/// results in the items' order.
+/// results in the items' order. std's scoped threads and a shared index:
+/// three guests need no thread-pool crate.
 fn run_guests<T: Sync, R: Send>(items: &[T], jobs: usize, work: impl Fn(&T) -> R + Sync) -> Vec<R> {
     let next = std::sync::atomic::AtomicUsize::new(0);
     let results: Vec<std::sync::Mutex<Option<R>>> =
@@ -210,7 +211,7 @@ fn run_guests<T: Sync, R: Send>(items: &[T], jobs: usize, work: impl Fn(&T) -> R
 
 /// Says how each guest went; fails with the first failure, or exits with
 /// a command's own exit code, as if it had run here.
-fn finish(outcomes: &[(&str, anyhow::Result<Outcome>)]) -> anyhow::Result<()> {
+fn report(outcomes: &[(&str, anyhow::Result<Outcome>)]) -> anyhow::Result<()> {
     let mut exit_code = 0;
     let mut failures = Vec::new();
     for (name, outcome) in outcomes {

@@ -47,18 +47,7 @@ impl Relay {
         out
     }
 
-    /// The last line when it never got its newline.
-    pub fn finish(&mut self, to: &mut impl Write) {
-        if self.partial.is_empty() {
-            return;
-        }
-        self.partial.push(b'\n');
-        let line = std::mem::take(&mut self.partial);
-        let out = self.labelled(line);
-        let _ = to.write_all(&out);
-        let _ = to.flush();
-    }
-
+    /// Copies what the file gained since the last call to `to`.
     pub fn pump(&mut self, to: &mut impl Write) -> anyhow::Result<()> {
         let Ok(mut file) = File::open(&self.path) else {
             return Ok(());
@@ -70,11 +59,28 @@ impl Relay {
             .with_context(|| format!("reading {}", self.path.display()))?;
         self.offset += buf.len() as u64;
         let buf = self.labelled(buf);
-        // A closed pipe on our side must not fail the run.
-        let _ = to.write_all(&buf);
-        let _ = to.flush();
+        emit(to, &buf);
         Ok(())
     }
+
+    /// The last of it, once the guest is done: what the file gained, and
+    /// its last line even when that never got its newline.
+    pub fn drain(&mut self, to: &mut impl Write) -> anyhow::Result<()> {
+        self.pump(to)?;
+        if !self.partial.is_empty() {
+            self.partial.push(b'\n');
+            let line = std::mem::take(&mut self.partial);
+            let out = self.labelled(line);
+            emit(to, &out);
+        }
+        Ok(())
+    }
+}
+
+fn emit(to: &mut impl Write, buf: &[u8]) {
+    // A closed pipe on our side must not fail the run.
+    let _ = to.write_all(buf);
+    let _ = to.flush();
 }
 
 #[cfg(test)]
@@ -92,16 +98,14 @@ mod tests {
         relay.pump(&mut out).unwrap();
         assert_eq!(String::from_utf8_lossy(&out), "[5.10] test a ... ok\n");
         fs::write(&path, "test a ... ok\ntest b ... ok\n\nend").unwrap();
-        relay.pump(&mut out).unwrap();
-        relay.finish(&mut out);
+        relay.drain(&mut out).unwrap();
         assert_eq!(
             String::from_utf8_lossy(&out),
             "[5.10] test a ... ok\n[5.10] test b ... ok\n[5.10] \n[5.10] end\n"
         );
         let mut plain = Relay::new(path, None);
         let mut out = Vec::new();
-        plain.pump(&mut out).unwrap();
-        plain.finish(&mut out);
+        plain.drain(&mut out).unwrap();
         assert_eq!(
             String::from_utf8_lossy(&out),
             "test a ... ok\ntest b ... ok\n\nend"
