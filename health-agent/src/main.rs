@@ -142,6 +142,22 @@ struct KernelArgs {
     /// falling back with a warning; periodic work always runs at normal priority.
     #[arg(long, value_enum, default_value_t = EventPriority::Rt, env = "HEALTH_EVENT_PRIORITY")]
     event_priority: EventPriority,
+    /// Seconds a volume's oldest I/O may wait before it is IOStalled (Inaccessible); 0 turns
+    /// stall detection off, and with it the two programs that follow every bio.
+    #[arg(long, value_name = "SECS", default_value_t = volumes::stalls::DEFAULT_STALL_AFTER.as_secs_f64())]
+    stall_after: f64,
+}
+
+impl KernelArgs {
+    /// `--stall-after`, `None` for 0 (off).
+    fn stall_after(&self) -> anyhow::Result<Option<Duration>> {
+        if self.stall_after == 0.0 {
+            return Ok(None);
+        }
+        seconds("stall-after", self.stall_after)
+            .map(Some)
+            .map_err(anyhow::Error::msg)
+    }
 }
 
 #[derive(clap::Args)]
@@ -315,6 +331,7 @@ fn run_options(args: RunArgs, host: HostPaths) -> anyhow::Result<health_node::cl
     let agent = AgentOptions {
         probes: probe_options(&args.kernel, &host),
         event_priority: args.kernel.event_priority,
+        stall_after: args.kernel.stall_after()?,
         host,
         duration: None,
         totals_interval: Duration::from_secs(60),
@@ -350,6 +367,7 @@ fn probe_options(args: &KernelArgs, host: &HostPaths) -> ProbeOptions {
         pin_root: (!args.no_pin).then(|| args.pins.pin_dir.clone()),
         block_attach: args.block_attach,
         early_errors: args.early_block_errors,
+        follow_bios: args.stall_after != 0.0,
     }
 }
 
@@ -422,6 +440,7 @@ fn watch_options(args: WatchArgs, host: HostPaths) -> anyhow::Result<(AgentOptio
     let opts = AgentOptions {
         probes: probe_options(&args.kernel, &host),
         event_priority: args.kernel.event_priority,
+        stall_after: args.kernel.stall_after()?,
         host,
         duration,
         totals_interval,

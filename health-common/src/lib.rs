@@ -78,6 +78,21 @@ pub fn op_from_rwbs(rwbs: &[u8; RWBS_LEN]) -> u8 {
 /// Bytes of `rwbs` the kernel side copies (every kernel has at least 8).
 pub const RWBS_LEN: usize = 8;
 
+/// The [`op`] code of a request's `cmd_flags` or a bio's `bi_opf`
+/// (`REQ_OP_*` in the low 8 bits; flags above them do not change it).
+#[inline(always)]
+pub fn op_from_opf(opf: u32) -> u8 {
+    match opf & rq::OP_MASK {
+        rq::OP_READ => op::READ,
+        rq::OP_WRITE => op::WRITE,
+        rq::OP_FLUSH => op::FLUSH,
+        rq::OP_DISCARD => op::DISCARD,
+        rq::OP_SECURE_ERASE => op::SECURE_ERASE,
+        rq::OP_WRITE_ZEROES => op::WRITE_ZEROES,
+        _ => op::OTHER,
+    }
+}
+
 /// Key of the in-kernel error counters: one per-CPU `u64` per key.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -175,7 +190,77 @@ pub mod stat {
     /// Written by userspace only: the programs' `block_rq_error` count when
     /// the pinned tracer witness was made (its baseline).
     pub const WITNESS_BASE: u32 = 6;
-    pub const LEN: u32 = 7;
+    /// Bios not followed while they wait because the `WAITING` map was
+    /// full (see [`WAITING_MAX`]).
+    pub const WAITING_FULL: u32 = 7;
+    pub const LEN: u32 = 8;
+}
+
+/// Entries of the kernel's `WAITING` map: at most this many bios are
+/// followed from submission to completion at once. A stall is seen from
+/// its oldest bios, which are in the map before the queue behind them
+/// fills it; what did not fit is counted (`stat::WAITING_FULL`). 8192 is
+/// deeper than any one device's queue (NVMe's largest is 4095 per queue,
+/// SCSI's `can_queue` a few thousand), and the map's memory fixed at load:
+/// 8192 entries of 8 + 24 bytes (the kernel charges about 100 bytes each
+/// with its own element header, under 1 MiB).
+pub const WAITING_MAX: u32 = 8192;
+
+/// One bio the block layer has been handed and not yet completed, keyed
+/// in `WAITING` by its address.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Waiting {
+    /// `bpf_ktime_get_ns` (CLOCK_MONOTONIC) when `block_bio_queue` ran.
+    pub queued_ns: u64,
+    /// The cgroup of the task that submitted it (`bpf_get_current_cgroup_id`).
+    pub cgroup: u64,
+    /// Kernel-encoded dev_t of the device it was submitted to: the
+    /// partition where there is one.
+    pub dev: u32,
+    /// `bio.bi_opf`: the operation in its low 8 bits ([`rq::OP_MASK`]).
+    pub opf: u32,
+}
+
+/// Slots of the kernel global `BIO_LAYOUT`: what the `WAITING` programs
+/// need to read a `struct bio`, from the kernel's BTF at load time.
+/// [`rq::ABSENT`] marks a member this kernel does not have.
+pub mod bio {
+    /// 1 to follow bios (`--stall-after` not 0 and the layout complete).
+    pub const ENABLED: usize = 0;
+    /// Which raw tracepoint argument is the bio: `block_bio_queue` took
+    /// `(q, bio)` before 5.11 and `(bio)` since (each has its program);
+    /// `block_bio_complete` takes `(q, bio)` (1; its program reads that).
+    pub const QUEUE_ARG: usize = 1;
+    pub const COMPLETE_ARG: usize = 2;
+    /// `bio.bi_opf`
+    pub const OPF: usize = 3;
+    /// `bio.bi_flags`, and the bit of `BIO_TRACE_COMPLETION` in it: set
+    /// when `block_bio_queue` ran, cleared when `block_bio_complete` ran.
+    pub const FLAGS: usize = 4;
+    pub const BIT_TRACE_COMPLETION: usize = 5;
+    /// `bio.bi_bdev` and `block_device.bd_dev` (kernels since 5.12).
+    pub const BDEV: usize = 6;
+    pub const BD_DEV: usize = 7;
+    /// `bio.bi_disk` with `gendisk.major` and `.first_minor`, and the
+    /// absolute sector `bio.bi_iter.bi_sector` (kernels before 5.12: the
+    /// bio names the whole disk once the partition is remapped).
+    pub const DISK: usize = 8;
+    pub const DISK_MAJOR: usize = 9;
+    pub const DISK_FIRST_MINOR: usize = 10;
+    pub const SECTOR: usize = 11;
+    /// A request's bios are completed by `block_rq_complete`, not
+    /// `block_bio_complete` (blk-mq clears the bios' trace flag): the
+    /// program there walks `request.bio` through `bio.bi_next`, each of
+    /// `bio.bi_iter.bi_size` bytes.
+    pub const RQ_BIO: usize = 12;
+    pub const BI_NEXT: usize = 13;
+    pub const BI_SIZE: usize = 14;
+    pub const COUNT: usize = 15;
+    /// At most this many bios of one request are removed at its
+    /// completion; the rest (a request merged from more) are found
+    /// completed by userspace's check and removed then.
+    pub const RQ_BIOS_MAX: usize = 32;
 }
 
 /// Partitions of one disk, so that the kernel can attribute a block error
@@ -393,6 +478,7 @@ mod pod {
     unsafe impl aya::Pod for super::PartRange {}
     unsafe impl aya::Pod for super::StackPair {}
     unsafe impl aya::Pod for super::ErrorTimes {}
+    unsafe impl aya::Pod for super::Waiting {}
 }
 
 #[cfg(test)]
@@ -431,6 +517,24 @@ mod tests {
     }
 
     #[test]
+    fn operations_follow_enum_req_op() {
+        let ops = [
+            (0, op::READ),
+            (1, op::WRITE),
+            (2, op::FLUSH),
+            (3, op::DISCARD),
+        ];
+        for (opf, want) in ops {
+            assert_eq!(op_from_opf(opf), want);
+        }
+        assert_eq!(op_from_opf(5), op::SECURE_ERASE);
+        assert_eq!(op_from_opf(9), op::WRITE_ZEROES);
+        assert_eq!(op_from_opf(34), op::OTHER);
+        // Flags above the operation's 8 bits do not change it.
+        assert_eq!(op_from_opf(1 | 1 << 17), op::WRITE);
+    }
+
+    #[test]
     fn partition_lookup_uses_half_open_ranges() {
         let mut t = PartTable::EMPTY;
         t.count = 2;
@@ -460,6 +564,7 @@ mod tests {
         assert_eq!(core::mem::size_of::<CounterKey>(), 12);
         assert_eq!(core::mem::size_of::<ErrorSample>(), 112);
         assert_eq!(core::mem::size_of::<ErrorTimes>(), 16);
+        assert_eq!(core::mem::size_of::<Waiting>(), 24);
         assert_eq!(core::mem::size_of::<PartTable>(), 8 + 24 * MAX_PARTITIONS);
         assert_eq!(kdev::make(7, 2), 0x700002);
         assert_eq!((kdev::major(0x700002), kdev::minor(0x700002)), (7, 2));

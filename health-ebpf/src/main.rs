@@ -33,6 +33,7 @@ use aya_log_ebpf::debug;
 
 mod fs;
 mod requests;
+mod waiting;
 
 // The records shared with userspace, compiled into this crate as a module
 // rather than as a dependency: cargo hashes a path dependency outside this
@@ -45,8 +46,8 @@ mod requests;
 mod health_common;
 
 use health_common::{
-    complete_mode, field, kdev, op, op_from_rwbs, rq, source, stat, CounterKey, ErrorSample,
-    ErrorTimes, PartTable, StackPair, DETAIL_LEN, DISK_NAME_LEN, RWBS_LEN,
+    complete_mode, field, kdev, op, op_from_opf, op_from_rwbs, rq, source, stat, CounterKey,
+    ErrorSample, ErrorTimes, PartTable, StackPair, DETAIL_LEN, DISK_NAME_LEN, RWBS_LEN,
 };
 
 /// Byte offset of each tracepoint field, indexed by [`field`] slots.

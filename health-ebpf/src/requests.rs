@@ -199,20 +199,6 @@ fn rwbs_from_opf(opf: u32) -> [u8; RWBS_LEN] {
     text.to_le_bytes()
 }
 
-/// Our operation code for a request's `REQ_OP_*`.
-#[inline(always)]
-fn op_from_opf(opf: u32) -> u8 {
-    match opf & rq::OP_MASK {
-        rq::OP_READ => op::READ,
-        rq::OP_WRITE => op::WRITE,
-        rq::OP_FLUSH => op::FLUSH,
-        rq::OP_DISCARD => op::DISCARD,
-        rq::OP_SECURE_ERASE => op::SECURE_ERASE,
-        rq::OP_WRITE_ZEROES => op::WRITE_ZEROES,
-        _ => op::OTHER,
-    }
-}
-
 /// Shared body of the two `tp_btf` programs: arguments are
 /// `(struct request *rq, blk_status_t error, unsigned int nr_bytes)`
 /// (`int error`, an errno, for `block_rq_complete` before 5.14).

@@ -50,6 +50,8 @@ pub struct KernelStats {
     /// Failed bios of a stacking device (dm, md) that carried up an error
     /// already counted on a device below: the same failure, not counted twice.
     pub bio_propagated: u64,
+    /// Bios not followed for stalls because the `WAITING` map was full.
+    pub waiting_full: u64,
     /// Samples that arrived after a summary had already covered them.
     pub late_samples: u64,
     /// Program runs the kernel skipped (errors nothing counted); filled in
@@ -132,6 +134,7 @@ impl Collector {
             bio_devs,
             stacked,
             disk_names,
+            waiting,
         } = maps
             .take()
             .ok_or_else(|| io::Error::other("kernel maps already taken"))?;
@@ -188,6 +191,7 @@ impl Collector {
                 bio_devs,
                 stacked,
                 disk_names,
+                waiting,
             },
         ))
     }
@@ -444,6 +448,7 @@ impl Collector {
             counter_map_full: read(stat::COUNTER_MAP_FULL)?,
             writeback_repeats: read(stat::WRITEBACK_REPEATS)?,
             bio_propagated: read(stat::BIO_PROPAGATED)?,
+            waiting_full: read(stat::WAITING_FULL)?,
             late_samples: self.late_samples,
             program_misses: 0,
             bad_records: self.bad_records,

@@ -11,7 +11,7 @@ use std::hash::Hash;
 
 use aya::maps::{HashMap as BpfHashMap, MapData};
 use aya::Pod;
-use health_common::{PartTable, StackPair, DISK_NAME_LEN};
+use health_common::{PartTable, StackPair, Waiting, DISK_NAME_LEN};
 use health_core::dev::Dev;
 
 /// The maps the caller keeps current from the device topology.
@@ -25,6 +25,8 @@ pub struct KernelMapsRest {
     /// The kernel's name of each disk a failed request was seen on (written
     /// by the programs).
     pub(crate) disk_names: BpfHashMap<MapData, u32, [u8; DISK_NAME_LEN]>,
+    /// The bios waiting now (`crate::waiting`).
+    pub(crate) waiting: BpfHashMap<MapData, u64, Waiting>,
 }
 
 /// What the maps must hold, in the kernel's device encoding.

@@ -5,7 +5,7 @@
 //! failed requests, so that failures the kernel ran no program for are
 //! reported, not hidden. [`pinned`] reads what a pinned agent counted;
 //! [`names`] and [`clock`] give the records' numbers and times their
-//! meaning.
+//! meaning. [`waiting`] reads the bios waiting now, per device, for stalls.
 //!
 //! The only crate of the workspace that talks to BPF. It uses
 //! `health-common` (the records) and `health-core` (device numbers); every
@@ -22,6 +22,7 @@ pub mod names;
 pub mod pinned;
 pub mod probes;
 pub mod tracefs;
+pub mod waiting;
 pub mod witness;
 
 /// Embeds a file 8-byte aligned, as the ELF parser of the loader needs.

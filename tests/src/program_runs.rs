@@ -156,7 +156,7 @@ mod tests {
 
     #[test]
     fn witness_figures_from_the_kernel_side_line() {
-        let stderr = "totals:\n  7:3 loop3: block_io_error write EIO (block_rq_error) 676014\nkernel side: 3 samples rate-limited, 0 lost to a full ring buffer, 0 errors not countable (counter map full), 0 repeated writeback reports merged, 0 program runs skipped by the kernel, 0 failed bios passed up from a device below (counted there); the kernel's tracer saw 676021 failed requests at block_rq_error, 7 of them counted by no program (the kernel ran none for them)\n";
+        let stderr = "totals:\n  7:3 loop3: block_io_error write EIO (block_rq_error) 676014\nkernel side: 3 samples rate-limited, 0 lost to a full ring buffer, 0 errors not countable (counter map full), 0 repeated writeback reports merged, 0 program runs skipped by the kernel, 0 failed bios passed up from a device below (counted there), 0 bios not followed for stalls (waiting map full); the kernel's tracer saw 676021 failed requests at block_rq_error, 7 of them counted by no program (the kernel ran none for them)\n";
         assert_eq!(
             witness_figures(stderr),
             Some(Witness {

@@ -351,7 +351,13 @@ fn the_agent_runs_from_the_unpacked_image_alone_and_attaches() -> Result<()> {
         "{all}"
     );
     assert!(!out.stderr.contains("ERROR"), "{all}");
-    // One committed layout, with a pinned program and link per source.
+    // One committed layout, with a pinned program and link per source,
+    // and the three that follow bios for stalls (`stalls: following`).
+    assert!(
+        out.stderr.contains("stalls: following every bio"),
+        "{all}"
+    );
+    let programs = sources + 3;
     let pinned: Vec<&str> = out
         .stdout
         .lines()
@@ -360,8 +366,8 @@ fn the_agent_runs_from_the_unpacked_image_alone_and_attaches() -> Result<()> {
     assert_eq!(pinned.len(), 2, "{all}");
     for line in pinned {
         assert!(
-            line.ends_with(&format!(": {sources}")),
-            "{line} (expected {sources}):\n{all}"
+            line.ends_with(&format!(": {programs}")),
+            "{line} (expected {programs}):\n{all}"
         );
     }
     Ok(())

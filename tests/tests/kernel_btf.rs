@@ -5,8 +5,8 @@
 
 use std::path::Path;
 
-use health_common::rq;
-use health_kernel::probes::btf::{counts_early, request_layout, KernelBtf};
+use health_common::{bio, rq};
+use health_kernel::probes::btf::{bio_layout, counts_early, request_layout, KernelBtf};
 
 /// The running kernel's BTF: the members the block programs read exist
 /// where the kernel says they do.
@@ -43,4 +43,34 @@ fn running_kernel_request_layout() {
     assert_eq!(layout[rq::BIT_RQF_QUIET], 7, "__RQF_QUIET on 6.18");
     assert!(layout[rq::RQ_BIO] > layout[rq::CMD_FLAGS]);
     assert!(layout[rq::DISK_STATE] > 0 && layout[rq::DISK_STATE] < 1024);
+}
+
+/// The running kernel's BTF as the `WAITING` programs read a bio: 6.x
+/// passes `block_bio_queue(bio)` and `block_bio_complete(q, bio)`, names
+/// the device by `bi_bdev`, and has `BIO_TRACE_COMPLETION` among the first
+/// 16 bio flags.
+#[test]
+fn running_kernel_bio_layout() {
+    let btf = KernelBtf::read(Path::new("/sys/kernel/btf/vmlinux")).unwrap();
+    let layout = bio_layout(&btf).unwrap();
+    assert_eq!(layout[bio::ENABLED], 1);
+    assert_eq!(
+        (layout[bio::QUEUE_ARG], layout[bio::COMPLETE_ARG]),
+        (0, 1),
+        "{layout:?}"
+    );
+    assert_ne!(layout[bio::BDEV], rq::ABSENT);
+    assert_ne!(layout[bio::BD_DEV], rq::ABSENT);
+    assert_eq!(layout[bio::DISK], rq::ABSENT, "6.x bios have no bi_disk");
+    assert_eq!(layout[bio::SECTOR], rq::ABSENT);
+    assert_eq!(
+        btf.enum_value("BIO_TRACE_COMPLETION"),
+        Some(i64::from(layout[bio::BIT_TRACE_COMPLETION]))
+    );
+    assert!(layout[bio::BIT_TRACE_COMPLETION] < 16);
+    assert!(layout[bio::OPF] > 0 && layout[bio::OPF] < 64);
+    assert!(layout[bio::FLAGS] > layout[bio::OPF]);
+    assert_eq!(layout[bio::BI_NEXT], 0, "bio.bi_next is the first member");
+    assert!(layout[bio::BI_SIZE] > layout[bio::FLAGS] && layout[bio::BI_SIZE] < 64);
+    assert_ne!(layout[bio::RQ_BIO], rq::ABSENT);
 }

@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context, Result};
 use health_tests::agent::{Agent, AgentRun, EventFilter};
-use health_tests::devices::BlockDev;
+use health_tests::devices::{BlockDev, DmDevice};
 use health_tests::kubelet_tree::Kubelet;
 use health_tests::stacks::{
     self, poll_until, Multipath, NoSpaceTimeout, Raid1, ThinConfig, ThinStack,
@@ -37,7 +37,7 @@ use health_tests::stacks::{
 use health_tests::vm_report::{
     assert_logged, kernel_release, key, request_source, show, tally, Tally,
 };
-use health_tests::{cmd, fs, kernel_alone, require_root};
+use health_tests::{cmd, fs, kernel_alone, require_root, FaultDisk};
 use serde_json::Value;
 
 /// For failed requests to reach the agent's output.
@@ -1132,6 +1132,77 @@ fn thin_pool_full_in_error_mode_fails_writes_with_enospc() -> Result<()> {
     assert!(
         msg.contains("out of data space") && msg.contains("ENOSPC"),
         "ThinPoolFull message {msg:?}: out of data space, writes fail with ENOSPC"
+    );
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------
+// 4. A suspended device-mapper device: I/O queues in dm until it resumes.
+
+/// `dmsetup suspend --nolockfs` of a dm-linear device under a mounted
+/// volume (the filesystem is not frozen: the application's I/O reaches dm
+/// and waits there, unaccounted in the device's own statistics): with
+/// `--stall-after 2`, a held O_DIRECT write is `IOStalled` on the dm device
+/// within the poll, and cleared once `dmsetup resume` lets it through.
+#[test]
+fn a_suspended_dm_device_is_io_stalled_until_resumed() -> Result<()> {
+    require_root()?;
+    let _kernel = kernel_alone();
+    let pv = "pv-suspended";
+    let disk = FaultDisk::start(64 * 1024 * 1024)?;
+    let lo = disk.attach_loop(false)?;
+    let dm = DmDevice::create(
+        "stall-linear",
+        &format!("0 131072 linear {} 0", lo.path().display()),
+    )?;
+    let mut kubelet = Kubelet::new()?;
+    kubelet.fs_volume(POD_A, pv, &dm.mapper_path())?;
+    let agent = start_agent(&kubelet, POD_A, pv, &["--stall-after", "2"])?;
+    let raised = condition(POD_A, pv, "raised", "Inaccessible IOStalled", "check/stall");
+    let cleared = condition(
+        POD_A,
+        pv,
+        "cleared",
+        "Inaccessible IOStalled",
+        "check/stall",
+    );
+
+    cmd::run(
+        "dmsetup",
+        &["suspend", "--nolockfs", "--noudevsync", &dm.name],
+    )?;
+    let submitted = Instant::now();
+    let path = dm.mapper_path();
+    let writer = std::thread::spawn(move || fs::o_direct_write(&path, IO_BASE, &[0x5a; 4096]));
+    let mut delays = Delays::default();
+    let seen = delays.wait(&agent, "IOStalled after the write", &raised, submitted);
+    let resumed = Instant::now();
+    cmd::run("dmsetup", &["resume", "--noudevsync", &dm.name])?;
+    let written = writer.join().expect("the writer thread");
+    let gone = delays.wait(&agent, "IOStalled cleared after resume", &cleared, resumed);
+    let run = agent.stop_cleanly()?;
+    delays.report();
+    ensure!(
+        seen && gone,
+        "no raise or no clear:\n{}",
+        volume_lines(&run, POD_A)
+    );
+    assert_eq!(written.context("the held write")?, 4096);
+    let name = &dm.dev.name;
+    assert_eq!(
+        message_of(&run, &raised).as_deref(),
+        Some(
+            format!(
+                "{name}: I/O stalled, 1 waiting (1 write); the oldest, a write, has waited 2s+ (--stall-after 2s)"
+            )
+            .as_str()
+        ),
+        "{}",
+        volume_lines(&run, POD_A)
+    );
+    assert_eq!(
+        raised_and_cleared(&run, POD_A, "Inaccessible IOStalled", "check/stall"),
+        ["raised", "cleared"]
     );
     Ok(())
 }

@@ -262,6 +262,24 @@ pub enum CheckFinding {
         spare_threshold: u8,
         percentage_used: u8,
     },
+    /// The oldest I/O submitted to a device of the volume has waited at
+    /// least `stall_after` without completing.
+    IoStalled {
+        /// `dm-0 (vg-data)`-like, as for the stack findings.
+        device: String,
+        /// How long the oldest has waited, in the steps the caller reports
+        /// (so that a stall that goes on is not re-reported every poll).
+        waited: Duration,
+        /// What the oldest is (`read`, `write`, `flush`...).
+        oldest_op: &'static str,
+        reads: u32,
+        writes: u32,
+        other: u32,
+        stall_after: Duration,
+        /// Who submitted the oldest (`pod ns/name container c`, or the
+        /// cgroup's path), when known.
+        waiter: Option<String>,
+    },
 }
 
 impl CheckFinding {
@@ -278,7 +296,8 @@ impl CheckFinding {
             | CheckFinding::ThinPoolFull { .. }
             | CheckFinding::ThinPoolReadOnly { .. }
             | CheckFinding::ThinPoolFailed { .. }
-            | CheckFinding::DeviceNotRunning { .. } => Status::Inaccessible,
+            | CheckFinding::DeviceNotRunning { .. }
+            | CheckFinding::IoStalled { .. } => Status::Inaccessible,
             // Bit 3: the media is read-only, every write fails. The other
             // bits (spare used up, temperature, reliability, backup power)
             // warn of a drive that still serves I/O; data the kernel saw
@@ -324,6 +343,7 @@ impl CheckFinding {
                 _ => "DeviceOffline",
             },
             CheckFinding::NvmeCriticalWarning { .. } => "NvmeCriticalWarning",
+            CheckFinding::IoStalled { .. } => "IOStalled",
         }
     }
 
@@ -476,6 +496,37 @@ impl CheckFinding {
                 "NVMe controller {controller} of disk {device} reports a critical warning ({warning:#04x}): {}; available spare {available_spare}% (threshold {spare_threshold}%), {percentage_used}% of rated life used",
                 words.join(", ")
             ),
+            CheckFinding::IoStalled {
+                device,
+                waited,
+                oldest_op,
+                reads,
+                writes,
+                other,
+                stall_after,
+                waiter,
+            } => {
+                let counts: Vec<String> = [(*reads, "read"), (*writes, "write"), (*other, "other")]
+                    .into_iter()
+                    .filter(|(n, _)| *n > 0)
+                    .map(|(n, what)| match (n, what) {
+                        (1, w) => format!("1 {w}"),
+                        (n, "other") => format!("{n} other"),
+                        (n, w) => format!("{n} {w}s"),
+                    })
+                    .collect();
+                let who = waiter
+                    .as_ref()
+                    .map(|w| format!(", submitted by {w}"))
+                    .unwrap_or_default();
+                format!(
+                    "{device}: I/O stalled, {} waiting ({}); the oldest, a {oldest_op}{who}, has waited {}+ (--stall-after {})",
+                    reads + writes + other,
+                    counts.join(", "),
+                    human_duration(*waited),
+                    human_duration(*stall_after),
+                )
+            }
         }
     }
 }

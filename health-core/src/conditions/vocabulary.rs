@@ -44,6 +44,9 @@ pub enum CheckKind {
     /// The layers under the volume's device: multipath paths, thin pool
     /// space, md array members, SCSI device state.
     Stack,
+    /// How long the oldest I/O of the volume's devices has waited
+    /// (`--stall-after`).
+    Stall,
 }
 
 impl fmt::Display for CheckKind {
@@ -55,6 +58,7 @@ impl fmt::Display for CheckKind {
             CheckKind::Capacity => "capacity",
             CheckKind::Device => "device",
             CheckKind::Stack => "stack",
+            CheckKind::Stall => "stall",
         })
     }
 }

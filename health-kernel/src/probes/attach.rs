@@ -4,7 +4,7 @@
 
 use aya::programs::{BtfTracePoint, FEntry, RawTracePoint, TracePoint};
 use aya::{Btf, Ebpf, EbpfLoader};
-use health_common::{complete_mode, field, rq};
+use health_common::{bio, complete_mode, field, rq};
 
 use super::errors::{classify_load_error, error_chain, BpfRefusal};
 use super::layout::{BLOCK_BIO_COMPLETE, BLOCK_RQ_COMPLETE, BLOCK_RQ_ERROR, FS_PROGRAMS};
@@ -14,6 +14,7 @@ use super::pins::{self, PinError, PinSet};
 use super::plan::{BlockCounting, Plan, Planned, NO_FLUSHES};
 use super::preflight::{check_bpf, check_privileges};
 use super::requests::{self, BtfRequests};
+use super::waiting;
 use super::{
     Attached, BlockAttach, KernelMaps, ProbeError, ProbeOptions, SourceState, SourceStatus,
 };
@@ -70,6 +71,10 @@ pub fn attach(opts: &ProbeOptions) -> Result<(Attached, KernelMaps), ProbeError>
     for p in plan.planned {
         sources.push(attacher.attach(p));
     }
+    let waiting = match &kernel.bio_layout {
+        Ok(layout) => waiting::attach(&mut ebpf, pin_set.as_ref(), layout[bio::QUEUE_ARG]),
+        Err(why) => Err(why.clone()),
+    };
     drop(load_btf);
     drop(kernel);
     release_freed_heap();
@@ -95,6 +100,7 @@ pub fn attach(opts: &ProbeOptions) -> Result<(Attached, KernelMaps), ProbeError>
         bio_devs: take_map(&mut ebpf, "BIO_DEVS")?,
         stacked: take_map(&mut ebpf, "STACKED")?,
         disk_names: take_map(&mut ebpf, "DISK_NAMES")?,
+        waiting: take_map(&mut ebpf, "WAITING")?,
     };
     Ok((
         Attached {
@@ -103,6 +109,7 @@ pub fn attach(opts: &ProbeOptions) -> Result<(Attached, KernelMaps), ProbeError>
             logger,
             sources,
             bio_deferred,
+            waiting,
         },
         maps,
     ))
@@ -130,6 +137,9 @@ struct Kernel {
     /// Offsets and status codes of the `tp_btf` block programs, or why they
     /// do not apply.
     btf_requests: Result<BtfRequests, String>,
+    /// Offsets into `struct bio` for the `WAITING` programs, or why they
+    /// are not attached.
+    bio_layout: Result<[u32; bio::COUNT], String>,
     /// The slice of the kernel's BTF that program loads need.
     load_image: Option<Vec<u8>>,
 }
@@ -137,7 +147,7 @@ struct Kernel {
 impl Kernel {
     /// The `tp_btf` facts, as the pin stamp covers them.
     fn request_facts(&self) -> Vec<u8> {
-        match &self.btf_requests {
+        let mut facts = match &self.btf_requests {
             Ok(r) => r
                 .layout
                 .iter()
@@ -145,7 +155,11 @@ impl Kernel {
                 .chain(r.statuses)
                 .collect(),
             Err(_) => Vec::new(),
+        };
+        if let Ok(layout) = &self.bio_layout {
+            facts.extend(layout.iter().flat_map(|v| v.to_le_bytes()));
         }
+        facts
     }
 }
 
@@ -162,7 +176,11 @@ fn preflight(opts: &ProbeOptions) -> Result<Kernel, ProbeError> {
     }
     let tracefs = Tracefs::locate(&opts.sys_root)?;
     keep_large_allocations_mapped();
-    let (btf_requests, load_image) = requests::plan(&btf, &opts.proc_root);
+    let (btf_requests, bio_layout, load_image) = requests::plan(&btf, &opts.proc_root);
+    let bio_layout = match opts.follow_bios {
+        true => bio_layout.map_err(|e| format!("the kernel's BTF lacks what it needs: {e}")),
+        false => Err("off (--stall-after 0)".to_string()),
+    };
     release_freed_heap();
     let btf_requests = match opts.block_attach {
         BlockAttach::Auto => btf_requests,
@@ -179,6 +197,7 @@ fn preflight(opts: &ProbeOptions) -> Result<Kernel, ProbeError> {
     Ok(Kernel {
         tracefs,
         btf_requests,
+        bio_layout,
         load_image,
     })
 }
@@ -201,6 +220,8 @@ fn load(
         _ => Vec::new(),
     };
     let early_flag = u32::from(block.early);
+    // ENABLED stays 0 without a layout: the programs then return at once.
+    let bio_layout = kernel.bio_layout.clone().unwrap_or([0; bio::COUNT]);
     let mut loader = loader::loader_without_kernel_btf().unwrap_or_else(|e| {
         tracing::info!(
             "loading with aya's own parse of the kernel BTF (~20 MB more at start): {e}"
@@ -213,6 +234,7 @@ fn load(
         .btf(None)
         .override_global("LAYOUT", layout, true)
         .override_global("RQ_LAYOUT", &rq_layout, true)
+        .override_global("BIO_LAYOUT", &bio_layout, true)
         .override_global("STATUS_ERRNO", &statuses, true)
         .override_global("COMPLETE_MODE", &block.mode, true)
         .override_global("EARLY_ERRORS", &early_flag, true)

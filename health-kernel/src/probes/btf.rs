@@ -11,7 +11,7 @@
 use std::collections::HashSet;
 use std::path::Path;
 
-use health_common::rq;
+use health_common::{bio, rq};
 
 const MAGIC: u16 = 0xeb9f;
 const HEADER_LEN: usize = 24;
@@ -255,6 +255,18 @@ impl KernelBtf {
         Some(self.name(arg.name_off).to_string())
     }
 
+    /// How many arguments a raw tracepoint passes (the hidden `void *`
+    /// not counted).
+    pub fn tracepoint_arg_count(&self, tracepoint: &str) -> Option<usize> {
+        let typedef = self.find(KIND_TYPEDEF, &format!("btf_trace_{tracepoint}"))?;
+        let ptr = self.ty(self.ty(typedef)?.size_or_type)?;
+        let proto = self.ty(ptr.size_or_type)?;
+        if ptr.kind != KIND_PTR || proto.kind != KIND_FUNC_PROTO || proto.vlen == 0 {
+            return None;
+        }
+        Some(proto.vlen - 1)
+    }
+
     /// A BTF image in which each of `names` (kind, name) found here has its
     /// kernel type id and every other id up to the last of them is an empty
     /// placeholder; `None` when none is found. For loaders that look targets
@@ -366,6 +378,58 @@ pub fn request_layout(btf: &KernelBtf) -> Result<[u32; rq::COUNT], BtfError> {
     Ok(layout)
 }
 
+/// Fills the `BIO_LAYOUT` slots from the kernel's BTF (with
+/// [`bio::ENABLED`] set), or says what is missing.
+pub fn bio_layout(btf: &KernelBtf) -> Result<[u32; bio::COUNT], BtfError> {
+    let mut layout = [rq::ABSENT; bio::COUNT];
+    let need = |s: &str, m: &str| {
+        btf.member_offset(s, m)
+            .ok_or_else(|| BtfError::Missing(format!("struct {s}.{m}")))
+    };
+    // The bio is the last argument of both: (q, bio) or (bio).
+    let last = |tp: &str| {
+        btf.tracepoint_arg_count(tp)
+            .filter(|n| (1..=2).contains(n))
+            .map(|n| n as u32 - 1)
+            .ok_or_else(|| BtfError::Missing(format!("raw tracepoint {tp}(.., struct bio *)")))
+    };
+    layout[bio::QUEUE_ARG] = last("block_bio_queue")?;
+    layout[bio::COMPLETE_ARG] = last("block_bio_complete")?;
+    if layout[bio::COMPLETE_ARG] != 1 {
+        return Err(BtfError::Missing(
+            "raw tracepoint block_bio_complete(q, bio)".into(),
+        ));
+    }
+    layout[bio::OPF] = need("bio", "bi_opf")?;
+    layout[bio::FLAGS] = need("bio", "bi_flags")?;
+    layout[bio::BIT_TRACE_COMPLETION] =
+        btf.enum_value("BIO_TRACE_COMPLETION")
+            .filter(|b| (0..16).contains(b))
+            .ok_or_else(|| BtfError::Missing("enum BIO_TRACE_COMPLETION".into()))? as u32;
+    match btf.member_offset("bio", "bi_bdev") {
+        Some(off) => {
+            layout[bio::BDEV] = off;
+            layout[bio::BD_DEV] = need("block_device", "bd_dev")?;
+        }
+        None => {
+            layout[bio::DISK] = need("bio", "bi_disk")?;
+            layout[bio::DISK_MAJOR] = need("gendisk", "major")?;
+            layout[bio::DISK_FIRST_MINOR] = need("gendisk", "first_minor")?;
+            layout[bio::SECTOR] = need("bio", "bi_iter")? + need("bvec_iter", "bi_sector")?;
+        }
+    }
+    layout[bio::RQ_BIO] = need("request", "bio")?;
+    layout[bio::BI_NEXT] = need("bio", "bi_next")?;
+    layout[bio::BI_SIZE] = need("bio", "bi_iter")? + need("bvec_iter", "bi_size")?;
+    if btf.tracepoint_arg_count("block_rq_complete") != Some(3) {
+        return Err(BtfError::Missing(
+            "raw tracepoint block_rq_complete(rq, error, nr_bytes)".into(),
+        ));
+    }
+    layout[bio::ENABLED] = 1;
+    Ok(layout)
+}
+
 /// Whether `layout` lets the `block_rq_complete` program count what
 /// `block_rq_error` would (`--early-block-errors`).
 pub fn counts_early(layout: &[u32; rq::COUNT]) -> bool {
@@ -441,6 +505,8 @@ mod tests {
         assert_eq!(btf.enum_value("Z"), None);
         assert_eq!(btf.tracepoint_arg_type("t", 0).as_deref(), Some("int"));
         assert_eq!(btf.tracepoint_arg_type("t", 1), None);
+        assert_eq!(btf.tracepoint_arg_count("t"), Some(1));
+        assert_eq!(btf.tracepoint_arg_count("u"), None);
         assert!(btf.has_tracepoint("t") && !btf.has_tracepoint("u"));
         // The sparse image keeps the typedef's id (7) and nothing else.
         let image = btf.sparse_image(&[(KIND_TYPEDEF, "btf_trace_t"), (KIND_FUNC, "nope")]);
@@ -489,6 +555,7 @@ mod tests {
     /// Every query on whatever parses, never a panic or a read out of bounds.
     fn query_everything(btf: &KernelBtf) {
         let _ = request_layout(btf);
+        let _ = bio_layout(btf);
         let _ = btf.member_offset("s", "b");
         let _ = btf.enum_value("Y");
         let _ = btf.tracepoint_arg_type("t", 0);

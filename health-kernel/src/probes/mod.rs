@@ -27,6 +27,7 @@ mod plan;
 pub(crate) mod preflight;
 pub mod release;
 mod requests;
+pub mod waiting;
 
 use std::fmt;
 use std::path::PathBuf;
@@ -35,7 +36,7 @@ pub use attach::attach;
 use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, PerCpuHashMap, RingBuf};
 use aya::Ebpf;
 pub use errors::{BpfRefusal, ProbeError};
-use health_common::{CounterKey, ErrorTimes, PartTable, StackPair, DISK_NAME_LEN};
+use health_common::{CounterKey, ErrorTimes, PartTable, StackPair, Waiting, DISK_NAME_LEN};
 pub use layout::block_tracepoints;
 pub use memlock::MemlockShortfall;
 // For tests/tests/tracefs.rs: a live BPF map, whose id a pinned witness is named for.
@@ -73,6 +74,10 @@ pub struct ProbeOptions {
     /// names the request flag bits). The program then runs on every block
     /// completion, as with `flush_errors`.
     pub early_errors: bool,
+    /// Follow every bio from submission to completion (`WAITING`), so that
+    /// the agent sees how long the oldest one of each device has waited
+    /// (`--stall-after`; off with 0). Costs two map operations per bio.
+    pub follow_bios: bool,
 }
 
 /// BTF raw tracepoints (`tp_btf`) run whatever else runs on the CPU, even a
@@ -155,6 +160,8 @@ pub struct KernelMaps {
     pub bio_devs: BpfHashMap<MapData, u32, u8>,
     pub stacked: BpfHashMap<MapData, StackPair, u8>,
     pub disk_names: BpfHashMap<MapData, u32, [u8; DISK_NAME_LEN]>,
+    /// The bios waiting now, by address (`waiting`).
+    pub waiting: BpfHashMap<MapData, u64, Waiting>,
 }
 
 const BIO_PROGRAM: &str = "block_bio_complete";
@@ -170,6 +177,8 @@ pub struct Attached {
     pub sources: Vec<SourceStatus>,
     /// `block_bio_complete`, loaded and waiting for its first dm/md device.
     bio_deferred: Option<(&'static str, &'static str)>,
+    /// Whether the `WAITING` programs run, or why not.
+    pub waiting: Result<(), String>,
 }
 
 impl Attached {

@@ -13,9 +13,9 @@
 use std::path::Path;
 
 use aya::Btf;
-use health_common::rq;
+use health_common::{bio, rq};
 
-use super::btf::{counts_early, request_layout, KernelBtf};
+use super::btf::{bio_layout, counts_early, request_layout, KernelBtf};
 use super::{blk_status, release};
 
 /// Everything the `tp_btf` programs need, or why they cannot be used.
@@ -43,17 +43,23 @@ impl BtfRequests {
     }
 }
 
-/// The kernel's BTF facts for the block programs, and a small BTF image for
-/// loading the `tp_btf` and fentry programs (see [`load_btf`]). The kernel
-/// BTF itself is dropped before this returns.
+/// The kernel's BTF facts for the block programs: the requests', the
+/// bios' (`WAITING`), and a small BTF image for loading the `tp_btf` and
+/// fentry programs (see [`load_btf`]). The kernel BTF itself is dropped
+/// before this returns.
 pub(super) fn plan(
     btf_path: &Path,
     proc_root: &Path,
-) -> (Result<BtfRequests, String>, Option<Vec<u8>>) {
+) -> (
+    Result<BtfRequests, String>,
+    Result<[u32; bio::COUNT], String>,
+    Option<Vec<u8>>,
+) {
     let kernel = match KernelBtf::read(btf_path) {
         Ok(k) => k,
-        Err(e) => return (Err(e), None),
+        Err(e) => return (Err(e.clone()), Err(e), None),
     };
+    let bios = bio_layout(&kernel).map_err(|e| e.to_string());
     let image = kernel.sparse_image(&LOAD_NAMES);
     let requests = request_layout(&kernel)
         .map_err(|e| e.to_string())
@@ -69,7 +75,7 @@ pub(super) fn plan(
                 has_complete: kernel.has_tracepoint("block_rq_complete"),
             })
         });
-    (requests, image)
+    (requests, bios, image)
 }
 
 /// The names the `tp_btf` and fentry loads look up.

@@ -38,6 +38,9 @@ pub struct AgentOptions {
     pub volumes: Option<LiveVolumesConfig>,
     /// The scheduling priority asked for the event thread ([`priority`]).
     pub event_priority: EventPriority,
+    /// `IOStalled` once a volume's oldest I/O has waited this long
+    /// (`--stall-after`); `None`: off (the kernel side follows no bios).
+    pub stall_after: Option<Duration>,
 }
 
 /// How often counters are reconciled with samples: errors whose samples
@@ -47,6 +50,10 @@ const RECONCILE_EVERY: Duration = Duration::from_secs(1);
 /// attached, a partition table re-read), so the topology is also rescanned
 /// on this interval.
 const RESCAN_EVERY: Duration = Duration::from_secs(5);
+/// How often the waiting bios are read for stalls: a stall is a condition
+/// within this long (plus the turn) of its oldest bio reaching
+/// `--stall-after`.
+const STALL_POLL: Duration = Duration::from_millis(500);
 /// At most one extra rescan per this long, when an event names a device the
 /// topology does not know yet.
 const MIN_RESCAN_GAP: Duration = Duration::from_secs(1);
@@ -159,6 +166,8 @@ async fn agent_loop<R: Reporter>(
     let mut reconcile = tokio::time::interval(RECONCILE_EVERY);
     let mut rescan = tokio::time::interval(RESCAN_EVERY);
     let mut totals = tokio::time::interval(opts.totals_interval);
+    let mut stall_poll = tokio::time::interval(STALL_POLL);
+    stall_poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     totals.tick().await;
     drop(bulk);
 
@@ -196,6 +205,11 @@ async fn agent_loop<R: Reporter>(
             w = agent.reporter.wake() => {
                 let bulk = prio.bulk();
                 agent.reporter.handle(w, agent.vols.as_ref());
+                Some(bulk)
+            }
+            _ = stall_poll.tick(), if opts.stall_after.is_some() => {
+                let bulk = prio.bulk();
+                agent.poll_stalls(opts.stall_after)?;
                 Some(bulk)
             }
             _ = totals.tick() => {

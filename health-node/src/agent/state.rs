@@ -4,11 +4,11 @@
 //! topology, hand a turn's results on, and finish.
 
 use std::collections::{HashMap, HashSet};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use health_core::dev::Dev;
-use health_kernel::clock::Clock;
+use health_kernel::clock::{monotonic_ns, Clock};
 use health_kernel::collector::{Collector, KernelError};
 use health_kernel::device_maps::KernelMapsRest;
 use health_kernel::probes::{self, SourceState};
@@ -68,6 +68,13 @@ impl<R: Reporter> Agent<R> {
             } else {
                 tracing::info!("{s}");
             }
+        }
+        match &attached.waiting {
+            Ok(()) => {
+                tracing::info!("stalls: following every bio from block_bio_queue to its completion")
+            }
+            Err(why) if opts.stall_after.is_none() => tracing::info!("stalls: {why}"),
+            Err(why) => tracing::warn!("stalls: not followed, no IOStalled: {why}"),
         }
         let mut maps = Some(maps);
         let (mut collector, mut rest) =
@@ -149,6 +156,33 @@ impl<R: Reporter> Agent<R> {
                 Then::Rediscover => v.rediscover(&self.topo),
             }
         }
+    }
+
+    /// Reads the bios waiting now and judges the volumes' stalls; bios old
+    /// enough to matter are confirmed with the kernel first.
+    pub(super) fn poll_stalls(&mut self, stall_after: Option<Duration>) -> anyhow::Result<()> {
+        let (Some(stall_after), Some(vols)) = (stall_after, self.vols.as_mut()) else {
+            return Ok(());
+        };
+        if self.attached.waiting.is_err() {
+            return Ok(());
+        }
+        let now = monotonic_ns();
+        let old_before = now.saturating_sub(stall_after.as_nanos() as u64);
+        let attached = &self.attached;
+        let read = self
+            .rest
+            .waiting(now, old_before, |addr| attached.bio_state(addr))
+            .context("reading the waiting bios")?;
+        if read.stale_removed > 0 {
+            tracing::debug!(
+                entries = read.stale_removed,
+                "removed waiting-bio entries whose completion no program saw"
+            );
+        }
+        let changes = vols.stalls(&self.topo, &read.devices, now, stall_after);
+        self.handled.changes.extend(changes);
+        Ok(())
     }
 
     /// A check, CSI call or rediscovery the volumes scheduled is due.

@@ -29,6 +29,7 @@ use tokio::task::JoinHandle;
 use tokio::time::{Instant, Interval, MissedTickBehavior};
 
 use super::schedule::{CheckSchedule, Checked};
+use super::stalls::StallJudge;
 use super::{
     CsiOutcome, CsiProber, IndexedVolume, StorageOutcome, VolumeChanges, VolumeIndex, VolumeKey,
     VolumeMonitor,
@@ -123,6 +124,7 @@ pub struct LiveVolumes {
     /// The mount table the checks use, shared with their tasks; replaced
     /// with the index.
     mounts: Arc<[MountEntry]>,
+    stalls: StallJudge,
 }
 
 impl LiveVolumes {
@@ -162,6 +164,7 @@ impl LiveVolumes {
             nvme_health_trigger,
             schedule,
             mounts: topo.mounts().into(),
+            stalls: StallJudge::default(),
         }
     }
 
@@ -244,6 +247,22 @@ impl LiveVolumes {
         } else {
             Vec::new()
         }
+    }
+
+    /// Judges every volume against the bios waiting now (see
+    /// [`super::stalls`]); `now_ns` is CLOCK_MONOTONIC.
+    pub fn stalls(
+        &mut self,
+        topo: &Topology,
+        waits: &[health_kernel::waiting::DeviceWait],
+        now_ns: u64,
+        stall_after: Duration,
+    ) -> Vec<VolumeChanges> {
+        let index = Arc::clone(self.monitor.index());
+        let reports = self
+            .stalls
+            .judge(index.volumes(), topo, waits, now_ns, stall_after);
+        self.monitor.apply_checks(SystemTime::now(), reports)
     }
 
     /// Handles what [`next_wake`] returned.

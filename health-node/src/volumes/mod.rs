@@ -17,6 +17,9 @@
 //! [`StorageOutcome`] spreads over the driver's volumes); it returns the
 //! condition changes per volume.
 //!
+//! [`stalls`] judges, on every poll of the agent loop, whether a volume's
+//! oldest I/O has waited too long (`IOStalled`).
+//!
 //! [`LiveVolumes`] keeps all of that current while the agent loop runs;
 //! [`view`] is the one-shot `health-agent volumes`.
 
@@ -28,6 +31,7 @@ pub mod kubelet;
 mod live;
 mod monitor;
 mod schedule;
+pub mod stalls;
 mod storage;
 pub mod view;
 

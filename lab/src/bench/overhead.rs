@@ -220,6 +220,8 @@ pub fn run(tools: &Tools, cfg: &Config) -> Result<OverheadResult> {
     let mut configs = Vec::new();
     for (name, extra) in [
         ("default", &[][..]),
+        // Without the programs that follow every bio for stalls.
+        ("--stall-after 0", &["--stall-after", "0"][..]),
         ("--flush-errors", &["--flush-errors"][..]),
         // Failed requests counted at block_rq_complete, before the kernel's
         // console line: the same program on every completion.

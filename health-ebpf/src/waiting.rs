@@ -1,0 +1,156 @@
+//! Bios while they wait: every bio the block layer is handed is kept in
+//! `WAITING` from `block_bio_queue` until `block_bio_complete`, so that
+//! userspace sees, per device, how many wait and since when, while nothing
+//! completes (`--stall-after`). `block_bio_queue` runs once per bio on
+//! every layer; a bio-based device (dm, md, NVMe multipath) completes it at
+//! `block_bio_complete`, a request-based one with its request at
+//! `block_rq_complete` (blk-mq clears the bio's trace flag there), so each
+//! entry is removed by its own completion.
+//!
+//! Raw tracepoints, not tracefs ones: a tracefs program is skipped whenever
+//! another BPF program runs on the CPU, and a skipped completion would
+//! leave an entry behind. A raw tracepoint program is only kept from
+//! nesting inside itself; an entry left behind that way is found by
+//! userspace, which asks `bio_still_waiting` before it reports a stall.
+
+use super::*;
+
+use health_common::{bio, Waiting, WAITING_MAX};
+
+/// Offsets into `struct bio` and the tracepoints' argument positions, from
+/// the kernel's BTF, indexed by [`bio`] slots.
+#[no_mangle]
+static BIO_LAYOUT: [u32; bio::COUNT] = [rq::ABSENT; bio::COUNT];
+
+/// The bios submitted and not yet completed, by address.
+#[map]
+static WAITING: HashMap<u64, Waiting> = HashMap::with_max_entries(WAITING_MAX, 0);
+
+/// `block_bio_queue(bio)`, kernels since 5.11. (A raw tracepoint program
+/// may not read past the tracepoint's arguments, so each argument list has
+/// its own program; userspace attaches the one this kernel's BTF names.)
+#[raw_tracepoint(tracepoint = "block_bio_queue")]
+pub fn block_bio_queue_wait(ctx: RawTracePointContext) -> i32 {
+    note_queued(ctx.arg(0));
+    0
+}
+
+/// `block_bio_queue(q, bio)`, kernels before 5.11.
+#[raw_tracepoint(tracepoint = "block_bio_queue")]
+pub fn block_bio_queue_wait_q(ctx: RawTracePointContext) -> i32 {
+    note_queued(ctx.arg(1));
+    0
+}
+
+#[inline(always)]
+fn note_queued(bio: u64) {
+    if slot(bio::ENABLED) != 1 {
+        return;
+    }
+    let Some(dev) = bio_dev(bio) else {
+        return;
+    };
+    let waiting = Waiting {
+        // SAFETY: helpers without preconditions.
+        queued_ns: unsafe { bpf_ktime_get_ns() },
+        cgroup: unsafe { aya_ebpf::helpers::bpf_get_current_cgroup_id() },
+        dev,
+        opf: read_at(bio, bio::OPF).unwrap_or(0),
+    };
+    if WAITING.insert(&bio, &waiting, 0).is_err() {
+        bump(stat::WAITING_FULL);
+    }
+}
+
+/// `block_bio_complete(q, bio)` (every kernel since 4.x).
+#[raw_tracepoint(tracepoint = "block_bio_complete")]
+pub fn block_bio_complete_wait(ctx: RawTracePointContext) -> i32 {
+    if slot(bio::ENABLED) != 1 {
+        return 0;
+    }
+    let bio: u64 = ctx.arg(1);
+    let _ = WAITING.remove(&bio);
+    0
+}
+
+/// `block_rq_complete(rq, error, nr_bytes)` on every kernel: the bios of
+/// a request-based device complete with their request, whose bios the
+/// kernel no longer traces one by one. Removes each bio `nr_bytes` covers
+/// (a partial completion leaves the rest for the next call).
+#[raw_tracepoint(tracepoint = "block_rq_complete")]
+pub fn block_rq_complete_wait(ctx: RawTracePointContext) -> i32 {
+    if slot(bio::ENABLED) != 1 {
+        return 0;
+    }
+    let rq: u64 = ctx.arg(0);
+    let nr_bytes: u64 = ctx.arg(2);
+    let mut left = nr_bytes as u32;
+    let mut bio: u64 = read_at(rq, bio::RQ_BIO).unwrap_or(0);
+    for _ in 0..bio::RQ_BIOS_MAX {
+        if bio == 0 {
+            break;
+        }
+        let size: u32 = read_at(bio, bio::BI_SIZE).unwrap_or(u32::MAX);
+        if size > left {
+            break;
+        }
+        left -= size;
+        let _ = WAITING.remove(&bio);
+        bio = read_at(bio, bio::BI_NEXT).unwrap_or(0);
+    }
+    0
+}
+
+/// Never attached: userspace runs it (`BPF_PROG_TEST_RUN`) with a bio's
+/// address before it reports that bio as waiting. Returns 1 while the
+/// kernel still means to trace the bio's completion (it still waits), 0
+/// once it has (an entry whose completion no program saw), 2 when the
+/// flags cannot be read. Written without aya's `raw_tracepoint` macro,
+/// whose wrapper returns 0 whatever the function returns.
+#[unsafe(no_mangle)]
+#[unsafe(link_section = "raw_tp/block_bio_queue")]
+pub fn bio_still_waiting(ctx: *mut core::ffi::c_void) -> u32 {
+    let ctx = RawTracePointContext::new(ctx);
+    let bio: u64 = ctx.arg(0);
+    let Some(flags) = read_at::<u16>(bio, bio::FLAGS) else {
+        return 2;
+    };
+    ((flags >> (slot(bio::BIT_TRACE_COMPLETION) & 15)) & 1) as u32
+}
+
+#[inline(always)]
+fn slot(i: usize) -> u32 {
+    // SAFETY: as for `offset`.
+    unsafe { core::ptr::read_volatile(&BIO_LAYOUT[i]) }
+}
+
+/// Reads a kernel value at `base + BIO_LAYOUT[i]`.
+#[inline(always)]
+fn read_at<T>(base: u64, i: usize) -> Option<T> {
+    let off = slot(i);
+    if off == rq::ABSENT || base == 0 {
+        return None;
+    }
+    // SAFETY: a read the kernel checks; a bad address is an error, not a fault.
+    unsafe { bpf_probe_read_kernel((base + off as u64) as *const T).ok() }
+}
+
+/// The device a bio was submitted to: its `block_device` where bios have
+/// one; before 5.12 its disk, narrowed to the partition by the sector.
+#[inline(always)]
+fn bio_dev(bio: u64) -> Option<u32> {
+    if slot(bio::BDEV) != rq::ABSENT {
+        let bdev: u64 = read_at(bio, bio::BDEV)?;
+        return read_at(bdev, bio::BD_DEV);
+    }
+    let disk: u64 = read_at(bio, bio::DISK)?;
+    let major: i32 = read_at(disk, bio::DISK_MAJOR)?;
+    let minor: i32 = read_at(disk, bio::DISK_FIRST_MINOR)?;
+    let dev = kdev::make(major as u32, minor as u32);
+    let sector: u64 = read_at(bio, bio::SECTOR).unwrap_or(0);
+    // SAFETY: a map lookup; the value is only read here.
+    Some(match unsafe { PARTITIONS.get(&dev) } {
+        Some(table) => table.resolve(dev, sector),
+        None => dev,
+    })
+}

@@ -1,0 +1,305 @@
+//! `IOStalled`: a volume whose oldest I/O has waited at least
+//! `--stall-after`, from the bios the kernel side follows
+//! (`health_kernel::waiting`), judged on every poll of the agent loop.
+//!
+//! The volume's own device (the top of its stack) is what is judged: a bio
+//! of a layer below waits only while one of the top's waits too. The
+//! deepest device below it whose oldest bio is as old is named with it, as
+//! where the I/O is stuck (`dm-0 on sdb`).
+//!
+//! A stall that goes on is not re-reported every poll: the message says how
+//! long the oldest has waited in steps (`--stall-after` times 1, 2, 4, 8...)
+//! and is kept, counts included, until the next step is reached.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::time::Duration;
+
+use health_common::op;
+use health_core::conditions::{CheckFinding, CheckKind, CheckResult};
+use health_core::dev::Dev;
+use health_kernel::waiting::DeviceWait;
+use health_topology::Topology;
+
+use super::checks::CheckReport;
+use super::{IndexedVolume, VolumeKey};
+
+/// Default of `--stall-after`. Twice the longest a healthy request is held
+/// back by design (mq-deadline's write_expire, 5 s), and a third of the
+/// SCSI and NVMe command timeout (30 s), so that the condition comes
+/// before the kernel's own abort and reset, and long before its hung-task
+/// report (120 s).
+pub const DEFAULT_STALL_AFTER: Duration = Duration::from_secs(10);
+
+/// What each volume was last told, so that only a new step is a change.
+#[derive(Debug, Default)]
+pub struct StallJudge {
+    told: HashMap<VolumeKey, CheckFinding>,
+}
+
+impl StallJudge {
+    /// One report per volume with a device: `IOStalled` where the oldest
+    /// bio of its device has waited at least `stall_after`, a pass
+    /// elsewhere. `now_ns` is CLOCK_MONOTONIC, as the bios' times.
+    pub fn judge(
+        &mut self,
+        volumes: &[IndexedVolume],
+        topo: &Topology,
+        waits: &[DeviceWait],
+        now_ns: u64,
+        stall_after: Duration,
+    ) -> Vec<(VolumeKey, CheckReport)> {
+        let by_dev: HashMap<Dev, &DeviceWait> = waits.iter().map(|w| (w.dev, w)).collect();
+        let age = |w: &DeviceWait| Duration::from_nanos(now_ns.saturating_sub(w.oldest_ns));
+        let mut out = Vec::new();
+        let mut live = HashSet::new();
+        for v in volumes {
+            let Some(device) = v.device else { continue };
+            live.insert(v.key.clone());
+            let stalled = topo
+                .filesystem_backing_devices(device)
+                .into_iter()
+                .filter_map(|d| by_dev.get(&d).copied())
+                .filter(|w| age(w) >= stall_after)
+                .max_by_key(|w| age(w));
+            let result = match stalled {
+                None => {
+                    self.told.remove(&v.key);
+                    CheckResult::Pass
+                }
+                Some(w) => {
+                    let below = deepest_stalled(topo, w.dev, &by_dev, |w| age(w) >= stall_after);
+                    let finding = finding(topo, w, below, age(w), stall_after);
+                    let kept = self
+                        .told
+                        .get(&v.key)
+                        .filter(|told| same_step(told, &finding));
+                    let finding = kept.cloned().unwrap_or(finding);
+                    self.told.insert(v.key.clone(), finding.clone());
+                    CheckResult::Found(vec![finding])
+                }
+            };
+            out.push((
+                v.key.clone(),
+                CheckReport {
+                    results: vec![(CheckKind::Stall, result)],
+                },
+            ));
+        }
+        self.told.retain(|k, _| live.contains(k));
+        out
+    }
+}
+
+/// The step `waited` falls in: `stall_after` times the largest power of two
+/// not above `waited / stall_after`.
+pub fn step(waited: Duration, stall_after: Duration) -> Duration {
+    let mut step = stall_after;
+    while step * 2 <= waited && step < Duration::from_secs(86_400 * 365) {
+        step *= 2;
+    }
+    step
+}
+
+fn same_step(told: &CheckFinding, now: &CheckFinding) -> bool {
+    match (told, now) {
+        (
+            CheckFinding::IoStalled {
+                device: a,
+                waited: wa,
+                ..
+            },
+            CheckFinding::IoStalled {
+                device: b,
+                waited: wb,
+                ..
+            },
+        ) => a == b && wa == wb,
+        _ => false,
+    }
+}
+
+fn finding(
+    topo: &Topology,
+    w: &DeviceWait,
+    below: Option<Dev>,
+    waited: Duration,
+    stall_after: Duration,
+) -> CheckFinding {
+    let name = |d: Dev| {
+        topo.device(d)
+            .map_or_else(|| d.to_string(), |b| b.name.clone())
+    };
+    let device = match below {
+        Some(b) => format!("{} on {}", name(w.dev), name(b)),
+        None => name(w.dev),
+    };
+    CheckFinding::IoStalled {
+        device,
+        waited: step(waited, stall_after),
+        oldest_op: op_word(w.oldest_op),
+        reads: w.reads,
+        writes: w.writes,
+        other: w.other,
+        stall_after,
+        waiter: None,
+    }
+}
+
+/// The deepest device below `top` (through `slaves`) whose oldest bio is
+/// stalled too; `None` when none is.
+fn deepest_stalled(
+    topo: &Topology,
+    top: Dev,
+    by_dev: &HashMap<Dev, &DeviceWait>,
+    stalled: impl Fn(&DeviceWait) -> bool,
+) -> Option<Dev> {
+    let mut seen = HashSet::from([top]);
+    let mut queue = VecDeque::from([top]);
+    let mut deepest = None;
+    while let Some(d) = queue.pop_front() {
+        let Some(b) = topo.device(d) else { continue };
+        for &low in &b.slaves {
+            if seen.insert(low) {
+                if by_dev.get(&low).is_some_and(|w| stalled(w)) {
+                    deepest = Some(low);
+                }
+                queue.push_back(low);
+            }
+        }
+    }
+    deepest
+}
+
+fn op_word(code: u8) -> &'static str {
+    match code {
+        op::READ => "read",
+        op::WRITE => "write",
+        op::FLUSH => "flush",
+        op::DISCARD => "discard",
+        op::SECURE_ERASE => "secure erase",
+        op::WRITE_ZEROES => "write-zeroes",
+        _ => "request",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use health_core::volume::VolumeMode;
+    use health_topology::BlockDevice;
+
+    use super::*;
+    use crate::volumes::kubelet::{KubeletVolume, VolumeKind};
+
+    const SECOND: u64 = 1_000_000_000;
+    const SDB: Dev = Dev::new(8, 16);
+    const DM0: Dev = Dev::new(253, 0);
+
+    fn device(dev: Dev, name: &str, slaves: Vec<Dev>) -> BlockDevice {
+        BlockDevice {
+            dev,
+            name: name.into(),
+            whole_disk: None,
+            partition: None,
+            size_sectors: 131_072,
+            loop_backing_file: None,
+            holders: Vec::new(),
+            slaves,
+            read_only: false,
+        }
+    }
+
+    /// dm-0 on sdb, and one block volume on dm-0.
+    fn world() -> (Topology, Vec<IndexedVolume>) {
+        let topo = Topology::from_parts(
+            vec![device(SDB, "sdb", vec![]), device(DM0, "dm-0", vec![SDB])],
+            vec![],
+        );
+        let volume = KubeletVolume {
+            pod_uid: "pod-a".into(),
+            pv: Some("pv-a".into()),
+            pod_volume_dir_name: "pv-a".into(),
+            driver: None,
+            volume_handle: None,
+            volume_mode: VolumeMode::Block,
+            kind: VolumeKind::LocalVolume,
+            path: PathBuf::from("/dev/dm-0"),
+            staging_path: None,
+            node_name: None,
+        };
+        let indexed = IndexedVolume {
+            key: volume.key(),
+            volume,
+            device: Some(DM0),
+        };
+        (topo, vec![indexed])
+    }
+
+    fn wait(dev: Dev, reads: u32, writes: u32, queued_s: u64) -> DeviceWait {
+        DeviceWait {
+            dev,
+            reads,
+            writes,
+            other: 0,
+            oldest_ns: queued_s * SECOND,
+            oldest_op: op::WRITE,
+            oldest_cgroup: 1,
+        }
+    }
+
+    fn messages(reports: &[(VolumeKey, CheckReport)]) -> Vec<String> {
+        reports
+            .iter()
+            .map(|(_, r)| match r.result(CheckKind::Stall) {
+                Some(CheckResult::Found(f)) => f[0].message(),
+                Some(CheckResult::Pass) => "pass".into(),
+                other => format!("{other:?}"),
+            })
+            .collect()
+    }
+
+    /// Below the threshold a pass; at it IOStalled naming the device and
+    /// the deepest one below where I/O waits as long; the same message
+    /// (counts included) until the next step; a pass once it drains.
+    #[test]
+    fn a_stall_is_raised_at_the_threshold_kept_per_step_and_cleared() {
+        let (topo, vols) = world();
+        let mut judge = StallJudge::default();
+        let after = Duration::from_secs(10);
+        let mut at = |now_s: u64, waits: &[DeviceWait]| {
+            messages(&judge.judge(&vols, &topo, waits, now_s * SECOND, after))
+        };
+        let both = |n| [wait(DM0, 1, n, 100), wait(SDB, 0, 1, 101)];
+        assert_eq!(at(109, &both(2)), ["pass"]);
+        let first = "dm-0 on sdb: I/O stalled, 3 waiting (1 read, 2 writes); the oldest, a write, has waited 10s+ (--stall-after 10s)";
+        assert_eq!(at(111, &both(2)), [first]);
+        // More writes queue behind it: same step, same message.
+        assert_eq!(at(119, &both(7)), [first]);
+        assert_eq!(
+            at(121, &both(7)),
+            ["dm-0 on sdb: I/O stalled, 8 waiting (1 read, 7 writes); the oldest, a write, has waited 20s+ (--stall-after 10s)"]
+        );
+        // Only the top stalled: named alone.
+        assert_eq!(
+            at(160, &[wait(DM0, 0, 1, 100)]),
+            ["dm-0: I/O stalled, 1 waiting (1 write); the oldest, a write, has waited 40s+ (--stall-after 10s)"]
+        );
+        // A device below that waits while the volume's own does not (I/O
+        // of something else on the disk) is not the volume's stall.
+        assert_eq!(at(170, &[wait(SDB, 0, 1, 100)]), ["pass"]);
+        assert_eq!(at(171, &[]), ["pass"]);
+    }
+
+    #[test]
+    fn steps_double_from_the_threshold() {
+        let s = Duration::from_secs(10);
+        let at = |secs| step(Duration::from_secs(secs), s).as_secs();
+        assert_eq!(
+            [at(10), at(19), at(20), at(39), at(40), at(95)],
+            [10, 10, 20, 20, 40, 80]
+        );
+        // Below the threshold (not judged stalled) the step is the threshold.
+        assert_eq!(at(3), 10);
+    }
+}

@@ -1,0 +1,183 @@
+//! `IOStalled` on real kernels: I/O held by the device under a pod volume,
+//! seen through the bios the kernel side follows (`WAITING`) and the
+//! agent's `--stall-after`. Here a loop device over the project's fault
+//! disk, whose server holds every request for as long as it is told (a
+//! slow backing store, as a network disk behind a loop device would be).
+//! The device-mapper stall (`dmsetup suspend`) is in storage_stacks (the
+//! host has no dm module). Runs on the host (`cargo xtask test`) and in
+//! the guests (`cargo xtask vm --tests stalls`); needs root and fails
+//! without it.
+//!
+//! Each test prints how long the condition took after the I/O was
+//! submitted (docs/benchmarks.md, "Stalls"), and asserts it came within
+//! `--stall-after` plus [`TARGET`].
+
+use std::path::PathBuf;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use anyhow::{ensure, Context, Result};
+use health_tests::agent::{Agent, AgentRun};
+use health_tests::kubelet_tree::Kubelet;
+use health_tests::vm_report::kernel_release;
+use health_tests::{fs, kernel_alone, require_root, FaultDisk, LoopDevice};
+
+const MIB: u64 = 1024 * 1024;
+const POD: &str = "57a10000-0000-4000-8000-000000000001";
+const PV: &str = "pv-stall";
+/// Past the 32 MiB filesystem on the 64 MiB disk: the test's own I/O.
+const IO_AT: u64 = 48 * MIB;
+/// What the agent promises past `--stall-after`: a poll (0.5 s) and a turn.
+const TARGET: Duration = Duration::from_secs(2);
+/// For a condition line: generous, emulated guests are slow.
+const WAIT: Duration = Duration::from_secs(20);
+
+fn condition(verb: &str) -> String {
+    format!("volume pod {POD} pv {PV}: {verb} Inaccessible IOStalled [check/stall]")
+}
+
+/// The message of each raised or updated line, in order.
+fn messages(run: &AgentRun) -> Vec<String> {
+    run.stderr
+        .lines()
+        .filter_map(|l| {
+            ["raised", "updated"]
+                .iter()
+                .find_map(|verb| l.strip_prefix(&condition(verb))?.strip_prefix(": "))
+        })
+        .map(str::to_string)
+        .collect()
+}
+
+/// `raised`, `updated` and `cleared`, in order.
+fn transitions(run: &AgentRun) -> Vec<&'static str> {
+    run.stderr
+        .lines()
+        .filter_map(|l| {
+            ["raised", "updated", "cleared"]
+                .into_iter()
+                .find(|verb| l.starts_with(&condition(verb)))
+        })
+        .collect()
+}
+
+/// An O_DIRECT write of 4 KiB at [`IO_AT`] on a thread of its own.
+fn write_behind(dev: PathBuf) -> JoinHandle<std::io::Result<usize>> {
+    std::thread::spawn(move || fs::o_direct_write(&dev, IO_AT, &[0x5a; 4096]))
+}
+
+/// A pod volume (ext4) on a loop device over a fault disk, and the agent
+/// watching it with `--stall-after SECS`.
+struct Setup {
+    agent: Agent,
+    _kubelet: Kubelet,
+    lo: LoopDevice,
+    disk: FaultDisk,
+}
+
+fn setup(stall_after: &str) -> Result<Setup> {
+    let disk = FaultDisk::start(64 * MIB)?;
+    let lo = disk.attach_loop(false)?;
+    let mut kubelet = Kubelet::new()?;
+    kubelet.fs_volume(POD, PV, lo.path())?;
+    let agent = kubelet.agent(&["--stall-after", stall_after])?;
+    Ok(Setup {
+        agent,
+        _kubelet: kubelet,
+        lo,
+        disk,
+    })
+}
+
+/// A write the backing store holds for 5 s, with `--stall-after 2`: raised
+/// at 2 s (one write waiting), updated at the 4 s step, cleared once the
+/// write completes. Nothing is raised before the write or after it.
+#[test]
+fn a_write_held_by_the_backing_store_is_io_stalled_until_it_completes() -> Result<()> {
+    require_root()?;
+    let _kernel = kernel_alone();
+    // Bound in this order so that they drop in reverse: the agent, the
+    // tree's mounts, the loop device, the fault disk.
+    let Setup {
+        disk,
+        lo,
+        _kubelet,
+        agent,
+    } = setup("2")?;
+    ensure!(
+        agent.wait_for_log("stalls: following every bio", Duration::ZERO),
+        "the agent did not say it follows bios"
+    );
+    // Healthy I/O first: no condition.
+    fs::o_direct_write(lo.path(), IO_AT, &[0x11; 4096])?;
+    std::thread::sleep(Duration::from_secs(3));
+    ensure!(
+        !agent.wait_for_log(&condition("raised"), Duration::ZERO),
+        "IOStalled raised on a healthy volume"
+    );
+
+    disk.set_delay(Duration::from_secs(5))?;
+    let submitted = Instant::now();
+    let writer = write_behind(lo.path().to_path_buf());
+    let raised = agent.wait_for_log(&condition("raised"), WAIT);
+    let took = submitted.elapsed();
+    let cleared = agent.wait_for_log(&condition("cleared"), WAIT);
+    let cleared_after = submitted.elapsed();
+    disk.set_delay(Duration::ZERO)?;
+    let written = writer.join().expect("the writer thread");
+    let run = agent.stop_cleanly()?;
+    eprintln!(
+        "{}: write held 5 s, --stall-after 2: raised after {:.2} s, cleared after {:.2} s",
+        kernel_release(),
+        took.as_secs_f64(),
+        cleared_after.as_secs_f64()
+    );
+    ensure!(raised && cleared, "no raise or no clear:\n{}", run.stderr);
+    assert_eq!(written.context("the held write")?, 4096);
+    let name = lo.name();
+    assert_eq!(
+        messages(&run),
+        [
+            format!("{name}: I/O stalled, 1 waiting (1 write); the oldest, a write, has waited 2s+ (--stall-after 2s)"),
+            format!("{name}: I/O stalled, 1 waiting (1 write); the oldest, a write, has waited 4s+ (--stall-after 2s)"),
+        ],
+        "{}",
+        run.stderr
+    );
+    assert_eq!(transitions(&run), ["raised", "updated", "cleared"]);
+    assert!(took >= Duration::from_secs(2), "raised after {took:?}");
+    assert!(
+        took <= Duration::from_secs(2) + TARGET,
+        "raised after {took:?}"
+    );
+    Ok(())
+}
+
+/// `--stall-after 0` follows no bio and says so; a held write raises
+/// nothing.
+#[test]
+fn stall_after_zero_follows_no_bio() -> Result<()> {
+    require_root()?;
+    let _kernel = kernel_alone();
+    // Bound in this order so that they drop in reverse: the agent, the
+    // tree's mounts, the loop device, the fault disk.
+    let Setup {
+        disk,
+        lo,
+        _kubelet,
+        agent,
+    } = setup("0")?;
+    disk.set_delay(Duration::from_secs(3))?;
+    let writer = write_behind(lo.path().to_path_buf());
+    writer.join().expect("the writer thread")?;
+    disk.set_delay(Duration::ZERO)?;
+    std::thread::sleep(Duration::from_secs(1));
+    let run = agent.stop_cleanly()?;
+    assert!(
+        run.stderr.contains("stalls: off (--stall-after 0)"),
+        "{}",
+        run.stderr
+    );
+    assert_eq!(transitions(&run), Vec::<&str>::new(), "{}", run.stderr);
+    Ok(())
+}
