@@ -353,10 +353,7 @@ fn the_agent_runs_from_the_unpacked_image_alone_and_attaches() -> Result<()> {
     assert!(!out.stderr.contains("ERROR"), "{all}");
     // One committed layout, with a pinned program and link per source,
     // and the three that follow bios for stalls (`stalls: following`).
-    assert!(
-        out.stderr.contains("stalls: following every bio"),
-        "{all}"
-    );
+    assert!(out.stderr.contains("stalls: following every bio"), "{all}");
     let programs = sources + 3;
     let pinned: Vec<&str> = out
         .stdout

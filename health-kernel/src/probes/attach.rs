@@ -176,7 +176,11 @@ fn preflight(opts: &ProbeOptions) -> Result<Kernel, ProbeError> {
     }
     let tracefs = Tracefs::locate(&opts.sys_root)?;
     keep_large_allocations_mapped();
-    let (btf_requests, bio_layout, load_image) = requests::plan(&btf, &opts.proc_root);
+    let requests::BtfFacts {
+        requests: btf_requests,
+        bios: bio_layout,
+        image: load_image,
+    } = requests::plan(&btf, &opts.proc_root);
     let bio_layout = match opts.follow_bios {
         true => bio_layout.map_err(|e| format!("the kernel's BTF lacks what it needs: {e}")),
         false => Err("off (--stall-after 0)".to_string()),

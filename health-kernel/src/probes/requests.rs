@@ -47,17 +47,16 @@ impl BtfRequests {
 /// bios' (`WAITING`), and a small BTF image for loading the `tp_btf` and
 /// fentry programs (see [`load_btf`]). The kernel BTF itself is dropped
 /// before this returns.
-pub(super) fn plan(
-    btf_path: &Path,
-    proc_root: &Path,
-) -> (
-    Result<BtfRequests, String>,
-    Result<[u32; bio::COUNT], String>,
-    Option<Vec<u8>>,
-) {
+pub(super) fn plan(btf_path: &Path, proc_root: &Path) -> BtfFacts {
     let kernel = match KernelBtf::read(btf_path) {
         Ok(k) => k,
-        Err(e) => return (Err(e.clone()), Err(e), None),
+        Err(e) => {
+            return BtfFacts {
+                requests: Err(e.clone()),
+                bios: Err(e),
+                image: None,
+            }
+        }
     };
     let bios = bio_layout(&kernel).map_err(|e| e.to_string());
     let image = kernel.sparse_image(&LOAD_NAMES);
@@ -75,7 +74,19 @@ pub(super) fn plan(
                 has_complete: kernel.has_tracepoint("block_rq_complete"),
             })
         });
-    (requests, bios, image)
+    BtfFacts {
+        requests,
+        bios,
+        image,
+    }
+}
+
+/// What [`plan`] read from the kernel's BTF.
+pub(super) struct BtfFacts {
+    pub requests: Result<BtfRequests, String>,
+    /// The `BIO_LAYOUT` of the `WAITING` programs.
+    pub bios: Result<[u32; bio::COUNT], String>,
+    pub image: Option<Vec<u8>>,
 }
 
 /// The names the `tp_btf` and fentry loads look up.
