@@ -142,9 +142,10 @@ struct KernelArgs {
     /// falling back with a warning; periodic work always runs at normal priority.
     #[arg(long, value_enum, default_value_t = EventPriority::Rt, env = "HEALTH_EVENT_PRIORITY")]
     event_priority: EventPriority,
-    /// Seconds a volume's oldest I/O may wait before it is IOStalled (Inaccessible); 0 turns
-    /// stall detection off, and with it the two programs that follow every bio.
-    #[arg(long, value_name = "SECS", default_value_t = volumes::stalls::DEFAULT_STALL_AFTER.as_secs_f64())]
+    /// Seconds a volume's oldest I/O may wait before it is IOStalled (Inaccessible), e.g. 10
+    /// (volumes::stalls::SUGGESTED_STALL_AFTER); 0, the default, follows no bio (the programs
+    /// that follow every bio cost about 0.8 µs per request, docs/benchmarks.md "Stalls").
+    #[arg(long, value_name = "SECS", default_value_t = 0.0)]
     stall_after: f64,
 }
 

@@ -351,10 +351,13 @@ fn the_agent_runs_from_the_unpacked_image_alone_and_attaches() -> Result<()> {
         "{all}"
     );
     assert!(!out.stderr.contains("ERROR"), "{all}");
-    // One committed layout, with a pinned program and link per source,
-    // and the three that follow bios for stalls (`stalls: following`).
-    assert!(out.stderr.contains("stalls: following every bio"), "{all}");
-    let programs = sources + 3;
+    // One committed layout, with a pinned program and link per source
+    // (none that follow bios: `--stall-after` is 0 by default).
+    assert!(
+        out.stderr.contains("stalls: off (--stall-after 0)"),
+        "{all}"
+    );
+    let programs = sources;
     let pinned: Vec<&str> = out
         .stdout
         .lines()
