@@ -437,6 +437,12 @@ fn watch_options(args: WatchArgs, host: HostPaths) -> anyhow::Result<(AgentOptio
         !totals_interval.is_zero(),
         "--totals-interval must be greater than zero"
     );
+    // IOStalled is a volume condition: without pod volumes the programs
+    // would follow every bio for nothing.
+    anyhow::ensure!(
+        volumes.is_some() || args.kernel.stall_after == 0.0,
+        "--stall-after needs pod volumes: no kubelet root here (pass --kubelet-root)"
+    );
     let view = View::new(args.json, &args.devices);
     let opts = AgentOptions {
         probes: probe_options(&args.kernel, &host),
