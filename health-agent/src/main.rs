@@ -147,6 +147,15 @@ struct KernelArgs {
     /// that follow every bio cost about 0.8 µs per request, docs/benchmarks.md "Stalls").
     #[arg(long, value_name = "SECS", default_value_t = 0.0)]
     stall_after: f64,
+    /// Where the host's cgroup filesystem is: a stalled volume's message names the pod and
+    /// container (or cgroup) its oldest I/O is charged to, found there by the cgroup's id.
+    #[arg(
+        long,
+        value_name = "DIR",
+        default_value = "/sys/fs/cgroup",
+        env = "HEALTH_HOST_CGROUP"
+    )]
+    host_cgroup: PathBuf,
 }
 
 impl KernelArgs {
@@ -333,6 +342,7 @@ fn run_options(args: RunArgs, host: HostPaths) -> anyhow::Result<health_node::cl
         probes: probe_options(&args.kernel, &host),
         event_priority: args.kernel.event_priority,
         stall_after: args.kernel.stall_after()?,
+        cgroup_root: args.kernel.host_cgroup.clone(),
         host,
         duration: None,
         totals_interval: Duration::from_secs(60),
@@ -448,6 +458,7 @@ fn watch_options(args: WatchArgs, host: HostPaths) -> anyhow::Result<(AgentOptio
         probes: probe_options(&args.kernel, &host),
         event_priority: args.kernel.event_priority,
         stall_after: args.kernel.stall_after()?,
+        cgroup_root: args.kernel.host_cgroup.clone(),
         host,
         duration,
         totals_interval,

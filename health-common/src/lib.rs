@@ -202,7 +202,7 @@ pub mod stat {
 /// fills it; what did not fit is counted (`stat::WAITING_FULL`). 8192 is
 /// deeper than any one device's queue (NVMe's largest is 4095 per queue,
 /// SCSI's `can_queue` a few thousand), and the map's memory fixed at load:
-/// 8192 entries of 8 + 24 bytes (the kernel charges about 100 bytes each
+/// 8192 entries of 8 + 16 bytes (the kernel charges about 100 bytes each
 /// with its own element header, under 1 MiB).
 pub const WAITING_MAX: u32 = 8192;
 
@@ -213,8 +213,6 @@ pub const WAITING_MAX: u32 = 8192;
 pub struct Waiting {
     /// `bpf_ktime_get_ns` (CLOCK_MONOTONIC) when `block_bio_queue` ran.
     pub queued_ns: u64,
-    /// The cgroup of the task that submitted it (`bpf_get_current_cgroup_id`).
-    pub cgroup: u64,
     /// Kernel-encoded dev_t of the device it was submitted to: the
     /// partition where there is one.
     pub dev: u32,
@@ -256,7 +254,19 @@ pub mod bio {
     pub const RQ_BIO: usize = 12;
     pub const BI_NEXT: usize = 13;
     pub const BI_SIZE: usize = 14;
-    pub const COUNT: usize = 15;
+    /// Whose I/O it is, read only when userspace asks about an old bio
+    /// (`bio_still_waiting`), never per request: the cgroup the block layer
+    /// charges the bio to, which for writeback is the one that dirtied the
+    /// pages, not the flusher's. `bio.bi_blkg`, `blkcg_gq.blkcg`, the
+    /// offset of `blkcg.css` plus `cgroup_subsys_state.cgroup`,
+    /// `cgroup.kn` and `kernfs_node.id` (the id cgroupfs shows as the
+    /// directory's inode number). Absent without `CONFIG_BLK_CGROUP`.
+    pub const BLKG: usize = 15;
+    pub const BLKG_BLKCG: usize = 16;
+    pub const BLKCG_CGROUP: usize = 17;
+    pub const CGROUP_KN: usize = 18;
+    pub const KN_ID: usize = 19;
+    pub const COUNT: usize = 20;
     /// At most this many bios of one request are removed at its
     /// completion; the rest (a request merged from more) are found
     /// completed by userspace's check and removed then.
@@ -564,7 +574,7 @@ mod tests {
         assert_eq!(core::mem::size_of::<CounterKey>(), 12);
         assert_eq!(core::mem::size_of::<ErrorSample>(), 112);
         assert_eq!(core::mem::size_of::<ErrorTimes>(), 16);
-        assert_eq!(core::mem::size_of::<Waiting>(), 24);
+        assert_eq!(core::mem::size_of::<Waiting>(), 16);
         assert_eq!(core::mem::size_of::<PartTable>(), 8 + 24 * MAX_PARTITIONS);
         assert_eq!(kdev::make(7, 2), 0x700002);
         assert_eq!((kdev::major(0x700002), kdev::minor(0x700002)), (7, 2));

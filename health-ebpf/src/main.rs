@@ -25,7 +25,7 @@ use aya_ebpf::{
         bpf_probe_read_kernel, bpf_probe_read_kernel_str_bytes,
     },
     macros::{btf_tracepoint, fentry, map, raw_tracepoint, tracepoint},
-    maps::{HashMap, LruHashMap, LruPerCpuHashMap, PerCpuArray, PerCpuHashMap, RingBuf},
+    maps::{Array, HashMap, LruHashMap, LruPerCpuHashMap, PerCpuArray, PerCpuHashMap, RingBuf},
     programs::{BtfTracePointContext, FEntryContext, RawTracePointContext, TracePointContext},
     EbpfContext,
 };

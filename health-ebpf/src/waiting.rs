@@ -26,6 +26,12 @@ static BIO_LAYOUT: [u32; bio::COUNT] = [rq::ABSENT; bio::COUNT];
 #[map]
 static WAITING: HashMap<u64, Waiting> = HashMap::with_max_entries(WAITING_MAX, 0);
 
+/// Where `bio_still_waiting` leaves the cgroup id of the bio it was asked
+/// about (0: none known), for userspace to read after the run. One entry:
+/// userspace asks one bio at a time, from one thread.
+#[map]
+static WAITER: Array<u64> = Array::with_max_entries(1, 0);
+
 /// `block_bio_queue(bio)`, kernels since 5.11. (A raw tracepoint program
 /// may not read past the tracepoint's arguments, so each argument list has
 /// its own program; userspace attaches the one this kernel's BTF names.)
@@ -53,7 +59,6 @@ fn note_queued(bio: u64) {
     let waiting = Waiting {
         // SAFETY: helpers without preconditions.
         queued_ns: unsafe { bpf_ktime_get_ns() },
-        cgroup: unsafe { aya_ebpf::helpers::bpf_get_current_cgroup_id() },
         dev,
         opf: read_at(bio, bio::OPF).unwrap_or(0),
     };
@@ -105,8 +110,9 @@ pub fn block_rq_complete_wait(ctx: RawTracePointContext) -> i32 {
 /// address before it reports that bio as waiting. Returns 1 while the
 /// kernel still means to trace the bio's completion (it still waits), 0
 /// once it has (an entry whose completion no program saw), 2 when the
-/// flags cannot be read. Written without aya's `raw_tracepoint` macro,
-/// whose wrapper returns 0 whatever the function returns.
+/// flags cannot be read; and leaves the bio's cgroup id in `WAITER`.
+/// Written without aya's `raw_tracepoint` macro, whose wrapper returns 0
+/// whatever the function returns.
 #[unsafe(no_mangle)]
 #[unsafe(link_section = "raw_tp/block_bio_queue")]
 pub fn bio_still_waiting(ctx: *mut core::ffi::c_void) -> u32 {
@@ -115,7 +121,22 @@ pub fn bio_still_waiting(ctx: *mut core::ffi::c_void) -> u32 {
     let Some(flags) = read_at::<u16>(bio, bio::FLAGS) else {
         return 2;
     };
+    if let Some(waiter) = WAITER.get_ptr_mut(0) {
+        // SAFETY: the map's own value, written by this program only.
+        unsafe { *waiter = bio_cgroup(bio).unwrap_or(0) };
+    }
     ((flags >> (slot(bio::BIT_TRACE_COMPLETION) & 15)) & 1) as u32
+}
+
+/// The id of the cgroup the block layer charges `bio` to:
+/// `bio->bi_blkg->blkcg->css.cgroup->kn->id`.
+#[inline(always)]
+fn bio_cgroup(bio: u64) -> Option<u64> {
+    let blkg: u64 = read_at(bio, bio::BLKG)?;
+    let blkcg: u64 = read_at(blkg, bio::BLKG_BLKCG)?;
+    let cgroup: u64 = read_at(blkcg, bio::BLKCG_CGROUP)?;
+    let kn: u64 = read_at(cgroup, bio::CGROUP_KN)?;
+    read_at(kn, bio::KN_ID)
 }
 
 #[inline(always)]

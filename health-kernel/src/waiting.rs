@@ -26,11 +26,13 @@ pub struct DeviceWait {
     pub writes: u32,
     /// Flushes, discards and the rest.
     pub other: u32,
-    /// The oldest bio: when it was queued (CLOCK_MONOTONIC ns), its
-    /// operation ([`op`]) and the cgroup of the task that submitted it.
+    /// The oldest bio: when it was queued (CLOCK_MONOTONIC ns) and its
+    /// operation ([`op`]).
     pub oldest_ns: u64,
     pub oldest_op: u8,
-    pub oldest_cgroup: u64,
+    /// The id of the cgroup the oldest bio is charged to, where the kernel
+    /// was asked about it (it is old enough) and records one.
+    pub oldest_cgroup: Option<u64>,
 }
 
 impl DeviceWait {
@@ -80,12 +82,16 @@ pub fn read(
     for (dev, mut bios) in by_dev {
         bios.sort_by_key(|(_, w)| w.queued_ns);
         let mut stale = HashSet::new();
+        let mut cgroup = None;
         for (addr, w) in bios.iter().take(CHECKS_PER_DEVICE) {
             if w.queued_ns > old_before_ns {
                 break;
             }
             match state(*addr) {
-                Ok(BioState::Waiting) => break,
+                Ok(BioState::Waiting { cgroup: c }) => {
+                    cgroup = c;
+                    break;
+                }
                 Ok(BioState::Completed | BioState::Unreadable) => {
                     if remove_if_same(map, *addr, w) {
                         out.stale_removed += 1;
@@ -100,7 +106,8 @@ pub fn read(
             }
         }
         bios.retain(|(addr, _)| !stale.contains(addr));
-        if let Some(d) = summarize(dev, &bios, now_ns) {
+        if let Some(mut d) = summarize(dev, &bios, now_ns) {
+            d.oldest_cgroup = cgroup;
             out.devices.push(d);
         }
     }
@@ -144,7 +151,7 @@ fn summarize(dev: u32, bios: &[(u64, Waiting)], now_ns: u64) -> Option<DeviceWai
         other: 0,
         oldest_ns: oldest.queued_ns.min(now_ns),
         oldest_op: op_from_opf(oldest.opf),
-        oldest_cgroup: oldest.cgroup,
+        oldest_cgroup: None,
     };
     for (_, w) in bios {
         match op_from_opf(w.opf) {
@@ -164,7 +171,6 @@ mod tests {
     fn bio(dev: u32, queued_ns: u64, opf: u32) -> Waiting {
         Waiting {
             queued_ns,
-            cgroup: queued_ns + 1,
             dev,
             opf,
         }
@@ -185,7 +191,7 @@ mod tests {
         assert_eq!((d.reads, d.writes, d.other, d.total()), (1, 2, 1, 4));
         assert_eq!(
             (d.oldest_ns, d.oldest_op, d.oldest_cgroup),
-            (300, op::READ, 301)
+            (300, op::READ, None)
         );
         assert_eq!(d.dev, Dev::from_kernel(dev));
         assert!(summarize(dev, &[], 1_000).is_none());

@@ -33,6 +33,7 @@ pub mod agent;
 pub mod apiserver;
 pub mod audit;
 pub mod bpffs;
+pub mod cgroup;
 pub mod cmd;
 pub mod controller;
 /// The project's CSI driver (loop devices over stretches of files) and its client.

@@ -235,6 +235,10 @@ fn env_names_the_node_and_the_mounted_host_paths() {
     assert_eq!(env_value(c, "HEALTH_HOST_PROC"), "/host/proc");
     assert_eq!(env_value(c, "HEALTH_HOST_SYS"), mount_of("/sys"));
     assert_eq!(env_value(c, "HEALTH_HOST_SYS"), "/sys");
+    assert_eq!(
+        env_value(c, "HEALTH_HOST_CGROUP"),
+        mount_of("/sys/fs/cgroup")
+    );
     // tracefs where the agent (<host-sys>/kernel/tracing) and aya look.
     assert_eq!(
         mount_of("/sys/kernel/tracing"),
@@ -253,6 +257,7 @@ fn env_names_the_node_and_the_mounted_host_paths() {
             "NODE_NAME",
             "HEALTH_HOST_PROC",
             "HEALTH_HOST_SYS",
+            "HEALTH_HOST_CGROUP",
             "HEALTH_KUBELET_ROOT",
             "HEALTH_METRICS_ADDR",
             "HEALTH_LOG"
@@ -429,6 +434,7 @@ fn agent_help(args: &[&str]) -> String {
         // Set values would show up in the help text instead of the names.
         .env_remove("HEALTH_HOST_PROC")
         .env_remove("HEALTH_HOST_SYS")
+        .env_remove("HEALTH_HOST_CGROUP")
         .env_remove("HEALTH_LOG")
         .env_remove("HEALTH_KUBELET_ROOT")
         .env_remove("HEALTH_METRICS_ADDR")
@@ -447,6 +453,7 @@ fn the_cli_reads_the_environment_the_daemon_set_sets() {
     for name in [
         "HEALTH_HOST_PROC",
         "HEALTH_HOST_SYS",
+        "HEALTH_HOST_CGROUP",
         "HEALTH_LOG",
         "HEALTH_KUBELET_ROOT",
     ] {
@@ -556,6 +563,7 @@ fn the_chart_templates_name_every_object_and_the_fixed_fields() {
         "NODE_NAME",
         "HEALTH_HOST_PROC",
         "HEALTH_HOST_SYS",
+        "HEALTH_HOST_CGROUP",
         "HEALTH_KUBELET_ROOT",
         "HEALTH_METRICS_ADDR",
         "HEALTH_LOG",

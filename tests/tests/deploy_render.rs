@@ -215,7 +215,11 @@ fn assert_new(objects: &[Parsed], origin: &str) {
         .filter(|m| m.recursive)
         .map(|m| m.mount.to_string())
         .collect();
-    assert_eq!(expected.len(), 3, "/host/proc, /sys and /dev");
+    assert_eq!(
+        expected.len(),
+        4,
+        "/host/proc, /sys, /dev and /host/sys/fs/cgroup"
+    );
     assert_eq!(recursive, expected, "{origin}: recursiveReadOnly mounts");
     assert_objects(&rest, origin);
 }

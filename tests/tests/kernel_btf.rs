@@ -48,7 +48,7 @@ fn running_kernel_request_layout() {
 /// The running kernel's BTF as the `WAITING` programs read a bio: 6.x
 /// passes `block_bio_queue(bio)` and `block_bio_complete(q, bio)`, names
 /// the device by `bi_bdev`, and has `BIO_TRACE_COMPLETION` among the first
-/// 16 bio flags.
+/// 16 bio flags; and the way from a bio to its cgroup.
 #[test]
 fn running_kernel_bio_layout() {
     let btf = KernelBtf::read(Path::new("/sys/kernel/btf/vmlinux")).unwrap();
@@ -73,4 +73,15 @@ fn running_kernel_bio_layout() {
     assert_eq!(layout[bio::BI_NEXT], 0, "bio.bi_next is the first member");
     assert!(layout[bio::BI_SIZE] > layout[bio::FLAGS] && layout[bio::BI_SIZE] < 64);
     assert_ne!(layout[bio::RQ_BIO], rq::ABSENT);
+    // Debian builds with CONFIG_BLK_CGROUP: the chain to the cgroup's id.
+    for slot in [
+        bio::BLKG,
+        bio::BLKG_BLKCG,
+        bio::BLKCG_CGROUP,
+        bio::CGROUP_KN,
+        bio::KN_ID,
+    ] {
+        assert_ne!(layout[slot], rq::ABSENT, "slot {slot}: {layout:?}");
+        assert!(layout[slot] < 4096, "slot {slot}: {layout:?}");
+    }
 }

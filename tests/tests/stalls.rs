@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context, Result};
 use health_tests::agent::{Agent, AgentRun};
+use health_tests::cgroup::TestCgroup;
 use health_tests::kubelet_tree::Kubelet;
 use health_tests::vm_report::kernel_release;
 use health_tests::{fs, kernel_alone, require_root, FaultDisk, LoopDevice};
@@ -90,8 +91,9 @@ fn setup(stall_after: &str) -> Result<Setup> {
 }
 
 /// A write the backing store holds for 5 s, with `--stall-after 2`: raised
-/// at 2 s (one write waiting), updated at the 4 s step, cleared once the
-/// write completes. Nothing is raised before the write or after it.
+/// at 2 s (one write waiting, named by the cgroup of the process that
+/// wrote), updated at the 4 s step, cleared once the write completes.
+/// Nothing is raised before the write or after it.
 #[test]
 fn a_write_held_by_the_backing_store_is_io_stalled_until_it_completes() -> Result<()> {
     require_root()?;
@@ -116,15 +118,16 @@ fn a_write_held_by_the_backing_store_is_io_stalled_until_it_completes() -> Resul
         "IOStalled raised on a healthy volume"
     );
 
+    let cgroup = TestCgroup::new("stalls")?;
     disk.set_delay(Duration::from_secs(5))?;
     let submitted = Instant::now();
-    let writer = write_behind(lo.path().to_path_buf());
+    let mut writer = cgroup.o_direct_write(lo.path(), IO_AT)?;
     let raised = agent.wait_for_log(&condition("raised"), WAIT);
     let took = submitted.elapsed();
     let cleared = agent.wait_for_log(&condition("cleared"), WAIT);
     let cleared_after = submitted.elapsed();
     disk.set_delay(Duration::ZERO)?;
-    let written = writer.join().expect("the writer thread");
+    let written = writer.wait().context("waiting for dd")?;
     let run = agent.stop_cleanly()?;
     eprintln!(
         "{}: write held 5 s, --stall-after 2: raised after {:.2} s, cleared after {:.2} s",
@@ -133,13 +136,14 @@ fn a_write_held_by_the_backing_store_is_io_stalled_until_it_completes() -> Resul
         cleared_after.as_secs_f64()
     );
     ensure!(raised && cleared, "no raise or no clear:\n{}", run.stderr);
-    assert_eq!(written.context("the held write")?, 4096);
+    ensure!(written.success(), "dd: {written}");
     let name = lo.name();
+    let who = &cgroup.path;
     assert_eq!(
         messages(&run),
         [
-            format!("{name}: I/O stalled, 1 waiting (1 write); the oldest, a write, has waited 2s+ (--stall-after 2s)"),
-            format!("{name}: I/O stalled, 1 waiting (1 write); the oldest, a write, has waited 4s+ (--stall-after 2s)"),
+            format!("{name}: I/O stalled, 1 waiting (1 write); the oldest, a write from cgroup {who}, has waited 2s+ (--stall-after 2s)"),
+            format!("{name}: I/O stalled, 1 waiting (1 write); the oldest, a write from cgroup {who}, has waited 4s+ (--stall-after 2s)"),
         ],
         "{}",
         run.stderr

@@ -29,6 +29,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context, Result};
 use health_tests::agent::{Agent, AgentRun, EventFilter};
+use health_tests::cgroup::TestCgroup;
 use health_tests::devices::{BlockDev, DmDevice};
 use health_tests::kubelet_tree::Kubelet;
 use health_tests::stacks::{
@@ -1143,7 +1144,8 @@ fn thin_pool_full_in_error_mode_fails_writes_with_enospc() -> Result<()> {
 /// volume (the filesystem is not frozen: the application's I/O reaches dm
 /// and waits there, unaccounted in the device's own statistics): with
 /// `--stall-after 2`, a held O_DIRECT write is `IOStalled` on the dm device
-/// within the poll, and cleared once `dmsetup resume` lets it through.
+/// within the poll, named by the writer's cgroup, and cleared once
+/// `dmsetup resume` lets it through.
 #[test]
 fn a_suspended_dm_device_is_io_stalled_until_resumed() -> Result<()> {
     require_root()?;
@@ -1167,18 +1169,18 @@ fn a_suspended_dm_device_is_io_stalled_until_resumed() -> Result<()> {
         "check/stall",
     );
 
+    let cgroup = TestCgroup::new("dm-suspend")?;
     cmd::run(
         "dmsetup",
         &["suspend", "--nolockfs", "--noudevsync", &dm.name],
     )?;
     let submitted = Instant::now();
-    let path = dm.mapper_path();
-    let writer = std::thread::spawn(move || fs::o_direct_write(&path, IO_BASE, &[0x5a; 4096]));
+    let mut writer = cgroup.o_direct_write(&dm.mapper_path(), IO_BASE)?;
     let mut delays = Delays::default();
     let seen = delays.wait(&agent, "IOStalled after the write", &raised, submitted);
     let resumed = Instant::now();
     cmd::run("dmsetup", &["resume", "--noudevsync", &dm.name])?;
-    let written = writer.join().expect("the writer thread");
+    let written = writer.wait().context("waiting for dd")?;
     let gone = delays.wait(&agent, "IOStalled cleared after resume", &cleared, resumed);
     let run = agent.stop_cleanly()?;
     delays.report();
@@ -1187,13 +1189,13 @@ fn a_suspended_dm_device_is_io_stalled_until_resumed() -> Result<()> {
         "no raise or no clear:\n{}",
         volume_lines(&run, POD_A)
     );
-    assert_eq!(written.context("the held write")?, 4096);
-    let name = &dm.dev.name;
+    ensure!(written.success(), "dd: {written}");
+    let (name, who) = (&dm.dev.name, &cgroup.path);
     assert_eq!(
         message_of(&run, &raised).as_deref(),
         Some(
             format!(
-                "{name}: I/O stalled, 1 waiting (1 write); the oldest, a write, has waited 2s+ (--stall-after 2s)"
+                "{name}: I/O stalled, 1 waiting (1 write); the oldest, a write from cgroup {who}, has waited 2s+ (--stall-after 2s)"
             )
             .as_str()
         ),

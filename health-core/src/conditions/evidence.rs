@@ -276,8 +276,9 @@ pub enum CheckFinding {
         writes: u32,
         other: u32,
         stall_after: Duration,
-        /// Who submitted the oldest (`pod ns/name container c`, or the
-        /// cgroup's path), when known.
+        /// Whose I/O the oldest is, as the block layer charges it (for
+        /// writeback the cgroup that dirtied the pages): `pod ns/name
+        /// (container c)` or `cgroup /path`, when known.
         waiter: Option<String>,
     },
 }
@@ -517,7 +518,7 @@ impl CheckFinding {
                     .collect();
                 let who = waiter
                     .as_ref()
-                    .map(|w| format!(", submitted by {w}"))
+                    .map(|w| format!(" from {w}"))
                     .unwrap_or_default();
                 format!(
                     "{device}: I/O stalled, {} waiting ({}); the oldest, a {oldest_op}{who}, has waited {}+ (--stall-after {})",

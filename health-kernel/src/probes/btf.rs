@@ -426,6 +426,29 @@ pub fn bio_layout(btf: &KernelBtf) -> Result<[u32; bio::COUNT], BtfError> {
             "raw tracepoint block_rq_complete(rq, error, nr_bytes)".into(),
         ));
     }
+    // Whose I/O: optional, a kernel without `CONFIG_BLK_CGROUP` still has
+    // stalls, named without the cgroup.
+    let chain = [
+        btf.member_offset("bio", "bi_blkg"),
+        btf.member_offset("blkcg_gq", "blkcg"),
+        btf.member_offset("blkcg", "css")
+            .zip(btf.member_offset("cgroup_subsys_state", "cgroup"))
+            .map(|(css, cgroup)| css + cgroup),
+        btf.member_offset("cgroup", "kn"),
+        btf.member_offset("kernfs_node", "id"),
+    ];
+    if chain.iter().all(Option::is_some) {
+        let slots = [
+            bio::BLKG,
+            bio::BLKG_BLKCG,
+            bio::BLKCG_CGROUP,
+            bio::CGROUP_KN,
+            bio::KN_ID,
+        ];
+        for (slot, off) in slots.into_iter().zip(chain) {
+            layout[slot] = off.unwrap_or(rq::ABSENT);
+        }
+    }
     layout[bio::ENABLED] = 1;
     Ok(layout)
 }

@@ -5,6 +5,7 @@
 //! which userspace runs to ask the kernel whether a bio it finds old in the
 //! map is still in flight.
 
+use aya::maps::Array;
 use aya::programs::{RawTracePoint, RawTracePointRunOptions, TestRun};
 use aya::Ebpf;
 
@@ -18,6 +19,7 @@ const QUEUE_Q: (&str, &str) = ("block_bio_queue_wait_q", "block_bio_queue");
 const COMPLETE: (&str, &str) = ("block_bio_complete_wait", "block_bio_complete");
 const RQ_COMPLETE: (&str, &str) = ("block_rq_complete_wait", "block_rq_complete");
 const STILL_WAITING: &str = "bio_still_waiting";
+const WAITER: &str = "WAITER";
 
 /// Attaches the two programs (adopting pinned ones) and loads the check;
 /// `queue_arg` is where `block_bio_queue` passes the bio.
@@ -69,8 +71,9 @@ fn attach_raw(
 /// What the kernel says of a bio found in `WAITING`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BioState {
-    /// Its completion is still to be traced: it waits.
-    Waiting,
+    /// Its completion is still to be traced: it waits, charged to the
+    /// cgroup with this id (`None`: the kernel records none for it).
+    Waiting { cgroup: Option<u64> },
     /// Its completion was traced and no program saw it (the program was
     /// kept from nesting in itself): the entry is stale.
     Completed,
@@ -97,9 +100,24 @@ impl Attached {
             .test_run(opts)
             .map_err(|e| format!("running {STILL_WAITING}: {}", error_chain(&e)))?;
         Ok(match run.return_value {
-            1 => BioState::Waiting,
+            1 => BioState::Waiting {
+                cgroup: self.last_waiter()?,
+            },
             0 => BioState::Completed,
             _ => BioState::Unreadable,
         })
+    }
+
+    /// The cgroup id `bio_still_waiting` left in `WAITER` on its last run.
+    fn last_waiter(&self) -> Result<Option<u64>, String> {
+        let map = self
+            .ebpf
+            .map(WAITER)
+            .ok_or_else(|| format!("{WAITER} is not in the kernel object"))?;
+        let waiter = Array::<_, u64>::try_from(map).map_err(|e| format!("{WAITER}: {e}"))?;
+        let id = waiter
+            .get(&0, 0)
+            .map_err(|e| format!("reading {WAITER}: {e}"))?;
+        Ok((id != 0).then_some(id))
     }
 }

@@ -6,6 +6,7 @@
 //! [`crate::volumes`] (pod volumes and their conditions) → a
 //! [`Reporter`] (`report::watch::View` prints, `cluster::report` writes Events).
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -41,6 +42,9 @@ pub struct AgentOptions {
     /// `IOStalled` once a volume's oldest I/O has waited this long
     /// (`--stall-after`); `None`: off (the kernel side follows no bios).
     pub stall_after: Option<Duration>,
+    /// The host's cgroup filesystem (`--host-cgroup`), where a stalled
+    /// bio's cgroup is looked up to name its pod and container.
+    pub cgroup_root: PathBuf,
 }
 
 /// How often counters are reconciled with samples: errors whose samples

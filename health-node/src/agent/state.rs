@@ -18,6 +18,7 @@ use health_topology::{HostPaths, MountWatcher, Topology};
 use super::priority::EventThread;
 use super::{kernel_maps, witness, AgentOptions, MIN_RESCAN_GAP};
 use crate::report::Reporter;
+use crate::volumes::waiters::Waiters;
 use crate::volumes::{Handled, LiveVolumes, Wake};
 
 /// What the volumes are told after a rescan.
@@ -56,6 +57,8 @@ pub(super) struct Agent<R> {
     learned_numbers: HashMap<String, Dev>,
     /// Unknown devices already looked up there.
     looked_up: HashSet<u32>,
+    /// Names the cgroup a stalled bio is charged to.
+    waiters: Waiters,
 }
 
 impl<R: Reporter> Agent<R> {
@@ -69,9 +72,19 @@ impl<R: Reporter> Agent<R> {
                 tracing::info!("{s}");
             }
         }
+        let waiters = Waiters::new(&opts.cgroup_root, &opts.host.proc_root);
         match &attached.waiting {
             Ok(()) => {
-                tracing::info!("stalls: following every bio from block_bio_queue to its completion")
+                tracing::info!(
+                    "stalls: following every bio from block_bio_queue to its completion"
+                );
+                match waiters.root() {
+                    Ok(root) => tracing::info!(
+                        "stalls: the oldest bio's pod or cgroup looked up in {}",
+                        root.display()
+                    ),
+                    Err(why) => tracing::warn!("stalls: no pod or cgroup named: {why}"),
+                }
             }
             Err(why) if opts.stall_after.is_none() => tracing::info!("stalls: {why}"),
             Err(why) => tracing::warn!("stalls: not followed, no IOStalled: {why}"),
@@ -111,6 +124,7 @@ impl<R: Reporter> Agent<R> {
             unplaced: HashSet::new(),
             learned_numbers: HashMap::new(),
             looked_up: HashSet::new(),
+            waiters,
         })
     }
 
@@ -180,7 +194,10 @@ impl<R: Reporter> Agent<R> {
                 "removed waiting-bio entries whose completion no program saw"
             );
         }
-        let changes = vols.stalls(&self.topo, &read.devices, now, stall_after);
+        let (waiters, names) = (&mut self.waiters, self.reporter.pod_names());
+        let changes = vols.stalls(&self.topo, &read.devices, now, stall_after, &mut |id| {
+            waiters.describe(id, names)
+        });
         self.handled.changes.extend(changes);
         Ok(())
     }

@@ -358,6 +358,10 @@ fn volume_ref(t: &Targets) -> VolumeRef {
 impl Reporter for ClusterReporter {
     type Wake = ();
 
+    fn pod_names(&self) -> Option<&dyn crate::volumes::waiters::PodNames> {
+        Some(&self.view)
+    }
+
     fn ready(&mut self, active: usize, volumes: Option<&LiveVolumes>) {
         tracing::info!(sources = active, "kernel programs attached");
         self.attached = true;

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use health_kube::events::{ObjectKind, ObjectRef, Targets};
 use health_kube::pv::SlimPv;
 use health_kube::reflect::drive;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{ContainerStatus, Pod, PodStatus};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{watcher, WatchStreamExt as _};
 use kube::{Api, Client, ResourceExt as _};
@@ -24,6 +24,7 @@ use tokio::sync::Notify;
 
 use super::pvs::{Lookup, PvLookups};
 use crate::volumes::kubelet::{KubeletVolume, VolumeKind};
+use crate::volumes::waiters::PodNames;
 
 /// Read access to the pod store and the PV lookups.
 #[derive(Clone)]
@@ -148,13 +149,57 @@ impl ClusterView {
 fn slim_pod(pod: &mut Pod) {
     pod.managed_fields_mut().clear();
     pod.annotations_mut().clear();
-    pod.status = None;
+    // Of the status, only each container's name and runtime id: a stalled
+    // bio's cgroup names the container by that id (`volumes::waiters`).
+    let slim = |statuses: Option<Vec<ContainerStatus>>| {
+        statuses.map(|all| {
+            all.into_iter()
+                .map(|c| ContainerStatus {
+                    name: c.name,
+                    container_id: c.container_id,
+                    ..ContainerStatus::default()
+                })
+                .collect::<Vec<_>>()
+        })
+    };
+    pod.status = pod.status.take().map(|s| PodStatus {
+        container_statuses: slim(s.container_statuses),
+        init_container_statuses: slim(s.init_container_statuses),
+        ..PodStatus::default()
+    });
     if let Some(spec) = pod.spec.as_mut() {
         spec.containers.clear();
         spec.init_containers = None;
         spec.ephemeral_containers = None;
         spec.affinity = None;
         spec.tolerations = None;
+    }
+}
+
+impl PodNames for ClusterView {
+    /// This node's pod with `uid` as `namespace/name`, and the name of its
+    /// container whose runtime id (`containerd://<id>`) is `container_id`.
+    fn pod_name(&self, uid: &str, container_id: Option<&str>) -> Option<(String, Option<String>)> {
+        let pods = self.pods.state();
+        let pod = pods
+            .iter()
+            .find(|p| p.metadata.uid.as_deref() == Some(uid))?;
+        let container = container_id.and_then(|id| {
+            let status = pod.status.as_ref()?;
+            let all = status.container_statuses.iter().flatten();
+            all.chain(status.init_container_statuses.iter().flatten())
+                .find(|c| {
+                    c.container_id
+                        .as_deref()
+                        .and_then(|cid| cid.split_once("://"))
+                        .is_some_and(|(_, cid)| cid == id)
+                })
+                .map(|c| c.name.clone())
+        });
+        Some((
+            format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any()),
+            container,
+        ))
     }
 }
 

@@ -287,6 +287,10 @@ impl<R: Reporter> Reporter for Publishing<R> {
         self.inner.kernel_stats(stats);
     }
 
+    fn pod_names(&self) -> Option<&dyn crate::volumes::waiters::PodNames> {
+        self.inner.pod_names()
+    }
+
     fn input_errors(&mut self, errors: &InputErrors) {
         self.inner.input_errors(errors);
     }

@@ -11,6 +11,7 @@ use health_kernel::clock::Clock;
 use health_kernel::collector::{KernelError, KernelStats};
 use health_topology::{InputErrors, Topology};
 
+use crate::volumes::waiters::PodNames;
 use crate::volumes::{Handled, LiveVolumes, VolumeIndex, VolumeKey};
 
 pub mod event;
@@ -48,6 +49,11 @@ pub trait Reporter {
         _topo: &Topology,
     ) -> anyhow::Result<()> {
         Ok(())
+    }
+    /// Names for the pods and containers a cgroup path names (cluster
+    /// mode's pod store); `None` by default.
+    fn pod_names(&self) -> Option<&dyn PodNames> {
+        None
     }
     /// Waits for the reporter's own next thing; never resolves by default.
     async fn wake(&mut self) -> Self::Wake {

@@ -250,18 +250,20 @@ impl LiveVolumes {
     }
 
     /// Judges every volume against the bios waiting now (see
-    /// [`super::stalls`]); `now_ns` is CLOCK_MONOTONIC.
+    /// [`super::stalls`]); `now_ns` is CLOCK_MONOTONIC; `waiter` names a
+    /// cgroup by its id ([`super::waiters`]).
     pub fn stalls(
         &mut self,
         topo: &Topology,
         waits: &[health_kernel::waiting::DeviceWait],
         now_ns: u64,
         stall_after: Duration,
+        waiter: &mut dyn FnMut(u64) -> Option<String>,
     ) -> Vec<VolumeChanges> {
         let index = Arc::clone(self.monitor.index());
         let reports = self
             .stalls
-            .judge(index.volumes(), topo, waits, now_ns, stall_after);
+            .judge(index.volumes(), topo, waits, now_ns, stall_after, waiter);
         self.monitor.apply_checks(SystemTime::now(), reports)
     }
 

@@ -18,7 +18,8 @@
 //! condition changes per volume.
 //!
 //! [`stalls`] judges, on every poll of the agent loop, whether a volume's
-//! oldest I/O has waited too long (`IOStalled`).
+//! oldest I/O has waited too long (`IOStalled`), and [`waiters`] names the
+//! pod and container (or cgroup) the oldest I/O is charged to.
 //!
 //! [`LiveVolumes`] keeps all of that current while the agent loop runs;
 //! [`view`] is the one-shot `health-agent volumes`.
@@ -34,6 +35,7 @@ mod schedule;
 pub mod stalls;
 mod storage;
 pub mod view;
+pub mod waiters;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

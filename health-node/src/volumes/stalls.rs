@@ -9,7 +9,9 @@
 //!
 //! A stall that goes on is not re-reported every poll: the message says how
 //! long the oldest has waited in steps (`--stall-after` times 1, 2, 4, 8...)
-//! and is kept, counts included, until the next step is reached.
+//! and is kept, counts included, until the next step is reached; so is
+//! whose I/O the oldest is (`a write from pod ns/db-0 (container
+//! postgres)`, [`super::waiters`]), looked up once per step.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::Duration;
@@ -49,6 +51,7 @@ impl StallJudge {
         waits: &[DeviceWait],
         now_ns: u64,
         stall_after: Duration,
+        waiter: &mut dyn FnMut(u64) -> Option<String>,
     ) -> Vec<(VolumeKey, CheckReport)> {
         let by_dev: HashMap<Dev, &DeviceWait> = waits.iter().map(|w| (w.dev, w)).collect();
         let age = |w: &DeviceWait| Duration::from_nanos(now_ns.saturating_sub(w.oldest_ns));
@@ -70,12 +73,21 @@ impl StallJudge {
                 }
                 Some(w) => {
                     let below = deepest_stalled(topo, w.dev, &by_dev, |w| age(w) >= stall_after);
-                    let finding = finding(topo, w, below, age(w), stall_after);
+                    let mut finding = finding(topo, w, below, age(w), stall_after);
                     let kept = self
                         .told
                         .get(&v.key)
                         .filter(|told| same_step(told, &finding));
-                    let finding = kept.cloned().unwrap_or(finding);
+                    let finding = match kept {
+                        Some(told) => told.clone(),
+                        None => {
+                            // Named once per step, as the counts are.
+                            if let CheckFinding::IoStalled { waiter: who, .. } = &mut finding {
+                                *who = w.oldest_cgroup.and_then(&mut *waiter);
+                            }
+                            finding
+                        }
+                    };
                     self.told.insert(v.key.clone(), finding.clone());
                     CheckResult::Found(vec![finding])
                 }
@@ -246,7 +258,7 @@ mod tests {
             other: 0,
             oldest_ns: queued_s * SECOND,
             oldest_op: op::WRITE,
-            oldest_cgroup: 1,
+            oldest_cgroup: Some(queued_s),
         }
     }
 
@@ -269,22 +281,24 @@ mod tests {
         let (topo, vols) = world();
         let mut judge = StallJudge::default();
         let after = Duration::from_secs(10);
+        let mut named = |id: u64| (id != 101).then(|| format!("cgroup /c{id}"));
         let mut at = |now_s: u64, waits: &[DeviceWait]| {
-            messages(&judge.judge(&vols, &topo, waits, now_s * SECOND, after))
+            messages(&judge.judge(&vols, &topo, waits, now_s * SECOND, after, &mut named))
         };
         let both = |n| [wait(DM0, 1, n, 100), wait(SDB, 0, 1, 101)];
         assert_eq!(at(109, &both(2)), ["pass"]);
-        let first = "dm-0 on sdb: I/O stalled, 3 waiting (1 read, 2 writes); the oldest, a write, has waited 10s+ (--stall-after 10s)";
+        let first = "dm-0 on sdb: I/O stalled, 3 waiting (1 read, 2 writes); the oldest, a write from cgroup /c100, has waited 10s+ (--stall-after 10s)";
         assert_eq!(at(111, &both(2)), [first]);
         // More writes queue behind it: same step, same message.
         assert_eq!(at(119, &both(7)), [first]);
         assert_eq!(
             at(121, &both(7)),
-            ["dm-0 on sdb: I/O stalled, 8 waiting (1 read, 7 writes); the oldest, a write, has waited 20s+ (--stall-after 10s)"]
+            ["dm-0 on sdb: I/O stalled, 8 waiting (1 read, 7 writes); the oldest, a write from cgroup /c100, has waited 20s+ (--stall-after 10s)"]
         );
-        // Only the top stalled: named alone.
+        // Only the top stalled: named alone. A cgroup with no name (the
+        // root's, one gone): no one named.
         assert_eq!(
-            at(160, &[wait(DM0, 0, 1, 100)]),
+            at(160, &[wait(DM0, 0, 1, 101)]),
             ["dm-0: I/O stalled, 1 waiting (1 write); the oldest, a write, has waited 40s+ (--stall-after 10s)"]
         );
         // A device below that waits while the volume's own does not (I/O

@@ -55,7 +55,7 @@ pub const fn host_mount(
 }
 
 /// Every host path the agent needs, and nothing else.
-pub const MOUNTS: [HostMount; 6] = [
+pub const MOUNTS: [HostMount; 7] = [
     host_mount("/proc", "/host/proc", true, true, None),
     host_mount("/sys", "/sys", true, true, None),
     // Writable: the agent's tracer witness is a tracefs instance.
@@ -75,6 +75,9 @@ pub const MOUNTS: [HostMount; 6] = [
         Some("HostToContainer"),
     ),
     host_mount("/dev", "/dev", true, true, None),
+    // The host's cgroups (the container's own /sys/fs/cgroup is its cgroup
+    // namespace's): a stalled bio's cgroup named as pod and container.
+    host_mount("/sys/fs/cgroup", "/host/sys/fs/cgroup", true, true, None),
 ];
 
 // ---------------------------------------------------------------------------

@@ -115,6 +115,12 @@ fn script(dir: &Path, steps: &[Step], env: &Env, hang_report: Option<Duration>) 
         serial = devices::SCRATCH_SERIAL,
         m = SCRATCH_MOUNT
     ));
+    // A node has its cgroups mounted (the stall tests name the writer's
+    // cgroup); where the init mounted none, cgroup v2 as systemd mounts it.
+    s.push_str(
+        "mountpoint -q /sys/fs/cgroup || mount -t cgroup2 cgroup2 /sys/fs/cgroup \
+         || echo 'xtask vm: could not mount cgroup2 at /sys/fs/cgroup' >&2\n",
+    );
     s.push_str(&format!(
         "for m in {}; do modprobe -q \"$m\" || echo \"xtask vm: modprobe $m failed\" >&2; done\n",
         PRELOAD_MODULES.join(" ")
