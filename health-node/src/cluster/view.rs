@@ -262,13 +262,18 @@ mod tests {
     use super::*;
     use crate::volumes::kubelet::VolumeMode;
 
+    const CONTAINER_ID: &str = "3f2a1b4c5d6e7f8091a2b3c4d5e6f708192a3b4c5d6e7f8091a2b3c4d5e6f708";
+
     fn pod_list() -> Value {
         json!({"apiVersion": "v1", "kind": "PodList", "metadata": {"resourceVersion": "10"},
         "items": [{
             "metadata": {"name": "web-0", "namespace": "shop", "uid": "uid-web-0",
                          "resourceVersion": "9", "managedFields": [{"manager": "kubectl"}]},
             "spec": {"nodeName": "node-1", "containers": [{"name": "c", "image": "busybox"}],
-                     "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}]}
+                     "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}]},
+            "status": {"phase": "Running", "containerStatuses": [{
+                "name": "c", "containerID": format!("containerd://{CONTAINER_ID}"),
+                "image": "busybox", "imageID": "sha256:1", "ready": true, "restartCount": 0}]}
         }]})
     }
 
@@ -347,6 +352,23 @@ mod tests {
             ("shop", "data", "uid-pvc")
         );
         assert_eq!(t.pv.as_deref(), Some("pv-1"));
+        // A stalled bio's cgroup named: the pod by uid, the container by
+        // its runtime id, kept through the slimming of the status.
+        assert_eq!(
+            view.pod_name("uid-web-0", Some(CONTAINER_ID)),
+            Some(("shop/web-0".to_string(), Some("c".to_string())))
+        );
+        assert_eq!(
+            view.pod_name("uid-web-0", Some(&CONTAINER_ID[1..])),
+            Some(("shop/web-0".to_string(), None))
+        );
+        assert_eq!(view.pod_name("uid-other", None), None);
+        let kept = view.pods.state()[0]
+            .status
+            .clone()
+            .expect("the slim status");
+        assert_eq!(kept.phase, None);
+        assert_eq!(kept.container_statuses.unwrap()[0].image, "");
         // An unknown pod is not guessed at.
         let other = KubeletVolume {
             pod_uid: "uid-other".into(),
