@@ -156,9 +156,50 @@ struct KernelArgs {
         env = "HEALTH_HOST_CGROUP"
     )]
     host_cgroup: PathBuf,
+    /// Seconds per window of read and write latencies: a volume whose p99 stays at or above
+    /// its limit for 3 windows is HighLatency (Degraded), e.g. 10; 0, the default, counts
+    /// none (it needs the programs that follow every bio, as --stall-after does).
+    #[arg(long, value_name = "SECS", default_value_t = 0.0)]
+    latency_window: f64,
+    /// A device class's p99 limit, CLASS=MS with CLASS rotational (500), ssd (100) or network
+    /// (200); repeatable.
+    #[arg(long, value_name = "CLASS=MS")]
+    latency_limit: Vec<String>,
+    /// Also a limit of this many times the volume's own baseline p99 (never under 50 ms),
+    /// where tighter than its class's; 0: none.
+    #[arg(long, value_name = "FACTOR", default_value_t = 10.0)]
+    latency_relative: f64,
 }
 
 impl KernelArgs {
+    /// `--latency-window` and its limits, `None` for 0 (off).
+    fn latency(&self) -> anyhow::Result<Option<volumes::latency::LatencyConfig>> {
+        if self.latency_window == 0.0 {
+            anyhow::ensure!(
+                self.latency_limit.is_empty(),
+                "--latency-limit needs --latency-window"
+            );
+            return Ok(None);
+        }
+        let window = seconds("latency-window", self.latency_window).map_err(anyhow::Error::msg)?;
+        let mut limits = volumes::latency::LatencyLimits::default();
+        for spec in &self.latency_limit {
+            limits
+                .set(spec)
+                .map_err(|e| anyhow::anyhow!("--latency-limit {e}"))?;
+        }
+        anyhow::ensure!(
+            self.latency_relative == 0.0 || self.latency_relative >= 1.0,
+            "--latency-relative {} must be 0 (none) or at least 1",
+            self.latency_relative
+        );
+        Ok(Some(volumes::latency::LatencyConfig {
+            window,
+            limits,
+            relative: self.latency_relative,
+        }))
+    }
+
     /// `--stall-after`, `None` for 0 (off).
     fn stall_after(&self) -> anyhow::Result<Option<Duration>> {
         if self.stall_after == 0.0 {
@@ -343,6 +384,7 @@ fn run_options(args: RunArgs, host: HostPaths) -> anyhow::Result<health_node::cl
         event_priority: args.kernel.event_priority,
         stall_after: args.kernel.stall_after()?,
         cgroup_root: args.kernel.host_cgroup.clone(),
+        latency: args.kernel.latency()?,
         host,
         duration: None,
         totals_interval: Duration::from_secs(60),
@@ -378,7 +420,8 @@ fn probe_options(args: &KernelArgs, host: &HostPaths) -> ProbeOptions {
         pin_root: (!args.no_pin).then(|| args.pins.pin_dir.clone()),
         block_attach: args.block_attach,
         early_errors: args.early_block_errors,
-        follow_bios: args.stall_after != 0.0,
+        follow_bios: args.stall_after != 0.0 || args.latency_window != 0.0,
+        latency: args.latency_window != 0.0,
     }
 }
 
@@ -453,12 +496,17 @@ fn watch_options(args: WatchArgs, host: HostPaths) -> anyhow::Result<(AgentOptio
         volumes.is_some() || args.kernel.stall_after == 0.0,
         "--stall-after needs pod volumes: no kubelet root here (pass --kubelet-root)"
     );
+    anyhow::ensure!(
+        volumes.is_some() || args.kernel.latency_window == 0.0,
+        "--latency-window needs pod volumes: no kubelet root here (pass --kubelet-root)"
+    );
     let view = View::new(args.json, &args.devices);
     let opts = AgentOptions {
         probes: probe_options(&args.kernel, &host),
         event_priority: args.kernel.event_priority,
         stall_after: args.kernel.stall_after()?,
         cgroup_root: args.kernel.host_cgroup.clone(),
+        latency: args.kernel.latency()?,
         host,
         duration,
         totals_interval,

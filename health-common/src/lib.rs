@@ -193,7 +193,9 @@ pub mod stat {
     /// Bios not followed while they wait because the `WAITING` map was
     /// full (see [`WAITING_MAX`]).
     pub const WAITING_FULL: u32 = 7;
-    pub const LEN: u32 = 8;
+    /// A device's first read or write latency found `LATENCY` full.
+    pub const LATENCY_FULL: u32 = 8;
+    pub const LEN: u32 = 9;
 }
 
 /// Entries of the kernel's `WAITING` map: at most this many bios are
@@ -218,6 +220,57 @@ pub struct Waiting {
     pub dev: u32,
     /// `bio.bi_opf`: the operation in its low 8 bits ([`rq::OP_MASK`]).
     pub opf: u32,
+}
+
+/// Entries of the kernel's `LATENCY` map: one per device, operation and
+/// latency bucket that has seen a completion (a device uses a dozen or two
+/// of the buckets); userspace removes the entries of devices that are
+/// gone. One map for all CPUs (the counters are added to atomically), so
+/// its memory (8192 entries of 8 + 8 bytes, about 0.7 MiB with the kernel's
+/// element headers) does not grow with the CPUs.
+pub const LATENCY_MAX: u32 = 8192;
+
+/// Completion latency buckets: two per power of two of microseconds
+/// ([`latency_bucket`]), from under 2 µs to 12.6 s and more.
+pub const LATENCY_BUCKETS: usize = 48;
+
+/// `LATENCY`'s key: a device (the partition where there is one),
+/// [`op::READ`] or [`op::WRITE`], and a [`latency_bucket`]; the value
+/// counts the completions there since the entry was made. (A key per
+/// bucket, not an array per device: a program may not index a map value
+/// by a computed bucket on every verifier.)
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct LatencyKey {
+    pub dev: u32,
+    pub op: u16,
+    pub bucket: u16,
+}
+
+/// The bucket of a latency of `us` microseconds: 0 under 2 µs, then two
+/// per power of two (`2^k` and `1.5 × 2^k`), the last one open-ended.
+#[inline(always)]
+pub fn latency_bucket(us: u64) -> usize {
+    if us < 2 {
+        return 0;
+    }
+    let msb = 63 - us.leading_zeros() as u64;
+    let half = (us >> (msb - 1)) & 1;
+    let b = (2 * msb + half) as usize;
+    if b < LATENCY_BUCKETS {
+        b
+    } else {
+        LATENCY_BUCKETS - 1
+    }
+}
+
+/// The smallest latency, in microseconds, that falls in bucket `b`.
+pub fn latency_bucket_floor_us(b: usize) -> u64 {
+    if b < 2 {
+        return 0;
+    }
+    let msb = (b / 2) as u32;
+    (1u64 << msb) + (b as u64 % 2) * (1u64 << (msb - 1))
 }
 
 /// Slots of the kernel global `BIO_LAYOUT`: what the `WAITING` programs
@@ -266,7 +319,10 @@ pub mod bio {
     pub const BLKCG_CGROUP: usize = 17;
     pub const CGROUP_KN: usize = 18;
     pub const KN_ID: usize = 19;
-    pub const COUNT: usize = 20;
+    /// 1 to record each read's and write's latency in `LATENCY` as its
+    /// entry leaves `WAITING` (`--latency-window` not 0).
+    pub const LATENCY: usize = 20;
+    pub const COUNT: usize = 21;
     /// At most this many bios of one request are removed at its
     /// completion; the rest (a request merged from more) are found
     /// completed by userspace's check and removed then.
@@ -489,6 +545,7 @@ mod pod {
     unsafe impl aya::Pod for super::StackPair {}
     unsafe impl aya::Pod for super::ErrorTimes {}
     unsafe impl aya::Pod for super::Waiting {}
+    unsafe impl aya::Pod for super::LatencyKey {}
 }
 
 #[cfg(test)]
@@ -570,11 +627,34 @@ mod tests {
     }
 
     #[test]
+    fn latency_buckets_are_half_powers_of_two() {
+        let b = latency_bucket;
+        assert_eq!(
+            [b(0), b(1), b(2), b(3), b(4), b(5), b(6), b(7), b(8)],
+            [0, 0, 2, 3, 4, 4, 5, 5, 6]
+        );
+        // 300 ms: in [2^18, 1.5 × 2^18) µs.
+        assert_eq!(b(300_000), 36);
+        assert_eq!(latency_bucket_floor_us(36), 262_144);
+        assert_eq!(latency_bucket_floor_us(37), 393_216);
+        assert_eq!(b(u64::MAX), LATENCY_BUCKETS - 1);
+        // Every bucket's floor falls in that bucket, and one less in the
+        // bucket before (bucket 1 is never used: 0 takes 0 and 1 µs).
+        assert_eq!(b(latency_bucket_floor_us(2) - 1), 0);
+        for i in 3..LATENCY_BUCKETS {
+            let floor = latency_bucket_floor_us(i);
+            assert_eq!(b(floor), i, "{floor}");
+            assert_eq!(b(floor - 1), i - 1, "{floor}");
+        }
+    }
+
+    #[test]
     fn record_layouts_are_stable() {
         assert_eq!(core::mem::size_of::<CounterKey>(), 12);
         assert_eq!(core::mem::size_of::<ErrorSample>(), 112);
         assert_eq!(core::mem::size_of::<ErrorTimes>(), 16);
         assert_eq!(core::mem::size_of::<Waiting>(), 16);
+        assert_eq!(core::mem::size_of::<LatencyKey>(), 8);
         assert_eq!(core::mem::size_of::<PartTable>(), 8 + 24 * MAX_PARTITIONS);
         assert_eq!(kdev::make(7, 2), 0x700002);
         assert_eq!((kdev::major(0x700002), kdev::minor(0x700002)), (7, 2));

@@ -15,7 +15,7 @@
 
 use super::*;
 
-use health_common::{bio, Waiting, WAITING_MAX};
+use health_common::{bio, latency_bucket, LatencyKey, Waiting, LATENCY_MAX, WAITING_MAX};
 
 /// Offsets into `struct bio` and the tracepoints' argument positions, from
 /// the kernel's BTF, indexed by [`bio`] slots.
@@ -25,6 +25,11 @@ static BIO_LAYOUT: [u32; bio::COUNT] = [rq::ABSENT; bio::COUNT];
 /// The bios submitted and not yet completed, by address.
 #[map]
 static WAITING: HashMap<u64, Waiting> = HashMap::with_max_entries(WAITING_MAX, 0);
+
+/// Per device, reads and writes apart: how many completed within each
+/// latency bucket (`--latency-window`), from their time in `WAITING`.
+#[map]
+static LATENCY: HashMap<LatencyKey, u64> = HashMap::with_max_entries(LATENCY_MAX, 0);
 
 /// Where `bio_still_waiting` leaves the cgroup id of the bio it was asked
 /// about (0: none known), for userspace to read after the run. One entry:
@@ -74,7 +79,7 @@ pub fn block_bio_complete_wait(ctx: RawTracePointContext) -> i32 {
         return 0;
     }
     let bio: u64 = ctx.arg(1);
-    let _ = WAITING.remove(&bio);
+    completed(bio);
     0
 }
 
@@ -100,10 +105,62 @@ pub fn block_rq_complete_wait(ctx: RawTracePointContext) -> i32 {
             break;
         }
         left -= size;
-        let _ = WAITING.remove(&bio);
+        completed(bio);
         bio = read_at(bio, bio::BI_NEXT).unwrap_or(0);
     }
     0
+}
+
+/// A bio's entry leaves `WAITING`; with latency on, a read's or write's
+/// time there is counted in `LATENCY` first.
+#[inline(always)]
+fn completed(bio: u64) {
+    if slot(bio::LATENCY) == 1 {
+        // SAFETY: the value is copied out before the entry is removed.
+        if let Some(w) = unsafe { WAITING.get(&bio) } {
+            let (queued_ns, dev, opf) = (w.queued_ns, w.dev, w.opf);
+            let _ = WAITING.remove(&bio);
+            record_latency(dev, opf, queued_ns);
+            return;
+        }
+    }
+    let _ = WAITING.remove(&bio);
+}
+
+#[inline(always)]
+fn record_latency(dev: u32, opf: u32, queued_ns: u64) {
+    let op = op_from_opf(opf);
+    if op != op::READ && op != op::WRITE {
+        return;
+    }
+    // SAFETY: a helper without preconditions.
+    let now = unsafe { bpf_ktime_get_ns() };
+    let key = LatencyKey {
+        dev,
+        op: op as u16,
+        bucket: latency_bucket(now.saturating_sub(queued_ns) / 1000) as u16,
+    };
+    if let Some(n) = LATENCY.get_ptr_mut(&key) {
+        // SAFETY: a live map value; every CPU adds to it atomically.
+        unsafe { add_one(n) };
+        return;
+    }
+    if LATENCY.insert(&key, &1, BPF_NOEXIST as u64).is_ok() {
+        return;
+    }
+    // Another CPU made the entry first, or the map is full.
+    match LATENCY.get_ptr_mut(&key) {
+        // SAFETY: as above.
+        Some(n) => unsafe { add_one(n) },
+        None => bump(stat::LATENCY_FULL),
+    }
+}
+
+#[inline(always)]
+unsafe fn add_one(p: *mut u64) {
+    use core::intrinsics::{atomic_xadd, AtomicOrdering::Relaxed};
+    // SAFETY: the caller's pointer is a live, aligned u64 of a map value.
+    unsafe { atomic_xadd::<u64, u64, { Relaxed }>(p, 1) };
 }
 
 /// Never attached: userspace runs it (`BPF_PROG_TEST_RUN`) with a bio's

@@ -52,6 +52,8 @@ pub struct KernelStats {
     pub bio_propagated: u64,
     /// Bios not followed for stalls because the `WAITING` map was full.
     pub waiting_full: u64,
+    /// Devices' first latencies not counted because `LATENCY` was full.
+    pub latency_full: u64,
     /// Samples that arrived after a summary had already covered them.
     pub late_samples: u64,
     /// Program runs the kernel skipped (errors nothing counted); filled in
@@ -135,6 +137,7 @@ impl Collector {
             stacked,
             disk_names,
             waiting,
+            latency,
         } = maps
             .take()
             .ok_or_else(|| io::Error::other("kernel maps already taken"))?;
@@ -192,6 +195,7 @@ impl Collector {
                 stacked,
                 disk_names,
                 waiting,
+                latency,
             },
         ))
     }
@@ -449,6 +453,7 @@ impl Collector {
             writeback_repeats: read(stat::WRITEBACK_REPEATS)?,
             bio_propagated: read(stat::BIO_PROPAGATED)?,
             waiting_full: read(stat::WAITING_FULL)?,
+            latency_full: read(stat::LATENCY_FULL)?,
             late_samples: self.late_samples,
             program_misses: 0,
             bad_records: self.bad_records,

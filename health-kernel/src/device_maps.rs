@@ -11,7 +11,7 @@ use std::hash::Hash;
 
 use aya::maps::{HashMap as BpfHashMap, MapData};
 use aya::Pod;
-use health_common::{PartTable, StackPair, Waiting, DISK_NAME_LEN};
+use health_common::{LatencyKey, PartTable, StackPair, Waiting, DISK_NAME_LEN};
 use health_core::dev::Dev;
 
 /// The maps the caller keeps current from the device topology.
@@ -27,6 +27,8 @@ pub struct KernelMapsRest {
     pub(crate) disk_names: BpfHashMap<MapData, u32, [u8; DISK_NAME_LEN]>,
     /// The bios waiting now (`crate::waiting`).
     pub(crate) waiting: BpfHashMap<MapData, u64, Waiting>,
+    /// Reads' and writes' latencies per device (`crate::latency`).
+    pub(crate) latency: BpfHashMap<MapData, LatencyKey, u64>,
 }
 
 /// What the maps must hold, in the kernel's device encoding.
@@ -98,4 +100,26 @@ pub(crate) fn disk_name_text(raw: &[u8; DISK_NAME_LEN]) -> Option<String> {
     let len = raw.iter().position(|&b| b == 0).unwrap_or(raw.len());
     let name = std::str::from_utf8(&raw[..len]).ok()?;
     (!name.is_empty()).then(|| name.to_string())
+}
+
+/// Every entry of a map the programs change while it is walked, once:
+/// keys vanish (the kernel restarts a walk whose current key is gone) and
+/// appear, so keys are deduplicated and the walk stops after four times
+/// the map's size.
+pub(crate) fn entries<K: Pod + Eq + Hash, V: Pod>(
+    map: &BpfHashMap<MapData, K, V>,
+    max_entries: u32,
+) -> Result<Vec<(K, V)>, aya::maps::MapError> {
+    let mut seen = HashSet::new();
+    let mut out = Vec::new();
+    for (steps, item) in map.iter().enumerate() {
+        if steps >= 4 * max_entries as usize {
+            break;
+        }
+        let (key, value) = item?;
+        if seen.insert(key) {
+            out.push((key, value));
+        }
+    }
+    Ok(out)
 }

@@ -18,6 +18,7 @@ pub mod collector;
 pub mod device_maps;
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod latency;
 pub mod names;
 pub mod pinned;
 pub mod probes;

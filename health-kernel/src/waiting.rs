@@ -15,7 +15,7 @@ use aya::maps::{HashMap as BpfHashMap, MapData, MapError};
 use health_common::{op, op_from_opf, Waiting, WAITING_MAX};
 use health_core::dev::Dev;
 
-use crate::device_maps::KernelMapsRest;
+use crate::device_maps::{entries, KernelMapsRest};
 use crate::probes::waiting::BioState;
 
 /// What waits on one device.
@@ -73,7 +73,7 @@ pub fn read(
     old_before_ns: u64,
     mut state: impl FnMut(u64) -> Result<BioState, String>,
 ) -> Result<WaitingRead, MapError> {
-    let entries = entries(map)?;
+    let entries = entries(map, WAITING_MAX)?;
     let mut by_dev: BTreeMap<u32, Vec<(u64, Waiting)>> = BTreeMap::new();
     for (addr, w) in entries {
         by_dev.entry(w.dev).or_default().push((addr, w));
@@ -109,24 +109,6 @@ pub fn read(
         if let Some(mut d) = summarize(dev, &bios, now_ns) {
             d.oldest_cgroup = cgroup;
             out.devices.push(d);
-        }
-    }
-    Ok(out)
-}
-
-/// Every entry once. Keys vanish while this walks (bios complete), and the
-/// kernel restarts a walk whose current key is gone, so keys are
-/// deduplicated and the walk is bounded.
-fn entries(map: &BpfHashMap<MapData, u64, Waiting>) -> Result<Vec<(u64, Waiting)>, MapError> {
-    let mut seen = HashSet::new();
-    let mut out = Vec::new();
-    for (steps, item) in map.iter().enumerate() {
-        if steps >= 4 * WAITING_MAX as usize {
-            break;
-        }
-        let (addr, w) = item?;
-        if seen.insert(addr) {
-            out.push((addr, w));
         }
     }
     Ok(out)

@@ -558,6 +558,36 @@ pub fn o_direct_write(path: &Path, offset: u64, data: &[u8]) -> io::Result<usize
     f.write_at(buf.as_slice(), offset)
 }
 
+/// O_DIRECT writes of 4 KiB at one offset, one after the other, on a
+/// thread of their own until [`Writes::stop`] (a steady, measurable load).
+pub struct Writes {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<io::Result<u64>>,
+}
+
+impl Writes {
+    pub fn start(path: &Path, offset: u64) -> Writes {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (path, flag) = (path.to_path_buf(), stop.clone());
+        let thread = std::thread::spawn(move || {
+            let mut n = 0;
+            while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+                o_direct_write(&path, offset, &[0x5a; 4096])?;
+                n += 1;
+            }
+            Ok(n)
+        });
+        Writes { stop, thread }
+    }
+
+    /// Stops after the write under way; how many were written, or the
+    /// first error.
+    pub fn stop(self) -> io::Result<u64> {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread.join().expect("the writer thread")
+    }
+}
+
 /// One O_DIRECT pread of `len` bytes at `offset` from `path` into a page-aligned buffer.
 /// Returns the bytes read (shorter at end of device) or the kernel's error.
 pub fn o_direct_read(path: &Path, offset: u64, len: usize) -> io::Result<Vec<u8>> {

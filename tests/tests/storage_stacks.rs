@@ -1140,6 +1140,95 @@ fn thin_pool_full_in_error_mode_fails_writes_with_enospc() -> Result<()> {
 // ---------------------------------------------------------------------------------------
 // 4. A suspended device-mapper device: I/O queues in dm until it resumes.
 
+/// dm-delay holding every request of a mounted volume's device 70 ms
+/// (a slow disk, none stuck), written one write after the other with
+/// `--latency-window 2` and a 50 ms limit: HighLatency (Degraded) on the
+/// dm device after three slow windows, the p99 named by its bucket (65 ms
+/// and more; 98 ms where the emulator adds 28 ms to the slowest write of a
+/// window), no IOStalled (`--stall-after 10`); cleared three windows
+/// after the table is swapped for a linear one.
+#[test]
+fn a_dm_delay_device_is_high_latency_not_stalled_until_it_is_fast() -> Result<()> {
+    require_root()?;
+    let _kernel = kernel_alone();
+    let pv = "pv-delayed";
+    let disk = FaultDisk::start(64 * 1024 * 1024)?;
+    let lo = disk.attach_loop(false)?;
+    let lo_path = lo.path().display().to_string();
+    let dm = DmDevice::create("latency-delay", &format!("0 131072 delay {lo_path} 0 70"))?;
+    let mut kubelet = Kubelet::new()?;
+    kubelet.fs_volume(POD_A, pv, &dm.mapper_path())?;
+    let agent = start_agent(
+        &kubelet,
+        POD_A,
+        pv,
+        &[
+            "--stall-after",
+            "10",
+            "--latency-window",
+            "2",
+            "--latency-limit",
+            "rotational=50",
+            "--latency-limit",
+            "ssd=50",
+            "--latency-relative",
+            "0",
+        ],
+    )?;
+    let raised = condition(POD_A, pv, "raised", "Degraded HighLatency", "check/latency");
+    let cleared = condition(
+        POD_A,
+        pv,
+        "cleared",
+        "Degraded HighLatency",
+        "check/latency",
+    );
+    let writes = fs::Writes::start(&dm.mapper_path(), IO_BASE);
+    let mut delays = Delays::default();
+    let seen = delays.wait(&agent, "HighLatency while delayed", &raised, Instant::now());
+    let fast = Instant::now();
+    dm.replace_table(&format!("0 131072 linear {lo_path} 0"))?;
+    let gone = delays.wait(&agent, "HighLatency cleared once fast", &cleared, fast);
+    let written = writes.stop()?;
+    let run = agent.stop_cleanly()?;
+    delays.report();
+    eprintln!("dm-delay 70 ms: {written} writes");
+    ensure!(
+        seen && gone,
+        "no raise or no clear:\n{}",
+        volume_lines(&run, POD_A)
+    );
+    let class = match std::fs::read_to_string(format!("/sys/block/{}/queue/rotational", lo.name()))?
+        .trim()
+    {
+        "1" => "rotational",
+        _ => "ssd",
+    };
+    let message = message_of(&run, &raised).unwrap_or_default();
+    let p99 = ["65ms", "98ms"]
+        .into_iter()
+        .find(|p| message.contains(&format!(" at least {p} ")))
+        .unwrap_or("none");
+    assert_eq!(
+        message,
+        format!(
+            "{}: write latency p99 at least {p99} over 2s windows, above 50ms (the limit for {class})",
+            dm.dev.name
+        ),
+        "{}",
+        volume_lines(&run, POD_A)
+    );
+    assert_eq!(
+        raised_and_cleared(&run, POD_A, "Degraded HighLatency", "check/latency"),
+        ["raised", "cleared"]
+    );
+    assert_eq!(
+        transitions(&run, POD_A, "Inaccessible IOStalled", "check/stall"),
+        Vec::<String>::new()
+    );
+    Ok(())
+}
+
 /// `dmsetup suspend --nolockfs` of a dm-linear device under a mounted
 /// volume (the filesystem is not frozen: the application's I/O reaches dm
 /// and waits there, unaccounted in the device's own statistics): with

@@ -281,6 +281,22 @@ pub enum CheckFinding {
         /// (container c)` or `cgroup /path`, when known.
         waiter: Option<String>,
     },
+    /// The 99th percentile of the volume's reads or writes stayed at or
+    /// above its limit for the windows the rule asks.
+    HighLatency {
+        /// As for [`CheckFinding::IoStalled`].
+        device: String,
+        /// `read` or `write`.
+        op: &'static str,
+        /// The smallest latency of the bucket the 99th percentile fell in
+        /// (buckets are half powers of two: the p99 is at least this).
+        p99: Duration,
+        window: Duration,
+        /// The limit it crossed and why that one: `the limit for ssd`,
+        /// `10× its baseline of 2ms`.
+        limit: Duration,
+        rule: String,
+    },
 }
 
 impl CheckFinding {
@@ -313,7 +329,8 @@ impl CheckFinding {
             | CheckFinding::InodesExhausted { .. }
             | CheckFinding::PathsDown { .. }
             | CheckFinding::ArrayDegraded { .. }
-            | CheckFinding::ThinPoolLow { .. } => Status::Degraded,
+            | CheckFinding::ThinPoolLow { .. }
+            | CheckFinding::HighLatency { .. } => Status::Degraded,
         }
     }
 
@@ -345,6 +362,7 @@ impl CheckFinding {
             },
             CheckFinding::NvmeCriticalWarning { .. } => "NvmeCriticalWarning",
             CheckFinding::IoStalled { .. } => "IOStalled",
+            CheckFinding::HighLatency { .. } => "HighLatency",
         }
     }
 
@@ -528,6 +546,19 @@ impl CheckFinding {
                     human_duration(*stall_after),
                 )
             }
+            CheckFinding::HighLatency {
+                device,
+                op,
+                p99,
+                window,
+                limit,
+                rule,
+            } => format!(
+                "{device}: {op} latency p99 at least {} over {} windows, above {} ({rule})",
+                human_duration(*p99),
+                human_duration(*window),
+                human_duration(*limit),
+            ),
         }
     }
 }

@@ -47,6 +47,9 @@ pub enum CheckKind {
     /// How long the oldest I/O of the volume's devices has waited
     /// (`--stall-after`).
     Stall,
+    /// The 99th percentile of the volume's read and write latencies over
+    /// windows (`--latency-window`).
+    Latency,
 }
 
 impl fmt::Display for CheckKind {
@@ -59,6 +62,7 @@ impl fmt::Display for CheckKind {
             CheckKind::Device => "device",
             CheckKind::Stack => "stack",
             CheckKind::Stall => "stall",
+            CheckKind::Latency => "latency",
         })
     }
 }

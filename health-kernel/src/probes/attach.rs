@@ -101,6 +101,7 @@ pub fn attach(opts: &ProbeOptions) -> Result<(Attached, KernelMaps), ProbeError>
         stacked: take_map(&mut ebpf, "STACKED")?,
         disk_names: take_map(&mut ebpf, "DISK_NAMES")?,
         waiting: take_map(&mut ebpf, "WAITING")?,
+        latency: take_map(&mut ebpf, "LATENCY")?,
     };
     Ok((
         Attached {
@@ -182,7 +183,12 @@ fn preflight(opts: &ProbeOptions) -> Result<Kernel, ProbeError> {
         image: load_image,
     } = requests::plan(&btf, &opts.proc_root);
     let bio_layout = match opts.follow_bios {
-        true => bio_layout.map_err(|e| format!("the kernel's BTF lacks what it needs: {e}")),
+        true => bio_layout
+            .map(|mut layout| {
+                layout[bio::LATENCY] = u32::from(opts.latency);
+                layout
+            })
+            .map_err(|e| format!("the kernel's BTF lacks what it needs: {e}")),
         false => Err("off (--stall-after 0)".to_string()),
     };
     release_freed_heap();

@@ -36,7 +36,9 @@ pub use attach::attach;
 use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, PerCpuHashMap, RingBuf};
 use aya::Ebpf;
 pub use errors::{BpfRefusal, ProbeError};
-use health_common::{CounterKey, ErrorTimes, PartTable, StackPair, Waiting, DISK_NAME_LEN};
+use health_common::{
+    CounterKey, ErrorTimes, LatencyKey, PartTable, StackPair, Waiting, DISK_NAME_LEN,
+};
 pub use layout::block_tracepoints;
 pub use memlock::MemlockShortfall;
 // For tests/tests/tracefs.rs: a live BPF map, whose id a pinned witness is named for.
@@ -78,6 +80,9 @@ pub struct ProbeOptions {
     /// the agent sees how long the oldest one of each device has waited
     /// (`--stall-after`; off with 0). Costs two map operations per bio.
     pub follow_bios: bool,
+    /// With `follow_bios`: count each read's and write's latency, per
+    /// device, as its bio completes (`LATENCY`, `--latency-window`).
+    pub latency: bool,
 }
 
 /// BTF raw tracepoints (`tp_btf`) run whatever else runs on the CPU, even a
@@ -162,6 +167,8 @@ pub struct KernelMaps {
     pub disk_names: BpfHashMap<MapData, u32, [u8; DISK_NAME_LEN]>,
     /// The bios waiting now, by address (`waiting`).
     pub waiting: BpfHashMap<MapData, u64, Waiting>,
+    /// Reads' and writes' latencies per device (`latency`).
+    pub latency: BpfHashMap<MapData, LatencyKey, u64>,
 }
 
 const BIO_PROGRAM: &str = "block_bio_complete";

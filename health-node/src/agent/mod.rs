@@ -45,6 +45,9 @@ pub struct AgentOptions {
     /// The host's cgroup filesystem (`--host-cgroup`), where a stalled
     /// bio's cgroup is looked up to name its pod and container.
     pub cgroup_root: PathBuf,
+    /// `HighLatency` from each window of completion latencies
+    /// (`--latency-window`); `None`: off.
+    pub latency: Option<volumes::latency::LatencyConfig>,
 }
 
 /// How often counters are reconciled with samples: errors whose samples
@@ -172,6 +175,12 @@ async fn agent_loop<R: Reporter>(
     let mut totals = tokio::time::interval(opts.totals_interval);
     let mut stall_poll = tokio::time::interval(STALL_POLL);
     stall_poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let window = opts
+        .latency
+        .as_ref()
+        .map_or(Duration::from_secs(3600), |l| l.window);
+    let mut latency_window = tokio::time::interval(window);
+    latency_window.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     totals.tick().await;
     drop(bulk);
 
@@ -214,6 +223,11 @@ async fn agent_loop<R: Reporter>(
             _ = stall_poll.tick(), if opts.stall_after.is_some() => {
                 let bulk = prio.bulk();
                 agent.poll_stalls(opts.stall_after)?;
+                Some(bulk)
+            }
+            _ = latency_window.tick(), if opts.latency.is_some() => {
+                let bulk = prio.bulk();
+                agent.poll_latency(opts.latency.as_ref())?;
                 Some(bulk)
             }
             _ = totals.tick() => {

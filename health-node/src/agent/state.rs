@@ -11,6 +11,7 @@ use health_core::dev::Dev;
 use health_kernel::clock::{monotonic_ns, Clock};
 use health_kernel::collector::{Collector, KernelError};
 use health_kernel::device_maps::KernelMapsRest;
+use health_kernel::latency::LatencyWindows;
 use health_kernel::probes::{self, SourceState};
 use health_kernel::witness::Witness;
 use health_topology::{HostPaths, MountWatcher, Topology};
@@ -18,6 +19,7 @@ use health_topology::{HostPaths, MountWatcher, Topology};
 use super::priority::EventThread;
 use super::{kernel_maps, witness, AgentOptions, MIN_RESCAN_GAP};
 use crate::report::Reporter;
+use crate::volumes::latency::{classify, LatencyConfig};
 use crate::volumes::waiters::Waiters;
 use crate::volumes::{Handled, LiveVolumes, Wake};
 
@@ -59,6 +61,8 @@ pub(super) struct Agent<R> {
     looked_up: HashSet<u32>,
     /// Names the cgroup a stalled bio is charged to.
     waiters: Waiters,
+    /// The latency counts of the last window's end.
+    latency_windows: LatencyWindows,
 }
 
 impl<R: Reporter> Agent<R> {
@@ -78,6 +82,16 @@ impl<R: Reporter> Agent<R> {
                 tracing::info!(
                     "stalls: following every bio from block_bio_queue to its completion"
                 );
+                if let Some(l) = &opts.latency {
+                    tracing::info!(
+                        "latency: windows of {:?}; p99 limits rotational {:?}, ssd {:?}, network {:?}, and {}x a volume's baseline",
+                        l.window,
+                        l.limits.rotational,
+                        l.limits.ssd,
+                        l.limits.network,
+                        l.relative
+                    );
+                }
                 match waiters.root() {
                     Ok(root) => tracing::info!(
                         "stalls: the oldest bio's pod or cgroup looked up in {}",
@@ -125,6 +139,7 @@ impl<R: Reporter> Agent<R> {
             learned_numbers: HashMap::new(),
             looked_up: HashSet::new(),
             waiters,
+            latency_windows: LatencyWindows::default(),
         })
     }
 
@@ -198,6 +213,27 @@ impl<R: Reporter> Agent<R> {
         let changes = vols.stalls(&self.topo, &read.devices, now, stall_after, &mut |id| {
             waiters.describe(id, names)
         });
+        self.handled.changes.extend(changes);
+        Ok(())
+    }
+
+    /// Reads one window of completion latencies and judges the volumes'.
+    pub(super) fn poll_latency(&mut self, cfg: Option<&LatencyConfig>) -> anyhow::Result<()> {
+        let (Some(cfg), Some(vols)) = (cfg, self.vols.as_mut()) else {
+            return Ok(());
+        };
+        if self.attached.waiting.is_err() {
+            return Ok(());
+        }
+        let topo = &self.topo;
+        let window = self
+            .rest
+            .latency_window(&mut self.latency_windows, |d| topo.device(d).is_some())
+            .context("reading the latency counts")?;
+        // A few sysfs reads per volume per window: read each time, so that
+        // a device number used again by other storage is not misjudged.
+        let sys = &self.host.sys_root;
+        let changes = vols.latency(topo, &window, cfg, &mut |d| classify(topo, d, sys));
         self.handled.changes.extend(changes);
         Ok(())
     }

@@ -197,8 +197,8 @@ impl View {
             }
         }
         text.push_str(&format!(
-            "kernel side: {} samples rate-limited, {} lost to a full ring buffer, {} errors not countable (counter map full), {} repeated writeback reports merged, {} program runs skipped by the kernel, {} failed bios passed up from a device below (counted there), {} bios not followed for stalls (waiting map full); {}\n",
-            stats.samples_suppressed, stats.ringbuf_full, stats.counter_map_full, stats.writeback_repeats, stats.program_misses, stats.bio_propagated, stats.waiting_full, witness_text(stats)
+            "kernel side: {} samples rate-limited, {} lost to a full ring buffer, {} errors not countable (counter map full), {} repeated writeback reports merged, {} program runs skipped by the kernel, {} failed bios passed up from a device below (counted there), {} bios not followed for stalls (waiting map full), {} latencies not counted (latency map full); {}\n",
+            stats.samples_suppressed, stats.ringbuf_full, stats.counter_map_full, stats.writeback_repeats, stats.program_misses, stats.bio_propagated, stats.waiting_full, stats.latency_full, witness_text(stats)
         ));
         // JSON mode keeps stdout a pure event stream.
         if self.json {

@@ -28,6 +28,7 @@ use tokio::sync::Mutex;
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, Interval, MissedTickBehavior};
 
+use super::latency::{DeviceClass, LatencyConfig, LatencyJudge};
 use super::schedule::{CheckSchedule, Checked};
 use super::stalls::StallJudge;
 use super::{
@@ -125,6 +126,7 @@ pub struct LiveVolumes {
     /// with the index.
     mounts: Arc<[MountEntry]>,
     stalls: StallJudge,
+    latency: LatencyJudge,
 }
 
 impl LiveVolumes {
@@ -165,6 +167,7 @@ impl LiveVolumes {
             schedule,
             mounts: topo.mounts().into(),
             stalls: StallJudge::default(),
+            latency: LatencyJudge::default(),
         }
     }
 
@@ -264,6 +267,22 @@ impl LiveVolumes {
         let reports = self
             .stalls
             .judge(index.volumes(), topo, waits, now_ns, stall_after, waiter);
+        self.monitor.apply_checks(SystemTime::now(), reports)
+    }
+
+    /// Judges every volume against one window of completion latencies
+    /// (see [`super::latency`]); `class_of` says what storage a device is.
+    pub fn latency(
+        &mut self,
+        topo: &Topology,
+        window: &[health_kernel::latency::DeviceLatency],
+        cfg: &LatencyConfig,
+        class_of: &mut dyn FnMut(health_core::dev::Dev) -> DeviceClass,
+    ) -> Vec<VolumeChanges> {
+        let index = Arc::clone(self.monitor.index());
+        let reports = self
+            .latency
+            .judge(index.volumes(), topo, window, cfg, class_of);
         self.monitor.apply_checks(SystemTime::now(), reports)
     }
 

@@ -20,6 +20,7 @@
 //! [`stalls`] judges, on every poll of the agent loop, whether a volume's
 //! oldest I/O has waited too long (`IOStalled`), and [`waiters`] names the
 //! pod and container (or cgroup) the oldest I/O is charged to.
+//! [`latency`] judges each window of completion latencies (`HighLatency`).
 //!
 //! [`LiveVolumes`] keeps all of that current while the agent loop runs;
 //! [`view`] is the one-shot `health-agent volumes`.
@@ -29,11 +30,14 @@ mod csi;
 mod ext4;
 mod index;
 pub mod kubelet;
+pub mod latency;
 mod live;
 mod monitor;
 mod schedule;
 pub mod stalls;
 mod storage;
+#[cfg(test)]
+mod testing;
 pub mod view;
 pub mod waiters;
 

@@ -198,31 +198,12 @@ fn op_word(code: u8) -> &'static str {
 
 #[cfg(test)]
 mod tests {
-    use std::path::PathBuf;
-
-    use health_core::volume::VolumeMode;
-    use health_topology::BlockDevice;
-
     use super::*;
-    use crate::volumes::kubelet::{KubeletVolume, VolumeKind};
+    use crate::volumes::testing::{block_volume, device, verdict};
 
     const SECOND: u64 = 1_000_000_000;
     const SDB: Dev = Dev::new(8, 16);
     const DM0: Dev = Dev::new(253, 0);
-
-    fn device(dev: Dev, name: &str, slaves: Vec<Dev>) -> BlockDevice {
-        BlockDevice {
-            dev,
-            name: name.into(),
-            whole_disk: None,
-            partition: None,
-            size_sectors: 131_072,
-            loop_backing_file: None,
-            holders: Vec::new(),
-            slaves,
-            read_only: false,
-        }
-    }
 
     /// dm-0 on sdb, and one block volume on dm-0.
     fn world() -> (Topology, Vec<IndexedVolume>) {
@@ -230,24 +211,7 @@ mod tests {
             vec![device(SDB, "sdb", vec![]), device(DM0, "dm-0", vec![SDB])],
             vec![],
         );
-        let volume = KubeletVolume {
-            pod_uid: "pod-a".into(),
-            pv: Some("pv-a".into()),
-            pod_volume_dir_name: "pv-a".into(),
-            driver: None,
-            volume_handle: None,
-            volume_mode: VolumeMode::Block,
-            kind: VolumeKind::LocalVolume,
-            path: PathBuf::from("/dev/dm-0"),
-            staging_path: None,
-            node_name: None,
-        };
-        let indexed = IndexedVolume {
-            key: volume.key(),
-            volume,
-            device: Some(DM0),
-        };
-        (topo, vec![indexed])
+        (topo, vec![block_volume(DM0, "dm-0")])
     }
 
     fn wait(dev: Dev, reads: u32, writes: u32, queued_s: u64) -> DeviceWait {
@@ -265,11 +229,7 @@ mod tests {
     fn messages(reports: &[(VolumeKey, CheckReport)]) -> Vec<String> {
         reports
             .iter()
-            .map(|(_, r)| match r.result(CheckKind::Stall) {
-                Some(CheckResult::Found(f)) => f[0].message(),
-                Some(CheckResult::Pass) => "pass".into(),
-                other => format!("{other:?}"),
-            })
+            .map(|(_, r)| verdict(r, CheckKind::Stall))
             .collect()
     }
 

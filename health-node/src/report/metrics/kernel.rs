@@ -274,6 +274,7 @@ mod tests {
             writeback_repeats: wb,
             bio_propagated: 0,
             waiting_full: 0,
+            latency_full: 0,
             late_samples: 99,
             program_misses: wb + 1,
             bad_records: 0,
