@@ -234,12 +234,9 @@ pub fn p99(buckets: &[u64; LATENCY_BUCKETS]) -> Option<Duration> {
 
 /// The limit a window is held to, and the words for it.
 fn limit(state: &OpState, cfg: &LatencyConfig, class: DeviceClass) -> (Duration, String) {
+    // While raised the finding is kept, not rebuilt: only the limit counts.
     if let Some((_, limit)) = &state.raised {
-        let rule = match &state.raised {
-            Some((CheckFinding::HighLatency { rule, .. }, _)) => rule.clone(),
-            _ => String::new(),
-        };
-        return (*limit, rule);
+        return (*limit, String::new());
     }
     let absolute = (
         cfg.limits.of(class),

@@ -250,6 +250,24 @@ mod tests {
         assert_eq!(pod_of("/kubepods/burstable/podnot-a-uid"), None);
     }
 
+    proptest::proptest! {
+        /// Any uid and runtime id kubelet could write come back from
+        /// either driver's path; any other path never panics.
+        #[test]
+        fn kubelet_paths_round_trip(uid in "[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}",
+                                    cid in "[0-9a-f]{64}", junk in "\\PC{0,80}") {
+            let want = Some(PodCgroup { uid: uid.clone(), container_id: Some(cid.clone()) });
+            let systemd = format!(
+                "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{}.slice/cri-containerd-{cid}.scope",
+                uid.replace('-', "_")
+            );
+            proptest::prop_assert_eq!(pod_of(&systemd), want.clone());
+            proptest::prop_assert_eq!(pod_of(&format!("/kubepods/besteffort/pod{uid}/{cid}")), want);
+            let _ = pod_of(&junk);
+            let _ = pod_of(&format!("/kubepods/{junk}"));
+        }
+    }
+
     struct Names;
     impl PodNames for Names {
         fn pod_name(&self, uid: &str, cid: Option<&str>) -> Option<(String, Option<String>)> {
