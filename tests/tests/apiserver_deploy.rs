@@ -34,7 +34,8 @@ const RECURSIVE_READ_ONLY_REFUSED: &str = "Error from server (BadRequest): error
 \"{file}\": DaemonSet in version \"v1\" cannot be handled as a DaemonSet: strict decoding error: \
 unknown field \"spec.template.spec.containers[0].volumeMounts[0].recursiveReadOnly\", \
 unknown field \"spec.template.spec.containers[0].volumeMounts[1].recursiveReadOnly\", \
-unknown field \"spec.template.spec.containers[0].volumeMounts[5].recursiveReadOnly\"";
+unknown field \"spec.template.spec.containers[0].volumeMounts[5].recursiveReadOnly\", \
+unknown field \"spec.template.spec.containers[0].volumeMounts[6].recursiveReadOnly\"";
 
 /// What 1.26 (admissionregistration.k8s.io/v1 not served) says of the
 /// policies of deploy/components/admission-policy, one line each.
