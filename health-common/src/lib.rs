@@ -226,8 +226,8 @@ pub struct Waiting {
 /// latency bucket that has seen a completion (a device uses a dozen or two
 /// of the buckets); userspace removes the entries of devices that are
 /// gone. One map for all CPUs (the counters are added to atomically), so
-/// its memory (8192 entries of 8 + 8 bytes, about 0.7 MiB with the kernel's
-/// element headers) does not grow with the CPUs.
+/// its memory (8192 entries of 8 + 16 bytes, about 0.8 MiB with the
+/// kernel's element headers) does not grow with the CPUs.
 pub const LATENCY_MAX: u32 = 8192;
 
 /// Completion latency buckets: two per power of two of microseconds
@@ -236,7 +236,8 @@ pub const LATENCY_BUCKETS: usize = 48;
 
 /// `LATENCY`'s key: a device (the partition where there is one),
 /// [`op::READ`] or [`op::WRITE`], and a [`latency_bucket`]; the value
-/// counts the completions there since the entry was made. (A key per
+/// ([`LatencyCount`]) counts the completions there since the entry was
+/// made. (A key per
 /// bucket, not an array per device: a program may not index a map value
 /// by a computed bucket on every verifier.)
 #[repr(C)]
@@ -245,6 +246,16 @@ pub struct LatencyKey {
     pub dev: u32,
     pub op: u16,
     pub bucket: u16,
+}
+
+/// `LATENCY`'s value: the completions of one bucket and the sum of their
+/// latencies, so that a histogram built from the buckets has an exact sum
+/// (the mean latency), not one guessed from the bucket bounds.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LatencyCount {
+    pub count: u64,
+    pub sum_ns: u64,
 }
 
 /// The bucket of a latency of `us` microseconds: 0 under 2 µs, then two
@@ -546,6 +557,7 @@ mod pod {
     unsafe impl aya::Pod for super::ErrorTimes {}
     unsafe impl aya::Pod for super::Waiting {}
     unsafe impl aya::Pod for super::LatencyKey {}
+    unsafe impl aya::Pod for super::LatencyCount {}
 }
 
 #[cfg(test)]

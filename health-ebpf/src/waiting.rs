@@ -15,7 +15,9 @@
 
 use super::*;
 
-use health_common::{bio, latency_bucket, LatencyKey, Waiting, LATENCY_MAX, WAITING_MAX};
+use health_common::{
+    bio, latency_bucket, LatencyCount, LatencyKey, Waiting, LATENCY_MAX, WAITING_MAX,
+};
 
 /// Offsets into `struct bio` and the tracepoints' argument positions, from
 /// the kernel's BTF, indexed by [`bio`] slots.
@@ -27,9 +29,10 @@ static BIO_LAYOUT: [u32; bio::COUNT] = [rq::ABSENT; bio::COUNT];
 static WAITING: HashMap<u64, Waiting> = HashMap::with_max_entries(WAITING_MAX, 0);
 
 /// Per device, reads and writes apart: how many completed within each
-/// latency bucket (`--latency-window`), from their time in `WAITING`.
+/// latency bucket (`--latency-window`), from their time in `WAITING`, and
+/// the sum of those times.
 #[map]
-static LATENCY: HashMap<LatencyKey, u64> = HashMap::with_max_entries(LATENCY_MAX, 0);
+static LATENCY: HashMap<LatencyKey, LatencyCount> = HashMap::with_max_entries(LATENCY_MAX, 0);
 
 /// Where `bio_still_waiting` leaves the cgroup id of the bio it was asked
 /// about (0: none known), for userspace to read after the run. One entry:
@@ -135,32 +138,44 @@ fn record_latency(dev: u32, opf: u32, queued_ns: u64) {
     }
     // SAFETY: a helper without preconditions.
     let now = unsafe { bpf_ktime_get_ns() };
+    let ns = now.saturating_sub(queued_ns);
     let key = LatencyKey {
         dev,
         op: op as u16,
-        bucket: latency_bucket(now.saturating_sub(queued_ns) / 1000) as u16,
+        bucket: latency_bucket(ns / 1000) as u16,
     };
-    if let Some(n) = LATENCY.get_ptr_mut(&key) {
+    if let Some(c) = LATENCY.get_ptr_mut(&key) {
         // SAFETY: a live map value; every CPU adds to it atomically.
-        unsafe { add_one(n) };
+        unsafe { add(c, ns) };
         return;
     }
-    if LATENCY.insert(&key, &1, BPF_NOEXIST as u64).is_ok() {
+    let first = LatencyCount {
+        count: 1,
+        sum_ns: ns,
+    };
+    if LATENCY.insert(&key, &first, BPF_NOEXIST as u64).is_ok() {
         return;
     }
     // Another CPU made the entry first, or the map is full.
     match LATENCY.get_ptr_mut(&key) {
         // SAFETY: as above.
-        Some(n) => unsafe { add_one(n) },
+        Some(c) => unsafe { add(c, ns) },
         None => bump(stat::LATENCY_FULL),
     }
 }
 
+/// One completion of `ns` added to a bucket's count and sum. The two adds
+/// are apart: a reader between them sees a count one ahead of its sum, as
+/// it would see the next completion a moment early.
 #[inline(always)]
-unsafe fn add_one(p: *mut u64) {
+unsafe fn add(c: *mut LatencyCount, ns: u64) {
     use core::intrinsics::{atomic_xadd, AtomicOrdering::Relaxed};
-    // SAFETY: the caller's pointer is a live, aligned u64 of a map value.
-    unsafe { atomic_xadd::<u64, u64, { Relaxed }>(p, 1) };
+    // SAFETY: the caller's pointer is a live, aligned map value; both
+    // fields are aligned u64s.
+    unsafe {
+        atomic_xadd::<u64, u64, { Relaxed }>(core::ptr::addr_of_mut!((*c).count), 1);
+        atomic_xadd::<u64, u64, { Relaxed }>(core::ptr::addr_of_mut!((*c).sum_ns), ns);
+    }
 }
 
 /// Never attached: userspace runs it (`BPF_PROG_TEST_RUN`) with a bio's

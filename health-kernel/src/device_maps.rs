@@ -11,7 +11,7 @@ use std::hash::Hash;
 
 use aya::maps::{HashMap as BpfHashMap, MapData};
 use aya::Pod;
-use health_common::{LatencyKey, PartTable, StackPair, Waiting, DISK_NAME_LEN};
+use health_common::{LatencyCount, LatencyKey, PartTable, StackPair, Waiting, DISK_NAME_LEN};
 use health_core::dev::Dev;
 
 /// The maps the caller keeps current from the device topology.
@@ -28,7 +28,7 @@ pub struct KernelMapsRest {
     /// The bios waiting now (`crate::waiting`).
     pub(crate) waiting: BpfHashMap<MapData, u64, Waiting>,
     /// Reads' and writes' latencies per device (`crate::latency`).
-    pub(crate) latency: BpfHashMap<MapData, LatencyKey, u64>,
+    pub(crate) latency: BpfHashMap<MapData, LatencyKey, LatencyCount>,
 }
 
 /// What the maps must hold, in the kernel's device encoding.

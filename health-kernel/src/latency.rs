@@ -1,12 +1,13 @@
 //! Reads' and writes' completion latencies per device over a window, from
 //! the kernel's `LATENCY` map: cumulative counts per latency bucket
-//! (`health_common::latency_bucket`), which the programs add to as each
-//! followed bio completes. A window is the difference between two reads.
+//! (`health_common::latency_bucket`) and the sum of their latencies, which
+//! the programs add to as each followed bio completes. A window is the
+//! difference between two reads.
 
 use std::collections::{BTreeMap, HashMap};
 
 use aya::maps::MapError;
-use health_common::{LatencyKey, LATENCY_BUCKETS, LATENCY_MAX};
+use health_common::{LatencyCount, LatencyKey, LATENCY_BUCKETS, LATENCY_MAX};
 use health_core::dev::Dev;
 
 use crate::device_maps::{entries, KernelMapsRest};
@@ -18,6 +19,8 @@ pub struct DeviceLatency {
     /// `health_common::op::READ` or `WRITE`.
     pub op: u8,
     pub buckets: [u64; LATENCY_BUCKETS],
+    /// The sum of their latencies.
+    pub sum_ns: u64,
 }
 
 impl DeviceLatency {
@@ -29,7 +32,7 @@ impl DeviceLatency {
 /// What the last read saw, so that the next one gives the window between.
 #[derive(Debug, Default)]
 pub struct LatencyWindows {
-    last: HashMap<LatencyKey, u64>,
+    last: HashMap<LatencyKey, LatencyCount>,
     primed: bool,
 }
 
@@ -46,7 +49,7 @@ impl KernelMapsRest {
         let entries = entries(&self.latency, LATENCY_MAX)?;
         let mut gone = Vec::new();
         let mut now = HashMap::with_capacity(entries.len());
-        let mut out: BTreeMap<(Dev, u8), [u64; LATENCY_BUCKETS]> = BTreeMap::new();
+        let mut out: BTreeMap<(Dev, u8), DeviceLatency> = BTreeMap::new();
         for (key, count) in entries {
             let dev = Dev::from_kernel(key.dev);
             if !live(dev) {
@@ -54,12 +57,19 @@ impl KernelMapsRest {
                 continue;
             }
             now.insert(key, count);
-            let before = windows.last.get(&key).copied().unwrap_or(0);
+            let before = windows.last.get(&key).copied().unwrap_or_default();
             let bucket = usize::from(key.bucket).min(LATENCY_BUCKETS - 1);
-            let added = count.saturating_sub(before);
+            let added = count.count.saturating_sub(before.count);
             if windows.primed && added > 0 {
-                out.entry((dev, key.op as u8))
-                    .or_insert([0; LATENCY_BUCKETS])[bucket] += added;
+                let op = key.op as u8;
+                let d = out.entry((dev, op)).or_insert(DeviceLatency {
+                    dev,
+                    op,
+                    buckets: [0; LATENCY_BUCKETS],
+                    sum_ns: 0,
+                });
+                d.buckets[bucket] += added;
+                d.sum_ns += count.sum_ns.saturating_sub(before.sum_ns);
             }
         }
         for key in gone {
@@ -68,9 +78,6 @@ impl KernelMapsRest {
         }
         windows.last = now;
         windows.primed = true;
-        Ok(out
-            .into_iter()
-            .map(|((dev, op), buckets)| DeviceLatency { dev, op, buckets })
-            .collect())
+        Ok(out.into_values().collect())
     }
 }

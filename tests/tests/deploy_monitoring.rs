@@ -41,7 +41,13 @@ const ALL_ON: [&str; 3] = [
 ];
 
 /// The alerts issue 12 asks for by name, and the others the chart has.
-const VOLUME_ALERTS: [&str; 3] = ["VolumeInaccessible", "VolumeDataLoss", "VolumeKernelErrors"];
+const VOLUME_ALERTS: [&str; 5] = [
+    "VolumeInaccessible",
+    "VolumeDataLoss",
+    "VolumeIOStalled",
+    "VolumeHighLatency",
+    "VolumeKernelErrors",
+];
 const AGENT_ALERTS: [&str; 9] = [
     "VolumeHealthAgentNotReady",
     "VolumeHealthAgentDown",
@@ -219,7 +225,7 @@ fn the_dashboard_config_map_holds_the_chart_file_with_the_sidecar_label() {
     let text = &cm.data.unwrap()[DASHBOARD_KEY];
     let file = dashboard_file();
     let links = file.matches(&format!("{RUNBOOKS}/")).count();
-    assert_eq!(links, 20, "runbook links in {DASHBOARD_FILE}");
+    assert_eq!(links, 24, "runbook links in {DASHBOARD_FILE}");
     assert_eq!(
         text,
         &file.trim().replace(
@@ -384,7 +390,7 @@ fn every_dashboard_query_selects_exported_series_and_their_labels() {
         }
     }
     c.assert_clean();
-    assert_eq!(queries, 29);
+    assert_eq!(queries, 32);
     for want in [
         "Kernel errors per PVC",
         "Active conditions",
@@ -488,6 +494,7 @@ fn rule_values_set_thresholds_durations_and_labels() {
         "monitoring.rules.kernelErrors.threshold=25",
         "monitoring.rules.kernelErrors.for=3m",
         "monitoring.rules.volumeInaccessible.severity=page",
+        "monitoring.rules.volumeHighLatency.for=15m",
         "monitoring.rules.agentJob=vh-agents",
         "monitoring.runbookBaseURL=https://wiki.example.com/storage/runbooks/",
     ]);
@@ -509,6 +516,8 @@ fn rule_values_set_thresholds_durations_and_labels() {
     assert_eq!(errors.for_.as_deref(), Some("3m"));
     assert!(errors.annotations["description"].ends_with(" within 10m."));
     assert_eq!(rule("VolumeInaccessible").labels["severity"], "page");
+    assert_eq!(rule("VolumeHighLatency").for_.as_deref(), Some("15m"));
+    assert_eq!(rule("VolumeIOStalled").for_.as_deref(), Some("0m"));
     assert_eq!(
         rule("VolumeHealthAgentDown").expr,
         "up{job=\"vh-agents\"} == 0"
@@ -548,7 +557,7 @@ fn promtool_accepts_the_rules() {
         &["check", "rules", file.to_str().unwrap()],
         dir.path(),
     );
-    assert!(out.contains("SUCCESS: 15 rules found"), "{out}");
+    assert!(out.contains("SUCCESS: 17 rules found"), "{out}");
 }
 
 #[test]
@@ -574,7 +583,7 @@ fn all_alerts() -> Vec<Rule> {
 #[test]
 fn every_alert_has_its_runbook_page_and_every_page_an_alert() {
     let alerts: BTreeSet<String> = all_alerts().into_iter().map(|r| r.alert).collect();
-    assert_eq!(alerts.len(), 15);
+    assert_eq!(alerts.len(), 17);
     let dir = repo_root().join("docs/runbooks");
     let mut pages = BTreeSet::new();
     for entry in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {

@@ -37,7 +37,7 @@ use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, PerCpuHashMap, Ring
 use aya::Ebpf;
 pub use errors::{BpfRefusal, ProbeError};
 use health_common::{
-    CounterKey, ErrorTimes, LatencyKey, PartTable, StackPair, Waiting, DISK_NAME_LEN,
+    CounterKey, ErrorTimes, LatencyCount, LatencyKey, PartTable, StackPair, Waiting, DISK_NAME_LEN,
 };
 pub use layout::block_tracepoints;
 pub use memlock::MemlockShortfall;
@@ -168,7 +168,7 @@ pub struct KernelMaps {
     /// The bios waiting now, by address (`waiting`).
     pub waiting: BpfHashMap<MapData, u64, Waiting>,
     /// Reads' and writes' latencies per device (`latency`).
-    pub latency: BpfHashMap<MapData, LatencyKey, u64>,
+    pub latency: BpfHashMap<MapData, LatencyKey, LatencyCount>,
 }
 
 const BIO_PROGRAM: &str = "block_bio_complete";

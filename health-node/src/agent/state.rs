@@ -210,10 +210,11 @@ impl<R: Reporter> Agent<R> {
             );
         }
         let (waiters, names) = (&mut self.waiters, self.reporter.pod_names());
-        let changes = vols.stalls(&self.topo, &read.devices, now, stall_after, &mut |id| {
+        let seen = vols.stalls(&self.topo, &read.devices, now, stall_after, &mut |id| {
             waiters.describe(id, names)
         });
-        self.handled.changes.extend(changes);
+        self.handled.changes.extend(seen.changes);
+        self.handled.io.extend(seen.io);
         Ok(())
     }
 
@@ -233,8 +234,9 @@ impl<R: Reporter> Agent<R> {
         // A few sysfs reads per volume per window: read each time, so that
         // a device number used again by other storage is not misjudged.
         let sys = &self.host.sys_root;
-        let changes = vols.latency(topo, &window, cfg, &mut |d| classify(topo, d, sys));
-        self.handled.changes.extend(changes);
+        let seen = vols.latency(topo, &window, cfg, &mut |d| classify(topo, d, sys));
+        self.handled.changes.extend(seen.changes);
+        self.handled.io.extend(seen.io);
         Ok(())
     }
 
@@ -416,6 +418,7 @@ fn deliver<R: Reporter>(
             || !handled.csi.is_empty()
             || !handled.storage.is_empty()
             || !handled.stacks.is_empty()
+            || !handled.io.is_empty()
             || !gone.is_empty()
         {
             reporter.changes(handled, &gone, v);
@@ -425,6 +428,7 @@ fn deliver<R: Reporter>(
     handled.csi.clear();
     handled.storage.clear();
     handled.stacks.clear();
+    handled.io.clear();
     Ok(())
 }
 

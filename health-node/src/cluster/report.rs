@@ -425,6 +425,17 @@ impl Reporter for ClusterReporter {
                 _ => park(&mut self.parked, &vc.key, &vc.changes),
             }
         }
+        for (key, io) in &handled.io {
+            // Known once the volume had a change or an error; resolved now
+            // otherwise (the pod may not be listed yet: nothing then).
+            let t = match self.known.get(key) {
+                Some(t) => Some(volume_ref(t)),
+                None => self.targets(key, index).as_ref().map(volume_ref),
+            };
+            if let Some(r) = t {
+                self.metrics.observe_io(&r, io);
+            }
+        }
         for o in &handled.csi {
             self.metrics.csi_probe(o);
         }

@@ -27,6 +27,7 @@ use health_kernel::latency::DeviceLatency;
 use health_topology::Topology;
 
 use super::checks::CheckReport;
+use super::io::window_of;
 use super::{IndexedVolume, VolumeKey};
 
 /// Windows in a row at or above the limit before the condition is raised.
@@ -172,15 +173,7 @@ impl LatencyJudge {
             let states = self.ops.entry(v.key.clone()).or_default();
             let mut findings = Vec::new();
             for (i, (code, word)) in OPS.into_iter().enumerate() {
-                let mut buckets = [0u64; LATENCY_BUCKETS];
-                for w in window
-                    .iter()
-                    .filter(|w| w.op == code && devices.contains(&w.dev))
-                {
-                    for (sum, n) in buckets.iter_mut().zip(w.buckets) {
-                        *sum += n;
-                    }
-                }
+                let (buckets, _) = window_of(&devices, window, code);
                 let state = &mut states[i];
                 if let Some(p99) = p99(&buckets) {
                     let class = class_of(device);
@@ -375,6 +368,7 @@ mod tests {
             dev: SDB,
             op: op::WRITE,
             buckets,
+            sum_ns: n * ms * 1_000_000,
         }]
     }
 

@@ -28,6 +28,7 @@ use tokio::sync::Mutex;
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, Interval, MissedTickBehavior};
 
+use super::io::{self, VolumeIo};
 use super::latency::{DeviceClass, LatencyConfig, LatencyJudge};
 use super::schedule::{CheckSchedule, Checked};
 use super::stalls::StallJudge;
@@ -97,6 +98,8 @@ pub struct Handled {
     /// Volumes whose stack changed (or was read for the first time), with
     /// its one-line summary (`checks::stack::summary`).
     pub stacks: Vec<(VolumeKey, String)>,
+    /// What a stall poll or a latency window saw per volume (for metrics).
+    pub io: Vec<(VolumeKey, VolumeIo)>,
 }
 
 pub struct LiveVolumes {
@@ -254,7 +257,8 @@ impl LiveVolumes {
 
     /// Judges every volume against the bios waiting now (see
     /// [`super::stalls`]); `now_ns` is CLOCK_MONOTONIC; `waiter` names a
-    /// cgroup by its id ([`super::waiters`]).
+    /// cgroup by its id ([`super::waiters`]). The changes, and what waits
+    /// on each volume.
     pub fn stalls(
         &mut self,
         topo: &Topology,
@@ -262,28 +266,37 @@ impl LiveVolumes {
         now_ns: u64,
         stall_after: Duration,
         waiter: &mut dyn FnMut(u64) -> Option<String>,
-    ) -> Vec<VolumeChanges> {
+    ) -> Handled {
         let index = Arc::clone(self.monitor.index());
         let reports = self
             .stalls
             .judge(index.volumes(), topo, waits, now_ns, stall_after, waiter);
-        self.monitor.apply_checks(SystemTime::now(), reports)
+        Handled {
+            changes: self.monitor.apply_checks(SystemTime::now(), reports),
+            io: io::waiting(index.volumes(), topo, waits, now_ns),
+            ..Handled::default()
+        }
     }
 
     /// Judges every volume against one window of completion latencies
     /// (see [`super::latency`]); `class_of` says what storage a device is.
+    /// The changes, and each volume's completions in the window.
     pub fn latency(
         &mut self,
         topo: &Topology,
         window: &[health_kernel::latency::DeviceLatency],
         cfg: &LatencyConfig,
         class_of: &mut dyn FnMut(health_core::dev::Dev) -> DeviceClass,
-    ) -> Vec<VolumeChanges> {
+    ) -> Handled {
         let index = Arc::clone(self.monitor.index());
         let reports = self
             .latency
             .judge(index.volumes(), topo, window, cfg, class_of);
-        self.monitor.apply_checks(SystemTime::now(), reports)
+        Handled {
+            changes: self.monitor.apply_checks(SystemTime::now(), reports),
+            io: io::latency(index.volumes(), topo, window),
+            ..Handled::default()
+        }
     }
 
     /// Handles what [`next_wake`] returned.
@@ -368,6 +381,7 @@ impl LiveVolumes {
             csi: csi_out,
             storage: storage_out,
             stacks: stacks_out,
+            io: Vec::new(),
         }
     }
 

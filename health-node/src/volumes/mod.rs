@@ -21,6 +21,7 @@
 //! oldest I/O has waited too long (`IOStalled`), and [`waiters`] names the
 //! pod and container (or cgroup) the oldest I/O is charged to.
 //! [`latency`] judges each window of completion latencies (`HighLatency`).
+//! [`io`] hands what both saw per volume to the metrics.
 //!
 //! [`LiveVolumes`] keeps all of that current while the agent loop runs;
 //! [`view`] is the one-shot `health-agent volumes`.
@@ -29,6 +30,7 @@ pub mod checks;
 mod csi;
 mod ext4;
 mod index;
+pub mod io;
 pub mod kubelet;
 pub mod latency;
 mod live;

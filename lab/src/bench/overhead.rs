@@ -24,6 +24,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
+use health_tests::devices::BlockDev;
+use health_tests::kubelet_tree::Kubelet;
 use health_tests::sys::{self, FileId};
 
 use super::agent::{AgentProc, BpfStatsGuard, ProgStats};
@@ -80,6 +82,8 @@ impl Round {
 
 pub struct ConfigResult {
     pub name: &'static str,
+    /// The agent's arguments; `TREE` stands for the temporary kubelet tree
+    /// with the loop device as a pod's block volume.
     pub args: Vec<String>,
     pub rounds: Vec<Round>,
     /// The agent's programs during one extra run with bpf stats on.
@@ -217,11 +221,25 @@ pub fn run(tools: &Tools, cfg: &Config) -> Result<OverheadResult> {
     // Warm up: page tables, the loop worker, caches.
     workload(&mut io, Duration::from_millis(500), &mut lat)?;
 
+    // The loop device as a pod's block volume: `watch` follows bios
+    // (`--stall-after`, `--latency-window`) only with pod volumes.
+    let kubelet = Kubelet::new()?;
+    kubelet.block_volume(
+        "b0b0b0b0-0000-4000-8000-0000000000b0",
+        "pv-bench",
+        &BlockDev::of(&lo.name)?,
+    )?;
+    let root = kubelet.root_arg();
+    let stalls = ["--kubelet-root", root, "--stall-after", "10"];
+    let latency = [&stalls[..], &["--latency-window", "10"]].concat();
+
     let mut configs = Vec::new();
     for (name, extra) in [
         ("default", &[][..]),
-        // Without the programs that follow every bio for stalls.
-        ("--stall-after 0", &["--stall-after", "0"][..]),
+        // Every bio followed from submission to completion (stalls).
+        ("--stall-after 10", &stalls[..]),
+        // And its latency counted at completion.
+        ("--stall-after 10 --latency-window 10", &latency[..]),
         ("--flush-errors", &["--flush-errors"][..]),
         // Failed requests counted at block_rq_complete, before the kernel's
         // console line: the same program on every completion.
@@ -264,6 +282,14 @@ pub fn run(tools: &Tools, cfg: &Config) -> Result<OverheadResult> {
         }
         let (progs, device_requests) =
             program_cost(tools, &args, &lo, &mut io, cfg.run_time, &mut lat)?;
+        // As the tables show it: the tree's temporary path said in words.
+        let args = args
+            .into_iter()
+            .map(|a| match a == root {
+                true => "TREE".to_string(),
+                false => a,
+            })
+            .collect();
         configs.push(ConfigResult {
             name,
             args,

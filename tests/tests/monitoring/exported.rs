@@ -12,6 +12,7 @@ use health_csi::HealthSource;
 use health_kernel::collector::KernelStats;
 use health_kube::writer::Observer;
 use health_node::report::metrics::{ErrorLabels, Metrics, VolumeRef};
+use health_node::volumes::io::VolumeIo;
 use health_node::volumes::kubelet::VolumeMode;
 use health_node::volumes::{CsiOutcome, CsiResult, StorageOutcome, StorageResult, VolumeKey};
 
@@ -88,6 +89,23 @@ pub fn agent_exposition() -> String {
             last_probe: SystemTime::UNIX_EPOCH,
             occurrences: None,
         }],
+    );
+    m.observe_io(
+        &volume,
+        &VolumeIo::Waiting {
+            reads: 0,
+            writes: 1,
+            other: 0,
+            oldest: Duration::from_secs(3),
+        },
+    );
+    m.observe_io(
+        &volume,
+        &VolumeIo::Latency {
+            op: health_common::op::WRITE,
+            buckets: Box::new([1; health_common::LATENCY_BUCKETS]),
+            sum_ns: 5_000_000,
+        },
     );
     m.kernel_stats(&KernelStats::default());
     m.api_request("patch", "events", Some(200));
@@ -241,6 +259,22 @@ fn exported_series_come_with_their_labels() {
         ["metric"]
     );
     assert_eq!(labels("volume_health_ready"), Vec::<&str>::new());
+    // Sorted, as the set gives them.
+    let volume = ["persistentvolume", "persistentvolumeclaim", "pod", "volume"];
+    let with = |first: &[&'static str]| [&["namespace"][..], first, &volume].concat();
+    assert_eq!(
+        labels("volume_health_volume_io_oldest_wait_seconds"),
+        with(&[])
+    );
+    assert_eq!(labels("volume_health_volume_io_waiting"), with(&["op"]));
+    assert_eq!(
+        labels("volume_health_volume_io_latency_seconds_count"),
+        with(&["op"])
+    );
+    assert_eq!(
+        labels("volume_health_volume_io_latency_seconds_bucket"),
+        [&["le"][..], &with(&["op"])].concat()
+    );
     assert_eq!(labels("volume_health_controller_cycles_total"), ["result"]);
     assert_eq!(
         labels("volume_health_controller_pvc_health_status"),
@@ -251,7 +285,7 @@ fn exported_series_come_with_their_labels() {
         Vec::<&str>::new()
     );
     assert_eq!(labels("up"), Vec::<&str>::new());
-    // 21 agent families (one a histogram: three series) and 11 controller
-    // families (one a histogram), plus up.
-    assert_eq!(all.len(), 20 + 3 + 10 + 3 + 1, "{:#?}", all.keys());
+    // 24 agent families (two histograms: three series each) and 11
+    // controller families (one a histogram), plus up.
+    assert_eq!(all.len(), 22 + 6 + 10 + 3 + 1, "{:#?}", all.keys());
 }

@@ -29,6 +29,7 @@ use prometheus_client::registry::{Registry, Unit};
 mod api;
 mod csi;
 mod input;
+mod io;
 mod kernel;
 mod volumes;
 
@@ -36,6 +37,8 @@ use csi::{csi_histogram, CsiLabels, DriverLabels, StorageLabels};
 use health_kube::events::StatusFollower;
 use health_kube::metrics::ApiMetrics;
 use input::InputLabels;
+pub use io::LATENCY_BOUNDS_US;
+use io::{IoLabels, IoOpLabels, IoSeries, KernelHistogram, SecondsGauge};
 pub use kernel::ErrorLabels;
 use kernel::KernelSeries;
 pub use volumes::VolumeRef;
@@ -88,6 +91,10 @@ pub struct Metrics {
     csi_probe_duration: Family<DriverLabels, Histogram, fn() -> Histogram>,
     csi_storage_probes: Family<StorageLabels, Counter>,
     volumes: Gauge,
+    io_waiting: Family<IoOpLabels, Gauge>,
+    io_oldest_wait: Family<IoLabels, SecondsGauge>,
+    io_latency: Family<IoOpLabels, KernelHistogram>,
+    io_series: Mutex<IoSeries>,
     /// `/readyz` and `/healthz` as of the last scrape ([`Metrics::set_health`]).
     ready: Gauge,
     live: Gauge,
@@ -146,6 +153,10 @@ impl Metrics {
             csi_probe_duration: Family::new_with_constructor(csi_histogram),
             csi_storage_probes: Family::default(),
             volumes: Gauge::default(),
+            io_waiting: Family::default(),
+            io_oldest_wait: Family::default(),
+            io_latency: Family::default(),
+            io_series: Mutex::default(),
             ready: Gauge::default(),
             live: Gauge::default(),
             status: StatusFollower::default(),
@@ -238,6 +249,23 @@ impl Metrics {
             "volumes",
             "Pod volumes on this node the agent watches",
             self.volumes.clone(),
+        );
+        r.register(
+            "volume_io_waiting",
+            "Bios waiting now on a pod volume's device, per operation (read, write, other), as of the last stall poll",
+            self.io_waiting.clone(),
+        );
+        r.register_with_unit(
+            "volume_io_oldest_wait",
+            "How long the oldest bio still waiting on a pod volume's device has waited (0 when none), as of the last stall poll",
+            Unit::Seconds,
+            self.io_oldest_wait.clone(),
+        );
+        r.register_with_unit(
+            "volume_io_latency",
+            "Completion latency of a pod volume's reads and writes, from submission to completion on its device",
+            Unit::Seconds,
+            self.io_latency.clone(),
         );
         // Readiness as a series, so that an alert can say which agent is not
         // ready: the kubelet's probe results are not metrics of their own.

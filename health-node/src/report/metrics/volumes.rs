@@ -100,9 +100,10 @@ impl Metrics {
         }
     }
 
-    /// Removes every condition series of a volume that went away.
+    /// Removes every condition and I/O series of a volume that went away.
     pub fn remove_volume(&self, volume: &VolumeRef) {
         self.set_volume_conditions(volume, &[]);
+        self.remove_io(volume);
     }
 
     /// How many pod volumes the agent watches now.
