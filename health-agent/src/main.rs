@@ -165,6 +165,10 @@ struct KernelArgs {
     /// (200); repeatable.
     #[arg(long, value_name = "CLASS=MS")]
     latency_limit: Vec<String>,
+    /// A StorageClass's p99 limit, NAME=MS, for the volumes whose PV is of that class, before
+    /// their device class's (run: the class is read from the PV); repeatable.
+    #[arg(long, value_name = "NAME=MS")]
+    storage_class_latency_limit: Vec<String>,
     /// Also a limit of this many times the volume's own baseline p99 (never under 50 ms),
     /// where tighter than its class's; 0: none.
     #[arg(long, value_name = "FACTOR", default_value_t = 10.0)]
@@ -176,8 +180,8 @@ impl KernelArgs {
     fn latency(&self) -> anyhow::Result<Option<volumes::latency::LatencyConfig>> {
         if self.latency_window == 0.0 {
             anyhow::ensure!(
-                self.latency_limit.is_empty(),
-                "--latency-limit needs --latency-window"
+                self.latency_limit.is_empty() && self.storage_class_latency_limit.is_empty(),
+                "--latency-limit and --storage-class-latency-limit need --latency-window"
             );
             return Ok(None);
         }
@@ -188,6 +192,13 @@ impl KernelArgs {
                 .set(spec)
                 .map_err(|e| anyhow::anyhow!("--latency-limit {e}"))?;
         }
+        let mut storage_classes = std::collections::BTreeMap::new();
+        for spec in &self.storage_class_latency_limit {
+            let (name, limit) =
+                volumes::latency::named_limit(spec, "NAME=MS, e.g. fast-nvme=20")
+                    .map_err(|e| anyhow::anyhow!("--storage-class-latency-limit {e}"))?;
+            storage_classes.insert(name.to_string(), limit);
+        }
         anyhow::ensure!(
             self.latency_relative == 0.0 || self.latency_relative >= 1.0,
             "--latency-relative {} must be 0 (none) or at least 1",
@@ -197,6 +208,7 @@ impl KernelArgs {
             window,
             limits,
             relative: self.latency_relative,
+            storage_classes,
         }))
     }
 
@@ -499,6 +511,11 @@ fn watch_options(args: WatchArgs, host: HostPaths) -> anyhow::Result<(AgentOptio
     anyhow::ensure!(
         volumes.is_some() || args.kernel.latency_window == 0.0,
         "--latency-window needs pod volumes: no kubelet root here (pass --kubelet-root)"
+    );
+    // A volume's StorageClass is its PV's, which only `run` reads.
+    anyhow::ensure!(
+        args.kernel.storage_class_latency_limit.is_empty(),
+        "--storage-class-latency-limit needs `run`: watch reads no PersistentVolume"
     );
     let view = View::new(args.json, &args.devices);
     let opts = AgentOptions {

@@ -86,3 +86,51 @@ fn a_huge_single_line_is_refused_not_read_whole() {
         )
     );
 }
+
+/// `watch` with `args` (and a kubelet root, so that pod volumes exist):
+/// exit code and stderr.
+fn watch(args: &[&str]) -> (i32, String) {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("kubelet")).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_health-agent"))
+        .args(["--log", "warn", "watch", "--kubelet-root"])
+        .arg(dir.path().join("kubelet"))
+        .args(args)
+        .env("NO_COLOR", "1")
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Latency limits that cannot apply are refused before anything is
+/// attached, each with its reason.
+#[test]
+fn latency_limits_that_cannot_apply_are_refused() {
+    assert_eq!(
+        watch(&["--latency-limit", "ssd=20"]),
+        (
+            1,
+            "health-agent: --latency-limit and --storage-class-latency-limit need --latency-window\n"
+                .to_string()
+        )
+    );
+    assert_eq!(
+        watch(&["--latency-window", "2", "--storage-class-latency-limit", "fast=20"]),
+        (
+            1,
+            "health-agent: --storage-class-latency-limit needs `run`: watch reads no PersistentVolume\n"
+                .to_string()
+        )
+    );
+    assert_eq!(
+        watch(&["--latency-window", "2", "--latency-limit", "tape=20"]),
+        (
+            1,
+            "health-agent: --latency-limit \"tape=20\": unknown class \"tape\" (rotational, ssd or network)\n"
+                .to_string()
+        )
+    );
+}

@@ -14,6 +14,8 @@ use serde::Deserialize;
 pub struct PvSpec {
     pub csi: Option<PvCsi>,
     pub claim_ref: Option<PvClaimRef>,
+    /// For the agent's latency limits per StorageClass.
+    pub storage_class_name: Option<String>,
 }
 
 /// `spec.csi`: the driver and its id for the volume.

@@ -234,7 +234,14 @@ impl<R: Reporter> Agent<R> {
         // A few sysfs reads per volume per window: read each time, so that
         // a device number used again by other storage is not misjudged.
         let sys = &self.host.sys_root;
-        let seen = vols.latency(topo, &window, cfg, &mut |d| classify(topo, d, sys));
+        let classes = self.reporter.storage_classes();
+        let seen = vols.latency(
+            topo,
+            &window,
+            cfg,
+            &mut |d| classify(topo, d, sys),
+            &mut |v| classes?.storage_class(&v.key).map(str::to_string),
+        );
         self.handled.changes.extend(seen.changes);
         self.handled.io.extend(seen.io);
         Ok(())

@@ -33,6 +33,8 @@ pub struct ClusterReporter {
     health: Health,
     /// Where each volume reports, once resolved.
     known: HashMap<VolumeKey, Targets>,
+    /// The StorageClass of each resolved volume's PV, where it has one.
+    storage_classes: HashMap<VolumeKey, String>,
     /// Changes of volumes whose pod is not in the store yet (the agent
     /// started before the API server answered, or kubelet was quicker than
     /// the watch). Delivered in order once the pod is known.
@@ -69,6 +71,7 @@ impl ClusterReporter {
             metrics,
             health,
             known: HashMap::new(),
+            storage_classes: HashMap::new(),
             parked: BTreeMap::new(),
             waiting_errors: BTreeMap::new(),
             attached: false,
@@ -234,6 +237,12 @@ impl ClusterReporter {
         }
         let v = volumes.get(key)?;
         let t = self.view.targets(&v.volume)?;
+        // Read while the PV's answer is fresh: a latency window asks for
+        // it later without another GET.
+        match t.pv.as_deref().and_then(|pv| self.view.storage_class(pv)) {
+            Some(sc) => self.storage_classes.insert(key.clone(), sc),
+            None => self.storage_classes.remove(key),
+        };
         self.known.insert(key.clone(), t.clone());
         Some(t)
     }
@@ -355,11 +364,21 @@ fn volume_ref(t: &Targets) -> VolumeRef {
     }
 }
 
+impl crate::volumes::latency::StorageClasses for ClusterReporter {
+    fn storage_class(&self, volume: &VolumeKey) -> Option<&str> {
+        self.storage_classes.get(volume).map(String::as_str)
+    }
+}
+
 impl Reporter for ClusterReporter {
     type Wake = ();
 
     fn pod_names(&self) -> Option<&dyn crate::volumes::waiters::PodNames> {
         Some(&self.view)
+    }
+
+    fn storage_classes(&self) -> Option<&dyn crate::volumes::latency::StorageClasses> {
+        Some(self)
     }
 
     fn ready(&mut self, active: usize, volumes: Option<&LiveVolumes>) {
@@ -444,6 +463,7 @@ impl Reporter for ClusterReporter {
         }
         for key in gone {
             self.parked.remove(key);
+            self.storage_classes.remove(key);
             self.shared.lock().forget_volume(key);
             if let Some(t) = self.known.remove(key) {
                 claims.extend(claim_of(&t));

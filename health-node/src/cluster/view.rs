@@ -130,6 +130,14 @@ impl ClusterView {
 
     /// Where a kubelet volume's Events go; `None` while its pod is unknown
     /// or its PV is being read (the view wakes when it is).
+    /// The PV's `spec.storageClassName`, where its GET has answered.
+    pub fn storage_class(&self, pv: &str) -> Option<String> {
+        match self.pvs.lookup(pv) {
+            Lookup::Known(Some(pv)) => pv.spec.storage_class_name.clone(),
+            _ => None,
+        }
+    }
+
     pub fn targets(&self, v: &KubeletVolume) -> Option<Targets> {
         let pod = self
             .pods

@@ -287,6 +287,10 @@ impl<R: Reporter> Reporter for Publishing<R> {
         self.inner.kernel_stats(stats);
     }
 
+    fn storage_classes(&self) -> Option<&dyn crate::volumes::latency::StorageClasses> {
+        self.inner.storage_classes()
+    }
+
     fn pod_names(&self) -> Option<&dyn crate::volumes::waiters::PodNames> {
         self.inner.pod_names()
     }

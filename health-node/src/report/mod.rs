@@ -11,6 +11,7 @@ use health_kernel::clock::Clock;
 use health_kernel::collector::{KernelError, KernelStats};
 use health_topology::{InputErrors, Topology};
 
+use crate::volumes::latency::StorageClasses;
 use crate::volumes::waiters::PodNames;
 use crate::volumes::{Handled, LiveVolumes, VolumeIndex, VolumeKey};
 
@@ -53,6 +54,11 @@ pub trait Reporter {
     /// Names for the pods and containers a cgroup path names (cluster
     /// mode's pod store); `None` by default.
     fn pod_names(&self) -> Option<&dyn PodNames> {
+        None
+    }
+    /// The StorageClass of a PV (cluster mode's PV lookups), for
+    /// `--storage-class-latency-limit`; `None` by default.
+    fn storage_classes(&self) -> Option<&dyn StorageClasses> {
         None
     }
     /// Waits for the reporter's own next thing; never resolves by default.

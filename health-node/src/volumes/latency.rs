@@ -4,8 +4,10 @@
 //! buckets (`health_kernel::latency`), per operation, and the bucket their
 //! 99th percentile falls in.
 //!
-//! The limit is the tighter of two: an absolute one per device class
-//! (rotational, SSD/NVMe, network block: [`LatencyLimits`]) and, once the
+//! The limit is the tighter of two: an absolute one, the volume's
+//! StorageClass's where one is set (`--storage-class-latency-limit`, cluster
+//! mode: the class is the PV's) and otherwise its device class's
+//! (rotational, SSD/NVMe, network block: [`LatencyLimits`]); and, once the
 //! volume has a baseline, a multiple of it (`--latency-relative`, never
 //! below [`RELATIVE_FLOOR`]). The baseline is a moving average of the
 //! volume's own p99 over windows that were not slow.
@@ -16,7 +18,7 @@
 //! completions says nothing either way (an idle volume is not a fast one).
 //! While raised, the message stays what it first said.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
 use std::time::Duration;
 
@@ -100,18 +102,7 @@ impl LatencyLimits {
 
     /// Sets one class's limit from `CLASS=MS` (`ssd=50`).
     pub fn set(&mut self, spec: &str) -> Result<(), String> {
-        let (class, ms) = spec
-            .split_once('=')
-            .ok_or_else(|| format!("{spec:?}: expected CLASS=MS, e.g. ssd=50"))?;
-        let ms: u64 = ms
-            .trim_end_matches("ms")
-            .parse()
-            .ok()
-            .filter(|&ms| ms > 0)
-            .ok_or_else(|| {
-                format!("{spec:?}: the limit is a whole number of milliseconds above 0")
-            })?;
-        let limit = Duration::from_millis(ms);
+        let (class, limit) = named_limit(spec, "CLASS=MS, e.g. ssd=50")?;
         match class {
             "rotational" => self.rotational = limit,
             "ssd" => self.ssd = limit,
@@ -126,6 +117,21 @@ impl LatencyLimits {
     }
 }
 
+/// `NAME=MS` (`MS` may end in `ms`): the name and the limit.
+pub fn named_limit<'a>(spec: &'a str, expected: &str) -> Result<(&'a str, Duration), String> {
+    let (name, ms) = spec
+        .split_once('=')
+        .filter(|(name, _)| !name.is_empty())
+        .ok_or_else(|| format!("{spec:?}: expected {expected}"))?;
+    let ms: u64 = ms
+        .trim_end_matches("ms")
+        .parse()
+        .ok()
+        .filter(|&ms| ms > 0)
+        .ok_or_else(|| format!("{spec:?}: the limit is a whole number of milliseconds above 0"))?;
+    Ok((name, Duration::from_millis(ms)))
+}
+
 /// `--latency-window` and the limits.
 #[derive(Clone, Debug, PartialEq)]
 pub struct LatencyConfig {
@@ -133,6 +139,14 @@ pub struct LatencyConfig {
     pub limits: LatencyLimits,
     /// The relative limit, as a multiple of the baseline; 0: none.
     pub relative: f64,
+    /// Absolute limits by StorageClass name, before the device class's
+    /// (`--storage-class-latency-limit NAME=MS`).
+    pub storage_classes: BTreeMap<String, Duration>,
+}
+
+/// The StorageClass of a pod volume's PV, where cluster mode has read it.
+pub trait StorageClasses {
+    fn storage_class(&self, volume: &VolumeKey) -> Option<&str>;
 }
 
 /// What one operation of one volume has shown so far.
@@ -156,6 +170,8 @@ const OPS: [(u8, &str); 2] = [(op::READ, "read"), (op::WRITE, "write")];
 
 impl LatencyJudge {
     /// One report per volume with a device, from one window's completions.
+    /// `class_of` says what storage a device is; `storage_class` names a
+    /// volume's StorageClass where it is known.
     pub fn judge(
         &mut self,
         volumes: &[IndexedVolume],
@@ -163,6 +179,7 @@ impl LatencyJudge {
         window: &[DeviceLatency],
         cfg: &LatencyConfig,
         class_of: &mut dyn FnMut(Dev) -> DeviceClass,
+        storage_class: &mut dyn FnMut(&IndexedVolume) -> Option<String>,
     ) -> Vec<(VolumeKey, CheckReport)> {
         let mut out = Vec::new();
         let mut live = HashSet::new();
@@ -176,8 +193,8 @@ impl LatencyJudge {
                 let (buckets, _) = window_of(&devices, window, code);
                 let state = &mut states[i];
                 if let Some(p99) = p99(&buckets) {
-                    let class = class_of(device);
-                    let (limit, rule) = limit(state, cfg, class);
+                    let absolute = absolute(v, device, cfg, class_of, storage_class);
+                    let (limit, rule) = limit(state, cfg, absolute);
                     step(state, p99, limit, || CheckFinding::HighLatency {
                         device: name(topo, device),
                         op: word,
@@ -225,16 +242,38 @@ pub fn p99(buckets: &[u64; LATENCY_BUCKETS]) -> Option<Duration> {
     None
 }
 
+/// A volume's absolute limit and the words for it: its StorageClass's
+/// where one is set, else its device class's.
+fn absolute(
+    v: &IndexedVolume,
+    device: Dev,
+    cfg: &LatencyConfig,
+    class_of: &mut dyn FnMut(Dev) -> DeviceClass,
+    storage_class: &mut dyn FnMut(&IndexedVolume) -> Option<String>,
+) -> (Duration, String) {
+    // Asked only when some class has a limit: a lookup per volume and window.
+    let by_storage_class = match cfg.storage_classes.is_empty() {
+        true => None,
+        false => storage_class(v).and_then(|name| Some((*cfg.storage_classes.get(&name)?, name))),
+    };
+    match by_storage_class {
+        Some((limit, name)) => (limit, format!("the limit for StorageClass {name}")),
+        None => {
+            let class = class_of(device);
+            (
+                cfg.limits.of(class),
+                format!("the limit for {}", class.name()),
+            )
+        }
+    }
+}
+
 /// The limit a window is held to, and the words for it.
-fn limit(state: &OpState, cfg: &LatencyConfig, class: DeviceClass) -> (Duration, String) {
+fn limit(state: &OpState, cfg: &LatencyConfig, absolute: (Duration, String)) -> (Duration, String) {
     // While raised the finding is kept, not rebuilt: only the limit counts.
     if let Some((_, limit)) = &state.raised {
         return (*limit, String::new());
     }
-    let absolute = (
-        cfg.limits.of(class),
-        format!("the limit for {}", class.name()),
-    );
     let relative = state
         .baseline_us
         .filter(|_| cfg.relative > 0.0 && state.baseline_windows >= BASELINE_WINDOWS)
@@ -377,6 +416,7 @@ mod tests {
             window: Duration::from_secs(10),
             limits: LatencyLimits::default(),
             relative,
+            storage_classes: BTreeMap::new(),
         }
     }
 
@@ -385,14 +425,56 @@ mod tests {
         windows: &[Vec<DeviceLatency>],
         cfg: &LatencyConfig,
     ) -> Vec<String> {
+        verdicts_in(judge, windows, cfg, None)
+    }
+
+    /// [`verdicts`] for a volume of StorageClass `sc`.
+    fn verdicts_in(
+        judge: &mut LatencyJudge,
+        windows: &[Vec<DeviceLatency>],
+        cfg: &LatencyConfig,
+        sc: Option<&str>,
+    ) -> Vec<String> {
         let (topo, vols) = world();
         windows
             .iter()
             .map(|w| {
-                let r = judge.judge(&vols, &topo, w, cfg, &mut |_| DeviceClass::Ssd);
+                let r = judge.judge(&vols, &topo, w, cfg, &mut |_| DeviceClass::Ssd, &mut |v| {
+                    assert_eq!(v.volume.pv.as_deref(), Some("pv-a"));
+                    sc.map(str::to_string)
+                });
                 verdict(&r[0].1, CheckKind::Latency)
             })
             .collect()
+    }
+
+    /// A StorageClass's limit replaces the device class's for its volumes
+    /// (tighter or looser); a volume of another class keeps its device's.
+    #[test]
+    fn a_storage_class_limit_comes_before_the_device_class() {
+        let mut cfg = cfg(0.0);
+        cfg.storage_classes = BTreeMap::from([
+            ("fast-nvme".to_string(), Duration::from_millis(20)),
+            ("archive".to_string(), Duration::from_millis(2000)),
+        ]);
+        let w: Vec<_> = (0..3).map(|_| writes(100, 30)).collect();
+        let got = verdicts_in(&mut LatencyJudge::default(), &w, &cfg, Some("fast-nvme"));
+        assert_eq!(
+            got,
+            [
+                "pass",
+                "pass",
+                "sdb: write latency p99 at least 24ms over 10s windows, above 20ms (the limit for StorageClass fast-nvme)"
+            ]
+        );
+        let w: Vec<_> = (0..3).map(|_| writes(100, 300)).collect();
+        let got = verdicts_in(&mut LatencyJudge::default(), &w, &cfg, Some("archive"));
+        assert_eq!(got, ["pass"; 3]);
+        let got = verdicts_in(&mut LatencyJudge::default(), &w, &cfg, Some("standard"));
+        assert_eq!(
+            got[2],
+            "sdb: write latency p99 at least 262ms over 10s windows, above 100ms (the limit for ssd)"
+        );
     }
 
     /// Raised on the third slow window (an idle one between says nothing
@@ -476,6 +558,14 @@ mod tests {
         assert_eq!(
             l.set("ssd"),
             Err("\"ssd\": expected CLASS=MS, e.g. ssd=50".into())
+        );
+        assert_eq!(
+            named_limit("fast-nvme=20ms", "NAME=MS"),
+            Ok(("fast-nvme", Duration::from_millis(20)))
+        );
+        assert_eq!(
+            named_limit("=20", "NAME=MS"),
+            Err("\"=20\": expected NAME=MS".into())
         );
     }
 }

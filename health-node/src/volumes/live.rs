@@ -279,7 +279,8 @@ impl LiveVolumes {
     }
 
     /// Judges every volume against one window of completion latencies
-    /// (see [`super::latency`]); `class_of` says what storage a device is.
+    /// (see [`super::latency`]); `class_of` says what storage a device is,
+    /// `storage_class` a volume's StorageClass where known.
     /// The changes, and each volume's completions in the window.
     pub fn latency(
         &mut self,
@@ -287,11 +288,12 @@ impl LiveVolumes {
         window: &[health_kernel::latency::DeviceLatency],
         cfg: &LatencyConfig,
         class_of: &mut dyn FnMut(health_core::dev::Dev) -> DeviceClass,
+        storage_class: &mut dyn FnMut(&IndexedVolume) -> Option<String>,
     ) -> Handled {
         let index = Arc::clone(self.monitor.index());
-        let reports = self
-            .latency
-            .judge(index.volumes(), topo, window, cfg, class_of);
+        let reports =
+            self.latency
+                .judge(index.volumes(), topo, window, cfg, class_of, storage_class);
         Handled {
             changes: self.monitor.apply_checks(SystemTime::now(), reports),
             io: io::latency(index.volumes(), topo, window),
