@@ -1,0 +1,206 @@
+//! The cluster suite's fixture: one CSI volume on a fault disk, published
+//! into two pods' volume directories, the API objects on the fake API
+//! server, and the agent (`health-agent run`) against both.
+
+use std::net::SocketAddr;
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use health_tests::agent::Agent;
+use health_tests::apiserver::{FakeApiServer, Mode};
+use health_tests::kubelet::{free_port, wait_ready, CsiVolume};
+use health_tests::{require_env, shared_kernel, KernelUse};
+use serde_json::{json, Value};
+use tempfile::TempDir;
+
+pub const POD_A: &str = "1a1a1a1a-0000-4000-8000-00000000001a";
+pub const POD_B: &str = "1b1b1b1b-0000-4000-8000-00000000001b";
+pub const PVC_UID: &str = "2c2c2c2c-0000-4000-8000-00000000002c";
+pub const PV: &str = "pv-e2e";
+pub const DRIVER: &str = "disk.csi.volume-health.test";
+
+/// Everything one test runs on; torn down in reverse order.
+pub struct Fixture {
+    pub agent: Option<Agent>,
+    pub volume: Option<CsiVolume>,
+    pub api: FakeApiServer,
+    pub metrics: SocketAddr,
+    /// The agent's command line after `run`, for a restart.
+    pub args: Vec<String>,
+    pub root: TempDir,
+    /// Dropped last: the storm runs alone (see `health_tests::KernelUse`).
+    _kernel: KernelUse,
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        drop(self.agent.take());
+        drop(self.volume.take());
+    }
+}
+
+pub fn pod(name: &str, uid: &str) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "shop", "uid": uid},
+        "spec": {
+            "nodeName": "node-1",
+            "containers": [{"name": "app", "image": "busybox"}],
+            "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}]
+        }
+    })
+}
+
+impl Fixture {
+    /// The disk, the two published pod volumes, the API objects and the
+    /// agent, ready (its `/readyz` says the first lists are done).
+    /// The running agent's process id.
+    pub fn agent_pid(&self) -> u32 {
+        self.agent.as_ref().map_or(0, Agent::pid)
+    }
+
+    pub fn start(extra_args: &[&str]) -> Result<Fixture> {
+        Self::start_with(extra_args, Mode::Up, shared_kernel())
+    }
+
+    /// Like [`Fixture::start`], with the API server in `mode` when the agent
+    /// starts; waits for readiness only when it is up.
+    pub fn start_with(extra_args: &[&str], api_mode: Mode, kernel: KernelUse) -> Result<Fixture> {
+        require_env(&[])?;
+        let root = tempfile::Builder::new().prefix("kubelet-").tempdir()?;
+        let api = FakeApiServer::start()?;
+        let mut fx = Fixture {
+            agent: None,
+            volume: None,
+            metrics: free_port()?,
+            args: Vec::new(),
+            api,
+            root,
+            _kernel: kernel,
+        };
+        fx.volume = Some(CsiVolume::publish(
+            fx.root.path(),
+            PV,
+            DRIVER,
+            "node-1",
+            &[POD_A, POD_B],
+        )?);
+
+        fx.api.put(json!({
+            "apiVersion": "v1", "kind": "PersistentVolume",
+            "metadata": {"name": PV},
+            "spec": {
+                "capacity": {"storage": "64Mi"},
+                "accessModes": ["ReadWriteOnce"],
+                "claimRef": {"kind": "PersistentVolumeClaim", "namespace": "shop", "name": "data", "uid": PVC_UID},
+                "storageClassName": "fast",
+                "csi": {"driver": DRIVER, "volumeHandle": "handle-e2e"}
+            }
+        }));
+        // The PVC itself, for its `volume-health.io/health` label.
+        fx.api.put(json!({
+            "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+            "metadata": {"name": "data", "namespace": "shop", "uid": PVC_UID, "labels": {"app": "shop"}},
+            "spec": {"accessModes": ["ReadWriteOnce"], "volumeName": PV}
+        }));
+        fx.api.put(pod("web-0", POD_A));
+        fx.api.put(pod("web-1", POD_B));
+        // Nor a PV no pod here uses.
+        fx.api.put(json!({
+            "apiVersion": "v1", "kind": "PersistentVolume",
+            "metadata": {"name": "pv-elsewhere"},
+            "spec": {
+                "capacity": {"storage": "64Mi"},
+                "accessModes": ["ReadWriteOnce"],
+                "claimRef": {"kind": "PersistentVolumeClaim", "namespace": "shop", "name": "other", "uid": "uid-other"},
+                "csi": {"driver": DRIVER, "volumeHandle": "handle-elsewhere"}
+            }
+        }));
+        // A pod of another node must not be asked about or reported on.
+        let mut elsewhere = pod("far-away", "3d3d3d3d-0000-4000-8000-00000000003d");
+        elsewhere["spec"]["nodeName"] = json!("node-2");
+        fx.api.put(elsewhere);
+
+        let kubeconfig = fx.api.write_kubeconfig(fx.root.path())?;
+        let metrics = fx.metrics.to_string();
+        let mut args: Vec<String> = vec![
+            "--node-name".into(),
+            "node-1".into(),
+            "--kubeconfig".into(),
+            kubeconfig.display().to_string(),
+            "--kubelet-root".into(),
+            fx.root().display().to_string(),
+            "--metrics-addr".into(),
+            metrics,
+            "--check-interval".into(),
+            "1".into(),
+        ];
+        args.extend(extra_args.iter().map(|s| s.to_string()));
+        fx.args = args;
+        fx.api.set_mode(api_mode);
+        fx.start_agent()?;
+        if api_mode == Mode::Up {
+            fx.wait_ready()?;
+        }
+        Ok(fx)
+    }
+
+    pub fn start_agent(&mut self) -> Result<()> {
+        let args: Vec<&str> = self.args.iter().map(String::as_str).collect();
+        self.agent = Some(Agent::start_cluster(&args)?);
+        Ok(())
+    }
+
+    /// SIGKILL (as an OOM kill or a node's runtime does: no final flush, no
+    /// clean detach), then the same command line again, ready.
+    pub fn kill_and_restart(&mut self) -> Result<()> {
+        // Dropping a running `Agent` kills it with SIGKILL and reaps it.
+        drop(self.agent.take().context("the agent runs")?);
+        self.start_agent()?;
+        self.wait_ready()
+    }
+
+    pub fn root(&self) -> &Path {
+        self.root.path()
+    }
+
+    pub fn device_name(&self) -> String {
+        self.volume().device_name()
+    }
+
+    pub fn wait_ready(&self) -> Result<()> {
+        wait_ready(self.metrics)
+    }
+
+    pub fn fail_writes(&self, n: u64) -> Result<()> {
+        self.volume().fail_writes(n)
+    }
+
+    pub fn volume(&self) -> &CsiVolume {
+        self.volume.as_ref().expect("the fixture's volume")
+    }
+
+    pub fn stop(&mut self) -> Result<String> {
+        let agent = self.agent.take().context("the agent runs")?;
+        let run = agent.stop_cleanly()?;
+        Ok(run.stderr)
+    }
+}
+
+/// Events on `kind/name` with `reason`.
+pub fn events_on(api: &FakeApiServer, kind: &str, name: &str, reason: &str) -> Vec<Value> {
+    api.events()
+        .into_iter()
+        .filter(|e| {
+            e["involvedObject"]["kind"] == kind
+                && e["involvedObject"]["name"] == name
+                && e["reason"] == reason
+        })
+        .collect()
+}
+
+pub const OBJECTS: [(&str, &str); 3] = [
+    ("Pod", "web-0"),
+    ("Pod", "web-1"),
+    ("PersistentVolumeClaim", "data"),
+];
