@@ -229,23 +229,14 @@ mod tests {
         let mut kernel = [0; LATENCY_BUCKETS];
         kernel[latency_bucket(40)] = 5; // under 64 µs
         kernel[latency_bucket(70_000)] = 2; // 65.5 ms to 262 ms
-        m.observe_io(
-            &v,
-            &VolumeIo::Latency {
-                op: op::WRITE,
-                buckets: Box::new(kernel),
-                sum_ns: 140_200_000,
-            },
-        );
-        // A second window adds to the first.
-        m.observe_io(
-            &v,
-            &VolumeIo::Latency {
-                op: op::WRITE,
-                buckets: Box::new(kernel),
-                sum_ns: 140_200_000,
-            },
-        );
+        let window = VolumeIo::Latency {
+            op: op::WRITE,
+            buckets: Box::new(kernel),
+            sum_ns: 140_200_000,
+        };
+        // Two windows: the second adds to the first.
+        m.observe_io(&v, &window);
+        m.observe_io(&v, &window);
         assert_eq!(
             samples(&m, "volume_health_volume_io_waiting"),
             [
