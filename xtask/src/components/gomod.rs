@@ -12,6 +12,13 @@
 //! built: a folder whose recipe differs (another Go, other flags) is built
 //! again, one that matches is used as it is. A lock file keeps two xtask
 //! processes from building the same set at once.
+//!
+//! The go command's build and module caches ([`GoCaches`]) live only as
+//! long as one `components` run: the programs are kept by version, and
+//! what built them (~6 GiB of compiled packages and ~3 GiB of module
+//! sources for the four sets) is of no use once they are built. Kept in
+//! `~/.cache/go-build` and `~/go`, it took the disk CI's guests need
+//! (stop 46 of issue 37 failed on it).
 
 use std::fs::{self, File};
 use std::io::{BufRead, BufReader};
@@ -80,9 +87,87 @@ impl GoSet {
     }
 }
 
+/// GOCACHE and GOMODCACHE for the sets one run builds (they share the
+/// standard library's packages and some modules), removed with this value.
+pub struct GoCaches {
+    dir: PathBuf,
+}
+
+impl GoCaches {
+    /// `<cache>/.go-caches-<pid>`, created when a set is built; those of
+    /// processes that are gone (killed mid-build) are removed first.
+    pub fn new(cache: &Path) -> GoCaches {
+        GoCaches {
+            dir: cache.join(format!("{CACHES_PREFIX}{}", std::process::id())),
+        }
+    }
+
+    fn prepare(&self) -> anyhow::Result<()> {
+        let cache = self.dir.parent().context("the go caches' parent")?;
+        for entry in fs::read_dir(cache).with_context(|| format!("listing {}", cache.display()))? {
+            let path = entry?.path();
+            let pid = path
+                .file_name()
+                .and_then(|n| n.to_str()?.strip_prefix(CACHES_PREFIX)?.parse::<i32>().ok());
+            if let Some(pid) = pid {
+                if pid != std::process::id() as i32 && !process_exists(pid) {
+                    remove_caches(&path)?;
+                }
+            }
+        }
+        fs::create_dir_all(&self.dir).with_context(|| format!("creating {}", self.dir.display()))
+    }
+
+    fn apply(&self, cmd: &mut Command) {
+        cmd.env("GOCACHE", self.dir.join("build"))
+            .env("GOMODCACHE", self.dir.join("mod"));
+    }
+}
+
+impl Drop for GoCaches {
+    fn drop(&mut self) {
+        if self.dir.exists() {
+            if let Err(e) = remove_caches(&self.dir) {
+                say(format!(
+                    "go: could not remove {}: {e:#}",
+                    self.dir.display()
+                ));
+            }
+        }
+    }
+}
+
+const CACHES_PREFIX: &str = ".go-caches-";
+
+fn process_exists(pid: i32) -> bool {
+    // Signal 0 checks only: EPERM means it exists under another user.
+    !matches!(
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None),
+        Err(nix::errno::Errno::ESRCH)
+    )
+}
+
+/// The module cache is written read-only unless `-modcacherw` (set by
+/// [`go`]); an older one is made writable first.
+fn remove_caches(dir: &Path) -> anyhow::Result<()> {
+    if fs::remove_dir_all(dir).is_ok() {
+        return Ok(());
+    }
+    run_quiet(Command::new("chmod").arg("-R").arg("u+w").arg(dir))?;
+    fs::remove_dir_all(dir).with_context(|| format!("removing {}", dir.display()))
+}
+
+fn run_quiet(cmd: &mut Command) -> anyhow::Result<()> {
+    let status = cmd.status().with_context(|| format!("starting {cmd:?}"))?;
+    if !status.success() {
+        bail!("{cmd:?}: {status}");
+    }
+    Ok(())
+}
+
 /// The programs of `set`, built first when the cache has no folder built
-/// by this recipe.
-pub fn ensure(set: &GoSet, cache: &Path) -> anyhow::Result<PathBuf> {
+/// by this recipe (with `caches` for the go command).
+pub fn ensure(set: &GoSet, cache: &Path, caches: &GoCaches) -> anyhow::Result<PathBuf> {
     let go_version = go_version()?;
     let dir = set.dir(cache);
     let recipe = set.recipe(&go_version);
@@ -110,7 +195,8 @@ pub fn ensure(set: &GoSet, cache: &Path) -> anyhow::Result<PathBuf> {
         return Ok(dir);
     }
     remove_stale_work(set, cache)?;
-    build(set, cache, &dir, &recipe)?;
+    caches.prepare()?;
+    build(set, cache, &dir, &recipe, caches)?;
     Ok(dir)
 }
 
@@ -144,7 +230,13 @@ fn is_built(dir: &Path, set: &GoSet, recipe: &str) -> bool {
             .all(|(_, binary)| dir.join(binary).is_file())
 }
 
-fn build(set: &GoSet, cache: &Path, dir: &Path, recipe: &str) -> anyhow::Result<()> {
+fn build(
+    set: &GoSet,
+    cache: &Path,
+    dir: &Path,
+    recipe: &str,
+    caches: &GoCaches,
+) -> anyhow::Result<()> {
     let started = Instant::now();
     say(format!(
         "go: building {} from the Go module proxy into {} (once per version; minutes)",
@@ -160,12 +252,12 @@ fn build(set: &GoSet, cache: &Path, dir: &Path, recipe: &str) -> anyhow::Result<
     let out = work.path().join("out");
     fs::create_dir_all(&module_dir)?;
     fs::create_dir_all(&out)?;
-    write_module(set, &module_dir)?;
-    let mut tidy = go(&module_dir);
+    write_module(set, &module_dir, caches)?;
+    let mut tidy = go(&module_dir, caches);
     tidy.args(["mod", "tidy"]);
     stream(set, "go mod tidy", tidy, started)?;
 
-    let mut build = go(&module_dir);
+    let mut build = go(&module_dir, caches);
     build
         .args(["build", "-v", "-trimpath", "-ldflags"])
         .arg(set.ldflags());
@@ -204,13 +296,13 @@ fn build(set: &GoSet, cache: &Path, dir: &Path, recipe: &str) -> anyhow::Result<
 
 /// go.mod (the module required, staging replaced) and tools.go (the
 /// programs' packages imported) of the generated module.
-fn write_module(set: &GoSet, dir: &Path) -> anyhow::Result<()> {
+fn write_module(set: &GoSet, dir: &Path, caches: &GoCaches) -> anyhow::Result<()> {
     let mut go_mod = format!(
         "// Generated by cargo xtask: builds {} {}.\nmodule volume-health.local/build/{}\n\ngo 1.26.0\n\nrequire {} {}\n",
         set.module, set.version, set.name, set.module, set.version
     );
     if let Some(staging) = &set.staging {
-        let upstream = downloaded_go_mod(set)?;
+        let upstream = downloaded_go_mod(set, caches)?;
         let modules = staging_modules(&upstream);
         if modules.is_empty() {
             bail!(
@@ -236,9 +328,9 @@ fn write_module(set: &GoSet, dir: &Path) -> anyhow::Result<()> {
 }
 
 /// The module's own go.mod, as the proxy serves it.
-fn downloaded_go_mod(set: &GoSet) -> anyhow::Result<String> {
+fn downloaded_go_mod(set: &GoSet, caches: &GoCaches) -> anyhow::Result<String> {
     let json = output(
-        go(Path::new("/"))
+        go(Path::new("/"), caches)
             .args(["mod", "download", "-json"])
             .arg(format!("{}@{}", set.module, set.version)),
     )?;
@@ -279,14 +371,16 @@ pub fn default_binary_name(package: &str) -> &str {
 }
 
 /// A go command in `dir`: the local toolchain only (no download of
-/// another Go), modules resolved from go.mod, static programs.
-fn go(dir: &Path) -> Command {
+/// another Go), modules resolved from go.mod, static programs, the run's
+/// own caches (a module cache it can delete).
+fn go(dir: &Path, caches: &GoCaches) -> Command {
     let mut cmd = Command::new("go");
     cmd.current_dir(dir)
         .env("GOTOOLCHAIN", "local")
-        .env("GOFLAGS", "-mod=mod")
+        .env("GOFLAGS", "-mod=mod -modcacherw")
         .env("CGO_ENABLED", "0")
         .stdin(Stdio::null());
+    caches.apply(&mut cmd);
     cmd
 }
 
@@ -460,6 +554,52 @@ mod tests {
         }
         assert_eq!(seen.tail.len(), Seen::TAIL);
         assert_eq!(seen.tail.last().map(String::as_str), Some("p49"));
+    }
+
+    #[test]
+    fn go_caches_of_gone_processes_are_removed_and_their_own_with_them() {
+        use std::os::unix::fs::PermissionsExt;
+        let cache = tempfile::tempdir().unwrap();
+        // A process that has exited, whose module cache is read-only (as
+        // go writes it without -modcacherw), and pid 1, which lives.
+        let mut child = Command::new("true").spawn().unwrap();
+        let gone = child.id();
+        child.wait().unwrap();
+        let stale = cache.path().join(format!("{CACHES_PREFIX}{gone}"));
+        let module = stale.join("mod/example.com/m@v1.0.0");
+        fs::create_dir_all(&module).unwrap();
+        fs::write(
+            module.join("go.mod"),
+            "module example.com/m
+",
+        )
+        .unwrap();
+        fs::set_permissions(&module, fs::Permissions::from_mode(0o555)).unwrap();
+        let living = cache.path().join(format!("{CACHES_PREFIX}1"));
+        fs::create_dir_all(&living).unwrap();
+        let other = cache.path().join(".go-caches-x");
+        fs::create_dir_all(&other).unwrap();
+
+        let caches = GoCaches::new(cache.path());
+        caches.prepare().unwrap();
+        let mut cmd = Command::new("go");
+        caches.apply(&mut cmd);
+        let own = cache
+            .path()
+            .join(format!("{CACHES_PREFIX}{}", std::process::id()));
+        let envs: Vec<_> = cmd.get_envs().collect();
+        assert_eq!(
+            envs,
+            [
+                ("GOCACHE".as_ref(), Some(own.join("build").as_os_str())),
+                ("GOMODCACHE".as_ref(), Some(own.join("mod").as_os_str())),
+            ]
+        );
+        assert!(!stale.exists());
+        assert!(living.is_dir() && other.is_dir() && own.is_dir());
+        drop(caches);
+        assert!(!own.exists());
+        assert!(living.is_dir());
     }
 
     #[test]

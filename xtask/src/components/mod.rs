@@ -25,7 +25,7 @@ use anyhow::{bail, Context};
 
 use crate::bootstrap::cache_dir;
 use crate::util::say;
-use gomod::GoSet;
+use gomod::{GoCaches, GoSet};
 
 /// The Kubernetes the project runs by default (the local cluster, the
 /// real-server suites).
@@ -102,6 +102,7 @@ impl Assets {
 /// else the project's, built first where the cache has none.
 pub fn ensure(parts: &[Part]) -> anyhow::Result<Assets> {
     let cache = cache_dir();
+    let caches = gomod::GoCaches::new(&cache);
     let mut assets = Assets::default();
     for part in parts {
         let dir = match user_dir(*part)? {
@@ -109,7 +110,7 @@ pub fn ensure(parts: &[Part]) -> anyhow::Result<Assets> {
                 say(format!("{}: {} (yours)", env_name(*part), dir.display()));
                 dir
             }
-            None => build(*part, &cache)?,
+            None => build(*part, &cache, &caches)?,
         };
         match part {
             Part::Kubernetes => assets.kubernetes = Some(dir),
@@ -195,21 +196,23 @@ fn user_dir(part: Part) -> anyhow::Result<Option<PathBuf>> {
     Ok(Some(dir))
 }
 
-fn build(part: Part, cache: &Path) -> anyhow::Result<PathBuf> {
+fn build(part: Part, cache: &Path, caches: &GoCaches) -> anyhow::Result<PathBuf> {
     match part {
-        Part::Kubernetes => with_etcd(kubernetes(KUBERNETES, KUBERNETES_PROGRAMS)?, cache),
-        Part::KubernetesOldest => {
-            with_etcd(kubernetes(KUBERNETES_OLDEST, &["kube-apiserver"])?, cache)
-        }
-        Part::CsiSanity => gomod::ensure(&csi_sanity(), cache),
+        Part::Kubernetes => with_etcd(kubernetes(KUBERNETES, KUBERNETES_PROGRAMS)?, cache, caches),
+        Part::KubernetesOldest => with_etcd(
+            kubernetes(KUBERNETES_OLDEST, &["kube-apiserver"])?,
+            cache,
+            caches,
+        ),
+        Part::CsiSanity => gomod::ensure(&csi_sanity(), cache, caches),
     }
 }
 
 /// The Kubernetes set's programs with a link to etcd beside them, where
 /// the real-server harness and the cluster look for it.
-fn with_etcd(set: GoSet, cache: &Path) -> anyhow::Result<PathBuf> {
-    let dir = gomod::ensure(&set, cache)?;
-    let etcd = gomod::ensure(&etcd(), cache)?.join("etcd");
+fn with_etcd(set: GoSet, cache: &Path, caches: &GoCaches) -> anyhow::Result<PathBuf> {
+    let dir = gomod::ensure(&set, cache, caches)?;
+    let etcd = gomod::ensure(&etcd(), cache, caches)?.join("etcd");
     let link = dir.join("etcd");
     if std::fs::read_link(&link).ok().as_deref() != Some(etcd.as_path()) {
         let _ = std::fs::remove_file(&link);

@@ -227,6 +227,10 @@ pub struct Outcome {
     pub exit_code: i32,
     pub boot: Duration,
     pub command: Duration,
+    /// What the sparse scratch disk took of the host's disk at the end:
+    /// the most the guest's files ever needed (its ext4 reuses freed
+    /// blocks, and nothing is discarded), against [`MIN_HOST_FREE`].
+    pub scratch_bytes: Option<u64>,
 }
 
 /// Boots `kernel`, runs `steps` in it and relays their output live.
@@ -303,7 +307,14 @@ pub fn run_in_guest(
         .spawn()
         .with_context(|| format!("starting {}", tools.vng.display()))?;
     match follow(&mut child, dir.path(), machine, start) {
-        Ok(outcome) => Ok(outcome),
+        Ok(outcome) => Ok(Outcome {
+            scratch_bytes: Some(
+                fs::metadata(&scratch)
+                    .map(|m| std::os::unix::fs::MetadataExt::blocks(&m) * 512)
+                    .with_context(|| format!("reading {}", scratch.display()))?,
+            ),
+            ..outcome
+        }),
         Err(e) => {
             kill_tree(child.id());
             let _ = child.wait();
@@ -403,6 +414,7 @@ fn follow(
                 exit_code,
                 boot,
                 command,
+                scratch_bytes: None,
             });
         }
         if let Some(status) = child.try_wait().context("waiting for QEMU")? {

@@ -222,8 +222,11 @@ fn report(outcomes: &[(&str, anyhow::Result<Outcome>)]) -> anyhow::Result<()> {
         };
         match outcome {
             Ok(o) => {
+                let scratch = o.scratch_bytes.map_or(String::new(), |b| {
+                    format!(", scratch disk {} MiB of the host's", b >> 20)
+                });
                 say(format!(
-                    "{prefix}boot {:.1} s, command {:.1} s, exit code {}",
+                    "{prefix}boot {:.1} s, command {:.1} s, exit code {}{scratch}",
                     o.boot.as_secs_f64(),
                     o.command.as_secs_f64(),
                     o.exit_code
@@ -291,6 +294,7 @@ fn run_on_host(steps: &[Step], env: &Env, timeout: Duration) -> anyhow::Result<O
         exit_code,
         boot: Duration::ZERO,
         command: start.elapsed(),
+        scratch_bytes: None,
     })
 }
 
