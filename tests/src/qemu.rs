@@ -3,7 +3,7 @@
 //! whose images fail every read of one sector and every write of another,
 //! and a serial port to QEMU's own monitor (QMP), through which a test
 //! changes that hardware while the guest runs (the NVMe controller's SMART
-//! critical warning).
+//! critical warning, the disks' I/O throttling).
 //!
 //! The guest's environment names them; outside `cargo xtask vm` every
 //! function here fails saying so.
@@ -224,6 +224,80 @@ impl Drop for NvmeWarning {
     fn drop(&mut self) {
         if let Err(e) = self.qmp.set_nvme_critical_warning(0) {
             eprintln!("clearing the NVMe controller's critical warning: {e:#}");
+        }
+    }
+}
+
+/// QEMU's limits on the writes of one of the guest's disks
+/// (`block_set_io_throttle`, QEMU's qapi/block.json), lifted when this is
+/// made and again when it is dropped: a test that fails half-way leaves
+/// the next one a disk at full speed.
+pub struct WriteThrottle {
+    qmp: Qmp,
+    drive: String,
+}
+
+impl WriteThrottle {
+    /// The faulty NVMe controller's drive.
+    pub fn nvme() -> Result<WriteThrottle> {
+        WriteThrottle::lifted(env("HEALTH_VM_NVME_DRIVE")?)
+    }
+
+    /// The faulty virtio-blk disk's drive.
+    pub fn virtio() -> Result<WriteThrottle> {
+        WriteThrottle::lifted(env("HEALTH_VM_VIRTIO_DRIVE")?)
+    }
+
+    fn lifted(drive: String) -> Result<WriteThrottle> {
+        let mut throttle = WriteThrottle {
+            qmp: Qmp::open()?,
+            drive,
+        };
+        throttle.lift()?;
+        Ok(throttle)
+    }
+
+    /// Writes limited to `bps` bytes and `iops` requests a second (0: no
+    /// limit of that kind). QEMU's bucket lets a request through while it
+    /// holds less than a tenth of a second's worth and starts empty: at
+    /// `iops` 10, steady writes wait about 100 ms each; at `bps` 1, the
+    /// write after a 4 KiB one waits an hour.
+    pub fn set(&mut self, bps: u64, iops: u64) -> Result<()> {
+        self.qmp.execute(
+            "block_set_io_throttle",
+            json!({
+                "device": self.drive,
+                "bps": 0, "bps_rd": 0, "bps_wr": bps,
+                "iops": 0, "iops_rd": 0, "iops_wr": iops,
+            }),
+        )?;
+        // What QEMU now applies to the drive, as it reports it.
+        let blocks = self.qmp.execute("query-block", json!({}))?;
+        let inserted = blocks
+            .as_array()
+            .and_then(|b| b.iter().find(|b| b["device"] == self.drive.as_str()))
+            .map(|b| &b["inserted"])
+            .with_context(|| format!("query-block has no drive {}: {blocks}", self.drive))?;
+        anyhow::ensure!(
+            inserted["bps_wr"] == json!(bps) && inserted["iops_wr"] == json!(iops),
+            "drive {} reports bps_wr {} and iops_wr {} after setting {bps} and {iops}",
+            self.drive,
+            inserted["bps_wr"],
+            inserted["iops_wr"]
+        );
+        Ok(())
+    }
+
+    /// No limit: the writes QEMU holds go on at once.
+    pub fn lift(&mut self) -> Result<()> {
+        self.set(0, 0)
+    }
+}
+
+impl Drop for WriteThrottle {
+    fn drop(&mut self) {
+        if let Err(e) = self.lift() {
+            eprintln!("lifting QEMU's throttle on drive {}: {e:#}", self.drive);
         }
     }
 }

@@ -104,3 +104,47 @@ pub fn passed_up(run: &AgentRun) -> u64 {
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("no passed-up figure in {line:?}"))
 }
+
+/// The message of the first line starting with `prefix` (a raised or
+/// updated line from [`raised`] or its `updated` twin).
+pub fn message_of(run: &AgentRun, prefix: &str) -> Option<String> {
+    run.stderr
+        .lines()
+        .find_map(|l| l.strip_prefix(prefix)?.strip_prefix(": "))
+        .map(str::to_string)
+}
+
+/// The pod's lines of `status_reason` from `source`: `raised`, `updated`
+/// or `cleared`, in order.
+pub fn transitions(run: &AgentRun, pod: &str, status_reason: &str, source: &str) -> Vec<String> {
+    let head = format!("volume pod {pod} pv ");
+    run.stderr
+        .lines()
+        .filter(|l| l.starts_with(&head))
+        .filter_map(|l| {
+            ["raised", "updated", "cleared"]
+                .into_iter()
+                .find(|verb| l.contains(&format!(": {verb} {status_reason} [{source}]")))
+                .map(str::to_string)
+        })
+        .collect()
+}
+
+/// raised and cleared only: an `updated` line (a new message for the same
+/// condition) is no flap.
+pub fn raised_and_cleared(run: &AgentRun, pod: &str, status_reason: &str, source: &str) -> Vec<String> {
+    let mut t = transitions(run, pod, status_reason, source);
+    t.retain(|v| v != "updated");
+    t
+}
+
+/// Every condition line and stack line of the pod, for the report.
+pub fn volume_lines(run: &AgentRun, pod: &str) -> String {
+    let head = format!("volume pod {pod} pv ");
+    let lines: Vec<&str> = run
+        .stderr
+        .lines()
+        .filter(|l| l.starts_with(&head))
+        .collect();
+    lines.join("\n")
+}

@@ -2,8 +2,9 @@
 //! controller and a virtio-blk disk, as QEMU emulates them for the guest's
 //! real `nvme` and `virtio_blk` drivers, with errors injected under them
 //! (QEMU's blkdebug fails every read of one sector and every write of
-//! another) and SMART critical warnings raised on the NVMe controller
-//! through QMP (tests/src/qemu.rs).
+//! another), SMART critical warnings raised on the NVMe controller, and
+//! QEMU's I/O throttling changed live (a slow, then a stuck cloud disk),
+//! both through QMP (tests/src/qemu.rs).
 //!
 //! These need the devices `cargo xtask vm` emulates: the target is `test =
 //! false` and runs in its guests,
@@ -14,7 +15,8 @@
 //!
 //! Every test fails (never skips) outside such a guest, runs alone, and
 //! asserts exact counts per (pod, disk, source, op, errno) and the
-//! condition lines.
+//! condition lines; the throttled disks print how long each condition took
+//! (docs/benchmarks.md, "Stalls").
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -22,12 +24,13 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use health_tests::agent::{Agent, EventFilter};
+use health_tests::cgroup::TestCgroup;
 use health_tests::devices::BlockDev;
 use health_tests::kubelet_tree::Kubelet;
-use health_tests::qemu::{self, NvmeWarning};
+use health_tests::qemu::{self, NvmeWarning, WriteThrottle};
 use health_tests::vm_report::{
-    assert_logged, cleared, condition_lines, kernel_release, key, raised, request_source, show,
-    tally, Tally,
+    assert_logged, cleared, condition_lines, kernel_release, key, message_of, raised,
+    raised_and_cleared, request_source, show, tally, volume_lines, Tally,
 };
 use health_tests::{fs, kernel_alone, require_root};
 
@@ -37,6 +40,15 @@ const WAIT: Duration = Duration::from_secs(30);
 const CONDITION_WAIT: Duration = Duration::from_secs(20);
 const POD_A: &str = "9e3e0000-0000-4000-8000-0000000000a1";
 const STACK: &str = "check/stack";
+const HIGH_LATENCY: &str = "Degraded HighLatency";
+const LATENCY: &str = "check/latency";
+const IO_STALLED: &str = "Inaccessible IOStalled";
+const STALL: &str = "check/stall";
+/// What the agent promises past `--stall-after`: a poll (0.5 s) and a turn.
+const STALL_TARGET: Duration = Duration::from_secs(2);
+/// The throttled disks' writes: past the 32 MiB filesystem, before the bad
+/// sectors (48.8 MiB).
+const IO_AT: u64 = 40 << 20;
 
 fn errno_name(e: &std::io::Error) -> String {
     match e.raw_os_error() {
@@ -278,4 +290,160 @@ fn nvme_critical_warnings_are_conditions_on_the_namespaces_volumes() -> Result<(
         ),
     );
     Ok(())
+}
+
+/// A slow and then a stuck cloud disk: QEMU's own I/O throttling, changed
+/// live over QMP, under a mounted volume on `disk`, with `--stall-after 2`,
+/// `--latency-window 2` and a 50 ms limit for every class:
+/// 1. ten writes a second (each waits about 100 ms in QEMU), written one
+///    after the other: HighLatency on the disk after three slow windows,
+///    the p99 named by its bucket (65 ms, or 98 ms when the emulator adds
+///    its own delay), no IOStalled; cleared three windows after the
+///    throttle is lifted;
+/// 2. one byte a second, after a write that spends QEMU's bucket: the next
+///    write (dd, in a cgroup of its own) waits; IOStalled within the poll
+///    past 2 s, naming the disk, one write and the cgroup; cleared once the
+///    throttle is lifted and the write completes.
+///
+/// Each delay is printed (docs/benchmarks.md, "Stalls").
+fn slow_then_stuck(disk: &BlockDev, mut throttle: WriteThrottle, pv: &str) -> Result<()> {
+    let k = kernel_release();
+    let mut kubelet = Kubelet::new()?;
+    let agent = start_agent(
+        &mut kubelet,
+        disk,
+        pv,
+        &[
+            "--stall-after",
+            "2",
+            "--latency-window",
+            "2",
+            "--latency-limit",
+            "rotational=50",
+            "--latency-limit",
+            "ssd=50",
+            "--latency-limit",
+            "network=50",
+            "--latency-relative",
+            "0",
+        ],
+    )?;
+    let slow = (
+        raised(POD_A, pv, HIGH_LATENCY, LATENCY),
+        cleared(POD_A, pv, HIGH_LATENCY, LATENCY),
+    );
+    let stuck = (
+        raised(POD_A, pv, IO_STALLED, STALL),
+        cleared(POD_A, pv, IO_STALLED, STALL),
+    );
+
+    // 1. Slow.
+    throttle.set(0, 10)?;
+    let t0 = Instant::now();
+    let writes = fs::Writes::start(&disk.path, IO_AT);
+    let slow_seen = agent.wait_for_log(&slow.0, CONDITION_WAIT);
+    let slow_after = t0.elapsed();
+    throttle.lift()?;
+    let t1 = Instant::now();
+    let fast_seen = agent.wait_for_log(&slow.1, CONDITION_WAIT);
+    let fast_after = t1.elapsed();
+    let written = writes.stop()?;
+
+    // 2. Stuck.
+    throttle.set(1, 0)?;
+    fs::o_direct_write(&disk.path, IO_AT, &[0x11; 4096])?;
+    let cgroup = TestCgroup::new("qemu-throttle")?;
+    let submitted = Instant::now();
+    let mut writer = cgroup.o_direct_write(&disk.path, IO_AT)?;
+    let stuck_seen = agent.wait_for_log(&stuck.0, CONDITION_WAIT);
+    let stuck_after = submitted.elapsed();
+    throttle.lift()?;
+    let t3 = Instant::now();
+    let done = writer.wait().context("waiting for dd")?;
+    let moving_seen = agent.wait_for_log(&stuck.1, CONDITION_WAIT);
+    let moving_after = t3.elapsed();
+    std::thread::sleep(Duration::from_secs(1));
+    let run = agent.stop_cleanly()?;
+    eprintln!(
+        "{k}: {}: QEMU throttle, 10 writes/s: HighLatency after {:.2} s, cleared {:.2} s after the throttle was lifted ({written} writes)",
+        disk.name,
+        slow_after.as_secs_f64(),
+        fast_after.as_secs_f64()
+    );
+    eprintln!(
+        "{k}: {}: QEMU throttle, 1 byte/s: IOStalled {:.2} s after the write (--stall-after 2), cleared {:.2} s after the throttle was lifted",
+        disk.name,
+        stuck_after.as_secs_f64(),
+        moving_after.as_secs_f64()
+    );
+    anyhow::ensure!(
+        slow_seen && fast_seen && stuck_seen && moving_seen,
+        "HighLatency raised {slow_seen}, cleared {fast_seen}; IOStalled raised {stuck_seen}, cleared {moving_seen}:\n{}",
+        volume_lines(&run, POD_A)
+    );
+    anyhow::ensure!(done.success(), "dd: {done}");
+
+    let class = match std::fs::read_to_string(format!("/sys/block/{}/queue/rotational", disk.name))?
+        .trim()
+    {
+        "1" => "rotational",
+        _ => "ssd",
+    };
+    let message = message_of(&run, &slow.0).unwrap_or_default();
+    let p99 = ["65ms", "98ms"]
+        .into_iter()
+        .find(|p| message.contains(&format!(" at least {p} ")))
+        .unwrap_or("none");
+    assert_eq!(
+        message,
+        format!(
+            "{}: write latency p99 at least {p99} over 2s windows, above 50ms (the limit for {class})",
+            disk.name
+        ),
+        "{}",
+        volume_lines(&run, POD_A)
+    );
+    assert_eq!(
+        message_of(&run, &stuck.0),
+        Some(format!(
+            "{}: I/O stalled, 1 waiting (1 write); the oldest, a write from cgroup {}, has waited 2s+ (--stall-after 2s)",
+            disk.name,
+            cgroup.path
+        )),
+        "{}",
+        volume_lines(&run, POD_A)
+    );
+    for status_reason in [HIGH_LATENCY, IO_STALLED] {
+        let source = if status_reason == HIGH_LATENCY { LATENCY } else { STALL };
+        assert_eq!(
+            raised_and_cleared(&run, POD_A, status_reason, source),
+            ["raised", "cleared"],
+            "{status_reason}: {}",
+            volume_lines(&run, POD_A)
+        );
+    }
+    assert!(run.events.is_empty(), "no I/O failed: {}", show(&run));
+    assert!(
+        stuck_after <= Duration::from_secs(2) + STALL_TARGET,
+        "IOStalled {stuck_after:?} after the write"
+    );
+    Ok(())
+}
+
+/// [`slow_then_stuck`] on the NVMe namespace.
+#[test]
+fn nvme_pci_throttled_by_qemu_is_high_latency_then_io_stalled() -> Result<()> {
+    require_root()?;
+    let _kernel = kernel_alone();
+    let (_, disk) = qemu::nvme_disk()?;
+    slow_then_stuck(&disk, WriteThrottle::nvme()?, "pv-nvme-throttled")
+}
+
+/// [`slow_then_stuck`] on the virtio-blk disk.
+#[test]
+fn virtio_blk_throttled_by_qemu_is_high_latency_then_io_stalled() -> Result<()> {
+    require_root()?;
+    let _kernel = kernel_alone();
+    let disk = qemu::virtio_disk()?;
+    slow_then_stuck(&disk, WriteThrottle::virtio()?, "pv-virtio-throttled")
 }

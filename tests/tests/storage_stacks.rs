@@ -36,7 +36,8 @@ use health_tests::stacks::{
     self, poll_until, Multipath, NoSpaceTimeout, Raid1, ThinConfig, ThinStack,
 };
 use health_tests::vm_report::{
-    assert_logged, kernel_release, key, request_source, show, tally, Tally,
+    assert_logged, kernel_release, key, message_of, raised_and_cleared, request_source, show,
+    tally, transitions, volume_lines, Tally,
 };
 use health_tests::{cmd, fs, kernel_alone, require_root, FaultDisk};
 use serde_json::Value;
@@ -89,50 +90,6 @@ fn split_by_pod(run: &AgentRun, pod: &str) -> (Tally, Tally) {
 /// and the message).
 fn condition(pod: &str, pv: &str, verb: &str, status_reason: &str, source: &str) -> String {
     format!("volume pod {pod} pv {pv}: {verb} {status_reason} [{source}]")
-}
-
-/// The message of the first line starting with `prefix` (a raised or
-/// updated line from [`condition`]).
-fn message_of(run: &AgentRun, prefix: &str) -> Option<String> {
-    run.stderr
-        .lines()
-        .find_map(|l| l.strip_prefix(prefix)?.strip_prefix(": "))
-        .map(str::to_string)
-}
-
-/// The pod's lines of `status_reason` from `source`: `raised`, `updated`
-/// or `cleared`, in order.
-fn transitions(run: &AgentRun, pod: &str, status_reason: &str, source: &str) -> Vec<String> {
-    let head = format!("volume pod {pod} pv ");
-    run.stderr
-        .lines()
-        .filter(|l| l.starts_with(&head))
-        .filter_map(|l| {
-            ["raised", "updated", "cleared"]
-                .into_iter()
-                .find(|verb| l.contains(&format!(": {verb} {status_reason} [{source}]")))
-                .map(str::to_string)
-        })
-        .collect()
-}
-
-/// raised and cleared only: an `updated` line (a new message for the same
-/// condition) is no flap.
-fn raised_and_cleared(run: &AgentRun, pod: &str, status_reason: &str, source: &str) -> Vec<String> {
-    let mut t = transitions(run, pod, status_reason, source);
-    t.retain(|v| v != "updated");
-    t
-}
-
-/// Every condition line and stack line of the pod, for the report.
-fn volume_lines(run: &AgentRun, pod: &str) -> String {
-    let head = format!("volume pod {pod} pv ");
-    let lines: Vec<&str> = run
-        .stderr
-        .lines()
-        .filter(|l| l.starts_with(&head))
-        .collect();
-    lines.join("\n")
 }
 
 fn kernel_side(run: &AgentRun) -> &str {

@@ -1,7 +1,8 @@
 //! The disks QEMU gives every guest besides its root: the scratch disk, an
 //! NVMe controller and a virtio-blk disk whose backing images fail chosen
 //! sectors, and a serial port through which the guest reaches QEMU's own
-//! monitor (QMP) to change the emulated hardware while it runs.
+//! monitor (QMP) to change the emulated hardware while it runs (a SMART
+//! critical warning, I/O throttling: a slow or a stuck cloud disk).
 //!
 //! The failing disks are how the tests meet the guest's real `nvme` and
 //! `virtio_blk` drivers completing requests with errors, as on a cloud VM
@@ -26,6 +27,10 @@ use anyhow::Context;
 pub const SCRATCH_SERIAL: &str = "vh-scratch";
 const NVME_SERIAL: &str = "vh-nvme-faulty";
 const VIRTIO_SERIAL: &str = "vh-virtio-faulty";
+/// The drives (QEMU's block backends) under them, which QMP's
+/// `block_set_io_throttle` names.
+const NVME_DRIVE: &str = "vhnvmedisk";
+const VIRTIO_DRIVE: &str = "vhvirtiodisk";
 /// The QOM path of the NVMe controller, for `qom-set` of its
 /// `smart_critical_warning`.
 const NVME_ID: &str = "vhnvme";
@@ -54,8 +59,8 @@ pub fn qemu_opts(dir: &Path, scratch: &Path) -> anyhow::Result<String> {
         scratch.display()
     )?;
     for (id, serial, device) in [
-        ("vhnvmedisk", NVME_SERIAL, "nvme"),
-        ("vhvirtiodisk", VIRTIO_SERIAL, "virtio-blk-pci"),
+        (NVME_DRIVE, NVME_SERIAL, "nvme"),
+        (VIRTIO_DRIVE, VIRTIO_SERIAL, "virtio-blk-pci"),
     ] {
         let image = dir.join(format!("{id}.img"));
         fs::File::create(&image)
@@ -92,6 +97,8 @@ pub fn guest_env() -> Vec<(String, String)> {
     [
         ("HEALTH_VM_NVME_SERIAL", NVME_SERIAL.to_string()),
         ("HEALTH_VM_VIRTIO_SERIAL", VIRTIO_SERIAL.to_string()),
+        ("HEALTH_VM_NVME_DRIVE", NVME_DRIVE.to_string()),
+        ("HEALTH_VM_VIRTIO_DRIVE", VIRTIO_DRIVE.to_string()),
         (
             "HEALTH_VM_NVME_QOM",
             format!("/machine/peripheral/{NVME_ID}"),
