@@ -114,6 +114,31 @@ impl BlockDev {
         sys::parse_maj_min(&self.maj_min)
     }
 
+    /// Requests of a request-based disk the driver has now (reads,
+    /// writes): `/sys/block/NAME/inflight`.
+    pub fn inflight(&self) -> Result<(u64, u64)> {
+        let s = sys::read_sysfs(format!("/sys/class/block/{}/inflight", self.name))?;
+        let mut n = s.split_whitespace().map(str::parse::<u64>);
+        match (n.next(), n.next()) {
+            (Some(Ok(r)), Some(Ok(w))) => Ok((r, w)),
+            _ => anyhow::bail!("inflight of {}: {s:?}", self.name),
+        }
+    }
+
+    /// When a write is first in flight on the disk, polled every 5 ms for
+    /// at most `timeout`: the moment a write a test started (a `dd` in an
+    /// emulated guest can take seconds to start) reaches the driver.
+    pub fn write_arrival(&self, timeout: std::time::Duration) -> Result<std::time::Instant> {
+        let start = std::time::Instant::now();
+        while start.elapsed() < timeout {
+            if self.inflight()?.1 > 0 {
+                return Ok(std::time::Instant::now());
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        anyhow::bail!("no write in flight on {} within {timeout:?}", self.name)
+    }
+
     /// Size in 512-byte sectors.
     pub fn sectors(&self) -> Result<u64> {
         let s = sys::read_sysfs(format!("/sys/class/block/{}/size", self.name))?;

@@ -132,7 +132,12 @@ pub fn transitions(run: &AgentRun, pod: &str, status_reason: &str, source: &str)
 
 /// raised and cleared only: an `updated` line (a new message for the same
 /// condition) is no flap.
-pub fn raised_and_cleared(run: &AgentRun, pod: &str, status_reason: &str, source: &str) -> Vec<String> {
+pub fn raised_and_cleared(
+    run: &AgentRun,
+    pod: &str,
+    status_reason: &str,
+    source: &str,
+) -> Vec<String> {
     let mut t = transitions(run, pod, status_reason, source);
     t.retain(|v| v != "updated");
     t
@@ -147,4 +152,17 @@ pub fn volume_lines(run: &AgentRun, pod: &str) -> String {
         .filter(|l| l.starts_with(&head))
         .collect();
     lines.join("\n")
+}
+
+/// An `IOStalled` message of one read waiting on `device`, whoever issued
+/// it, with `--stall-after` `stall_after` (`2s`); what the stack says may
+/// follow (`; the stack: ...`).
+pub fn assert_one_read_stalled(message: &str, device: &str, stall_after: &str) {
+    let own = message.split("; the stack: ").next().unwrap_or_default();
+    assert!(
+        own.starts_with(&format!(
+            "{device}: I/O stalled, 1 waiting (1 read); the oldest, a read"
+        )) && own.ends_with(&format!("(--stall-after {stall_after})")),
+        "{message}"
+    );
 }

@@ -32,8 +32,8 @@ use health_tests::devices::BlockDev;
 use health_tests::iscsi::{DirectReader, IscsiStack, LoopbackDown, Timeouts};
 use health_tests::kubelet_tree::Kubelet;
 use health_tests::vm_report::{
-    assert_logged, cleared, condition_lines, kernel_release, key, raised, request_source, show,
-    tally, Tally,
+    assert_logged, assert_one_read_stalled, cleared, condition_lines, kernel_release, key,
+    message_of, raised, raised_and_cleared, request_source, show, tally, volume_lines, Tally,
 };
 use health_tests::{fs, kernel_alone, require_root};
 
@@ -42,6 +42,8 @@ const WAIT: Duration = Duration::from_secs(30);
 const EIO: i32 = libc::EIO;
 
 const POD_A: &str = "da7a0000-0000-4000-8000-0000000015c1";
+const IO_STALLED: &str = "Inaccessible IOStalled";
+const STALL: &str = "check/stall";
 
 /// Size of the backend (and so of the sd disk).
 const DISK_MB: u64 = 64;
@@ -202,7 +204,10 @@ type ReadResult = std::result::Result<usize, Option<i32>>;
 ///    with EIO (counted once on the sd disk, as are the reads the
 ///    application makes after it) and the stack check raises Inaccessible
 ///    TransportOffline. With loopback up, iscsid logs in again, the disk is
-///    `running` and the condition clears.
+///    `running` and the condition clears. With `--stall-after 2`, the read
+///    that waits is Inaccessible IOStalled on the sd disk within the poll
+///    past 2 s (one read), its message joined by DeviceBlocked while the
+///    session recovers, cleared when the read fails.
 #[test]
 fn iscsi_session_lost_blocks_then_offlines_the_disk() -> Result<()> {
     require_root()?;
@@ -213,8 +218,9 @@ fn iscsi_session_lost_blocks_then_offlines_the_disk() -> Result<()> {
     let mut kubelet = Kubelet::new()?;
     let pv = "pv-iscsi-session";
     kubelet.fs_volume(POD_A, pv, &disk.path)?;
-    let agent = kubelet.agent(&[])?;
+    let agent = kubelet.agent(&["--stall-after", "2"])?;
     let blocked_line = raised(POD_A, pv, "Inaccessible DeviceBlocked", "check/stack");
+    let stall_line = raised(POD_A, pv, IO_STALLED, STALL);
     let offline_line = raised(POD_A, pv, "Inaccessible TransportOffline", "check/stack");
     let offline_cleared = cleared(POD_A, pv, "Inaccessible TransportOffline", "check/stack");
     // A few stack checks with the session up: nothing to say.
@@ -285,6 +291,7 @@ fn iscsi_session_lost_blocks_then_offlines_the_disk() -> Result<()> {
     let mut offline_seen: Option<Duration> = None;
     let mut blocked_raised: Option<(Duration, bool)> = None;
     let mut offline_raised: Option<(Duration, bool)> = None;
+    let mut stall_raised: Option<Duration> = None;
     let limit = Duration::from_secs(
         u64::from(
             timeouts.noop_out_interval + timeouts.noop_out_timeout + timeouts.replacement_timeout,
@@ -337,6 +344,9 @@ fn iscsi_session_lost_blocks_then_offlines_the_disk() -> Result<()> {
         }
         if offline_raised.is_none() && agent.wait_for_log(&offline_line, Duration::ZERO) {
             offline_raised = Some((now, reader_waiting));
+        }
+        if stall_raised.is_none() && agent.wait_for_log(&stall_line, Duration::ZERO) {
+            stall_raised = Some(now);
         }
         let offline_done = offline_seen.is_some_and(|t| {
             offline_raised.is_some() || now.saturating_sub(t) > Duration::from_secs(10)
@@ -430,6 +440,12 @@ fn iscsi_session_lost_blocks_then_offlines_the_disk() -> Result<()> {
             eprintln!("{rel}: transport-offline seen at {s:?}, TransportOffline raised at {r:?}")
         }
     }
+    if let (Some((_, started, _, _)), Some(r)) = (hung_read, stall_raised) {
+        eprintln!(
+            "{rel}: IOStalled raised {:.2} s after the read that waited started (--stall-after 2)",
+            r.as_secs_f64() - started
+        );
+    }
     eprintln!(
         "{rel}: after loopback came up:\n{}\nrunning again after {running_again:?}; \
          TransportOffline cleared: {cleared_seen} ({} after the disk was seen running)",
@@ -520,6 +536,35 @@ fn iscsi_session_lost_blocks_then_offlines_the_disk() -> Result<()> {
         cleared_seen,
         "{offline_cleared:?} not logged once the disk was running again:\n{}",
         run.stderr
+    );
+
+    // The read that waited, a stall while it did, joined by the session's
+    // state once the stack check saw the disk blocked.
+    let stalled = message_of(&run, &stall_line)
+        .with_context(|| format!("no IOStalled:\n{}", volume_lines(&run, POD_A)))?;
+    assert_one_read_stalled(&stalled, &disk.name, "2s");
+    assert!(
+        run.stderr
+            .lines()
+            .any(|l| l.contains(&format!(" {IO_STALLED} [{STALL}]: "))
+                && l.contains("; the stack: DeviceBlocked: ")),
+        "no stall joined by DeviceBlocked:\n{}",
+        volume_lines(&run, POD_A)
+    );
+    assert_eq!(
+        raised_and_cleared(&run, POD_A, IO_STALLED, STALL),
+        ["raised", "cleared"],
+        "{}",
+        volume_lines(&run, POD_A)
+    );
+    let (_, started, _, _) = hung_read.context("no read failed")?;
+    let after = stall_raised
+        .context("IOStalled not seen while polling")?
+        .as_secs_f64()
+        - started;
+    assert!(
+        after <= 4.0,
+        "IOStalled {after:.2} s after the read started"
     );
     Ok(())
 }

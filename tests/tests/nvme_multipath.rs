@@ -28,8 +28,8 @@ use health_tests::devices::{BlockDev, DmDevice, TmpfsLoop};
 use health_tests::kubelet_tree::Kubelet;
 use health_tests::nvmet::{self, NvmeOf, Timeouts};
 use health_tests::vm_report::{
-    assert_logged, cleared, kernel_release, key, passed_up, raised, request_source, show, tally,
-    Tally,
+    assert_logged, assert_one_read_stalled, cleared, kernel_release, key, message_of, passed_up,
+    raised, request_source, show, tally, volume_lines, Tally,
 };
 use health_tests::{cmd, fs, kernel_alone, require_root};
 use serde_json::Value;
@@ -491,7 +491,9 @@ fn one_path_lost_is_paths_down_and_cleared_when_it_is_back() -> Result<()> {
 ///    The volume is Inaccessible AllPathsDown while the application's read
 ///    waits; the ports back within ctrl_loss_tmo (30 s here), the
 ///    controllers reconnect, the read completes and the condition clears.
-///    (Past ctrl_loss_tmo the read would fail with EIO at the head, and
+///    With `--stall-after 2` the queued read is Inaccessible IOStalled on
+///    the head within the poll past 2 s (one read), its message joined by
+///    AllPathsDown, cleared once the read completes. (Past ctrl_loss_tmo the read would fail with EIO at the head, and
 ///    Debian's 5.10 oopses in nvme_tcp doing so.)
 #[test]
 fn all_paths_lost_is_all_paths_down_while_io_queues() -> Result<()> {
@@ -509,9 +511,10 @@ fn all_paths_lost_is_all_paths_down_while_io_queues() -> Result<()> {
     let kubelet = Kubelet::new()?;
     let pv = "pv-nvme-all";
     kubelet.block_volume(POD_A, pv, &head)?;
-    let agent = kubelet.agent(&[])?;
+    let agent = kubelet.agent(&["--stall-after", "2"])?;
     let down = raised(POD_A, pv, "Inaccessible AllPathsDown", "check/stack");
     let up = cleared(POD_A, pv, "Inaccessible AllPathsDown", "check/stack");
+    let stalled = raised(POD_A, pv, "Inaccessible IOStalled", "check/stall");
     std::thread::sleep(Duration::from_secs(3));
 
     stack.fabric.unlink_port(PORT_1)?;
@@ -521,17 +524,30 @@ fn all_paths_lost_is_all_paths_down_while_io_queues() -> Result<()> {
     // The application's read, in a thread: it waits for a path.
     let (tx, rx) = mpsc::channel();
     let path = head.path.clone();
+    let read_at = Instant::now();
     let reader = std::thread::spawn(move || {
         let started = Instant::now();
         let r = fs::o_direct_read(&path, 2 << 20, 4096);
         let _ = tx.send((r.map(|b| b.len()), started.elapsed()));
     });
-    let saw = agent.wait_for_log(&down, WAIT);
+    // Whichever comes first: the paths' state, the read's stall.
+    let (mut down_after, mut stall_after) = (None, None);
+    let deadline = Instant::now() + WAIT;
+    while Instant::now() < deadline && (down_after.is_none() || stall_after.is_none()) {
+        if down_after.is_none() && agent.wait_for_log(&down, Duration::ZERO) {
+            down_after = Some(t0.elapsed());
+        }
+        if stall_after.is_none() && agent.wait_for_log(&stalled, Duration::ZERO) {
+            stall_after = Some(read_at.elapsed());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let saw = down_after.is_some();
+    let joined = agent.wait_for_log("; the stack: AllPathsDown: ", WAIT);
     eprintln!(
-        "{}: AllPathsDown {} {:.2} s after the last controller left live; states {:?} {:?}",
+        "{}: AllPathsDown {down_after:?} after the last controller left live, IOStalled \
+         {stall_after:?} after the read (--stall-after 2), joined: {joined}; states {:?} {:?}",
         kernel_release(),
-        if saw { "raised" } else { "NOT raised" },
-        t0.elapsed().as_secs_f64(),
         stack.fabric.ctrl_state(PORT_1),
         stack.fabric.ctrl_state(PORT_2)
     );
@@ -577,6 +593,27 @@ fn all_paths_lost_is_all_paths_down_while_io_queues() -> Result<()> {
         "{}: PathsDown around it: {:?}",
         kernel_release(),
         transitions(&run, POD_A, "Degraded PathsDown")
+    );
+
+    // The queued read's stall, on the head, joined by the paths' state.
+    let message = message_of(&run, &stalled)
+        .with_context(|| format!("no IOStalled:\n{}", volume_lines(&run, POD_A)))?;
+    assert_one_read_stalled(&message, &head.name, "2s");
+    assert!(
+        joined,
+        "no stall joined by AllPathsDown:\n{}",
+        volume_lines(&run, POD_A)
+    );
+    assert_eq!(
+        transitions(&run, POD_A, "Inaccessible IOStalled"),
+        ["raised", "cleared"],
+        "{}",
+        volume_lines(&run, POD_A)
+    );
+    let stall_after = stall_after.context("IOStalled not seen")?;
+    assert!(
+        stall_after <= Duration::from_secs(4),
+        "IOStalled {stall_after:?} after the read"
     );
     Ok(())
 }

@@ -53,6 +53,8 @@ const POD_A: &str = "57ac0000-0000-4000-8000-00000000000a";
 
 /// The stack check's source, as condition lines name it.
 const STACK: &str = "check/stack";
+const IO_STALLED: &str = "Inaccessible IOStalled";
+const STALL: &str = "check/stall";
 
 /// scsi_debug's unreadable sectors (512 bytes each) on its 64 MiB store:
 /// 48.8 MiB in, beyond the 32 MiB filesystems and the I/O region below.
@@ -881,10 +883,12 @@ impl Drop for QueuedWriter<'_> {
 /// 3b. The pool full in queue mode (no `error_if_no_space`,
 ///     `no_space_timeout` 0: forever): a writer's O_DIRECT writes past the
 ///     pool's 64 MiB block in the kernel. While it waits, the volume is
-///     Inaccessible ThinPoolFull (its message says the writes are queued);
+///     Inaccessible ThinPoolFull (its message says the writes are queued)
+///     and, with `--stall-after 2`, Inaccessible IOStalled on the thin
+///     device, writes only, its message joined by the pool's ThinPoolFull;
 ///     the pool grown to 128 MiB (as `lvextend` does: the data device,
 ///     then the pool's table), the queued writes go on, all of them
-///     succeed, nothing is counted as failed, and the condition clears.
+///     succeed, nothing is counted as failed, and both conditions clear.
 #[test]
 fn thin_pool_full_in_queue_mode_is_thin_pool_full_while_writes_wait() -> Result<()> {
     require_root()?;
@@ -897,7 +901,7 @@ fn thin_pool_full_in_queue_mode_is_thin_pool_full_while_writes_wait() -> Result<
     let kubelet = Kubelet::new()?;
     let pv = "pv-thin-queue";
     kubelet.block_volume(POD_A, pv, &thin)?;
-    let agent = start_agent(&kubelet, POD_A, pv, &[])?;
+    let agent = start_agent(&kubelet, POD_A, pv, &["--stall-after", "2"])?;
     let mut delays = Delays::default();
     let empty = stack.status()?;
 
@@ -918,6 +922,17 @@ fn thin_pool_full_in_queue_mode_is_thin_pool_full_while_writes_wait() -> Result<
         &raised,
         t_full,
     );
+    let stalled = condition(POD_A, pv, "raised", IO_STALLED, STALL);
+    delays.wait(
+        &agent,
+        "IOStalled raised after the pool ran out of space",
+        &stalled,
+        t_full,
+    );
+    // Joined by the pool's state, at the raise or in an update after it
+    // (only a stall's message says "the stack:").
+    let joined = "; the stack: ThinPoolFull: ";
+    let join_seen = agent.wait_for_log(joined, CONDITION_WAIT);
     // Still waiting, and not a byte further.
     let blocked = !writer.finished();
     let at_raise = writer.written();
@@ -931,6 +946,13 @@ fn thin_pool_full_in_queue_mode_is_thin_pool_full_while_writes_wait() -> Result<
         &agent,
         "ThinPoolFull cleared after the pool grew",
         &cleared,
+        t_grow,
+    );
+    let moving = condition(POD_A, pv, "cleared", IO_STALLED, STALL);
+    delays.wait(
+        &agent,
+        "IOStalled cleared after the pool grew",
+        &moving,
         t_grow,
     );
     let got = writer.wait(WAIT);
@@ -998,6 +1020,48 @@ fn thin_pool_full_in_queue_mode_is_thin_pool_full_while_writes_wait() -> Result<
         ["raised", "cleared"],
         "{}",
         run.stderr
+    );
+    // The stall: the thin device, writes only, the pool's state joined.
+    assert!(
+        join_seen,
+        "no stall joined by ThinPoolFull:\n{}",
+        volume_lines(&run, POD_A)
+    );
+    let pool_says = message_of(&run, &raised).unwrap_or_default();
+    let stall = run
+        .stderr
+        .lines()
+        .filter_map(|l| l.split_once(&format!(" {IO_STALLED} [{STALL}]: ")))
+        .map(|(_, message)| message)
+        .find(|m| m.contains(joined))
+        .context("the joined stall line")?;
+    let (head, tail) = stall.split_once(joined).context("split at the join")?;
+    assert!(
+        head.starts_with(&format!("{}: I/O stalled, ", thin.name)),
+        "{stall}"
+    );
+    let counts = head
+        .split_once(" waiting (")
+        .and_then(|(_, rest)| rest.split_once(')'))
+        .map(|(counts, _)| counts)
+        .context("the stall's counts")?;
+    assert!(
+        counts.ends_with(" writes") || counts == "1 write",
+        "writes only wait: {stall}"
+    );
+    assert!(
+        head.contains("; the oldest, a write") && head.ends_with("(--stall-after 2s)"),
+        "{stall}"
+    );
+    assert_eq!(
+        tail, pool_says,
+        "the pool's ThinPoolFull joined as it said it"
+    );
+    assert_eq!(
+        raised_and_cleared(&run, POD_A, IO_STALLED, STALL),
+        ["raised", "cleared"],
+        "{}",
+        volume_lines(&run, POD_A)
     );
     drop(writer);
     Ok(())
@@ -1180,7 +1244,7 @@ fn a_dm_delay_device_is_high_latency_not_stalled_until_it_is_fast() -> Result<()
         ["raised", "cleared"]
     );
     assert_eq!(
-        transitions(&run, POD_A, "Inaccessible IOStalled", "check/stall"),
+        transitions(&run, POD_A, IO_STALLED, STALL),
         Vec::<String>::new()
     );
     Ok(())
@@ -1206,7 +1270,7 @@ fn a_suspended_dm_device_is_io_stalled_until_resumed() -> Result<()> {
     let mut kubelet = Kubelet::new()?;
     kubelet.fs_volume(POD_A, pv, &dm.mapper_path())?;
     let agent = start_agent(&kubelet, POD_A, pv, &["--stall-after", "2"])?;
-    let raised = condition(POD_A, pv, "raised", "Inaccessible IOStalled", "check/stall");
+    let raised = condition(POD_A, pv, "raised", IO_STALLED, STALL);
     let cleared = condition(
         POD_A,
         pv,
@@ -1249,7 +1313,7 @@ fn a_suspended_dm_device_is_io_stalled_until_resumed() -> Result<()> {
         volume_lines(&run, POD_A)
     );
     assert_eq!(
-        raised_and_cleared(&run, POD_A, "Inaccessible IOStalled", "check/stall"),
+        raised_and_cleared(&run, POD_A, IO_STALLED, STALL),
         ["raised", "cleared"]
     );
     Ok(())

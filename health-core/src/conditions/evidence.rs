@@ -280,6 +280,9 @@ pub enum CheckFinding {
         /// writeback the cgroup that dirtied the pages): `pod ns/name
         /// (container c)` or `cgroup /path`, when known.
         waiter: Option<String>,
+        /// What the stack's own state says of the volume meanwhile
+        /// (`ThinPoolFull: ...`, `AllPathsDown: ...`): why it may wait.
+        explained: Vec<String>,
     },
     /// The 99th percentile of the volume's reads or writes stayed at or
     /// above its limit for the windows the rule asks.
@@ -524,6 +527,7 @@ impl CheckFinding {
                 other,
                 stall_after,
                 waiter,
+                explained,
             } => {
                 let counts: Vec<String> = [(*reads, "read"), (*writes, "write"), (*other, "other")]
                     .into_iter()
@@ -538,13 +542,18 @@ impl CheckFinding {
                     .as_ref()
                     .map(|w| format!(" from {w}"))
                     .unwrap_or_default();
-                format!(
+                let mut text = format!(
                     "{device}: I/O stalled, {} waiting ({}); the oldest, a {oldest_op}{who}, has waited {}+ (--stall-after {})",
                     reads + writes + other,
                     counts.join(", "),
                     human_duration(*waited),
                     human_duration(*stall_after),
-                )
+                );
+                for why in explained {
+                    text.push_str("; the stack: ");
+                    text.push_str(why);
+                }
+                text
             }
             CheckFinding::HighLatency {
                 device,

@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use health_core::conditions::ConditionConfig;
+use health_core::conditions::{CheckKind, ConditionConfig, Source};
 use health_csi::DriverOverride;
 use health_kernel::collector::KernelError;
 use health_topology::stack::StackReader;
@@ -268,9 +268,27 @@ impl LiveVolumes {
         waiter: &mut dyn FnMut(u64) -> Option<String>,
     ) -> Handled {
         let index = Arc::clone(self.monitor.index());
-        let reports = self
-            .stalls
-            .judge(index.volumes(), topo, waits, now_ns, stall_after, waiter);
+        let monitor = &self.monitor;
+        // The stack check's conditions of a stalled volume, joined to its
+        // stall (a full pool, every path down: why it waits).
+        let mut explain = |key: &VolumeKey| -> Vec<String> {
+            monitor.health(key).map_or_else(Vec::new, |h| {
+                h.conditions()
+                    .into_iter()
+                    .filter(|c| c.source == Source::Check(CheckKind::Stack))
+                    .map(|c| format!("{}: {}", c.reason, c.message))
+                    .collect()
+            })
+        };
+        let reports = self.stalls.judge(
+            index.volumes(),
+            topo,
+            waits,
+            now_ns,
+            stall_after,
+            waiter,
+            &mut explain,
+        );
         Handled {
             changes: self.monitor.apply_checks(SystemTime::now(), reports),
             io: io::waiting(index.volumes(), topo, waits, now_ns),

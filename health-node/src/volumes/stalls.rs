@@ -12,6 +12,11 @@
 //! and is kept, counts included, until the next step is reached; so is
 //! whose I/O the oldest is (`a write from pod ns/db-0 (container
 //! postgres)`, [`super::waiters`]), looked up once per step.
+//!
+//! A stack whose own state explains the wait (a full thin pool queueing
+//! writes, every path down) still gets the stall: the message joins what
+//! the stack check says of the volume (`explain`), and says it again when
+//! that changes, since it is what an operator acts on.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::Duration;
@@ -43,7 +48,9 @@ pub struct StallJudge {
 impl StallJudge {
     /// One report per volume with a device: `IOStalled` where the oldest
     /// bio of its device has waited at least `stall_after`, a pass
-    /// elsewhere. `now_ns` is CLOCK_MONOTONIC, as the bios' times.
+    /// elsewhere. `now_ns` is CLOCK_MONOTONIC, as the bios' times;
+    /// `waiter` names a cgroup, `explain` gives the stack's conditions of
+    /// a stalled volume (`Reason: message`).
     pub fn judge(
         &mut self,
         volumes: &[IndexedVolume],
@@ -52,6 +59,7 @@ impl StallJudge {
         now_ns: u64,
         stall_after: Duration,
         waiter: &mut dyn FnMut(u64) -> Option<String>,
+        explain: &mut dyn FnMut(&VolumeKey) -> Vec<String>,
     ) -> Vec<(VolumeKey, CheckReport)> {
         let by_dev: HashMap<Dev, &DeviceWait> = waits.iter().map(|w| (w.dev, w)).collect();
         let age = |w: &DeviceWait| Duration::from_nanos(now_ns.saturating_sub(w.oldest_ns));
@@ -74,6 +82,9 @@ impl StallJudge {
                 Some(w) => {
                     let below = deepest_stalled(topo, w.dev, &by_dev, |w| age(w) >= stall_after);
                     let mut finding = finding(topo, w, below, age(w), stall_after);
+                    if let CheckFinding::IoStalled { explained, .. } = &mut finding {
+                        *explained = explain(&v.key);
+                    }
                     let kept = self
                         .told
                         .get(&v.key)
@@ -120,14 +131,16 @@ fn same_step(told: &CheckFinding, now: &CheckFinding) -> bool {
             CheckFinding::IoStalled {
                 device: a,
                 waited: wa,
+                explained: ea,
                 ..
             },
             CheckFinding::IoStalled {
                 device: b,
                 waited: wb,
+                explained: eb,
                 ..
             },
-        ) => a == b && wa == wb,
+        ) => a == b && wa == wb && ea == eb,
         _ => false,
     }
 }
@@ -156,6 +169,7 @@ fn finding(
         other: w.other,
         stall_after,
         waiter: None,
+        explained: Vec::new(),
     }
 }
 
@@ -243,7 +257,15 @@ mod tests {
         let after = Duration::from_secs(10);
         let mut named = |id: u64| (id != 101).then(|| format!("cgroup /c{id}"));
         let mut at = |now_s: u64, waits: &[DeviceWait]| {
-            messages(&judge.judge(&vols, &topo, waits, now_s * SECOND, after, &mut named))
+            messages(&judge.judge(
+                &vols,
+                &topo,
+                waits,
+                now_s * SECOND,
+                after,
+                &mut named,
+                &mut |_| Vec::new(),
+            ))
         };
         let both = |n| [wait(DM0, 1, n, 100), wait(SDB, 0, 1, 101)];
         assert_eq!(at(109, &both(2)), ["pass"]);
@@ -265,6 +287,43 @@ mod tests {
         // of something else on the disk) is not the volume's stall.
         assert_eq!(at(170, &[wait(SDB, 0, 1, 100)]), ["pass"]);
         assert_eq!(at(171, &[]), ["pass"]);
+    }
+
+    /// What the stack says of a stalled volume is joined to the stall, and
+    /// a change of it is a new message within the same step; gone, the
+    /// stall stays on its own.
+    #[test]
+    fn the_stacks_state_is_joined_to_the_stall_and_follows_it() {
+        let (topo, vols) = world();
+        let mut judge = StallJudge::default();
+        let after = Duration::from_secs(2);
+        let mut at = |now_s: u64, stack: &[&str]| {
+            let stack: Vec<String> = stack.iter().map(|s| s.to_string()).collect();
+            messages(&judge.judge(
+                &vols,
+                &topo,
+                &[wait(DM0, 0, 1, 100)],
+                now_s * SECOND,
+                after,
+                &mut |_| None,
+                &mut |key| {
+                    assert_eq!(key, &vols[0].key);
+                    stack.clone()
+                },
+            ))
+        };
+        let base = "dm-0: I/O stalled, 1 waiting (1 write); the oldest, a write, has waited 2s+ (--stall-after 2s)";
+        let full =
+            "ThinPoolFull: thin pool vg-pool is out of data space; writes queue until it grows";
+        assert_eq!(at(102, &[]), [base]);
+        assert_eq!(at(103, &[full]), [format!("{base}; the stack: {full}")]);
+        assert_eq!(
+            at(103, &[full, "ThinPoolLow: thin pool vg-pool 100% used"]),
+            [format!(
+                "{base}; the stack: {full}; the stack: ThinPoolLow: thin pool vg-pool 100% used"
+            )]
+        );
+        assert_eq!(at(103, &[]), [base]);
     }
 
     #[test]
