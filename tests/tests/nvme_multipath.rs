@@ -542,7 +542,6 @@ fn all_paths_lost_is_all_paths_down_while_io_queues() -> Result<()> {
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    let saw = down_after.is_some();
     let joined = agent.wait_for_log("; the stack: AllPathsDown: ", WAIT);
     eprintln!(
         "{}: AllPathsDown {down_after:?} after the last controller left live, IOStalled \

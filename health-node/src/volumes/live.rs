@@ -31,7 +31,7 @@ use tokio::time::{Instant, Interval, MissedTickBehavior};
 use super::io::{self, VolumeIo};
 use super::latency::{DeviceClass, LatencyConfig, LatencyJudge};
 use super::schedule::{CheckSchedule, Checked};
-use super::stalls::StallJudge;
+use super::stalls::{Namers, StallJudge};
 use super::{
     CsiOutcome, CsiProber, IndexedVolume, StorageOutcome, VolumeChanges, VolumeIndex, VolumeKey,
     VolumeMonitor,
@@ -286,8 +286,10 @@ impl LiveVolumes {
             waits,
             now_ns,
             stall_after,
-            waiter,
-            &mut explain,
+            Namers {
+                waiter,
+                explain: &mut explain,
+            },
         );
         Handled {
             changes: self.monitor.apply_checks(SystemTime::now(), reports),

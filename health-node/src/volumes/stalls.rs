@@ -39,6 +39,15 @@ use super::{IndexedVolume, VolumeKey};
 /// a default may add to every I/O of a node.
 pub const SUGGESTED_STALL_AFTER: Duration = Duration::from_secs(10);
 
+/// What a stalled volume's message names besides its devices.
+pub struct Namers<'a> {
+    /// Whose I/O waits: a cgroup id to `pod ns/name (container c)` or
+    /// `cgroup /path` ([`super::waiters`]).
+    pub waiter: &'a mut dyn FnMut(u64) -> Option<String>,
+    /// What the stack check says of the volume now (`Reason: message`).
+    pub explain: &'a mut dyn FnMut(&VolumeKey) -> Vec<String>,
+}
+
 /// What each volume was last told, so that only a new step is a change.
 #[derive(Debug, Default)]
 pub struct StallJudge {
@@ -48,9 +57,7 @@ pub struct StallJudge {
 impl StallJudge {
     /// One report per volume with a device: `IOStalled` where the oldest
     /// bio of its device has waited at least `stall_after`, a pass
-    /// elsewhere. `now_ns` is CLOCK_MONOTONIC, as the bios' times;
-    /// `waiter` names a cgroup, `explain` gives the stack's conditions of
-    /// a stalled volume (`Reason: message`).
+    /// elsewhere. `now_ns` is CLOCK_MONOTONIC, as the bios' times.
     pub fn judge(
         &mut self,
         volumes: &[IndexedVolume],
@@ -58,9 +65,9 @@ impl StallJudge {
         waits: &[DeviceWait],
         now_ns: u64,
         stall_after: Duration,
-        waiter: &mut dyn FnMut(u64) -> Option<String>,
-        explain: &mut dyn FnMut(&VolumeKey) -> Vec<String>,
+        names: Namers<'_>,
     ) -> Vec<(VolumeKey, CheckReport)> {
+        let Namers { waiter, explain } = names;
         let by_dev: HashMap<Dev, &DeviceWait> = waits.iter().map(|w| (w.dev, w)).collect();
         let age = |w: &DeviceWait| Duration::from_nanos(now_ns.saturating_sub(w.oldest_ns));
         let mut out = Vec::new();
@@ -263,8 +270,10 @@ mod tests {
                 waits,
                 now_s * SECOND,
                 after,
-                &mut named,
-                &mut |_| Vec::new(),
+                Namers {
+                    waiter: &mut named,
+                    explain: &mut |_| Vec::new(),
+                },
             ))
         };
         let both = |n| [wait(DM0, 1, n, 100), wait(SDB, 0, 1, 101)];
@@ -305,10 +314,12 @@ mod tests {
                 &[wait(DM0, 0, 1, 100)],
                 now_s * SECOND,
                 after,
-                &mut |_| None,
-                &mut |key| {
-                    assert_eq!(key, &vols[0].key);
-                    stack.clone()
+                Namers {
+                    waiter: &mut |_| None,
+                    explain: &mut |key| {
+                        assert_eq!(key, &vols[0].key);
+                        stack.clone()
+                    },
                 },
             ))
         };
