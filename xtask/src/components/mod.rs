@@ -17,6 +17,7 @@
 //! [`CSI_ENV`] name directories that are used as they are, and nothing is
 //! built for them.
 
+pub mod gocaches;
 pub mod gomod;
 
 use std::path::{Path, PathBuf};
@@ -25,7 +26,8 @@ use anyhow::{bail, Context};
 
 use crate::bootstrap::cache_dir;
 use crate::util::say;
-use gomod::{GoCaches, GoSet};
+use gocaches::GoCaches;
+use gomod::GoSet;
 
 /// The Kubernetes the project runs by default (the local cluster, the
 /// real-server suites).
@@ -102,7 +104,7 @@ impl Assets {
 /// else the project's, built first where the cache has none.
 pub fn ensure(parts: &[Part]) -> anyhow::Result<Assets> {
     let cache = cache_dir();
-    let caches = gomod::GoCaches::new(&cache);
+    let caches = GoCaches::new(&cache);
     let mut assets = Assets::default();
     for part in parts {
         let dir = match user_dir(*part)? {
