@@ -166,3 +166,35 @@ pub fn assert_one_read_stalled(message: &str, device: &str, stall_after: &str) {
         "{message}"
     );
 }
+
+/// The `HighLatency` message of `line` (a raised line): writes on `device`
+/// over 2 s windows above a 50 ms limit, the p99 named by its bucket (65 ms,
+/// or 98 ms where the emulator adds its own delay), the limit that of the
+/// class of `disk` (the disk below, by its `queue/rotational`).
+pub fn assert_slow_writes(
+    run: &AgentRun,
+    line: &str,
+    device: &str,
+    disk: &str,
+    pod: &str,
+) -> anyhow::Result<()> {
+    let rotational = crate::sys::read_sysfs(format!("/sys/block/{disk}/queue/rotational"))?;
+    let class = match rotational.trim() {
+        "1" => "rotational",
+        _ => "ssd",
+    };
+    let message = message_of(run, line).unwrap_or_default();
+    let p99 = ["65ms", "98ms"]
+        .into_iter()
+        .find(|p| message.contains(&format!(" at least {p} ")))
+        .unwrap_or("none");
+    assert_eq!(
+        message,
+        format!(
+            "{device}: write latency p99 at least {p99} over 2s windows, above 50ms (the limit for {class})"
+        ),
+        "{}",
+        volume_lines(run, pod)
+    );
+    Ok(())
+}

@@ -29,8 +29,8 @@ use health_tests::devices::BlockDev;
 use health_tests::kubelet_tree::Kubelet;
 use health_tests::qemu::{self, NvmeWarning, WriteThrottle};
 use health_tests::vm_report::{
-    assert_logged, cleared, condition_lines, kernel_release, key, message_of, raised,
-    raised_and_cleared, request_source, show, tally, volume_lines, Tally,
+    assert_logged, assert_slow_writes, cleared, condition_lines, kernel_release, key, message_of,
+    raised, raised_and_cleared, request_source, show, tally, volume_lines, Tally,
 };
 use health_tests::{fs, kernel_alone, require_root};
 
@@ -388,26 +388,7 @@ fn slow_then_stuck(disk: &BlockDev, mut throttle: WriteThrottle, pv: &str) -> Re
     );
     anyhow::ensure!(done.success(), "dd: {done}");
 
-    let class = match std::fs::read_to_string(format!("/sys/block/{}/queue/rotational", disk.name))?
-        .trim()
-    {
-        "1" => "rotational",
-        _ => "ssd",
-    };
-    let message = message_of(&run, &slow.0).unwrap_or_default();
-    let p99 = ["65ms", "98ms"]
-        .into_iter()
-        .find(|p| message.contains(&format!(" at least {p} ")))
-        .unwrap_or("none");
-    assert_eq!(
-        message,
-        format!(
-            "{}: write latency p99 at least {p99} over 2s windows, above 50ms (the limit for {class})",
-            disk.name
-        ),
-        "{}",
-        volume_lines(&run, POD_A)
-    );
+    assert_slow_writes(&run, &slow.0, &disk.name, &disk.name, POD_A)?;
     assert_eq!(
         message_of(&run, &stuck.0),
         Some(format!(

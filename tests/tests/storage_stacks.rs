@@ -36,8 +36,8 @@ use health_tests::stacks::{
     self, poll_until, Multipath, NoSpaceTimeout, Raid1, ThinConfig, ThinStack,
 };
 use health_tests::vm_report::{
-    assert_logged, kernel_release, key, message_of, raised_and_cleared, request_source, show,
-    tally, transitions, volume_lines, Tally,
+    assert_logged, assert_slow_writes, kernel_release, key, message_of, raised_and_cleared,
+    request_source, show, tally, transitions, volume_lines, Tally,
 };
 use health_tests::{cmd, fs, kernel_alone, require_root, FaultDisk};
 use serde_json::Value;
@@ -1219,26 +1219,7 @@ fn a_dm_delay_device_is_high_latency_not_stalled_until_it_is_fast() -> Result<()
         "no raise or no clear:\n{}",
         volume_lines(&run, POD_A)
     );
-    let class = match std::fs::read_to_string(format!("/sys/block/{}/queue/rotational", lo.name()))?
-        .trim()
-    {
-        "1" => "rotational",
-        _ => "ssd",
-    };
-    let message = message_of(&run, &raised).unwrap_or_default();
-    let p99 = ["65ms", "98ms"]
-        .into_iter()
-        .find(|p| message.contains(&format!(" at least {p} ")))
-        .unwrap_or("none");
-    assert_eq!(
-        message,
-        format!(
-            "{}: write latency p99 at least {p99} over 2s windows, above 50ms (the limit for {class})",
-            dm.dev.name
-        ),
-        "{}",
-        volume_lines(&run, POD_A)
-    );
+    assert_slow_writes(&run, &raised, &dm.dev.name, lo.name(), POD_A)?;
     assert_eq!(
         raised_and_cleared(&run, POD_A, "Degraded HighLatency", "check/latency"),
         ["raised", "cleared"]

@@ -8,7 +8,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use anyhow::{bail, Context};
+use anyhow::Context;
 
 use crate::util::say;
 
@@ -74,22 +74,10 @@ fn process_exists(pid: i32) -> bool {
     )
 }
 
-/// The module cache is written read-only unless `-modcacherw` (set by
-/// [`go`]); an older one is made writable first.
+/// Removable as it is: every go command given these caches runs with
+/// `-modcacherw` (`gomod::go`), so the module cache is not read-only.
 fn remove_caches(dir: &Path) -> anyhow::Result<()> {
-    if fs::remove_dir_all(dir).is_ok() {
-        return Ok(());
-    }
-    run_quiet(Command::new("chmod").arg("-R").arg("u+w").arg(dir))?;
     fs::remove_dir_all(dir).with_context(|| format!("removing {}", dir.display()))
-}
-
-fn run_quiet(cmd: &mut Command) -> anyhow::Result<()> {
-    let status = cmd.status().with_context(|| format!("starting {cmd:?}"))?;
-    if !status.success() {
-        bail!("{cmd:?}: {status}");
-    }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -98,23 +86,15 @@ mod tests {
 
     #[test]
     fn go_caches_of_gone_processes_are_removed_and_their_own_with_them() {
-        use std::os::unix::fs::PermissionsExt;
         let cache = tempfile::tempdir().unwrap();
-        // A process that has exited, whose module cache is read-only (as
-        // go writes it without -modcacherw), and pid 1, which lives.
+        // A process that has exited, and pid 1, which lives.
         let mut child = Command::new("true").spawn().unwrap();
         let gone = child.id();
         child.wait().unwrap();
         let stale = cache.path().join(format!("{CACHES_PREFIX}{gone}"));
         let module = stale.join("mod/example.com/m@v1.0.0");
         fs::create_dir_all(&module).unwrap();
-        fs::write(
-            module.join("go.mod"),
-            "module example.com/m
-",
-        )
-        .unwrap();
-        fs::set_permissions(&module, fs::Permissions::from_mode(0o555)).unwrap();
+        fs::write(module.join("go.mod"), "module example.com/m\n").unwrap();
         let living = cache.path().join(format!("{CACHES_PREFIX}1"));
         fs::create_dir_all(&living).unwrap();
         let other = cache.path().join(".go-caches-x");

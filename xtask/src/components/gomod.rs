@@ -13,12 +13,8 @@
 //! again, one that matches is used as it is. A lock file keeps two xtask
 //! processes from building the same set at once.
 //!
-//! The go command's build and module caches ([`super::gocaches`]) live
-//! only as long as one `components` run: the programs are kept by version, and
-//! what built them (~6 GiB of compiled packages and ~3 GiB of module
-//! sources for the four sets) is of no use once they are built. Kept in
-//! `~/.cache/go-build` and `~/go`, it took the disk CI's guests need
-//! (stop 46 of issue 37 failed on it).
+//! The go command's build and module caches are those of one `components`
+//! run ([`super::gocaches`]), removed after it.
 
 use std::fs::{self, File};
 use std::io::{BufRead, BufReader};
