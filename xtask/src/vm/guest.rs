@@ -19,6 +19,7 @@ use anyhow::{bail, Context};
 
 use super::devices;
 use super::kernels::Kernel;
+use super::queue::Queue;
 use super::relay::Relay;
 use super::tools::Tools;
 use crate::util::{run, say};
@@ -77,11 +78,18 @@ impl Machine {
 /// waiting on (`hang.txt`): a run that hangs then says where.
 const HANG_REPORT_BEFORE_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// The shell script the guest runs: load modules, run each step with its
-/// output in files, write the exit status last. After `hang_report`, a
-/// background shell writes each user task's state and kernel stack to
-/// `hang.txt` and asks the kernel for its blocked tasks (console).
-fn script(dir: &Path, steps: &[Step], env: &Env, hang_report: Option<Duration>) -> String {
+/// The shell script guest `guest` runs: load modules, run each step of
+/// `queue` no other guest has taken with its output in files, write the
+/// exit status last. After `hang_report`, a background shell writes each
+/// user task's state and kernel stack to `hang.txt` and asks the kernel
+/// for its blocked tasks (console).
+fn script(
+    dir: &Path,
+    (queue, guest): (&Queue, &str),
+    steps: &[Step],
+    env: &Env,
+    hang_report: Option<Duration>,
+) -> String {
     let d = quote(&dir.to_string_lossy());
     let mut s = String::from("#!/bin/sh\n# written by `cargo xtask vm`\n");
     s.push_str(&format!("exec > {d}/stdout 2> {d}/stderr\n"));
@@ -145,24 +153,26 @@ fn script(dir: &Path, steps: &[Step], env: &Env, hang_report: Option<Duration>) 
     s.push_str("status=0\n");
     s.push_str(&code_patching_guard());
     let announce = steps.len() > 1;
-    for step in steps {
+    for (i, step) in steps.iter().enumerate() {
         let argv: Vec<String> = step.argv.iter().map(|a| quote(a)).collect();
         let label = quote(&step.label);
+        let mut body = String::new();
         if announce {
-            s.push_str(&format!("echo \"xtask vm: running \"{label} >&2\n"));
+            body.push_str(&format!("echo \"xtask vm: running \"{label} >&2\n"));
         }
-        s.push_str("t0=$(date +%s.%N)\n");
-        s.push_str(&format!(
+        body.push_str("t0=$(date +%s.%N)\n");
+        body.push_str(&format!(
             "(cd {} && exec {})\nrc=$?\n",
             quote(&step.cwd.to_string_lossy()),
             argv.join(" ")
         ));
-        s.push_str("[ $rc -eq 0 ] || status=$rc\n");
+        body.push_str("[ $rc -eq 0 ] || status=$rc\n");
         if announce {
-            s.push_str(&format!(
+            body.push_str(&format!(
                 "echo \"xtask vm: \"{label}\" exited with $rc after $(echo \"$t0 $(date +%s.%N)\" | awk '{{printf \"%.1f\", $2 - $1}}') s\" >&2\n"
             ));
         }
+        s.push_str(&queue.take_and_run(i, guest, &body));
     }
     // Renamed into place, so the host never reads a half-written status.
     s.push_str(&format!(
@@ -219,7 +229,7 @@ fn code_patching_guard() -> String {
 }
 
 /// Single-quotes `s` for sh.
-fn quote(s: &str) -> String {
+pub(super) fn quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', r"'\''"))
 }
 
@@ -234,18 +244,25 @@ pub struct Outcome {
     pub scratch_bytes: Option<u64>,
 }
 
-/// Boots `kernel`, runs `steps` in it and relays their output live.
+/// Boots `kernel`, runs the steps of `queue` no other guest takes first in
+/// it and relays their output live. `machine.label` names the guest in the
+/// queue (the kernel's series where it has no label).
 pub fn run_in_guest(
     tools: &Tools,
     kernel: &Kernel,
     machine: &Machine,
-    steps: &[Step],
+    (queue, steps): (&Queue, &[Step]),
     env: &Env,
 ) -> anyhow::Result<Outcome> {
+    // Inside the queue's directory, which is what the guest may write.
     let dir = tempfile::Builder::new()
-        .prefix("xtask-vm-")
-        .tempdir()
-        .context("creating the guest's shared directory")?;
+        .prefix("guest-")
+        .tempdir_in(queue.path())
+        .context("creating the guest's own directory")?;
+    let guest = machine
+        .label
+        .clone()
+        .unwrap_or_else(|| kernel.release.clone());
     let scratch = scratch_disk(dir.path())?;
     let script_path = dir.path().join("run.sh");
     let hang_report = machine
@@ -255,8 +272,11 @@ pub fn run_in_guest(
     // The tests find the guest's faulty disks and QMP port by these.
     let mut env = env.clone();
     env.extend(devices::guest_env());
-    fs::write(&script_path, script(dir.path(), steps, &env, hang_report))
-        .with_context(|| format!("writing {}", script_path.display()))?;
+    fs::write(
+        &script_path,
+        script(dir.path(), (queue, &guest), steps, &env, hang_report),
+    )
+    .with_context(|| format!("writing {}", script_path.display()))?;
     let console = dir.path().join("console.log");
     let console_file =
         File::create(&console).with_context(|| format!("creating {}", console.display()))?;
@@ -272,7 +292,7 @@ pub fn run_in_guest(
         .args(["--memory", &machine.memory])
         .args(["--cpus", &machine.cpus.to_string()])
         .arg("--rwdir")
-        .arg(dir.path())
+        .arg(queue.path())
         // The kernel log goes to the console: what we show when the guest
         // does not come up.
         .arg("--verbose")
@@ -563,8 +583,11 @@ mod tests {
             cwd: "/".into(),
             argv: vec!["echo".into(), "a b".into()],
         }];
+        let queue = Queue::new(1).unwrap();
+        let q = quote(&queue.path().to_string_lossy());
         let s = script(
             Path::new("/tmp/d"),
+            (&queue, "6.1"),
             &steps,
             &vec![("K".into(), "v".into())],
             Some(Duration::from_secs(540)),
@@ -572,6 +595,11 @@ mod tests {
         assert!(s.contains("(sleep 540; "), "{s}");
         assert!(s.contains("> '/tmp/d'/hang.txt 2>&1"), "{s}");
         assert!(s.contains("(cd '/' && exec 'echo' 'a b')"), "{s}");
+        // Taken from the queue first, its exit code left there.
+        let taken = s.find(&format!("if mkdir {q}/0 2>/dev/null; then"));
+        assert!(taken.is_some() && taken < s.find("exec 'echo'"), "{s}");
+        assert!(s.contains(&format!("echo '6.1' > {q}/0/by")), "{s}");
+        assert!(s.contains(&format!("mv {q}/0/rc.tmp {q}/0/rc")), "{s}");
         assert!(
             s.trim_end()
                 .ends_with("mv '/tmp/d'/status.tmp '/tmp/d'/status"),

@@ -18,7 +18,10 @@
 //! side, at most `--jobs` at a time (2): a guest under TCG keeps about one
 //! host core busy (6.12 with kernel_errors: 2 min 45 s of wall time, 2 min
 //! 45 s of CPU, on 2 cores), so two guests finish in little more time than
-//! one. Their lines then start with `[5.10]`, `[6.1]`, `[6.12]`.
+//! one. Their lines then start with `[5.10]`, `[6.1]`, `[6.12]`. A slot that
+//! frees while a kernel still has test binaries no guest has started boots
+//! a second guest of it (`[6.12#2]`), and the two share what is left
+//! (`queue`).
 //!
 //! Everything fetched (kernel packages, their images, the virtme-ng venv)
 //! is cached beside the eBPF toolchain, so only the first run downloads.
@@ -27,6 +30,7 @@ mod apt;
 mod devices;
 mod guest;
 mod kernels;
+mod queue;
 mod relay;
 mod tools;
 
@@ -154,32 +158,81 @@ pub fn run(args: &VmArgs) -> anyhow::Result<()> {
     if host {
         say("--kernel host: running on this machine's kernel, no VM");
         let outcome = run_on_host(&steps, &env, args.timeout)?;
-        return report(&[("host", Ok(outcome))]);
+        return report(&[("host".to_string(), Ok(outcome))]);
     }
-    let side_by_side = guests.len() > 1;
-    let outcomes = run_guests(&guests, args.jobs as usize, |(name, tools, kernel)| {
+    let queues = guests
+        .iter()
+        .map(|_| queue::Queue::new(steps.len()))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let jobs = guest_jobs(guests.len(), steps.len());
+    let side_by_side = jobs.len() > 1;
+    let outcomes = run_guests(&jobs, args.jobs as usize, |&(k, nth)| {
+        let (name, tools, kernel) = &guests[k];
+        let queue = &queues[k];
+        // A second guest only for steps the first has not started.
+        if nth > 1 && queue.not_taken().is_empty() {
+            return None;
+        }
+        let label = match nth {
+            1 => name.to_string(),
+            n => format!("{name}#{n}"),
+        };
         let machine = Machine {
             memory: args.memory.clone(),
             cpus: args.cpus,
             timeout: args.timeout,
-            label: side_by_side.then(|| name.to_string()),
+            label: side_by_side.then(|| label.clone()),
         };
-        let run = || guest::run_in_guest(tools, kernel, &machine, &steps, &env);
-        match run() {
+        let run = || guest::run_in_guest(tools, kernel, &machine, (queue, &steps), &env);
+        let outcome = match run() {
             Err(e) if e.downcast_ref::<guest::GuestStalled>().is_some() => {
-                say(format!("{name}: {e:#}"));
-                say(format!("{name}: the guest stalled (QEMU's TCG, not a test): running the steps again in a fresh guest, once"));
-                run()
+                say(format!("{label}: {e:#}"));
+                say(format!("{label}: the guest stalled (QEMU's TCG, not a test): running its unfinished steps again in a fresh guest, once"));
+                let guest = machine
+                    .label
+                    .clone()
+                    .unwrap_or_else(|| kernel.release.clone());
+                queue.release_unfinished(&guest).and_then(|_| run())
             }
             result => result,
-        }
+        };
+        Some((label, outcome))
     });
-    let named: Vec<(&str, anyhow::Result<Outcome>)> = guests
-        .iter()
-        .map(|(name, _, _)| *name)
-        .zip(outcomes)
-        .collect();
-    report(&named)
+    let outcomes: Vec<(String, anyhow::Result<Outcome>)> = outcomes.into_iter().flatten().collect();
+    let mut failed = outcomes.iter().any(|(_, o)| o.is_err());
+    // Every step must have run somewhere: a guest that failed says why.
+    for ((name, _, _), queue) in guests.iter().zip(&queues) {
+        for (i, step) in steps.iter().enumerate() {
+            if !matches!(queue.result(i), queue::StepResult::Exited(_)) {
+                say(format!("{name}: {} did not run to its end", step.label));
+                failed = true;
+            }
+        }
+    }
+    if failed {
+        for queue in queues {
+            say(format!(
+                "the guests' files are kept in {}",
+                queue.keep().display()
+            ));
+        }
+        if outcomes.iter().all(|(_, o)| o.is_ok()) {
+            bail!("a step did not run to its end in any guest");
+        }
+    }
+    report(&outcomes)
+}
+
+/// The guests to boot, as (kernel index, 1 or 2): each kernel's guest,
+/// then, where there are several steps, a second guest per kernel, booted
+/// when a slot frees if that kernel still has steps no guest has started
+/// ([`queue`]).
+fn guest_jobs(kernels: usize, steps: usize) -> Vec<(usize, u32)> {
+    let mut jobs: Vec<(usize, u32)> = (0..kernels).map(|k| (k, 1)).collect();
+    if steps > 1 {
+        jobs.extend((0..kernels).map(|k| (k, 2)));
+    }
+    jobs
 }
 
 /// Runs `work` on every item, at most `jobs` at a time, and returns the
@@ -211,7 +264,7 @@ fn run_guests<T: Sync, R: Send>(items: &[T], jobs: usize, work: impl Fn(&T) -> R
 
 /// Says how each guest went; fails with the first failure, or exits with
 /// a command's own exit code, as if it had run here.
-fn report(outcomes: &[(&str, anyhow::Result<Outcome>)]) -> anyhow::Result<()> {
+fn report(outcomes: &[(String, anyhow::Result<Outcome>)]) -> anyhow::Result<()> {
     let mut exit_code = 0;
     let mut failures = Vec::new();
     for (name, outcome) in outcomes {
@@ -462,6 +515,17 @@ mod tests {
         });
         assert_eq!(results, vec![10, 20, 30, 40, 50]);
         assert_eq!(most.load(Ordering::SeqCst), 2);
+    }
+
+    /// Each kernel's guest first, then the second guests, which take only
+    /// steps not yet started; one step needs no second guest.
+    #[test]
+    fn second_guests_come_after_every_kernels_first() {
+        assert_eq!(
+            guest_jobs(3, 9),
+            [(0, 1), (1, 1), (2, 1), (0, 2), (1, 2), (2, 2)]
+        );
+        assert_eq!(guest_jobs(2, 1), [(0, 1), (1, 1)]);
     }
 
     #[test]
