@@ -198,21 +198,38 @@ pub mod stat {
     pub const LEN: u32 = 9;
 }
 
-/// Entries of the kernel's `WAITING` map: at most this many bios are
+/// Slots of the kernel's `WAITING` array: at most this many bios are
 /// followed from submission to completion at once. A stall is seen from
-/// its oldest bios, which are in the map before the queue behind them
-/// fills it; what did not fit is counted (`stat::WAITING_FULL`). 8192 is
-/// deeper than any one device's queue (NVMe's largest is 4095 per queue,
-/// SCSI's `can_queue` a few thousand), and the map's memory fixed at load:
-/// 8192 entries of 8 + 16 bytes (the kernel charges about 100 bytes each
-/// with its own element header, under 1 MiB).
-pub const WAITING_MAX: u32 = 8192;
+/// its oldest bios, which are in the array before the queue behind them
+/// fills it; what did not fit is counted (`stat::WAITING_FULL`). A bio may
+/// take one of [`WAITING_WAYS`] slots only, so a table can refuse a bio
+/// before it is full: with 4,096 bios waiting (deeper than one device's
+/// queue: NVMe's largest is 4095 per queue, SCSI's `can_queue` a few
+/// thousand), one in about a thousand finds its 8 slots taken. The memory
+/// is fixed at load: 16,384 slots of 24 bytes, 384 KiB.
+pub const WAITING_MAX: u32 = 16384;
 
-/// One bio the block layer has been handed and not yet completed, keyed
-/// in `WAITING` by its address.
+/// The slots one bio may take, consecutive from [`waiting_slots`].
+pub const WAITING_WAYS: u32 = 8;
+
+/// The first of the [`WAITING_WAYS`] slots of the bio at `bio`: its
+/// address hashed (Fibonacci hashing: the multiplier is 2^64 divided by
+/// the golden ratio, which spreads addresses that differ only in a few
+/// low or middle bits, as slab objects do, over the whole table).
+#[inline(always)]
+pub fn waiting_slots(bio: u64) -> u32 {
+    // The product's top bits: the ones every bit of the address reaches.
+    let h = (bio.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - WAITING_MAX.trailing_zeros())) as u32;
+    h & !(WAITING_WAYS - 1)
+}
+
+/// One slot of `WAITING`: a bio the block layer has been handed and not
+/// yet completed, or free (`bio` 0).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Waiting {
+    /// The bio's address; 0: the slot is free.
+    pub bio: u64,
     /// `bpf_ktime_get_ns` (CLOCK_MONOTONIC) when `block_bio_queue` ran.
     pub queued_ns: u64,
     /// Kernel-encoded dev_t of the device it was submitted to: the
@@ -660,12 +677,37 @@ mod tests {
         }
     }
 
+    /// Bios come from slabs: addresses a fixed stride apart. Their slots
+    /// must spread over the table, each the first of its group.
+    #[test]
+    fn bios_of_one_slab_spread_over_the_waiting_slots() {
+        let groups = (WAITING_MAX / WAITING_WAYS) as usize;
+        for stride in [128u64, 256, 4096] {
+            let mut used = [0u32; (WAITING_MAX / WAITING_WAYS) as usize];
+            for i in 0..groups as u64 {
+                let first = waiting_slots(0xffff_8881_0000_0000 + i * stride);
+                assert_eq!(first % WAITING_WAYS, 0);
+                assert!(first + WAITING_WAYS <= WAITING_MAX);
+                used[(first / WAITING_WAYS) as usize] += 1;
+            }
+            // As many bios as groups: a random spread leaves about 1/e of
+            // the groups empty and crowds none.
+            let taken = used.iter().filter(|&&n| n > 0).count();
+            assert!(
+                taken * 2 > groups,
+                "stride {stride}: {taken} groups of {groups}"
+            );
+            let crowded = used.iter().max().copied().unwrap_or(0);
+            assert!(crowded <= 8, "stride {stride}: {crowded} bios in one group");
+        }
+    }
+
     #[test]
     fn record_layouts_are_stable() {
         assert_eq!(core::mem::size_of::<CounterKey>(), 12);
         assert_eq!(core::mem::size_of::<ErrorSample>(), 112);
         assert_eq!(core::mem::size_of::<ErrorTimes>(), 16);
-        assert_eq!(core::mem::size_of::<Waiting>(), 16);
+        assert_eq!(core::mem::size_of::<Waiting>(), 24);
         assert_eq!(core::mem::size_of::<LatencyKey>(), 8);
         assert_eq!(core::mem::size_of::<PartTable>(), 8 + 24 * MAX_PARTITIONS);
         assert_eq!(kdev::make(7, 2), 0x700002);

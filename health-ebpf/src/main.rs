@@ -19,7 +19,7 @@
 #![feature(core_intrinsics)]
 
 use aya_ebpf::{
-    bindings::BPF_NOEXIST,
+    bindings::{BPF_F_MMAPABLE, BPF_NOEXIST},
     helpers::{
         bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_ktime_get_ns,
         bpf_probe_read_kernel, bpf_probe_read_kernel_str_bytes,

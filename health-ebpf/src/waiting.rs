@@ -7,6 +7,18 @@
 //! `block_rq_complete` (blk-mq clears the bio's trace flag there), so each
 //! entry is removed by its own completion.
 //!
+//! `WAITING` is an array, not a hash map: this runs twice for every I/O of
+//! the node, and a hash map's insert and delete (a bucket lock, an element
+//! taken from and given back to per-CPU free lists, on two CPUs) cost
+//! about 600 ns a run here, where the verifier turns an array lookup into
+//! a few instructions. A bio has [`WAITING_WAYS`] slots it may use, chosen
+//! by its address; it takes the one that holds its address or the first
+//! free one, and its completion frees the slot holding its address. No
+//! slot free: the bio is counted (`stat::WAITING_FULL`), not followed. Two
+//! CPUs may pick the same free slot at once; one bio is then not followed,
+//! and its completion finds no slot: it can be missed, never reported
+//! wrongly, since userspace asks the kernel before it reports a bio.
+//!
 //! Raw tracepoints, not tracefs ones: a tracefs program is skipped whenever
 //! another BPF program runs on the CPU, and a skipped completion would
 //! leave an entry behind. A raw tracepoint program is only kept from
@@ -16,7 +28,8 @@
 use super::*;
 
 use health_common::{
-    bio, latency_bucket, LatencyCount, LatencyKey, Waiting, LATENCY_MAX, WAITING_MAX,
+    bio, latency_bucket, waiting_slots, LatencyCount, LatencyKey, Waiting, LATENCY_MAX,
+    WAITING_MAX, WAITING_WAYS,
 };
 
 /// Offsets into `struct bio` and the tracepoints' argument positions, from
@@ -24,9 +37,12 @@ use health_common::{
 #[no_mangle]
 static BIO_LAYOUT: [u32; bio::COUNT] = [rq::ABSENT; bio::COUNT];
 
-/// The bios submitted and not yet completed, by address.
+/// The bios submitted and not yet completed: a bio's slot is one of the
+/// [`WAITING_WAYS`] at [`waiting_slots`] of its address; `bio` 0 is free.
+/// Userspace maps it to read it whole without a call per slot
+/// (`BPF_F_MMAPABLE`, kernels since 5.5).
 #[map]
-static WAITING: HashMap<u64, Waiting> = HashMap::with_max_entries(WAITING_MAX, 0);
+static WAITING: Array<Waiting> = Array::with_max_entries(WAITING_MAX, BPF_F_MMAPABLE);
 
 /// Per device, reads and writes apart: how many completed within each
 /// latency bucket (`--latency-window`), from their time in `WAITING`, and
@@ -58,27 +74,46 @@ pub fn block_bio_queue_wait_q(ctx: RawTracePointContext) -> i32 {
 
 #[inline(always)]
 fn note_queued(bio: u64) {
-    if slot(bio::ENABLED) != 1 {
+    if layout(bio::ENABLED) != 1 {
         return;
     }
     let Some(dev) = bio_dev(bio) else {
         return;
     };
-    let waiting = Waiting {
-        // SAFETY: helpers without preconditions.
-        queued_ns: unsafe { bpf_ktime_get_ns() },
-        dev,
-        opf: read_at(bio, bio::OPF).unwrap_or(0),
-    };
-    if WAITING.insert(&bio, &waiting, 0).is_err() {
+    let first = waiting_slots(bio);
+    let mut chosen: Option<*mut Waiting> = None;
+    for way in 0..WAITING_WAYS {
+        let Some(slot) = WAITING.get_ptr_mut(first + way) else {
+            continue;
+        };
+        // SAFETY: a live array value; other CPUs write it too (see above).
+        let holder = unsafe { core::ptr::read_volatile(core::ptr::addr_of!((*slot).bio)) };
+        if holder == bio {
+            chosen = Some(slot);
+            break;
+        }
+        if holder == 0 && chosen.is_none() {
+            chosen = Some(slot);
+        }
+    }
+    let Some(slot) = chosen else {
         bump(stat::WAITING_FULL);
+        return;
+    };
+    // SAFETY: as above. The address last, so that a reader that sees it
+    // mostly sees the rest already written.
+    unsafe {
+        (*slot).queued_ns = bpf_ktime_get_ns();
+        (*slot).dev = dev;
+        (*slot).opf = read_at(bio, bio::OPF).unwrap_or(0);
+        core::ptr::write_volatile(core::ptr::addr_of_mut!((*slot).bio), bio);
     }
 }
 
 /// `block_bio_complete(q, bio)` (every kernel since 4.x).
 #[raw_tracepoint(tracepoint = "block_bio_complete")]
 pub fn block_bio_complete_wait(ctx: RawTracePointContext) -> i32 {
-    if slot(bio::ENABLED) != 1 {
+    if layout(bio::ENABLED) != 1 {
         return 0;
     }
     let bio: u64 = ctx.arg(1);
@@ -92,7 +127,7 @@ pub fn block_bio_complete_wait(ctx: RawTracePointContext) -> i32 {
 /// (a partial completion leaves the rest for the next call).
 #[raw_tracepoint(tracepoint = "block_rq_complete")]
 pub fn block_rq_complete_wait(ctx: RawTracePointContext) -> i32 {
-    if slot(bio::ENABLED) != 1 {
+    if layout(bio::ENABLED) != 1 {
         return 0;
     }
     let rq: u64 = ctx.arg(0);
@@ -114,20 +149,29 @@ pub fn block_rq_complete_wait(ctx: RawTracePointContext) -> i32 {
     0
 }
 
-/// A bio's entry leaves `WAITING`; with latency on, a read's or write's
-/// time there is counted in `LATENCY` first.
+/// A bio's slot in `WAITING` is freed; with latency on, a read's or
+/// write's time there is counted in `LATENCY` first.
 #[inline(always)]
 fn completed(bio: u64) {
-    if slot(bio::LATENCY) == 1 {
-        // SAFETY: the value is copied out before the entry is removed.
-        if let Some(w) = unsafe { WAITING.get(&bio) } {
-            let (queued_ns, dev, opf) = (w.queued_ns, w.dev, w.opf);
-            let _ = WAITING.remove(&bio);
-            record_latency(dev, opf, queued_ns);
-            return;
+    let first = waiting_slots(bio);
+    for way in 0..WAITING_WAYS {
+        let Some(slot) = WAITING.get_ptr_mut(first + way) else {
+            continue;
+        };
+        // SAFETY: a live array value. Only this bio's completion frees a
+        // slot holding its address; the values are copied out first.
+        unsafe {
+            if core::ptr::read_volatile(core::ptr::addr_of!((*slot).bio)) != bio {
+                continue;
+            }
+            let (queued_ns, dev, opf) = ((*slot).queued_ns, (*slot).dev, (*slot).opf);
+            core::ptr::write_volatile(core::ptr::addr_of_mut!((*slot).bio), 0);
+            if layout(bio::LATENCY) == 1 {
+                record_latency(dev, opf, queued_ns);
+            }
         }
+        return;
     }
-    let _ = WAITING.remove(&bio);
 }
 
 #[inline(always)]
@@ -197,7 +241,7 @@ pub fn bio_still_waiting(ctx: *mut core::ffi::c_void) -> u32 {
         // SAFETY: the map's own value, written by this program only.
         unsafe { *waiter = bio_cgroup(bio).unwrap_or(0) };
     }
-    ((flags >> (slot(bio::BIT_TRACE_COMPLETION) & 15)) & 1) as u32
+    ((flags >> (layout(bio::BIT_TRACE_COMPLETION) & 15)) & 1) as u32
 }
 
 /// The id of the cgroup the block layer charges `bio` to:
@@ -212,7 +256,7 @@ fn bio_cgroup(bio: u64) -> Option<u64> {
 }
 
 #[inline(always)]
-fn slot(i: usize) -> u32 {
+fn layout(i: usize) -> u32 {
     // SAFETY: as for `offset`.
     unsafe { core::ptr::read_volatile(&BIO_LAYOUT[i]) }
 }
@@ -220,7 +264,7 @@ fn slot(i: usize) -> u32 {
 /// Reads a kernel value at `base + BIO_LAYOUT[i]`.
 #[inline(always)]
 fn read_at<T>(base: u64, i: usize) -> Option<T> {
-    let off = slot(i);
+    let off = layout(i);
     if off == rq::ABSENT || base == 0 {
         return None;
     }
@@ -232,7 +276,7 @@ fn read_at<T>(base: u64, i: usize) -> Option<T> {
 /// one; before 5.12 its disk, narrowed to the partition by the sector.
 #[inline(always)]
 fn bio_dev(bio: u64) -> Option<u32> {
-    if slot(bio::BDEV) != rq::ABSENT {
+    if layout(bio::BDEV) != rq::ABSENT {
         let bdev: u64 = read_at(bio, bio::BDEV)?;
         return read_at(bdev, bio::BD_DEV);
     }

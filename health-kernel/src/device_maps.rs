@@ -11,7 +11,7 @@ use std::hash::Hash;
 
 use aya::maps::{HashMap as BpfHashMap, MapData};
 use aya::Pod;
-use health_common::{LatencyCount, LatencyKey, PartTable, StackPair, Waiting, DISK_NAME_LEN};
+use health_common::{LatencyCount, LatencyKey, PartTable, StackPair, DISK_NAME_LEN};
 use health_core::dev::Dev;
 
 /// The maps the caller keeps current from the device topology.
@@ -26,7 +26,7 @@ pub struct KernelMapsRest {
     /// by the programs).
     pub(crate) disk_names: BpfHashMap<MapData, u32, [u8; DISK_NAME_LEN]>,
     /// The bios waiting now (`crate::waiting`).
-    pub(crate) waiting: BpfHashMap<MapData, u64, Waiting>,
+    pub(crate) waiting: crate::waiting::WaitingSlots,
     /// Reads' and writes' latencies per device (`crate::latency`).
     pub(crate) latency: BpfHashMap<MapData, LatencyKey, LatencyCount>,
 }

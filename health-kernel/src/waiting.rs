@@ -1,6 +1,9 @@
-//! The bios waiting now, per device: read from the kernel's `WAITING` map
+//! The bios waiting now, per device: read from the kernel's `WAITING` array
 //! (every bio from `block_bio_queue` to `block_bio_complete`), with how many
 //! reads and writes wait on each device and since when the oldest has.
+//!
+//! The array is mapped into this process (`BPF_F_MMAPABLE`): a read is a
+//! pass over 192 KiB of memory, not a system call per slot.
 //!
 //! An entry can outlive its bio: the completion program is kept from
 //! nesting inside itself, and a completion it missed leaves the entry. So
@@ -10,13 +13,97 @@
 //! and only until one still waits: a few calls per stalled device.
 
 use std::collections::{BTreeMap, HashSet};
+use std::num::NonZeroUsize;
+use std::os::fd::AsFd;
+use std::ptr::{addr_of_mut, NonNull};
 
-use aya::maps::{HashMap as BpfHashMap, MapData, MapError};
+use aya::maps::MapData;
 use health_common::{op, op_from_opf, Waiting, WAITING_MAX};
 use health_core::dev::Dev;
+use nix::sys::mman::{mmap, munmap, MapFlags, ProtFlags};
 
-use crate::device_maps::{entries, KernelMapsRest};
+use crate::device_maps::KernelMapsRest;
 use crate::probes::waiting::BioState;
+
+/// The kernel's `WAITING` array, mapped shared into this process.
+pub struct WaitingSlots {
+    /// Kept open for as long as the mapping is used.
+    _map: MapData,
+    slots: NonNull<Waiting>,
+}
+
+// SAFETY: the mapping belongs to this value alone; reads and writes go
+// through volatile accesses of whole `Waiting` values or their `bio`.
+unsafe impl Send for WaitingSlots {}
+
+/// The mapping's length: the kernel maps an mmapable array's values whole
+/// pages at a time.
+fn mapped_len() -> NonZeroUsize {
+    let bytes = WAITING_MAX as usize * std::mem::size_of::<Waiting>();
+    let page = 4096;
+    NonZeroUsize::new(bytes.div_ceil(page) * page).expect("WAITING has slots")
+}
+
+impl WaitingSlots {
+    /// Maps `map`, which must be the object's `WAITING`.
+    pub(crate) fn new(map: MapData) -> std::io::Result<Self> {
+        // SAFETY: a fresh shared mapping of the map's whole value area, which
+        // the kernel sizes for WAITING_MAX values of this layout; no Rust
+        // reference into it is ever made.
+        let mem = unsafe {
+            mmap(
+                None,
+                mapped_len(),
+                ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
+                MapFlags::MAP_SHARED,
+                map.fd().as_fd(),
+                0,
+            )
+        }
+        .map_err(std::io::Error::from)?;
+        Ok(Self {
+            _map: map,
+            slots: mem.cast(),
+        })
+    }
+
+    /// The slots that hold a bio, with their index.
+    fn occupied(&self) -> Vec<(usize, Waiting)> {
+        (0..WAITING_MAX as usize)
+            .filter_map(|i| {
+                // SAFETY: `i` is within the mapping; the programs write the
+                // slot concurrently, so it is copied, never referenced.
+                let w = unsafe { std::ptr::read_volatile(self.slots.as_ptr().add(i)) };
+                (w.bio != 0).then_some((i, w))
+            })
+            .collect()
+    }
+
+    /// Frees slot `i` if it still holds what was read from it (a new bio
+    /// may have taken it since); returns whether it did.
+    fn free_if_same(&self, i: usize, w: &Waiting) -> bool {
+        // SAFETY: as in `occupied`. A program may take the slot between
+        // the read and the write: that bio is then not followed, the
+        // programs' own race (health-ebpf's waiting.rs).
+        unsafe {
+            let slot = self.slots.as_ptr().add(i);
+            if std::ptr::read_volatile(slot) != *w {
+                return false;
+            }
+            std::ptr::write_volatile(addr_of_mut!((*slot).bio), 0);
+        }
+        true
+    }
+}
+
+impl Drop for WaitingSlots {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `new`, unmapped once.
+        if let Err(e) = unsafe { munmap(self.slots.cast(), mapped_len().get()) } {
+            tracing::warn!("unmapping WAITING: {e}");
+        }
+    }
+}
 
 /// What waits on one device.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -60,43 +147,42 @@ impl KernelMapsRest {
         now_ns: u64,
         old_before_ns: u64,
         state: impl FnMut(u64) -> Result<BioState, String>,
-    ) -> Result<WaitingRead, MapError> {
-        read(&mut self.waiting, now_ns, old_before_ns, state)
+    ) -> WaitingRead {
+        read(&self.waiting, now_ns, old_before_ns, state)
     }
 }
 
-/// Reads `map` at `now_ns`; bios queued at or before `old_before_ns` are
+/// Reads `slots` at `now_ns`; bios queued at or before `old_before_ns` are
 /// confirmed with `state` (oldest first, per device) before they count.
 pub fn read(
-    map: &mut BpfHashMap<MapData, u64, Waiting>,
+    slots: &WaitingSlots,
     now_ns: u64,
     old_before_ns: u64,
     mut state: impl FnMut(u64) -> Result<BioState, String>,
-) -> Result<WaitingRead, MapError> {
-    let entries = entries(map, WAITING_MAX)?;
-    let mut by_dev: BTreeMap<u32, Vec<(u64, Waiting)>> = BTreeMap::new();
-    for (addr, w) in entries {
-        by_dev.entry(w.dev).or_default().push((addr, w));
+) -> WaitingRead {
+    let mut by_dev: BTreeMap<u32, Vec<(usize, Waiting)>> = BTreeMap::new();
+    for (i, w) in slots.occupied() {
+        by_dev.entry(w.dev).or_default().push((i, w));
     }
     let mut out = WaitingRead::default();
     for (dev, mut bios) in by_dev {
         bios.sort_by_key(|(_, w)| w.queued_ns);
         let mut stale = HashSet::new();
         let mut cgroup = None;
-        for (addr, w) in bios.iter().take(CHECKS_PER_DEVICE) {
+        for (i, w) in bios.iter().take(CHECKS_PER_DEVICE) {
             if w.queued_ns > old_before_ns {
                 break;
             }
-            match state(*addr) {
+            match state(w.bio) {
                 Ok(BioState::Waiting { cgroup: c }) => {
                     cgroup = c;
                     break;
                 }
                 Ok(BioState::Completed | BioState::Unreadable) => {
-                    if remove_if_same(map, *addr, w) {
+                    if slots.free_if_same(*i, w) {
                         out.stale_removed += 1;
                     }
-                    stale.insert(*addr);
+                    stale.insert(*i);
                 }
                 // Cannot ask: report what the map says.
                 Err(why) => {
@@ -105,26 +191,17 @@ pub fn read(
                 }
             }
         }
-        bios.retain(|(addr, _)| !stale.contains(addr));
+        bios.retain(|(i, _)| !stale.contains(i));
         if let Some(mut d) = summarize(dev, &bios, now_ns) {
             d.oldest_cgroup = cgroup;
             out.devices.push(d);
         }
     }
-    Ok(out)
-}
-
-/// Removes a stale entry unless a new bio at the same address replaced it
-/// since it was read.
-fn remove_if_same(map: &mut BpfHashMap<MapData, u64, Waiting>, addr: u64, w: &Waiting) -> bool {
-    match map.get(&addr, 0) {
-        Ok(now) if now == *w => map.remove(&addr).is_ok(),
-        _ => false,
-    }
+    out
 }
 
 /// The device's counts by operation and its oldest bio; `None` for none.
-fn summarize(dev: u32, bios: &[(u64, Waiting)], now_ns: u64) -> Option<DeviceWait> {
+fn summarize(dev: u32, bios: &[(usize, Waiting)], now_ns: u64) -> Option<DeviceWait> {
     let (_, oldest) = bios.first()?;
     let mut d = DeviceWait {
         dev: Dev::from_kernel(dev),
@@ -152,6 +229,7 @@ mod tests {
 
     fn bio(dev: u32, queued_ns: u64, opf: u32) -> Waiting {
         Waiting {
+            bio: 0xffff_8881_0000_0000 + queued_ns,
             queued_ns,
             dev,
             opf,

@@ -100,7 +100,7 @@ pub fn attach(opts: &ProbeOptions) -> Result<(Attached, KernelMaps), ProbeError>
         bio_devs: take_map(&mut ebpf, "BIO_DEVS")?,
         stacked: take_map(&mut ebpf, "STACKED")?,
         disk_names: take_map(&mut ebpf, "DISK_NAMES")?,
-        waiting: take_map(&mut ebpf, "WAITING")?,
+        waiting: waiting_slots(&mut ebpf)?,
         latency: take_map(&mut ebpf, "LATENCY")?,
     };
     Ok((
@@ -595,6 +595,20 @@ fn attach_writeback_errno(
             .map_err(|e| e.to_string())?;
     }
     Ok(())
+}
+
+/// `WAITING`, mapped into this process.
+fn waiting_slots(ebpf: &mut Ebpf) -> Result<crate::waiting::WaitingSlots, ProbeError> {
+    const NAME: &str = "WAITING";
+    let map = ebpf.take_map(NAME).ok_or(ProbeError::MissingMap(NAME))?;
+    let aya::maps::Map::Array(data) = map else {
+        return Err(ProbeError::MapMemory {
+            name: NAME,
+            source: std::io::Error::other(format!("an array was expected, the object has {map:?}")),
+        });
+    };
+    crate::waiting::WaitingSlots::new(data)
+        .map_err(|source| ProbeError::MapMemory { name: NAME, source })
 }
 
 fn take_map<T>(ebpf: &mut Ebpf, name: &'static str) -> Result<T, ProbeError>

@@ -37,7 +37,7 @@ use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, PerCpuHashMap, Ring
 use aya::Ebpf;
 pub use errors::{BpfRefusal, ProbeError};
 use health_common::{
-    CounterKey, ErrorTimes, LatencyCount, LatencyKey, PartTable, StackPair, Waiting, DISK_NAME_LEN,
+    CounterKey, ErrorTimes, LatencyCount, LatencyKey, PartTable, StackPair, DISK_NAME_LEN,
 };
 pub use layout::block_tracepoints;
 pub use memlock::MemlockShortfall;
@@ -165,8 +165,8 @@ pub struct KernelMaps {
     pub bio_devs: BpfHashMap<MapData, u32, u8>,
     pub stacked: BpfHashMap<MapData, StackPair, u8>,
     pub disk_names: BpfHashMap<MapData, u32, [u8; DISK_NAME_LEN]>,
-    /// The bios waiting now, by address (`waiting`).
-    pub waiting: BpfHashMap<MapData, u64, Waiting>,
+    /// The bios waiting now (`crate::waiting`).
+    pub waiting: crate::waiting::WaitingSlots,
     /// Reads' and writes' latencies per device (`latency`).
     pub latency: BpfHashMap<MapData, LatencyKey, LatencyCount>,
 }

@@ -201,8 +201,7 @@ impl<R: Reporter> Agent<R> {
         let attached = &self.attached;
         let read = self
             .rest
-            .waiting(now, old_before, |addr| attached.bio_state(addr))
-            .context("reading the waiting bios")?;
+            .waiting(now, old_before, |addr| attached.bio_state(addr));
         if read.stale_removed > 0 {
             tracing::debug!(
                 entries = read.stale_removed,
