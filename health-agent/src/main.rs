@@ -144,7 +144,7 @@ struct KernelArgs {
     event_priority: EventPriority,
     /// Seconds a volume's oldest I/O may wait before it is IOStalled (Inaccessible), e.g. 10
     /// (volumes::stalls::SUGGESTED_STALL_AFTER); 0, the default, follows no bio (the programs
-    /// that follow every bio cost 0.8-1.2 µs per request, docs/benchmarks.md "Stalls").
+    /// that follow every bio cost about 0.8 µs per request, docs/benchmarks.md "Stalls").
     #[arg(long, value_name = "SECS", default_value_t = 0.0)]
     stall_after: f64,
     /// Where the host's cgroup filesystem is: a stalled volume's message names the pod and

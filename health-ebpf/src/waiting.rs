@@ -81,7 +81,10 @@ fn note_queued(bio: u64) {
         return;
     };
     let first = waiting_slots(bio);
-    let mut chosen: Option<*mut Waiting> = None;
+    // The slot's index, not its pointer: 5.10's and 6.1's verifiers lose
+    // a map value pointer's type when it is kept on the stack across the
+    // loop (`invalid mem access 'scalar'`); the lookup again is inlined.
+    let mut chosen: Option<u32> = None;
     for way in 0..WAITING_WAYS {
         let Some(slot) = WAITING.get_ptr_mut(first + way) else {
             continue;
@@ -89,14 +92,14 @@ fn note_queued(bio: u64) {
         // SAFETY: a live array value; other CPUs write it too (see above).
         let holder = unsafe { core::ptr::read_volatile(core::ptr::addr_of!((*slot).bio)) };
         if holder == bio {
-            chosen = Some(slot);
+            chosen = Some(first + way);
             break;
         }
         if holder == 0 && chosen.is_none() {
-            chosen = Some(slot);
+            chosen = Some(first + way);
         }
     }
-    let Some(slot) = chosen else {
+    let Some(slot) = chosen.and_then(|i| WAITING.get_ptr_mut(i)) else {
         bump(stat::WAITING_FULL);
         return;
     };

@@ -16,7 +16,7 @@ use std::path::PathBuf;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use anyhow::{ensure, Context, Result};
+use anyhow::{bail, ensure, Context, Result};
 use health_tests::agent::{Agent, AgentRun};
 use health_tests::cgroup::TestCgroup;
 use health_tests::kubelet_tree::Kubelet;
@@ -106,10 +106,13 @@ fn a_write_held_by_the_backing_store_is_io_stalled_until_it_completes() -> Resul
         _kubelet,
         agent,
     } = setup("2")?;
-    ensure!(
-        agent.wait_for_log("stalls: following every bio", Duration::ZERO),
-        "the agent did not say it follows bios"
-    );
+    if !agent.wait_for_log("stalls: following every bio", Duration::ZERO) {
+        let run = agent.stop()?;
+        bail!(
+            "the agent did not say it follows bios; its log:\n{}",
+            run.stderr
+        );
+    }
     // Healthy I/O first: no condition.
     fs::o_direct_write(lo.path(), IO_AT, &[0x11; 4096])?;
     std::thread::sleep(Duration::from_secs(3));

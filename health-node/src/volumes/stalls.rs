@@ -34,9 +34,9 @@ use super::{IndexedVolume, VolumeKey};
 /// is held back by design (mq-deadline's write_expire, 5 s), and a third of
 /// the SCSI and NVMe command timeout (30 s), so that the condition comes
 /// before the kernel's own abort and reset, and long before its hung-task
-/// report (120 s). Not the default yet: following every bio costs
-/// 0.8-1.2 µs per request here (docs/benchmarks.md, "Stalls"), above what
-/// a default may add to every I/O of a node.
+/// report (120 s). Not the default yet: following every bio costs about
+/// 0.8 µs per request here (docs/benchmarks.md, "Stalls"), above what a
+/// default may add to every I/O of a node.
 pub const SUGGESTED_STALL_AFTER: Duration = Duration::from_secs(10);
 
 /// What a stalled volume's message names besides its devices.
