@@ -72,6 +72,9 @@ pub fn block_bio_queue_wait_q(ctx: RawTracePointContext) -> i32 {
     0
 }
 
+/// No slot chosen (beyond the array: a lookup of it finds nothing).
+const NO_SLOT: u32 = u32::MAX;
+
 #[inline(always)]
 fn note_queued(bio: u64) {
     if layout(bio::ENABLED) != 1 {
@@ -81,10 +84,12 @@ fn note_queued(bio: u64) {
         return;
     };
     let first = waiting_slots(bio);
-    // The slot's index, not its pointer: 5.10's and 6.1's verifiers lose
-    // a map value pointer's type when it is kept on the stack across the
-    // loop (`invalid mem access 'scalar'`); the lookup again is inlined.
-    let mut chosen: Option<u32> = None;
+    // The slot's index, not its pointer, and no `Option`: 6.1's verifier
+    // loses a map value pointer's type when it is kept on the stack across
+    // the loop (`invalid mem access 'scalar'`), and 5.10's refuses to read
+    // an `Option`'s payload that only some paths wrote (`invalid read from
+    // stack`). The lookup again is inlined.
+    let mut chosen = NO_SLOT;
     for way in 0..WAITING_WAYS {
         let Some(slot) = WAITING.get_ptr_mut(first + way) else {
             continue;
@@ -92,16 +97,19 @@ fn note_queued(bio: u64) {
         // SAFETY: a live array value; other CPUs write it too (see above).
         let holder = unsafe { core::ptr::read_volatile(core::ptr::addr_of!((*slot).bio)) };
         if holder == bio {
-            chosen = Some(first + way);
+            chosen = first + way;
             break;
         }
-        if holder == 0 && chosen.is_none() {
-            chosen = Some(first + way);
+        if holder == 0 && chosen == NO_SLOT {
+            chosen = first + way;
         }
     }
-    let Some(slot) = chosen.and_then(|i| WAITING.get_ptr_mut(i)) else {
-        bump(stat::WAITING_FULL);
-        return;
+    let slot = match WAITING.get_ptr_mut(chosen) {
+        Some(slot) if chosen != NO_SLOT => slot,
+        _ => {
+            bump(stat::WAITING_FULL);
+            return;
+        }
     };
     // SAFETY: as above. The address last, so that a reader that sees it
     // mostly sees the rest already written.
