@@ -572,7 +572,6 @@ mod pod {
     unsafe impl aya::Pod for super::PartRange {}
     unsafe impl aya::Pod for super::StackPair {}
     unsafe impl aya::Pod for super::ErrorTimes {}
-    unsafe impl aya::Pod for super::Waiting {}
     unsafe impl aya::Pod for super::LatencyKey {}
     unsafe impl aya::Pod for super::LatencyCount {}
 }

@@ -25,8 +25,8 @@ pub struct KernelMapsRest {
     /// The kernel's name of each disk a failed request was seen on (written
     /// by the programs).
     pub(crate) disk_names: BpfHashMap<MapData, u32, [u8; DISK_NAME_LEN]>,
-    /// The bios waiting now (`crate::waiting`).
-    pub(crate) waiting: crate::waiting::WaitingSlots,
+    /// The bios waiting now (`crate::waiting`), where it could be mapped.
+    pub(crate) waiting: Option<crate::waiting::WaitingSlots>,
     /// Reads' and writes' latencies per device (`crate::latency`).
     pub(crate) latency: BpfHashMap<MapData, LatencyKey, LatencyCount>,
 }

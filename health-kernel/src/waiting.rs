@@ -3,7 +3,7 @@
 //! reads and writes wait on each device and since when the oldest has.
 //!
 //! The array is mapped into this process (`BPF_F_MMAPABLE`): a read is a
-//! pass over 192 KiB of memory, not a system call per slot.
+//! pass over 384 KiB of memory, not a system call per slot.
 //!
 //! An entry can outlive its bio: the completion program is kept from
 //! nesting inside itself, and a completion it missed leaves the entry. So
@@ -36,12 +36,11 @@ pub struct WaitingSlots {
 // through volatile accesses of whole `Waiting` values or their `bio`.
 unsafe impl Send for WaitingSlots {}
 
-/// The mapping's length: the kernel maps an mmapable array's values whole
-/// pages at a time.
+/// The mapping's length: the values, which the kernel rounds up to its
+/// own page size (4 KiB or, on some arm64 kernels, 64 KiB).
 fn mapped_len() -> NonZeroUsize {
-    let bytes = WAITING_MAX as usize * std::mem::size_of::<Waiting>();
-    let page = 4096;
-    NonZeroUsize::new(bytes.div_ceil(page) * page).expect("WAITING has slots")
+    NonZeroUsize::new(WAITING_MAX as usize * std::mem::size_of::<Waiting>())
+        .expect("WAITING has slots")
 }
 
 impl WaitingSlots {
@@ -148,7 +147,10 @@ impl KernelMapsRest {
         old_before_ns: u64,
         state: impl FnMut(u64) -> Result<BioState, String>,
     ) -> WaitingRead {
-        read(&self.waiting, now_ns, old_before_ns, state)
+        match &self.waiting {
+            Some(slots) => read(slots, now_ns, old_before_ns, state),
+            None => WaitingRead::default(),
+        }
     }
 }
 

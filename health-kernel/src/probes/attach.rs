@@ -75,6 +75,12 @@ pub fn attach(opts: &ProbeOptions) -> Result<(Attached, KernelMaps), ProbeError>
         Ok(layout) => waiting::attach(&mut ebpf, pin_set.as_ref(), layout[bio::QUEUE_ARG]),
         Err(why) => Err(why.clone()),
     };
+    // Only the stalls need it: a mapping refused leaves them off, not the
+    // agent.
+    let (waiting, waiting_slots) = match waiting_slots(&mut ebpf) {
+        Ok(slots) => (waiting, Some(slots)),
+        Err(e) => (Err(format!("mapping WAITING into the agent: {e}")), None),
+    };
     drop(load_btf);
     drop(kernel);
     release_freed_heap();
@@ -100,7 +106,7 @@ pub fn attach(opts: &ProbeOptions) -> Result<(Attached, KernelMaps), ProbeError>
         bio_devs: take_map(&mut ebpf, "BIO_DEVS")?,
         stacked: take_map(&mut ebpf, "STACKED")?,
         disk_names: take_map(&mut ebpf, "DISK_NAMES")?,
-        waiting: waiting_slots(&mut ebpf)?,
+        waiting: waiting_slots,
         latency: take_map(&mut ebpf, "LATENCY")?,
     };
     Ok((
@@ -598,17 +604,16 @@ fn attach_writeback_errno(
 }
 
 /// `WAITING`, mapped into this process.
-fn waiting_slots(ebpf: &mut Ebpf) -> Result<crate::waiting::WaitingSlots, ProbeError> {
-    const NAME: &str = "WAITING";
-    let map = ebpf.take_map(NAME).ok_or(ProbeError::MissingMap(NAME))?;
+fn waiting_slots(ebpf: &mut Ebpf) -> std::io::Result<crate::waiting::WaitingSlots> {
+    let map = ebpf
+        .take_map("WAITING")
+        .ok_or_else(|| std::io::Error::other("the kernel object has no WAITING map"))?;
     let aya::maps::Map::Array(data) = map else {
-        return Err(ProbeError::MapMemory {
-            name: NAME,
-            source: std::io::Error::other(format!("an array was expected, the object has {map:?}")),
-        });
+        return Err(std::io::Error::other(format!(
+            "an array was expected, the object has {map:?}"
+        )));
     };
     crate::waiting::WaitingSlots::new(data)
-        .map_err(|source| ProbeError::MapMemory { name: NAME, source })
 }
 
 fn take_map<T>(ebpf: &mut Ebpf, name: &'static str) -> Result<T, ProbeError>

@@ -48,11 +48,6 @@ pub enum ProbeError {
         name: &'static str,
         source: Box<aya::maps::MapError>,
     },
-    #[error("mapping kernel map {name} into this process")]
-    MapMemory {
-        name: &'static str,
-        source: std::io::Error,
-    },
     #[error("none of the error tracepoints could be attached:\n{0}")]
     NothingAttached(String),
     #[error("pinned kernel state")]

@@ -165,8 +165,9 @@ pub struct KernelMaps {
     pub bio_devs: BpfHashMap<MapData, u32, u8>,
     pub stacked: BpfHashMap<MapData, StackPair, u8>,
     pub disk_names: BpfHashMap<MapData, u32, [u8; DISK_NAME_LEN]>,
-    /// The bios waiting now (`crate::waiting`).
-    pub waiting: crate::waiting::WaitingSlots,
+    /// The bios waiting now (`crate::waiting`); `None` where the array
+    /// could not be mapped (then `Attached::waiting` says why).
+    pub waiting: Option<crate::waiting::WaitingSlots>,
     /// Reads' and writes' latencies per device (`latency`).
     pub latency: BpfHashMap<MapData, LatencyKey, LatencyCount>,
 }
