@@ -24,6 +24,11 @@
 //! leave an entry behind. A raw tracepoint program is only kept from
 //! nesting inside itself; an entry left behind that way is found by
 //! userspace, which asks `bio_still_waiting` before it reports a stall.
+//! Each program comes twice: as a BTF raw tracepoint (`tp_btf`), whose
+//! arguments the verifier knows as `struct bio *` and `struct request *`,
+//! so the fields are plain loads ([`Direct`]); and as a plain raw
+//! tracepoint, for verifiers that refuse the first, reading each field
+//! with a helper call ([`Probed`]). Userspace attaches one set.
 
 use super::*;
 
@@ -56,34 +61,106 @@ static LATENCY: HashMap<LatencyKey, LatencyCount> = HashMap::with_max_entries(LA
 #[map]
 static WAITER: Array<u64> = Array::with_max_entries(1, 0);
 
+/// `block_bio_queue(bio)`, kernels since 5.11, as a BTF raw tracepoint.
+#[btf_tracepoint(function = "block_bio_queue")]
+pub fn block_bio_queue_wait_btf(ctx: BtfTracePointContext) -> u32 {
+    note_queued::<Direct>(ctx.arg(0));
+    0
+}
+
+/// `block_bio_queue(q, bio)`, kernels before 5.11, as a BTF raw tracepoint.
+#[btf_tracepoint(function = "block_bio_queue")]
+pub fn block_bio_queue_wait_btf_q(ctx: BtfTracePointContext) -> u32 {
+    note_queued::<Direct>(ctx.arg(1));
+    0
+}
+
 /// `block_bio_queue(bio)`, kernels since 5.11. (A raw tracepoint program
 /// may not read past the tracepoint's arguments, so each argument list has
 /// its own program; userspace attaches the one this kernel's BTF names.)
 #[raw_tracepoint(tracepoint = "block_bio_queue")]
 pub fn block_bio_queue_wait(ctx: RawTracePointContext) -> i32 {
-    note_queued(ctx.arg(0));
+    note_queued::<Probed>(ctx.arg(0));
     0
 }
 
 /// `block_bio_queue(q, bio)`, kernels before 5.11.
 #[raw_tracepoint(tracepoint = "block_bio_queue")]
 pub fn block_bio_queue_wait_q(ctx: RawTracePointContext) -> i32 {
-    note_queued(ctx.arg(1));
+    note_queued::<Probed>(ctx.arg(1));
     0
+}
+
+/// How a program reads the kernel's memory, and what it hashes a bio by.
+trait Reads {
+    /// The value at `base + BIO_LAYOUT[i]`; `None` where this kernel has
+    /// no such field or `base` is null.
+    fn read<T>(base: u64, i: usize) -> Option<T>;
+    /// The number a bio's [`waiting_slots`] are chosen by (`None`: the bio
+    /// is not followed).
+    fn key(bio: u64) -> Option<u64>;
+}
+
+/// `tp_btf` programs: `base` is a pointer the verifier knows the type of
+/// and the offsets are constants to it (`BIO_LAYOUT` is frozen read-only
+/// data), so a field is one load the kernel guards against faults, where
+/// a helper call costs about 100 ns here (docs/benchmarks.md, "Stalls").
+struct Direct;
+
+impl Reads for Direct {
+    #[inline(always)]
+    fn read<T>(base: u64, i: usize) -> Option<T> {
+        let off = layout(i);
+        if off == rq::ABSENT || base == 0 {
+            return None;
+        }
+        // SAFETY: the verifier checks the load against the kernel's BTF and
+        // turns it into one whose fault reads as 0.
+        Some(unsafe { core::ptr::read_volatile((base + off as u64) as *const T) })
+    }
+
+    /// The verifier allows no arithmetic on a typed pointer but adding and
+    /// subtracting, and a pointer minus another is a plain number: the
+    /// bio's distance from `WAITING`'s first slot, which is the address
+    /// moved by a constant, hashes as well as the address.
+    #[inline(always)]
+    fn key(bio: u64) -> Option<u64> {
+        let base = WAITING.get_ptr_mut(0)? as u64;
+        Some(bio.wrapping_sub(base))
+    }
+}
+
+/// Plain raw tracepoint programs: arguments are numbers, and every field
+/// is read with `bpf_probe_read_kernel`.
+struct Probed;
+
+impl Reads for Probed {
+    #[inline(always)]
+    fn read<T>(base: u64, i: usize) -> Option<T> {
+        read_at(base, i)
+    }
+
+    #[inline(always)]
+    fn key(bio: u64) -> Option<u64> {
+        Some(bio)
+    }
 }
 
 /// No slot chosen (beyond the array: a lookup of it finds nothing).
 const NO_SLOT: u32 = u32::MAX;
 
 #[inline(always)]
-fn note_queued(bio: u64) {
+fn note_queued<R: Reads>(bio: u64) {
     if layout(bio::ENABLED) != 1 {
         return;
     }
-    let Some(dev) = bio_dev(bio) else {
+    let Some(dev) = bio_dev::<R>(bio) else {
         return;
     };
-    let first = waiting_slots(bio);
+    let Some(key) = R::key(bio) else {
+        return;
+    };
+    let first = waiting_slots(key);
     // The slot's index, not its pointer, and no `Option`: 6.1's verifier
     // loses a map value pointer's type when it is kept on the stack across
     // the loop (`invalid mem access 'scalar'`), and 5.10's refuses to read
@@ -116,55 +193,78 @@ fn note_queued(bio: u64) {
     unsafe {
         (*slot).queued_ns = bpf_ktime_get_ns();
         (*slot).dev = dev;
-        (*slot).opf = read_at(bio, bio::OPF).unwrap_or(0);
+        (*slot).opf = R::read(bio, bio::OPF).unwrap_or(0);
         core::ptr::write_volatile(core::ptr::addr_of_mut!((*slot).bio), bio);
     }
 }
 
-/// `block_bio_complete(q, bio)` (every kernel since 4.x).
-#[raw_tracepoint(tracepoint = "block_bio_complete")]
-pub fn block_bio_complete_wait(ctx: RawTracePointContext) -> i32 {
-    if layout(bio::ENABLED) != 1 {
-        return 0;
+/// `block_bio_complete(q, bio)` (every kernel since 4.x), as a BTF raw
+/// tracepoint.
+#[btf_tracepoint(function = "block_bio_complete")]
+pub fn block_bio_complete_wait_btf(ctx: BtfTracePointContext) -> u32 {
+    if layout(bio::ENABLED) == 1 {
+        completed::<Direct>(ctx.arg(1));
     }
-    let bio: u64 = ctx.arg(1);
-    completed(bio);
     0
 }
 
-/// `block_rq_complete(rq, error, nr_bytes)` on every kernel: the bios of
-/// a request-based device complete with their request, whose bios the
-/// kernel no longer traces one by one. Removes each bio `nr_bytes` covers
-/// (a partial completion leaves the rest for the next call).
+/// The same as a plain raw tracepoint.
+#[raw_tracepoint(tracepoint = "block_bio_complete")]
+pub fn block_bio_complete_wait(ctx: RawTracePointContext) -> i32 {
+    if layout(bio::ENABLED) == 1 {
+        completed::<Probed>(ctx.arg(1));
+    }
+    0
+}
+
+/// `block_rq_complete(rq, error, nr_bytes)` on every kernel, as a BTF raw
+/// tracepoint: the bios of a request-based device complete with their
+/// request, whose bios the kernel no longer traces one by one.
+#[btf_tracepoint(function = "block_rq_complete")]
+pub fn block_rq_complete_wait_btf(ctx: BtfTracePointContext) -> u32 {
+    if layout(bio::ENABLED) == 1 {
+        request_completed::<Direct>(ctx.arg(0), ctx.arg(2));
+    }
+    0
+}
+
+/// The same as a plain raw tracepoint.
 #[raw_tracepoint(tracepoint = "block_rq_complete")]
 pub fn block_rq_complete_wait(ctx: RawTracePointContext) -> i32 {
-    if layout(bio::ENABLED) != 1 {
-        return 0;
+    if layout(bio::ENABLED) == 1 {
+        request_completed::<Probed>(ctx.arg(0), ctx.arg(2));
     }
-    let rq: u64 = ctx.arg(0);
-    let nr_bytes: u64 = ctx.arg(2);
+    0
+}
+
+/// Removes each bio of the request `rq` that `nr_bytes` covers (a partial
+/// completion leaves the rest for the next call).
+#[inline(always)]
+fn request_completed<R: Reads>(rq: u64, nr_bytes: u64) {
     let mut left = nr_bytes as u32;
-    let mut bio: u64 = read_at(rq, bio::RQ_BIO).unwrap_or(0);
+    let mut bio: u64 = R::read(rq, bio::RQ_BIO).unwrap_or(0);
     for _ in 0..bio::RQ_BIOS_MAX {
         if bio == 0 {
             break;
         }
-        let size: u32 = read_at(bio, bio::BI_SIZE).unwrap_or(u32::MAX);
+        let size: u32 = R::read(bio, bio::BI_SIZE).unwrap_or(u32::MAX);
         if size > left {
             break;
         }
         left -= size;
-        completed(bio);
-        bio = read_at(bio, bio::BI_NEXT).unwrap_or(0);
+        completed::<R>(bio);
+        bio = R::read(bio, bio::BI_NEXT).unwrap_or(0);
     }
-    0
 }
 
 /// A bio's slot in `WAITING` is freed; with latency on, a read's or
 /// write's time there is counted in `LATENCY` first.
 #[inline(always)]
-fn completed(bio: u64) {
-    let first = waiting_slots(bio);
+fn completed<R: Reads>(bio: u64) {
+    let Some(key) = R::key(bio) else {
+        return;
+    };
+    let first = waiting_slots(key);
     for way in 0..WAITING_WAYS {
         let Some(slot) = WAITING.get_ptr_mut(first + way) else {
             continue;
@@ -286,16 +386,16 @@ fn read_at<T>(base: u64, i: usize) -> Option<T> {
 /// The device a bio was submitted to: its `block_device` where bios have
 /// one; before 5.12 its disk, narrowed to the partition by the sector.
 #[inline(always)]
-fn bio_dev(bio: u64) -> Option<u32> {
+fn bio_dev<R: Reads>(bio: u64) -> Option<u32> {
     if layout(bio::BDEV) != rq::ABSENT {
-        let bdev: u64 = read_at(bio, bio::BDEV)?;
-        return read_at(bdev, bio::BD_DEV);
+        let bdev: u64 = R::read(bio, bio::BDEV)?;
+        return R::read(bdev, bio::BD_DEV);
     }
-    let disk: u64 = read_at(bio, bio::DISK)?;
-    let major: i32 = read_at(disk, bio::DISK_MAJOR)?;
-    let minor: i32 = read_at(disk, bio::DISK_FIRST_MINOR)?;
+    let disk: u64 = R::read(bio, bio::DISK)?;
+    let major: i32 = R::read(disk, bio::DISK_MAJOR)?;
+    let minor: i32 = R::read(disk, bio::DISK_FIRST_MINOR)?;
     let dev = kdev::make(major as u32, minor as u32);
-    let sector: u64 = read_at(bio, bio::SECTOR).unwrap_or(0);
+    let sector: u64 = R::read(bio, bio::SECTOR).unwrap_or(0);
     // SAFETY: a map lookup; the value is only read here.
     Some(match unsafe { PARTITIONS.get(&dev) } {
         Some(table) => table.resolve(dev, sector),

@@ -72,7 +72,12 @@ pub fn attach(opts: &ProbeOptions) -> Result<(Attached, KernelMaps), ProbeError>
         sources.push(attacher.attach(p));
     }
     let waiting = match &kernel.bio_layout {
-        Ok(layout) => waiting::attach(&mut ebpf, pin_set.as_ref(), layout[bio::QUEUE_ARG]),
+        Ok(layout) => waiting::attach(
+            &mut ebpf,
+            pin_set.as_ref(),
+            load_btf.as_ref(),
+            layout[bio::QUEUE_ARG],
+        ),
         Err(why) => Err(why.clone()),
     };
     // Only the stalls need it: a mapping refused leaves them off, not the

@@ -185,8 +185,8 @@ pub struct Attached {
     pub sources: Vec<SourceStatus>,
     /// `block_bio_complete`, loaded and waiting for its first dm/md device.
     bio_deferred: Option<(&'static str, &'static str)>,
-    /// Whether the `WAITING` programs run, or why not.
-    pub waiting: Result<(), String>,
+    /// Which `WAITING` programs run, or why none.
+    pub waiting: Result<waiting::BioPrograms, String>,
 }
 
 impl Attached {

@@ -90,9 +90,11 @@ pub(super) struct BtfFacts {
 }
 
 /// The names the `tp_btf` and fentry loads look up.
-pub(super) const LOAD_NAMES: [(u32, &str); 3] = [
+pub(super) const LOAD_NAMES: [(u32, &str); 5] = [
     (super::btf::KIND_TYPEDEF, "btf_trace_block_rq_error"),
     (super::btf::KIND_TYPEDEF, "btf_trace_block_rq_complete"),
+    (super::btf::KIND_TYPEDEF, "btf_trace_block_bio_queue"),
+    (super::btf::KIND_TYPEDEF, "btf_trace_block_bio_complete"),
     (super::btf::KIND_FUNC, "__filemap_set_wb_err"),
 ];
 

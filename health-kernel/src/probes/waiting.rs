@@ -1,38 +1,178 @@
 //! The programs that follow each bio while it waits (`WAITING`): attached
-//! to `block_bio_queue`, `block_bio_complete` and `block_rq_complete` as
-//! raw tracepoints
+//! to `block_bio_queue`, `block_bio_complete` and `block_rq_complete`
 //! (pinned with the rest), and the never-attached `bio_still_waiting`,
 //! which userspace runs to ask the kernel whether a bio it finds old in the
 //! map is still in flight.
+//!
+//! The three come as two sets: BTF raw tracepoints (`tp_btf`), which read
+//! the bio with plain loads, and plain raw tracepoints, which read it with
+//! a helper call per field, for kernels whose verifier refuses the first.
+
+use std::fmt;
 
 use aya::maps::Array;
-use aya::programs::{RawTracePoint, RawTracePointRunOptions, TestRun};
-use aya::Ebpf;
+use aya::programs::{BtfTracePoint, RawTracePoint, RawTracePointRunOptions, TestRun};
+use aya::{Btf, Ebpf};
 
 use super::errors::error_chain;
 use super::pins::PinSet;
 use super::Attached;
 
-const QUEUE: (&str, &str) = ("block_bio_queue_wait", "block_bio_queue");
-/// The same for kernels whose `block_bio_queue` passes `(q, bio)`.
-const QUEUE_Q: (&str, &str) = ("block_bio_queue_wait_q", "block_bio_queue");
-const COMPLETE: (&str, &str) = ("block_bio_complete_wait", "block_bio_complete");
-const RQ_COMPLETE: (&str, &str) = ("block_rq_complete_wait", "block_rq_complete");
+/// One set of programs: (program, tracepoint), the completions first (a
+/// bio queued before them would stay in the map with no program to remove
+/// it), then `block_bio_queue` as it passes `(bio)` (kernels since 5.11)
+/// and as it passes `(q, bio)`.
+struct ProgramSet {
+    completions: [(&'static str, &'static str); 2],
+    queue: (&'static str, &'static str),
+    queue_q: (&'static str, &'static str),
+}
+
+const BTF_SET: ProgramSet = ProgramSet {
+    completions: [
+        ("block_bio_complete_wait_btf", "block_bio_complete"),
+        ("block_rq_complete_wait_btf", "block_rq_complete"),
+    ],
+    queue: ("block_bio_queue_wait_btf", "block_bio_queue"),
+    queue_q: ("block_bio_queue_wait_btf_q", "block_bio_queue"),
+};
+
+const RAW_SET: ProgramSet = ProgramSet {
+    completions: [
+        ("block_bio_complete_wait", "block_bio_complete"),
+        ("block_rq_complete_wait", "block_rq_complete"),
+    ],
+    queue: ("block_bio_queue_wait", "block_bio_queue"),
+    queue_q: ("block_bio_queue_wait_q", "block_bio_queue"),
+};
+
+impl ProgramSet {
+    /// The three this kernel needs, in attach order.
+    fn programs(&self, queue_arg: u32) -> [(&'static str, &'static str); 3] {
+        let queue = if queue_arg == 0 {
+            self.queue
+        } else {
+            self.queue_q
+        };
+        [self.completions[0], self.completions[1], queue]
+    }
+}
+
 const STILL_WAITING: &str = "bio_still_waiting";
 const WAITER: &str = "WAITER";
 
-/// Attaches the two programs (adopting pinned ones) and loads the check;
-/// `queue_arg` is where `block_bio_queue` passes the bio.
-pub(super) fn attach(ebpf: &mut Ebpf, pins: Option<&PinSet>, queue_arg: u32) -> Result<(), String> {
-    let queue = if queue_arg == 0 { QUEUE } else { QUEUE_Q };
-    // The completions first: a bio queued before them would otherwise stay
-    // in the map with no program to remove it.
-    for (program, tracepoint) in [COMPLETE, RQ_COMPLETE, queue] {
-        attach_raw(ebpf, pins, program, tracepoint)?;
+/// Which set follows the bios.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum BioPrograms {
+    /// BTF raw tracepoints: a field is a load.
+    Btf,
+    /// Raw tracepoints with a helper call per field, and why not the
+    /// first.
+    Raw { why: String },
+}
+
+impl fmt::Display for BioPrograms {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BioPrograms::Btf => f.write_str("BTF raw tracepoints (tp_btf), fields read by loads"),
+            BioPrograms::Raw { why } => write!(
+                f,
+                "raw tracepoints, fields read by helper calls (the tp_btf programs: {why})"
+            ),
+        }
     }
+}
+
+/// Attaches one set of programs (adopting pinned ones) and loads the
+/// check; `queue_arg` is where `block_bio_queue` passes the bio. The
+/// `tp_btf` set where this kernel takes it, else the raw one; a set found
+/// pinned is kept, since both at once would follow each bio twice.
+pub(super) fn attach(
+    ebpf: &mut Ebpf,
+    pins: Option<&PinSet>,
+    btf: Option<&Btf>,
+    queue_arg: u32,
+) -> Result<BioPrograms, String> {
+    let raw_pinned = pins.is_some_and(|p| {
+        RAW_SET
+            .programs(queue_arg)
+            .iter()
+            .any(|(program, _)| p.has_link(program))
+    });
+    let chosen = if raw_pinned {
+        attach_raw_set(ebpf, pins, queue_arg)?;
+        BioPrograms::Raw {
+            why: "not tried: an earlier start attached the raw ones".into(),
+        }
+    } else {
+        match attach_btf_set(ebpf, pins, btf, queue_arg) {
+            Ok(()) => BioPrograms::Btf,
+            Err(why) => {
+                attach_raw_set(ebpf, pins, queue_arg)?;
+                BioPrograms::Raw { why }
+            }
+        }
+    };
     raw(ebpf, STILL_WAITING)?
         .load()
-        .map_err(|e| format!("{STILL_WAITING}: {}", error_chain(&e)))
+        .map_err(|e| format!("{STILL_WAITING}: {}", error_chain(&e)))?;
+    Ok(chosen)
+}
+
+/// Loads all three `tp_btf` programs before attaching any, so that a
+/// refusal leaves nothing attached; unloads them again when refused.
+fn attach_btf_set(
+    ebpf: &mut Ebpf,
+    pins: Option<&PinSet>,
+    btf: Option<&Btf>,
+    queue_arg: u32,
+) -> Result<(), String> {
+    let btf = btf.ok_or("no BTF for the load")?;
+    let programs = BTF_SET.programs(queue_arg);
+    let fresh: Vec<_> = programs
+        .iter()
+        .filter(|(program, _)| !pins.is_some_and(|p| p.has_link(program)))
+        .collect();
+    for (i, (program, tracepoint)) in fresh.iter().enumerate() {
+        if let Err(why) = btf_program(ebpf, program)?.load(tracepoint, btf) {
+            let why = format!("loading {program}: {}", error_chain(&why));
+            for (loaded, _) in &fresh[..i] {
+                // Best effort: a program left loaded is only memory until
+                // the agent exits.
+                let _ = btf_program(ebpf, loaded).map(|p| p.unload());
+            }
+            return Err(why);
+        }
+    }
+    for (program, tracepoint) in fresh {
+        let prog = btf_program(ebpf, program)?;
+        let link = prog
+            .attach()
+            .map_err(|e| format!("attaching {program} to {tracepoint}: {}", error_chain(&e)))?;
+        if let Some(pins) = pins {
+            let link = prog
+                .take_link(link)
+                .map_err(|e| format!("{program}: {}", error_chain(&e)))?;
+            pins.keep_link(program, link)
+                .and_then(|()| pins.pin_program(ebpf, program))
+                .map_err(|e| e.to_string())?;
+        }
+    }
+    Ok(())
+}
+
+fn attach_raw_set(ebpf: &mut Ebpf, pins: Option<&PinSet>, queue_arg: u32) -> Result<(), String> {
+    for (program, tracepoint) in RAW_SET.programs(queue_arg) {
+        attach_raw(ebpf, pins, program, tracepoint)?;
+    }
+    Ok(())
+}
+
+fn btf_program<'a>(ebpf: &'a mut Ebpf, program: &str) -> Result<&'a mut BtfTracePoint, String> {
+    ebpf.program_mut(program)
+        .ok_or_else(|| format!("{program} is not in the kernel object"))?
+        .try_into()
+        .map_err(|e: aya::programs::ProgramError| format!("{program}: {e}"))
 }
 
 fn raw<'a>(ebpf: &'a mut Ebpf, program: &str) -> Result<&'a mut RawTracePoint, String> {

@@ -78,9 +78,9 @@ impl<R: Reporter> Agent<R> {
         }
         let waiters = Waiters::new(&opts.cgroup_root, &opts.host.proc_root);
         match &attached.waiting {
-            Ok(()) => {
+            Ok(programs) => {
                 tracing::info!(
-                    "stalls: following every bio from block_bio_queue to its completion"
+                    "stalls: following every bio from block_bio_queue to its completion with {programs}"
                 );
                 if let Some(l) = &opts.latency {
                     tracing::info!(
