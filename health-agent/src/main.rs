@@ -127,7 +127,8 @@ struct KernelArgs {
     no_pin: bool,
     /// How the block request programs attach: BTF raw tracepoints where the kernel has them
     /// (auto; not skipped while another BPF tracing program or a map syscall runs on the CPU),
-    /// or always tracefs tracepoints.
+    /// or always tracefs tracepoints (then the programs --stall-after attaches are plain raw
+    /// tracepoints, which read each field with a helper call).
     #[arg(long, value_enum, default_value_t = BlockAttach::Auto)]
     block_attach: BlockAttach,
     /// Count failed requests at block_rq_complete, before the kernel prints them to its console
@@ -144,7 +145,7 @@ struct KernelArgs {
     event_priority: EventPriority,
     /// Seconds a volume's oldest I/O may wait before it is IOStalled (Inaccessible), e.g. 10
     /// (volumes::stalls::SUGGESTED_STALL_AFTER); 0, the default, follows no bio (the programs
-    /// that follow every bio cost about 0.8 µs per request, docs/benchmarks.md "Stalls").
+    /// that follow every bio cost about 0.5 µs per request, docs/benchmarks.md "Stalls").
     #[arg(long, value_name = "SECS", default_value_t = 0.0)]
     stall_after: f64,
     /// Where the host's cgroup filesystem is: a stalled volume's message names the pod and

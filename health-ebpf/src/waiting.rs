@@ -103,8 +103,8 @@ trait Reads {
 
 /// `tp_btf` programs: `base` is a pointer the verifier knows the type of
 /// and the offsets are constants to it (`BIO_LAYOUT` is frozen read-only
-/// data), so a field is one load the kernel guards against faults, where
-/// a helper call costs about 100 ns here (docs/benchmarks.md, "Stalls").
+/// data), so a field is one load the kernel guards against faults: 262
+/// instead of 431 ns a run here (docs/benchmarks.md, "Stalls").
 struct Direct;
 
 impl Reads for Direct {

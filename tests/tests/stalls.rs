@@ -68,7 +68,7 @@ fn write_behind(dev: PathBuf) -> JoinHandle<std::io::Result<usize>> {
 }
 
 /// A pod volume (ext4) on a loop device over a fault disk, and the agent
-/// watching it with `--stall-after SECS`.
+/// watching it with these arguments.
 struct Setup {
     agent: Agent,
     _kubelet: Kubelet,
@@ -76,12 +76,12 @@ struct Setup {
     disk: FaultDisk,
 }
 
-fn setup(stall_after: &str) -> Result<Setup> {
+fn setup(args: &[&str]) -> Result<Setup> {
     let disk = FaultDisk::start(64 * MIB)?;
     let lo = disk.attach_loop(false)?;
     let mut kubelet = Kubelet::new()?;
     kubelet.fs_volume(POD, PV, lo.path())?;
-    let agent = kubelet.agent(&["--stall-after", stall_after])?;
+    let agent = kubelet.agent(args)?;
     Ok(Setup {
         agent,
         _kubelet: kubelet,
@@ -90,19 +90,34 @@ fn setup(stall_after: &str) -> Result<Setup> {
     })
 }
 
-/// The programs that follow bios on this kernel, as the agent names them:
-/// the BTF raw tracepoints, whose plain loads cost a fraction of the helper
-/// calls, on every kernel CI runs.
-fn bio_programs() -> &'static str {
-    "BTF raw tracepoints (tp_btf), fields read by loads"
-}
-
 /// A write the backing store holds for 5 s, with `--stall-after 2`: raised
 /// at 2 s (one write waiting, named by the cgroup of the process that
 /// wrote), updated at the 4 s step, cleared once the write completes.
-/// Nothing is raised before the write or after it.
+/// Nothing is raised before the write or after it. The bios are followed
+/// by the BTF raw tracepoints, whose plain loads cost a fraction of helper
+/// calls: every kernel CI runs takes them.
 #[test]
 fn a_write_held_by_the_backing_store_is_io_stalled_until_it_completes() -> Result<()> {
+    held_write(
+        &["--stall-after", "2"],
+        "BTF raw tracepoints (tp_btf), fields read by loads",
+    )
+}
+
+/// The same with the raw tracepoint programs, which the agent attaches
+/// where a verifier refuses the BTF ones, and with `--block-attach
+/// tracefs`, which rules BTF raw tracepoints out.
+#[test]
+fn the_raw_tracepoint_programs_see_the_same_stall() -> Result<()> {
+    held_write(
+        &["--stall-after", "2", "--block-attach", "tracefs"],
+        "raw tracepoints, fields read by helper calls (the tp_btf programs: not tried: --block-attach tracefs)",
+    )
+}
+
+/// The held write, with the agent started with `args`, which follows
+/// bios with `programs` (as its log names them).
+fn held_write(args: &[&str], programs: &str) -> Result<()> {
     require_root()?;
     let _kernel = kernel_alone();
     // Bound in this order so that they drop in reverse: the agent, the
@@ -112,10 +127,9 @@ fn a_write_held_by_the_backing_store_is_io_stalled_until_it_completes() -> Resul
         lo,
         _kubelet,
         agent,
-    } = setup("2")?;
+    } = setup(args)?;
     let following = format!(
-        "stalls: following every bio from block_bio_queue to its completion with {}",
-        bio_programs()
+        "stalls: following every bio from block_bio_queue to its completion with {programs}"
     );
     if !agent.wait_for_log(&following, Duration::ZERO) {
         let run = agent.stop()?;
@@ -204,7 +218,7 @@ fn stall_after_zero_follows_no_bio() -> Result<()> {
         lo,
         _kubelet,
         agent,
-    } = setup("0")?;
+    } = setup(&["--stall-after", "0"])?;
     disk.set_delay(Duration::from_secs(3))?;
     let writer = write_behind(lo.path().to_path_buf());
     writer.join().expect("the writer thread")?;

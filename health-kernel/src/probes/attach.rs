@@ -75,7 +75,12 @@ pub fn attach(opts: &ProbeOptions) -> Result<(Attached, KernelMaps), ProbeError>
         Ok(layout) => waiting::attach(
             &mut ebpf,
             pin_set.as_ref(),
-            load_btf.as_ref(),
+            match opts.block_attach {
+                BlockAttach::Auto => load_btf
+                    .as_ref()
+                    .ok_or_else(|| "no BTF for the load".into()),
+                BlockAttach::Tracefs => Err("not tried: --block-attach tracefs".into()),
+            },
             layout[bio::QUEUE_ARG],
         ),
         Err(why) => Err(why.clone()),
@@ -320,15 +325,19 @@ impl Attacher<'_> {
                 )
             }
             Some(Err(why)) => {
+                // The names first: a tracepoint runs its programs in the
+                // order they were attached, so a failed request's disk is
+                // named before the counting program's sample can reach the
+                // agent (which looks the name up when the sample arrives).
+                let names = (p.program == BLOCK_RQ_COMPLETE.program)
+                    .then(|| attach_disk_names(self.ebpf, self.facts));
                 let outcome = attach_loaded(self.ebpf, self.pins, p.program, p.group, p.name);
                 let mut note = join_notes(p.note, &format!("tracefs; tp_btf refused: {why}"));
-                if outcome.is_ok() && p.program == BLOCK_RQ_COMPLETE.program {
-                    if let Err(e) = attach_disk_names(self.ebpf, self.facts) {
-                        note = join_notes(
-                            note,
-                            &format!("disks without a number in sysfs stay unplaced: {e}"),
-                        );
-                    }
+                if let Some(Err(e)) = names {
+                    note = join_notes(
+                        note,
+                        &format!("disks without a number in sysfs stay unplaced: {e}"),
+                    );
                 }
                 (outcome, note)
             }

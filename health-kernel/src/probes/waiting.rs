@@ -86,11 +86,13 @@ impl fmt::Display for BioPrograms {
 /// Attaches one set of programs (adopting pinned ones) and loads the
 /// check; `queue_arg` is where `block_bio_queue` passes the bio. The
 /// `tp_btf` set where this kernel takes it, else the raw one; a set found
-/// pinned is kept, since both at once would follow each bio twice.
+/// pinned is kept, since both at once would follow each bio twice. `btf`:
+/// what the `tp_btf` loads look their targets up in, or why they are not
+/// tried.
 pub(super) fn attach(
     ebpf: &mut Ebpf,
     pins: Option<&PinSet>,
-    btf: Option<&Btf>,
+    btf: Result<&Btf, String>,
     queue_arg: u32,
 ) -> Result<BioPrograms, String> {
     let raw_pinned = pins.is_some_and(|p| {
@@ -124,10 +126,10 @@ pub(super) fn attach(
 fn attach_btf_set(
     ebpf: &mut Ebpf,
     pins: Option<&PinSet>,
-    btf: Option<&Btf>,
+    btf: Result<&Btf, String>,
     queue_arg: u32,
 ) -> Result<(), String> {
-    let btf = btf.ok_or("no BTF for the load")?;
+    let btf = btf?;
     let programs = BTF_SET.programs(queue_arg);
     let fresh: Vec<_> = programs
         .iter()

@@ -57,8 +57,12 @@ pub(super) struct Agent<R> {
     /// side's record of failed requests (5.10's hidden NVMe path disks),
     /// by name; every scan uses them.
     learned_numbers: HashMap<String, Dev>,
-    /// Unknown devices already looked up there.
-    looked_up: HashSet<u32>,
+    /// Unknown devices whose name was found there. One not found is
+    /// looked up again with its next errors: the kernel side names a disk
+    /// in a program of its own, which may run after the one whose sample
+    /// brought the error (the tracepoint's programs run in the order they
+    /// were attached, and an adopted one was attached first).
+    named: HashSet<u32>,
     /// Names the cgroup a stalled bio is charged to.
     waiters: Waiters,
     /// The latency counts of the last window's end.
@@ -137,7 +141,7 @@ impl<R: Reporter> Agent<R> {
             ever_known: HashSet::new(),
             unplaced: HashSet::new(),
             learned_numbers: HashMap::new(),
-            looked_up: HashSet::new(),
+            named: HashSet::new(),
             waiters,
             latency_windows: LatencyWindows::default(),
         })
@@ -309,10 +313,12 @@ impl<R: Reporter> Agent<R> {
     fn learn_numbers(&mut self, unknown: &[u32]) -> bool {
         let mut seen = Vec::new();
         for &dev in unknown {
-            if self.looked_up.insert(dev) {
-                if let Some(name) = self.rest.disk_name(dev) {
-                    seen.push((Dev::from_kernel(dev), name));
-                }
+            if self.named.contains(&dev) {
+                continue;
+            }
+            if let Some(name) = self.rest.disk_name(dev) {
+                self.named.insert(dev);
+                seen.push((Dev::from_kernel(dev), name));
             }
         }
         let found = health_topology::nvme::unnumbered_disks(&self.host.sys_root, seen);

@@ -35,7 +35,7 @@ use super::{IndexedVolume, VolumeKey};
 /// the SCSI and NVMe command timeout (30 s), so that the condition comes
 /// before the kernel's own abort and reset, and long before its hung-task
 /// report (120 s). Not the default yet: following every bio costs about
-/// 0.8 µs per request here (docs/benchmarks.md, "Stalls"), above what a
+/// 0.5 µs per request here (docs/benchmarks.md, "Stalls"), above what a
 /// default may add to every I/O of a node.
 pub const SUGGESTED_STALL_AFTER: Duration = Duration::from_secs(10);
 
