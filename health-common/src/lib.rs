@@ -212,14 +212,16 @@ pub const WAITING_MAX: u32 = 16384;
 /// The slots one bio may take, consecutive from [`waiting_slots`].
 pub const WAITING_WAYS: u32 = 8;
 
-/// The first of the [`WAITING_WAYS`] slots of the bio at `bio`: its
-/// address hashed (Fibonacci hashing: the multiplier is 2^64 divided by
-/// the golden ratio, which spreads addresses that differ only in a few
-/// low or middle bits, as slab objects do, over the whole table).
+/// The first of the [`WAITING_WAYS`] slots of a bio whose key is `key`:
+/// its address, or its address less a constant (the `tp_btf` programs
+/// may only subtract from a typed pointer), hashed (Fibonacci hashing: the
+/// multiplier is 2^64 divided by the golden ratio, which spreads addresses
+/// that differ only in a few low or middle bits, as slab objects do, over
+/// the whole table).
 #[inline(always)]
-pub fn waiting_slots(bio: u64) -> u32 {
+pub fn waiting_slots(key: u64) -> u32 {
     // The product's top bits: the ones every bit of the address reaches.
-    let h = (bio.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - WAITING_MAX.trailing_zeros())) as u32;
+    let h = (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - WAITING_MAX.trailing_zeros())) as u32;
     h & !(WAITING_WAYS - 1)
 }
 

@@ -43,7 +43,8 @@ use health_common::{
 static BIO_LAYOUT: [u32; bio::COUNT] = [rq::ABSENT; bio::COUNT];
 
 /// The bios submitted and not yet completed: a bio's slot is one of the
-/// [`WAITING_WAYS`] at [`waiting_slots`] of its address; `bio` 0 is free.
+/// [`WAITING_WAYS`] at [`waiting_slots`] of its key ([`Reads::key`]);
+/// `bio` 0 is free.
 /// Userspace maps it to read it whole without a call per slot
 /// (`BPF_F_MMAPABLE`, kernels since 5.5).
 #[map]

@@ -85,11 +85,14 @@ pub fn attach(opts: &ProbeOptions) -> Result<(Attached, KernelMaps), ProbeError>
         ),
         Err(why) => Err(why.clone()),
     };
-    // Only the stalls need it: a mapping refused leaves them off, not the
-    // agent.
-    let (waiting, waiting_slots) = match waiting_slots(&mut ebpf) {
-        Ok(slots) => (waiting, Some(slots)),
-        Err(e) => (Err(format!("mapping WAITING into the agent: {e}")), None),
+    // Only the stalls read it, so it is mapped only when they run; a
+    // mapping refused leaves them off, not the agent.
+    let (waiting, waiting_slots) = match waiting {
+        Ok(programs) => match waiting_slots(&mut ebpf) {
+            Ok(slots) => (Ok(programs), Some(slots)),
+            Err(e) => (Err(format!("mapping WAITING into the agent: {e}")), None),
+        },
+        Err(why) => (Err(why), None),
     };
     drop(load_btf);
     drop(kernel);
@@ -457,8 +460,7 @@ pub(super) fn attach_loaded(
         let link = prog
             .take_link(link)
             .map_err(|e| format!("{program}: {}", error_chain(&e)))?;
-        pins.keep_link(program, link)
-            .and_then(|()| pins.pin_program(ebpf, program))
+        pins.keep_attached(ebpf, program, link)
             .map_err(|e| e.to_string())?;
     }
     Ok(tracepoint)
@@ -545,8 +547,10 @@ fn attach_request_btf(
         let kept = prog
             .take_link(link)
             .map_err(|e| error_chain(&e))
-            .and_then(|link| pins.keep_link(program, link).map_err(|e| e.to_string()))
-            .and_then(|()| pins.pin_program(ebpf, program).map_err(|e| e.to_string()));
+            .and_then(|link| {
+                pins.keep_attached(ebpf, program, link)
+                    .map_err(|e| e.to_string())
+            });
         if let Err(why) = kept {
             return Some(Err(why));
         }
@@ -610,8 +614,7 @@ fn attach_writeback_errno(
         let link = program
             .take_link(link)
             .map_err(|e| format!("{PROGRAM}: {}", error_chain(&e)))?;
-        pins.keep_link(PROGRAM, link)
-            .and_then(|()| pins.pin_program(ebpf, PROGRAM))
+        pins.keep_attached(ebpf, PROGRAM, link)
             .map_err(|e| e.to_string())?;
     }
     Ok(())

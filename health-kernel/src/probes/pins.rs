@@ -226,7 +226,7 @@ impl PinSet {
     }
 
     /// Pins a loaded program (its fdinfo shows the runs the kernel skipped).
-    pub fn pin_program(&self, ebpf: &mut Ebpf, program: &str) -> Result<(), PinError> {
+    fn pin_program(&self, ebpf: &mut Ebpf, program: &str) -> Result<(), PinError> {
         let path = self.dir.join(PROGRAMS).join(program);
         if path.exists() {
             return Ok(());
@@ -246,7 +246,7 @@ impl PinSet {
     /// Pins the link of `program`'s attachment, of any program type whose
     /// link is a bpf link (tracepoints are perf links since 5.15; fentry and
     /// BTF tracepoints always are). The link stays attached once pinned.
-    pub fn keep_link<L>(&self, program: &str, link: L) -> Result<(), PinError>
+    fn keep_link<L>(&self, program: &str, link: L) -> Result<(), PinError>
     where
         L: TryInto<FdLink>,
         L::Error: Display,
@@ -260,6 +260,18 @@ impl PinSet {
         link.pin(self.dir.join(LINKS).join(program))
             .map_err(|e| fail(e.to_string()))?;
         Ok(())
+    }
+
+    /// Pins a link just attached and its program (whose fdinfo shows the
+    /// runs the kernel skipped): what every attach does to outlive this
+    /// process.
+    pub fn keep_attached<L>(&self, ebpf: &mut Ebpf, program: &str, link: L) -> Result<(), PinError>
+    where
+        L: TryInto<FdLink>,
+        L::Error: Display,
+    {
+        self.keep_link(program, link)?;
+        self.pin_program(ebpf, program)
     }
 
     /// Makes a new directory adoptable; a no-op for an adopted one.

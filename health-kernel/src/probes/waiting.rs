@@ -122,7 +122,8 @@ pub(super) fn attach(
 }
 
 /// Loads all three `tp_btf` programs before attaching any, so that a
-/// refusal leaves nothing attached; unloads them again when refused.
+/// refusal leaves nothing attached (what was loaded stays loaded, unused,
+/// until the agent exits).
 fn attach_btf_set(
     ebpf: &mut Ebpf,
     pins: Option<&PinSet>,
@@ -135,16 +136,10 @@ fn attach_btf_set(
         .iter()
         .filter(|(program, _)| !pins.is_some_and(|p| p.has_link(program)))
         .collect();
-    for (i, (program, tracepoint)) in fresh.iter().enumerate() {
-        if let Err(why) = btf_program(ebpf, program)?.load(tracepoint, btf) {
-            let why = format!("loading {program}: {}", error_chain(&why));
-            for (loaded, _) in &fresh[..i] {
-                // Best effort: a program left loaded is only memory until
-                // the agent exits.
-                let _ = btf_program(ebpf, loaded).map(|p| p.unload());
-            }
-            return Err(why);
-        }
+    for (program, tracepoint) in &fresh {
+        btf_program(ebpf, program)?
+            .load(tracepoint, btf)
+            .map_err(|e| format!("loading {program}: {}", error_chain(&e)))?;
     }
     for (program, tracepoint) in fresh {
         let prog = btf_program(ebpf, program)?;
@@ -155,8 +150,7 @@ fn attach_btf_set(
             let link = prog
                 .take_link(link)
                 .map_err(|e| format!("{program}: {}", error_chain(&e)))?;
-            pins.keep_link(program, link)
-                .and_then(|()| pins.pin_program(ebpf, program))
+            pins.keep_attached(ebpf, program, link)
                 .map_err(|e| e.to_string())?;
         }
     }
@@ -203,8 +197,7 @@ fn attach_raw(
         let link = prog
             .take_link(link)
             .map_err(|e| format!("{program}: {}", error_chain(&e)))?;
-        pins.keep_link(program, link)
-            .and_then(|()| pins.pin_program(ebpf, program))
+        pins.keep_attached(ebpf, program, link)
             .map_err(|e| e.to_string())?;
     }
     Ok(())

@@ -72,6 +72,12 @@ impl Machine {
             None => say(msg),
         }
     }
+
+    /// What names this guest in its kernel's queue: its label, or the
+    /// kernel's release where it has none.
+    pub fn queue_name(&self, kernel: &Kernel) -> String {
+        self.label.clone().unwrap_or_else(|| kernel.release.clone())
+    }
 }
 
 /// How long before the run's timeout the guest records what every task is
@@ -259,10 +265,7 @@ pub fn run_in_guest(
         .prefix("guest-")
         .tempdir_in(queue.path())
         .context("creating the guest's own directory")?;
-    let guest = machine
-        .label
-        .clone()
-        .unwrap_or_else(|| kernel.release.clone());
+    let guest = machine.queue_name(kernel);
     let scratch = scratch_disk(dir.path())?;
     let script_path = dir.path().join("run.sh");
     let hang_report = machine

@@ -188,11 +188,9 @@ pub fn run(args: &VmArgs) -> anyhow::Result<()> {
             Err(e) if e.downcast_ref::<guest::GuestStalled>().is_some() => {
                 say(format!("{label}: {e:#}"));
                 say(format!("{label}: the guest stalled (QEMU's TCG, not a test): running its unfinished steps again in a fresh guest, once"));
-                let guest = machine
-                    .label
-                    .clone()
-                    .unwrap_or_else(|| kernel.release.clone());
-                queue.release_unfinished(&guest).and_then(|_| run())
+                queue
+                    .release_unfinished(&machine.queue_name(kernel))
+                    .and_then(|_| run())
             }
             result => result,
         };
