@@ -143,11 +143,17 @@ struct KernelArgs {
     /// falling back with a warning; periodic work always runs at normal priority.
     #[arg(long, value_enum, default_value_t = EventPriority::Rt, env = "HEALTH_EVENT_PRIORITY")]
     event_priority: EventPriority,
-    /// Seconds a volume's oldest I/O may wait before it is IOStalled (Inaccessible), e.g. 10
-    /// (volumes::stalls::SUGGESTED_STALL_AFTER); 0, the default, follows no bio (the programs
-    /// that follow every bio cost about 0.5 µs per request, docs/benchmarks.md "Stalls").
-    #[arg(long, value_name = "SECS", default_value_t = 0.0)]
-    stall_after: f64,
+    /// Seconds a volume's I/O may wait before it is IOStalled (Inaccessible): judged from its
+    /// devices' counters (requests in flight, none completed for that long), which cost nothing
+    /// per request, or with --follow-bios from the bios themselves; 0: off. Default 30 (the
+    /// SCSI and NVMe command timeout) where there are pod volumes.
+    #[arg(long, value_name = "SECS")]
+    stall_after: Option<f64>,
+    /// Follow every bio from submission to completion for --stall-after: the oldest bio's own
+    /// age and operation, the pod and container whose I/O it is, and a bio stuck while others
+    /// on its device complete; about 0.5 µs per request (docs/benchmarks.md, "Stalls").
+    #[arg(long)]
+    follow_bios: bool,
     /// Where the host's cgroup filesystem is: a stalled volume's message names the pod and
     /// container (or cgroup) its oldest I/O is charged to, found there by the cgroup's id.
     #[arg(
@@ -159,7 +165,7 @@ struct KernelArgs {
     host_cgroup: PathBuf,
     /// Seconds per window of read and write latencies: a volume whose p99 stays at or above
     /// its limit for 3 windows is HighLatency (Degraded), e.g. 10; 0, the default, counts
-    /// none (it needs the programs that follow every bio, as --stall-after does).
+    /// none (it follows every bio, as --follow-bios does, and stalls are then judged so).
     #[arg(long, value_name = "SECS", default_value_t = 0.0)]
     latency_window: f64,
     /// A device class's p99 limit, CLASS=MS with CLASS rotational (500), ssd (100) or network
@@ -213,14 +219,24 @@ impl KernelArgs {
         }))
     }
 
-    /// `--stall-after`, `None` for 0 (off).
-    fn stall_after(&self) -> anyhow::Result<Option<Duration>> {
-        if self.stall_after == 0.0 {
-            return Ok(None);
-        }
-        seconds("stall-after", self.stall_after)
-            .map(Some)
-            .map_err(anyhow::Error::msg)
+    /// `--stall-after`, `None` for 0 (off); its default where there are pod
+    /// volumes, and off where there are none (`watch` on a host without a
+    /// kubelet), since IOStalled is a volume condition.
+    fn stall_after(&self, volumes: bool) -> anyhow::Result<Option<Duration>> {
+        let after = match self.stall_after {
+            None if volumes => return Ok(Some(volumes::stalls::DEFAULT_STALL_AFTER)),
+            None | Some(0.0) => None,
+            Some(secs) => Some(seconds("stall-after", secs).map_err(anyhow::Error::msg)?),
+        };
+        anyhow::ensure!(
+            volumes || after.is_none(),
+            "--stall-after needs pod volumes: no kubelet root here (pass --kubelet-root)"
+        );
+        anyhow::ensure!(
+            after.is_some() || !self.follow_bios,
+            "--follow-bios needs --stall-after above 0"
+        );
+        Ok(after)
     }
 }
 
@@ -395,7 +411,7 @@ fn run_options(args: RunArgs, host: HostPaths) -> anyhow::Result<health_node::cl
     let agent = AgentOptions {
         probes: probe_options(&args.kernel, &host),
         event_priority: args.kernel.event_priority,
-        stall_after: args.kernel.stall_after()?,
+        stall_after: args.kernel.stall_after(true)?,
         cgroup_root: args.kernel.host_cgroup.clone(),
         latency: args.kernel.latency()?,
         host,
@@ -433,7 +449,7 @@ fn probe_options(args: &KernelArgs, host: &HostPaths) -> ProbeOptions {
         pin_root: (!args.no_pin).then(|| args.pins.pin_dir.clone()),
         block_attach: args.block_attach,
         early_errors: args.early_block_errors,
-        follow_bios: args.stall_after != 0.0 || args.latency_window != 0.0,
+        follow_bios: args.follow_bios || args.latency_window != 0.0,
         latency: args.latency_window != 0.0,
     }
 }
@@ -503,12 +519,6 @@ fn watch_options(args: WatchArgs, host: HostPaths) -> anyhow::Result<(AgentOptio
         !totals_interval.is_zero(),
         "--totals-interval must be greater than zero"
     );
-    // IOStalled is a volume condition: without pod volumes the programs
-    // would follow every bio for nothing.
-    anyhow::ensure!(
-        volumes.is_some() || args.kernel.stall_after == 0.0,
-        "--stall-after needs pod volumes: no kubelet root here (pass --kubelet-root)"
-    );
     anyhow::ensure!(
         volumes.is_some() || args.kernel.latency_window == 0.0,
         "--latency-window needs pod volumes: no kubelet root here (pass --kubelet-root)"
@@ -522,7 +532,7 @@ fn watch_options(args: WatchArgs, host: HostPaths) -> anyhow::Result<(AgentOptio
     let opts = AgentOptions {
         probes: probe_options(&args.kernel, &host),
         event_priority: args.kernel.event_priority,
-        stall_after: args.kernel.stall_after()?,
+        stall_after: args.kernel.stall_after(volumes.is_some())?,
         cgroup_root: args.kernel.host_cgroup.clone(),
         latency: args.kernel.latency()?,
         host,

@@ -218,7 +218,7 @@ fn iscsi_session_lost_blocks_then_offlines_the_disk() -> Result<()> {
     let mut kubelet = Kubelet::new()?;
     let pv = "pv-iscsi-session";
     kubelet.fs_volume(POD_A, pv, &disk.path)?;
-    let agent = kubelet.agent(&["--stall-after", "2"])?;
+    let agent = kubelet.agent(&["--stall-after", "2", "--follow-bios"])?;
     let blocked_line = raised(POD_A, pv, "Inaccessible DeviceBlocked", "check/stack");
     let stall_line = raised(POD_A, pv, IO_STALLED, STALL);
     let offline_line = raised(POD_A, pv, "Inaccessible TransportOffline", "check/stack");

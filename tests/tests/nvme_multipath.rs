@@ -511,7 +511,7 @@ fn all_paths_lost_is_all_paths_down_while_io_queues() -> Result<()> {
     let kubelet = Kubelet::new()?;
     let pv = "pv-nvme-all";
     kubelet.block_volume(POD_A, pv, &head)?;
-    let agent = kubelet.agent(&["--stall-after", "2"])?;
+    let agent = kubelet.agent(&["--stall-after", "2", "--follow-bios"])?;
     let down = raised(POD_A, pv, "Inaccessible AllPathsDown", "check/stack");
     let up = cleared(POD_A, pv, "Inaccessible AllPathsDown", "check/stack");
     let stalled = raised(POD_A, pv, "Inaccessible IOStalled", "check/stall");

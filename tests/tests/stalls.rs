@@ -99,8 +99,8 @@ fn setup(args: &[&str]) -> Result<Setup> {
 #[test]
 fn a_write_held_by_the_backing_store_is_io_stalled_until_it_completes() -> Result<()> {
     held_write(
-        &["--stall-after", "2"],
-        "BTF raw tracepoints (tp_btf), fields read by loads",
+        &["--stall-after", "2", "--follow-bios"],
+        Evidence::Bios("BTF raw tracepoints (tp_btf), fields read by loads"),
     )
 }
 
@@ -110,14 +110,31 @@ fn a_write_held_by_the_backing_store_is_io_stalled_until_it_completes() -> Resul
 #[test]
 fn the_raw_tracepoint_programs_see_the_same_stall() -> Result<()> {
     held_write(
-        &["--stall-after", "2", "--block-attach", "tracefs"],
-        "raw tracepoints, fields read by helper calls (the tp_btf programs: not tried: --block-attach tracefs)",
+        &["--stall-after", "2", "--follow-bios", "--block-attach", "tracefs"],
+        Evidence::Bios("raw tracepoints, fields read by helper calls (the tp_btf programs: not tried: --block-attach tracefs)"),
     )
 }
 
-/// The held write, with the agent started with `args`, which follows
-/// bios with `programs` (as its log names them).
-fn held_write(args: &[&str], programs: &str) -> Result<()> {
+/// The same without `--follow-bios` (the default): the loop device's own
+/// counters (one write in flight, none completed) tell the stall; whose
+/// write it is, is not said.
+#[test]
+fn the_devices_counters_tell_the_stall_without_following_a_bio() -> Result<()> {
+    held_write(&["--stall-after", "2"], Evidence::Counters)
+}
+
+/// What the agent judges stalls from.
+#[derive(Clone, Copy)]
+enum Evidence {
+    /// The bios, followed by these programs (as its log names them).
+    Bios(&'static str),
+    /// The devices' in-flight and completed counters.
+    Counters,
+}
+
+/// The held write, with the agent started with `args`, which judges from
+/// `evidence`.
+fn held_write(args: &[&str], evidence: Evidence) -> Result<()> {
     require_root()?;
     let _kernel = kernel_alone();
     // Bound in this order so that they drop in reverse: the agent, the
@@ -128,9 +145,12 @@ fn held_write(args: &[&str], programs: &str) -> Result<()> {
         _kubelet,
         agent,
     } = setup(args)?;
-    let following = format!(
-        "stalls: following every bio from block_bio_queue to its completion with {programs}"
-    );
+    let following = match evidence {
+        Evidence::Bios(programs) => format!(
+            "stalls: following every bio from block_bio_queue to its completion with {programs}"
+        ),
+        Evidence::Counters => "stalls: a volume is IOStalled once its devices have completed nothing for 2s while requests wait (their counters, read every 0.5 s); no bio followed (neither --follow-bios nor --latency-window): --follow-bios names whose I/O waits".to_string(),
+    };
     if !agent.wait_for_log(&following, Duration::ZERO) {
         let run = agent.stop()?;
         bail!(
@@ -170,12 +190,18 @@ fn held_write(args: &[&str], programs: &str) -> Result<()> {
     ensure!(raised && cleared, "no raise or no clear:\n{}", run.stderr);
     ensure!(written.success(), "dd: {written}");
     let name = lo.name();
-    let who = &cgroup.path;
+    let oldest = match evidence {
+        Evidence::Bios(_) => format!(
+            "the oldest, a write from cgroup {}, has waited",
+            cgroup.path
+        ),
+        Evidence::Counters => "none has completed for".to_string(),
+    };
     assert_eq!(
         messages(&run),
         [
-            format!("{name}: I/O stalled, 1 waiting (1 write); the oldest, a write from cgroup {who}, has waited 2s+ (--stall-after 2s)"),
-            format!("{name}: I/O stalled, 1 waiting (1 write); the oldest, a write from cgroup {who}, has waited 4s+ (--stall-after 2s)"),
+            format!("{name}: I/O stalled, 1 waiting (1 write); {oldest} 2s+ (--stall-after 2s)"),
+            format!("{name}: I/O stalled, 1 waiting (1 write); {oldest} 4s+ (--stall-after 2s)"),
         ],
         "{}",
         run.stderr

@@ -901,7 +901,12 @@ fn thin_pool_full_in_queue_mode_is_thin_pool_full_while_writes_wait() -> Result<
     let kubelet = Kubelet::new()?;
     let pv = "pv-thin-queue";
     kubelet.block_volume(POD_A, pv, &thin)?;
-    let agent = start_agent(&kubelet, POD_A, pv, &["--stall-after", "2"])?;
+    let agent = start_agent(
+        &kubelet,
+        POD_A,
+        pv,
+        &["--stall-after", "2", "--follow-bios"],
+    )?;
     let mut delays = Delays::default();
     let empty = stack.status()?;
 
@@ -1250,7 +1255,12 @@ fn a_suspended_dm_device_is_io_stalled_until_resumed() -> Result<()> {
     )?;
     let mut kubelet = Kubelet::new()?;
     kubelet.fs_volume(POD_A, pv, &dm.mapper_path())?;
-    let agent = start_agent(&kubelet, POD_A, pv, &["--stall-after", "2"])?;
+    let agent = start_agent(
+        &kubelet,
+        POD_A,
+        pv,
+        &["--stall-after", "2", "--follow-bios"],
+    )?;
     let raised = condition(POD_A, pv, "raised", IO_STALLED, STALL);
     let cleared = condition(
         POD_A,

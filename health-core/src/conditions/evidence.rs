@@ -270,8 +270,10 @@ pub enum CheckFinding {
         /// How long the oldest has waited, in the steps the caller reports
         /// (so that a stall that goes on is not re-reported every poll).
         waited: Duration,
-        /// What the oldest is (`read`, `write`, `flush`...).
-        oldest_op: &'static str,
+        /// What the oldest is (`read`, `write`, `flush`...); `None` where
+        /// the device's counters told the stall (nothing completed since),
+        /// not the bios themselves.
+        oldest_op: Option<&'static str>,
         reads: u32,
         writes: u32,
         other: u32,
@@ -542,8 +544,12 @@ impl CheckFinding {
                     .as_ref()
                     .map(|w| format!(" from {w}"))
                     .unwrap_or_default();
+                let oldest = match oldest_op {
+                    Some(op) => format!("the oldest, a {op}{who}, has waited"),
+                    None => "none has completed for".to_string(),
+                };
                 let mut text = format!(
-                    "{device}: I/O stalled, {} waiting ({}); the oldest, a {oldest_op}{who}, has waited {}+ (--stall-after {})",
+                    "{device}: I/O stalled, {} waiting ({}); {oldest} {}+ (--stall-after {})",
                     reads + writes + other,
                     counts.join(", "),
                     human_duration(*waited),

@@ -208,7 +208,7 @@ fn preflight(opts: &ProbeOptions) -> Result<Kernel, ProbeError> {
                 layout
             })
             .map_err(|e| format!("the kernel's BTF lacks what it needs: {e}")),
-        false => Err("off (--stall-after 0)".to_string()),
+        false => Err("neither --follow-bios nor --latency-window".to_string()),
     };
     release_freed_heap();
     let btf_requests = match opts.block_attach {

@@ -78,7 +78,8 @@ pub struct ProbeOptions {
     pub early_errors: bool,
     /// Follow every bio from submission to completion (`WAITING`), so that
     /// the agent sees how long the oldest one of each device has waited
-    /// (`--stall-after`; off with 0). Costs two map operations per bio.
+    /// (`--follow-bios`, and `--latency-window`, which needs it). Costs two
+    /// program runs per bio (docs/benchmarks.md, "Stalls").
     pub follow_bios: bool,
     /// With `follow_bios`: count each read's and write's latency, per
     /// device, as its bio completes (`LATENCY`, `--latency-window`).

@@ -19,7 +19,9 @@ use health_topology::{HostPaths, MountWatcher, Topology};
 use super::priority::EventThread;
 use super::{kernel_maps, witness, AgentOptions, MIN_RESCAN_GAP};
 use crate::report::Reporter;
+use crate::volumes::inflight::InflightCounters;
 use crate::volumes::latency::{classify, LatencyConfig};
+use crate::volumes::stalls::StallSource;
 use crate::volumes::waiters::Waiters;
 use crate::volumes::{Handled, LiveVolumes, Wake};
 
@@ -67,6 +69,8 @@ pub(super) struct Agent<R> {
     waiters: Waiters,
     /// The latency counts of the last window's end.
     latency_windows: LatencyWindows,
+    /// The devices' own counters, where no bio is followed.
+    inflight: InflightCounters,
 }
 
 impl<R: Reporter> Agent<R> {
@@ -104,8 +108,16 @@ impl<R: Reporter> Agent<R> {
                     Err(why) => tracing::warn!("stalls: no pod or cgroup named: {why}"),
                 }
             }
-            Err(why) if opts.stall_after.is_none() => tracing::info!("stalls: {why}"),
-            Err(why) => tracing::warn!("stalls: not followed, no IOStalled: {why}"),
+            Err(why) => match opts.stall_after {
+                None if opts.volumes.is_none() => tracing::info!("stalls: off (no pod volumes)"),
+                None => tracing::info!("stalls: off (--stall-after 0)"),
+                Some(after) if opts.probes.follow_bios => tracing::warn!(
+                    "stalls: bios not followed ({why}); a volume is IOStalled once its devices have completed nothing for {after:?} while requests wait (their counters, read every 0.5 s), whose I/O waits not named"
+                ),
+                Some(after) => tracing::info!(
+                    "stalls: a volume is IOStalled once its devices have completed nothing for {after:?} while requests wait (their counters, read every 0.5 s); no bio followed ({why}): --follow-bios names whose I/O waits"
+                ),
+            },
         }
         let mut maps = Some(maps);
         let (mut collector, mut rest) =
@@ -144,6 +156,7 @@ impl<R: Reporter> Agent<R> {
             named: HashSet::new(),
             waiters,
             latency_windows: LatencyWindows::default(),
+            inflight: InflightCounters::default(),
         })
     }
 
@@ -191,29 +204,34 @@ impl<R: Reporter> Agent<R> {
         }
     }
 
-    /// Reads the bios waiting now and judges the volumes' stalls; bios old
-    /// enough to matter are confirmed with the kernel first.
+    /// Reads what waits now and judges the volumes' stalls: the bios the
+    /// kernel side follows (those old enough to matter confirmed with the
+    /// kernel first) or, where none are, the devices' counters.
     pub(super) fn poll_stalls(&mut self, stall_after: Option<Duration>) -> anyhow::Result<()> {
         let (Some(stall_after), Some(vols)) = (stall_after, self.vols.as_mut()) else {
             return Ok(());
         };
-        if self.attached.waiting.is_err() {
-            return Ok(());
-        }
         let now = monotonic_ns();
-        let old_before = now.saturating_sub(stall_after.as_nanos() as u64);
-        let attached = &self.attached;
-        let read = self
-            .rest
-            .waiting(now, old_before, |addr| attached.bio_state(addr));
-        if read.stale_removed > 0 {
-            tracing::debug!(
-                entries = read.stale_removed,
-                "removed waiting-bio entries whose completion no program saw"
-            );
-        }
+        let (waits, source) = if self.attached.waiting.is_ok() {
+            let old_before = now.saturating_sub(stall_after.as_nanos() as u64);
+            let attached = &self.attached;
+            let read = self
+                .rest
+                .waiting(now, old_before, |addr| attached.bio_state(addr));
+            if read.stale_removed > 0 {
+                tracing::debug!(
+                    entries = read.stale_removed,
+                    "removed waiting-bio entries whose completion no program saw"
+                );
+            }
+            (read.devices, StallSource::Bios)
+        } else {
+            let devices = vols.stall_devices(&self.topo);
+            let waits = self.inflight.read(&self.host.sys_root, &devices, now);
+            (waits, StallSource::Counters)
+        };
         let (waiters, names) = (&mut self.waiters, self.reporter.pod_names());
-        let seen = vols.stalls(&self.topo, &read.devices, now, stall_after, &mut |id| {
+        let seen = vols.stalls(&self.topo, &waits, now, (stall_after, source), &mut |id| {
             waiters.describe(id, names)
         });
         self.handled.changes.extend(seen.changes);

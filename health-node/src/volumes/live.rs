@@ -13,13 +13,14 @@
 //! (every volume's node health and each driver's storage health) runs in a
 //! task of its own, at most one at a time.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use health_core::conditions::{CheckKind, ConditionConfig, Source};
+use health_core::dev::Dev;
 use health_csi::DriverOverride;
 use health_kernel::collector::KernelError;
 use health_topology::stack::StackReader;
@@ -31,7 +32,7 @@ use tokio::time::{Instant, Interval, MissedTickBehavior};
 use super::io::{self, VolumeIo};
 use super::latency::{DeviceClass, LatencyConfig, LatencyJudge};
 use super::schedule::{CheckSchedule, Checked};
-use super::stalls::{Namers, StallJudge};
+use super::stalls::{Namers, StallJudge, StallSource};
 use super::{
     CsiOutcome, CsiProber, IndexedVolume, StorageOutcome, VolumeChanges, VolumeIndex, VolumeKey,
     VolumeMonitor,
@@ -255,16 +256,38 @@ impl LiveVolumes {
         }
     }
 
-    /// Judges every volume against the bios waiting now (see
-    /// [`super::stalls`]); `now_ns` is CLOCK_MONOTONIC; `waiter` names a
-    /// cgroup by its id ([`super::waiters`]). The changes, and what waits
-    /// on each volume.
+    /// The devices whose counters tell the volumes' stalls where no bio
+    /// is followed ([`super::inflight`]): each volume's own and every one
+    /// below it (to name where the I/O is stuck, `dm-0 on sdb`).
+    pub fn stall_devices(&self, topo: &Topology) -> BTreeSet<Dev> {
+        let mut out = BTreeSet::new();
+        let mut queue: Vec<Dev> = self
+            .monitor
+            .index()
+            .volumes()
+            .iter()
+            .filter_map(|v| v.device)
+            .flat_map(|d| topo.filesystem_backing_devices(d))
+            .collect();
+        while let Some(d) = queue.pop() {
+            if out.insert(d) {
+                if let Some(b) = topo.device(d) {
+                    queue.extend(b.slaves.iter().copied());
+                }
+            }
+        }
+        out
+    }
+
+    /// Judges every volume against what waits now (see [`super::stalls`]);
+    /// `now_ns` is CLOCK_MONOTONIC; `waiter` names a cgroup by its id
+    /// ([`super::waiters`]). The changes, and what waits on each volume.
     pub fn stalls(
         &mut self,
         topo: &Topology,
         waits: &[health_kernel::waiting::DeviceWait],
         now_ns: u64,
-        stall_after: Duration,
+        (stall_after, source): (Duration, StallSource),
         waiter: &mut dyn FnMut(u64) -> Option<String>,
     ) -> Handled {
         let index = Arc::clone(self.monitor.index());
@@ -285,7 +308,7 @@ impl LiveVolumes {
             topo,
             waits,
             now_ns,
-            stall_after,
+            (stall_after, source),
             Namers {
                 waiter,
                 explain: &mut explain,

@@ -30,6 +30,7 @@ pub mod checks;
 mod csi;
 mod ext4;
 mod index;
+pub mod inflight;
 pub mod io;
 pub mod kubelet;
 pub mod latency;

@@ -1,6 +1,8 @@
 //! `IOStalled`: a volume whose oldest I/O has waited at least
 //! `--stall-after`, from the bios the kernel side follows
-//! (`health_kernel::waiting`), judged on every poll of the agent loop.
+//! (`health_kernel::waiting`) or, where none are followed, from the
+//! devices' own counters ([`super::inflight`]), judged on every poll of
+//! the agent loop.
 //!
 //! The volume's own device (the top of its stack) is what is judged: a bio
 //! of a layer below waits only while one of the top's waits too. The
@@ -30,14 +32,25 @@ use health_topology::Topology;
 use super::checks::CheckReport;
 use super::{IndexedVolume, VolumeKey};
 
-/// The value `--stall-after` suggests: twice the longest a healthy request
-/// is held back by design (mq-deadline's write_expire, 5 s), and a third of
-/// the SCSI and NVMe command timeout (30 s), so that the condition comes
-/// before the kernel's own abort and reset, and long before its hung-task
-/// report (120 s). Not the default yet: following every bio costs about
-/// 0.5 µs per request here (docs/benchmarks.md, "Stalls"), above what a
-/// default may add to every I/O of a node.
-pub const SUGGESTED_STALL_AFTER: Duration = Duration::from_secs(10);
+/// `--stall-after`'s default: the SCSI and NVMe command timeout (30 s,
+/// the kernel's `scsi_device` timeout and `nvme_core.io_timeout`), the
+/// longest the kernel itself lets a request wait on a healthy path before
+/// it aborts and retries it; so a hiccup the kernel recovers from on its
+/// own (a path failover, a controller reset) raises nothing, and a stall
+/// is told four times sooner than the kernel's hung-task report (120 s).
+/// Judged from the devices' counters by default, at no cost per request.
+pub const DEFAULT_STALL_AFTER: Duration = Duration::from_secs(30);
+
+/// Where a poll's waits come from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StallSource {
+    /// The bios the kernel side follows: the oldest's age, operation and
+    /// cgroup are known.
+    Bios,
+    /// The devices' in-flight and completed counters: how long nothing
+    /// has completed while requests wait ([`super::inflight`]).
+    Counters,
+}
 
 /// What a stalled volume's message names besides its devices.
 pub struct Namers<'a> {
@@ -64,7 +77,7 @@ impl StallJudge {
         topo: &Topology,
         waits: &[DeviceWait],
         now_ns: u64,
-        stall_after: Duration,
+        (stall_after, source): (Duration, StallSource),
         names: Namers<'_>,
     ) -> Vec<(VolumeKey, CheckReport)> {
         let Namers { waiter, explain } = names;
@@ -88,7 +101,7 @@ impl StallJudge {
                 }
                 Some(w) => {
                     let below = deepest_stalled(topo, w.dev, &by_dev, |w| age(w) >= stall_after);
-                    let mut finding = finding(topo, w, below, age(w), stall_after);
+                    let mut finding = finding(topo, w, below, age(w), stall_after, source);
                     if let CheckFinding::IoStalled { explained, .. } = &mut finding {
                         *explained = explain(&v.key);
                     }
@@ -158,6 +171,7 @@ fn finding(
     below: Option<Dev>,
     waited: Duration,
     stall_after: Duration,
+    source: StallSource,
 ) -> CheckFinding {
     let name = |d: Dev| {
         topo.device(d)
@@ -170,7 +184,7 @@ fn finding(
     CheckFinding::IoStalled {
         device,
         waited: step(waited, stall_after),
-        oldest_op: op_word(w.oldest_op),
+        oldest_op: (source == StallSource::Bios).then(|| op_word(w.oldest_op)),
         reads: w.reads,
         writes: w.writes,
         other: w.other,
@@ -269,7 +283,7 @@ mod tests {
                 &topo,
                 waits,
                 now_s * SECOND,
-                after,
+                (after, StallSource::Bios),
                 Namers {
                     waiter: &mut named,
                     explain: &mut |_| Vec::new(),
@@ -298,6 +312,34 @@ mod tests {
         assert_eq!(at(171, &[]), ["pass"]);
     }
 
+    /// From the devices' counters: no operation or cgroup is claimed; the
+    /// message says for how long none has completed.
+    #[test]
+    fn a_stall_told_by_the_counters_says_how_long_none_has_completed() {
+        let (topo, vols) = world();
+        let mut judge = StallJudge::default();
+        let counted = |dev, reads, writes| DeviceWait {
+            oldest_op: op::NONE,
+            oldest_cgroup: None,
+            ..wait(dev, reads, writes, 100)
+        };
+        let reports = judge.judge(
+            &vols,
+            &topo,
+            &[counted(DM0, 1, 2), counted(SDB, 0, 3)],
+            165 * SECOND,
+            (Duration::from_secs(30), StallSource::Counters),
+            Namers {
+                waiter: &mut |id| panic!("cgroup {id} asked of the counters"),
+                explain: &mut |_| Vec::new(),
+            },
+        );
+        assert_eq!(
+            messages(&reports),
+            ["dm-0 on sdb: I/O stalled, 3 waiting (1 read, 2 writes); none has completed for 1m00s+ (--stall-after 30s)"]
+        );
+    }
+
     /// What the stack says of a stalled volume is joined to the stall, and
     /// a change of it is a new message within the same step; gone, the
     /// stall stays on its own.
@@ -313,7 +355,7 @@ mod tests {
                 &topo,
                 &[wait(DM0, 0, 1, 100)],
                 now_s * SECOND,
-                after,
+                (after, StallSource::Bios),
                 Namers {
                     waiter: &mut |_| None,
                     explain: &mut |key| {

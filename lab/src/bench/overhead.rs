@@ -230,16 +230,23 @@ pub fn run(tools: &Tools, cfg: &Config) -> Result<OverheadResult> {
         &BlockDev::of(&lo.name)?,
     )?;
     let root = kubelet.root_arg();
-    let stalls = ["--kubelet-root", root, "--stall-after", "10"];
+    let volumes = ["--kubelet-root", root];
+    let stalls = [&volumes[..], &["--stall-after", "10", "--follow-bios"]].concat();
     let latency = [&stalls[..], &["--latency-window", "10"]].concat();
 
     let mut configs = Vec::new();
     for (name, extra) in [
         ("default", &[][..]),
+        // Stalls judged from the devices' counters (the default with pod
+        // volumes): no program per request.
+        ("pod volumes", &volumes[..]),
         // Every bio followed from submission to completion (stalls).
-        ("--stall-after 10", &stalls[..]),
+        ("--stall-after 10 --follow-bios", &stalls[..]),
         // And its latency counted at completion.
-        ("--stall-after 10 --latency-window 10", &latency[..]),
+        (
+            "--stall-after 10 --follow-bios --latency-window 10",
+            &latency[..],
+        ),
         ("--flush-errors", &["--flush-errors"][..]),
         // Failed requests counted at block_rq_complete, before the kernel's
         // console line: the same program on every completion.
