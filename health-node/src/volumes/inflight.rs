@@ -44,7 +44,7 @@ pub struct InflightCounters {
     warned: HashSet<Dev>,
 }
 
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 struct Seen {
     completed: u64,
     /// CLOCK_MONOTONIC ns of the first read that found requests in flight
@@ -53,13 +53,16 @@ struct Seen {
     /// so the oldest now has waited at least since then. `None` while
     /// nothing is in flight.
     waiting_since_ns: Option<u64>,
+    /// What the last read found waiting.
+    last: Option<DeviceWait>,
 }
 
 impl InflightCounters {
     /// Reads the counters of `devices` under `sys_root` and returns what
     /// waits on each that has requests in flight; `now_ns` is
     /// CLOCK_MONOTONIC. A device gone (its files with it) is forgotten; a
-    /// file that cannot be read otherwise is warned of once per device.
+    /// file that cannot be read otherwise is warned of once per device, and
+    /// the device's last reading stands meanwhile.
     pub fn read(
         &mut self,
         sys_root: &Path,
@@ -74,11 +77,13 @@ impl InflightCounters {
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {
                     self.seen.remove(&dev);
                 }
+                // A failed read is not a recovery: what was last seen
+                // waiting is kept until a read succeeds again.
                 Err(e) => {
-                    self.seen.remove(&dev);
+                    waits.extend(self.seen.get(&dev).and_then(|s| s.last.clone()));
                     if self.warned.insert(dev) {
                         tracing::warn!(
-                            "stalls: the counters of {dev} cannot be read, its stalls are not seen: {e}"
+                            "stalls: the counters of {dev} cannot be read (its last reading stands until they can): {e}"
                         );
                     }
                 }
@@ -95,6 +100,7 @@ impl InflightCounters {
         let seen = self.seen.entry(dev).or_insert(Seen {
             completed: c.completed,
             waiting_since_ns: None,
+            last: None,
         });
         let moved = c.completed != seen.completed;
         seen.completed = c.completed;
@@ -103,8 +109,7 @@ impl InflightCounters {
             Some(since) if !moved => Some(since),
             _ => Some(now_ns),
         };
-        let since = seen.waiting_since_ns?;
-        Some(DeviceWait {
+        seen.last = seen.waiting_since_ns.map(|since| DeviceWait {
             dev,
             reads: c.reads_in_flight,
             writes: c.writes_in_flight,
@@ -118,7 +123,8 @@ impl InflightCounters {
                 _ => op::NONE,
             },
             oldest_cgroup: None,
-        })
+        });
+        seen.last.clone()
     }
 }
 
@@ -218,9 +224,10 @@ mod tests {
     }
 
     /// Through files: a device without them (gone) is forgotten without a
-    /// word; one whose file makes no sense is warned of once.
+    /// word; one whose file makes no sense is warned of once and keeps its
+    /// last reading.
     #[test]
-    fn a_device_that_is_gone_is_forgotten_without_a_warning() {
+    fn unreadable_counters_keep_the_last_reading_and_a_device_gone_is_forgotten() {
         let root = tempfile::tempdir().unwrap();
         let mut counters = InflightCounters::default();
         let devices = BTreeSet::from([SDB]);
@@ -238,8 +245,23 @@ mod tests {
                 .collect::<Vec<_>>(),
             [(SDB, 2, 2 * SECOND)]
         );
+        // Unreadable: the last reading stands (a failed read is no
+        // recovery), warned of once.
         std::fs::write(dir.join("stat"), "garbage\n").unwrap();
-        assert!(counters.read(root.path(), &devices, 3 * SECOND).is_empty());
+        for now in [3, 4] {
+            let waits = counters.read(root.path(), &devices, now * SECOND);
+            assert_eq!(
+                waits
+                    .iter()
+                    .map(|w| (w.writes, w.oldest_ns))
+                    .collect::<Vec<_>>(),
+                [(2, 2 * SECOND)]
+            );
+        }
         assert_eq!(counters.warned, HashSet::from([SDB]));
+        // Gone: forgotten, nothing waits.
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(counters.read(root.path(), &devices, 5 * SECOND).is_empty());
+        assert!(counters.seen.is_empty());
     }
 }
