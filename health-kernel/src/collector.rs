@@ -232,14 +232,18 @@ impl Collector {
         }
     }
 
-    /// Emits summaries for errors no sample accounted for. With `final_`
-    /// (the programs are detached and the ring buffer drained), everything
-    /// counted is settled; otherwise only what was counted a tick ago.
+    /// Emits summaries for errors no sample accounted for, after reading
+    /// the samples already in the ring buffer (a turn that comes late
+    /// would otherwise tell errors whose samples wait unread as summaries,
+    /// without their sectors). With `final_` (the programs are detached),
+    /// everything counted is settled; otherwise only what was counted a
+    /// tick ago.
     pub fn reconcile(
         &mut self,
         final_: bool,
         out: &mut Vec<KernelError>,
     ) -> Result<(), CollectorError> {
+        self.drain(out);
         let mut sums = HashMap::new();
         for entry in self.counts.iter() {
             let (key, per_cpu) = entry.map_err(|error| CollectorError::Map {

@@ -55,6 +55,10 @@ const POD_A: &str = "57ac0000-0000-4000-8000-00000000000a";
 const STACK: &str = "check/stack";
 const IO_STALLED: &str = "Inaccessible IOStalled";
 const STALL: &str = "check/stall";
+/// The agent's arguments for the stall scenarios: bios followed, so that
+/// the message names the oldest write and whose it is, and I/O a
+/// suspended or full dm device holds above its accounting is seen.
+const FOLLOWED_STALLS: &[&str] = &["--stall-after", "2", "--follow-bios"];
 
 /// scsi_debug's unreadable sectors (512 bytes each) on its 64 MiB store:
 /// 48.8 MiB in, beyond the 32 MiB filesystems and the I/O region below.
@@ -901,12 +905,7 @@ fn thin_pool_full_in_queue_mode_is_thin_pool_full_while_writes_wait() -> Result<
     let kubelet = Kubelet::new()?;
     let pv = "pv-thin-queue";
     kubelet.block_volume(POD_A, pv, &thin)?;
-    let agent = start_agent(
-        &kubelet,
-        POD_A,
-        pv,
-        &["--stall-after", "2", "--follow-bios"],
-    )?;
+    let agent = start_agent(&kubelet, POD_A, pv, FOLLOWED_STALLS)?;
     let mut delays = Delays::default();
     let empty = stack.status()?;
 
@@ -1255,12 +1254,7 @@ fn a_suspended_dm_device_is_io_stalled_until_resumed() -> Result<()> {
     )?;
     let mut kubelet = Kubelet::new()?;
     kubelet.fs_volume(POD_A, pv, &dm.mapper_path())?;
-    let agent = start_agent(
-        &kubelet,
-        POD_A,
-        pv,
-        &["--stall-after", "2", "--follow-bios"],
-    )?;
+    let agent = start_agent(&kubelet, POD_A, pv, FOLLOWED_STALLS)?;
     let raised = condition(POD_A, pv, "raised", IO_STALLED, STALL);
     let cleared = condition(
         POD_A,

@@ -172,11 +172,6 @@ impl<R: Reporter> Agent<R> {
     /// away become summaries; the kernel side's own figures are reported.
     pub(super) fn reconcile(&mut self) -> anyhow::Result<()> {
         let traced = witness::read(&mut self.witness);
-        // The samples already in the ring buffer first: a turn that comes
-        // late (a starved CPU, a tick fired twice back to back) would
-        // otherwise find errors counted a tick ago whose samples wait
-        // unread, and tell them as summaries without their sectors.
-        self.collector.drain(&mut self.batch);
         self.collector.reconcile(false, &mut self.batch)?;
         let mut stats = self.collector.kernel_stats()?;
         stats.program_misses = self.misses.read(&self.attached);
@@ -411,7 +406,6 @@ impl<R: Reporter> Agent<R> {
         if !attached.pinned() {
             drop(attached);
         }
-        collector.drain(&mut batch);
         collector.reconcile(true, &mut batch)?;
         deliver(
             &mut reporter,

@@ -28,12 +28,12 @@ use health_kernel::waiting::DeviceWait;
 
 /// One device's counters at one read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Counters {
-    pub reads_in_flight: u32,
-    pub writes_in_flight: u32,
+struct Counters {
+    reads_in_flight: u32,
+    writes_in_flight: u32,
     /// Reads, writes, discards and flushes completed since the device
     /// appeared.
-    pub completed: u64,
+    completed: u64,
 }
 
 /// Since when each device has had requests in flight and completed none.
@@ -95,7 +95,7 @@ impl InflightCounters {
     /// One read of one device: what waits on it, if anything does. The
     /// wait is timed from a read, never from before one: it is a lower
     /// bound, short of the truth by up to one read's interval.
-    pub fn advance(&mut self, dev: Dev, c: Counters, now_ns: u64) -> Option<DeviceWait> {
+    fn advance(&mut self, dev: Dev, c: Counters, now_ns: u64) -> Option<DeviceWait> {
         let in_flight = c.reads_in_flight + c.writes_in_flight;
         let seen = self.seen.entry(dev).or_insert(Seen {
             completed: c.completed,
@@ -115,13 +115,8 @@ impl InflightCounters {
             writes: c.writes_in_flight,
             other: 0,
             oldest_ns: since,
-            // Which request is the oldest is not known: a read or a write
-            // only where all of them are.
-            oldest_op: match (c.reads_in_flight, c.writes_in_flight) {
-                (_, 0) => op::READ,
-                (0, _) => op::WRITE,
-                _ => op::NONE,
-            },
+            // Which request is the oldest, and whose, is not known.
+            oldest_op: op::NONE,
             oldest_cgroup: None,
         });
         seen.last.clone()
@@ -145,7 +140,7 @@ fn read_counters(sys_root: &Path, dev: Dev) -> io::Result<Counters> {
 }
 
 /// The counters from the two files' text.
-pub fn parse(inflight: &str, stat: &str) -> Option<Counters> {
+fn parse(inflight: &str, stat: &str) -> Option<Counters> {
     let mut flight = inflight.split_whitespace().map(str::parse::<u32>);
     let (reads_in_flight, writes_in_flight) = (flight.next()?.ok()?, flight.next()?.ok()?);
     let fields: Vec<u64> = stat
@@ -191,11 +186,11 @@ mod tests {
                 .map(|w| (w.reads, w.writes, w.oldest_ns / SECOND, w.oldest_op))
         };
         assert_eq!(at(100, c(0, 0, 50)), None);
-        assert_eq!(at(101, c(0, 1, 50)), Some((0, 1, 101, op::WRITE)));
+        assert_eq!(at(101, c(0, 1, 50)), Some((0, 1, 101, op::NONE)));
         assert_eq!(at(140, c(1, 1, 50)), Some((1, 1, 101, op::NONE)));
         // One completed: whatever waits now may be newer.
-        assert_eq!(at(141, c(1, 0, 51)), Some((1, 0, 141, op::READ)));
-        assert_eq!(at(150, c(1, 0, 51)), Some((1, 0, 141, op::READ)));
+        assert_eq!(at(141, c(1, 0, 51)), Some((1, 0, 141, op::NONE)));
+        assert_eq!(at(150, c(1, 0, 51)), Some((1, 0, 141, op::NONE)));
         assert_eq!(at(151, c(0, 0, 52)), None);
         // Busy and completing: never older than one read.
         assert_eq!(at(152, c(4, 4, 60)), Some((4, 4, 152, op::NONE)));
