@@ -13,6 +13,7 @@
 //! Compiled in every build (not behind a feature) so that the tests run the
 //! seed corpora through the same functions afl drives; hidden from the docs.
 
+pub mod block_counters;
 pub mod csi;
 pub mod csi_proxy;
 pub mod kubelet_dir;
@@ -27,6 +28,7 @@ pub type Run = fn(&[u8]);
 
 /// Every target by name, for the seed-corpus test.
 pub const TARGETS: &[(&str, Run)] = &[
+    ("block_counters", block_counters::run),
     ("btf", btf::run),
     ("csi", csi::run),
     ("csi_proxy", csi_proxy::run),

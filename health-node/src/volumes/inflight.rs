@@ -28,12 +28,12 @@ use health_kernel::waiting::DeviceWait;
 
 /// One device's counters at one read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Counters {
-    reads_in_flight: u32,
-    writes_in_flight: u32,
+pub(crate) struct Counters {
+    pub(crate) reads_in_flight: u32,
+    pub(crate) writes_in_flight: u32,
     /// Reads, writes, discards and flushes completed since the device
-    /// appeared.
-    completed: u64,
+    /// appeared, wrapping (only whether it moved matters).
+    pub(crate) completed: u64,
 }
 
 /// Since when each device has had requests in flight and completed none.
@@ -139,8 +139,8 @@ fn read_counters(sys_root: &Path, dev: Dev) -> io::Result<Counters> {
     })
 }
 
-/// The counters from the two files' text.
-fn parse(inflight: &str, stat: &str) -> Option<Counters> {
+/// The counters from the two files' text; `None` for anything else.
+pub(crate) fn parse(inflight: &str, stat: &str) -> Option<Counters> {
     let mut flight = inflight.split_whitespace().map(str::parse::<u32>);
     let (reads_in_flight, writes_in_flight) = (flight.next()?.ok()?, flight.next()?.ok()?);
     let fields: Vec<u64> = stat
@@ -150,7 +150,10 @@ fn parse(inflight: &str, stat: &str) -> Option<Counters> {
         .ok()?;
     // 1-based field numbers, as stat.rst numbers them.
     let field = |n: usize| fields.get(n - 1).copied();
-    let completed = field(1)? + field(5)? + field(12).unwrap_or(0) + field(16).unwrap_or(0);
+    let completed = field(1)?
+        .wrapping_add(field(5)?)
+        .wrapping_add(field(12).unwrap_or(0))
+        .wrapping_add(field(16).unwrap_or(0));
     Some(Counters {
         reads_in_flight,
         writes_in_flight,
@@ -216,6 +219,32 @@ mod tests {
         assert_eq!(parse("1", "5 0 40 3 6 0 48 2 1 5 5"), None);
         assert_eq!(parse("0 0", "5 0 x"), None);
         assert_eq!(parse("0 0", "5 0 40 3"), None);
+    }
+
+    proptest::proptest! {
+        /// Whatever a kernel writes in the two files' shapes (11 to 17
+        /// fields, any values) parses to what the fields say; any text
+        /// parses or is refused, never panics.
+        #[test]
+        fn the_files_parse_to_their_fields(
+            reads in proptest::num::u32::ANY,
+            writes in proptest::num::u32::ANY,
+            fields in proptest::collection::vec(proptest::num::u64::ANY, 11..=17),
+            junk in ".{0,64}",
+        ) {
+            let stat = fields.iter().map(u64::to_string).collect::<Vec<_>>().join(" ");
+            let field = |n: usize| fields.get(n - 1).copied().unwrap_or(0);
+            let completed = field(1)
+                .wrapping_add(field(5))
+                .wrapping_add(field(12))
+                .wrapping_add(field(16));
+            proptest::prop_assert_eq!(
+                parse(&format!("{reads} {writes}\n"), &format!("{stat}\n")),
+                Some(c(reads, writes, completed))
+            );
+            let _ = parse(&junk, &junk);
+            let _ = parse(&format!("{reads} {writes}"), &junk);
+        }
     }
 
     /// Through files: a device without them (gone) is forgotten without a
