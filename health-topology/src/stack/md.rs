@@ -60,10 +60,13 @@ pub fn read_md(md_dir: &Path) -> Result<MdState, String> {
     let degraded = number("degraded")?;
     let sync_action = read_attr(&md_dir.join("sync_action"))
         .ok()
-        .filter(|a| a != "idle");
-    let sync_completed = read_attr(&md_dir.join("sync_completed"))
-        .ok()
-        .and_then(|s| parse_sync_completed(&s));
+        .filter(|a| a != "idle")
+        .filter(|a| a != "recover" || rebuilds_a_member(md_dir));
+    let sync_completed = sync_action.as_ref().and_then(|_| {
+        read_attr(&md_dir.join("sync_completed"))
+            .ok()
+            .and_then(|s| parse_sync_completed(&s))
+    });
     Ok(MdState {
         level,
         raid_disks,
@@ -71,6 +74,33 @@ pub fn read_md(md_dir: &Path) -> Result<MdState, String> {
         array_state,
         sync_action,
         sync_completed,
+    })
+}
+
+/// Whether a member is being rebuilt: one in a slot of the array
+/// (`dev-*/slot` a number) that is neither `in_sync` nor `faulty`
+/// (`dev-*/state`). md also reads `recover` while it only looks for a spare
+/// to rebuild onto: `md_check_recovery` sets "running" before it knows
+/// whether anything will run (so that `sync_action` never reads `idle` in
+/// between), with `sync_completed` at `0 / <size>`, and that look can take
+/// a while (removing the failed member waits for an RCU grace period). A
+/// degraded array with no spare is not recovering, whatever that instant
+/// reads: measured on 5.10, right after `mdadm --fail`.
+fn rebuilds_a_member(md_dir: &Path) -> bool {
+    let Ok(entries) = std::fs::read_dir(md_dir) else {
+        return false;
+    };
+    entries.flatten().any(|e| {
+        if !e.file_name().to_string_lossy().starts_with("dev-") {
+            return false;
+        }
+        let dir = e.path();
+        let in_slot = read_attr(&dir.join("slot")).is_ok_and(|s| s.parse::<u32>().is_ok());
+        let state = read_attr(&dir.join("state")).unwrap_or_default();
+        let settled = state
+            .split(',')
+            .any(|w| w == "in_sync" || w == "faulty" || w == "journal");
+        in_slot && !settled
     })
 }
 
@@ -107,6 +137,11 @@ mod tests {
                 ("sync_completed", "4096 / 131072"),
             ],
         );
+        write(
+            &md.join("dev-loop1"),
+            &[("slot", "0"), ("state", "in_sync")],
+        );
+        write(&md.join("dev-loop2"), &[("slot", "1"), ("state", "spare")]);
         let s = read_md(&md).unwrap();
         assert_eq!(
             (s.level.as_str(), s.raid_disks, s.degraded),
@@ -115,6 +150,47 @@ mod tests {
         assert_eq!(s.sync_action.as_deref(), Some("recover"));
         assert_eq!(s.sync_percent(), Some(3));
         assert!(!s.failed());
+    }
+
+    /// md reads `recover` for a moment after a member fails, while it
+    /// looks for a spare it does not have: not a recovery.
+    #[test]
+    fn a_degraded_raid1_without_a_spare_is_not_recovering() {
+        let tmp = tempfile::tempdir().unwrap();
+        let md = tmp.path().join("md");
+        write(
+            &md,
+            &[
+                ("level", "raid1"),
+                ("raid_disks", "2"),
+                ("degraded", "1"),
+                ("array_state", "clean"),
+                ("sync_action", "recover"),
+                ("sync_completed", "0 / 131072"),
+            ],
+        );
+        write(
+            &md.join("dev-loop1"),
+            &[("slot", "0"), ("state", "in_sync")],
+        );
+        write(&md.join("dev-loop2"), &[("slot", "1"), ("state", "faulty")]);
+        let s = read_md(&md).unwrap();
+        assert_eq!((s.sync_action.clone(), s.sync_percent()), (None, None));
+        // Removed, then added back: a spare outside any slot until md
+        // takes it in.
+        std::fs::write(md.join("dev-loop2/slot"), "none\n").unwrap();
+        std::fs::write(md.join("dev-loop2/state"), "spare\n").unwrap();
+        assert_eq!(read_md(&md).unwrap().sync_action, None);
+        std::fs::write(md.join("dev-loop2/slot"), "1\n").unwrap();
+        let s = read_md(&md).unwrap();
+        assert_eq!(
+            (s.sync_action.as_deref(), s.sync_percent()),
+            (Some("recover"), Some(0))
+        );
+        // A resync of a whole array has no member to rebuild.
+        std::fs::write(md.join("dev-loop2/state"), "in_sync\n").unwrap();
+        std::fs::write(md.join("sync_action"), "resync\n").unwrap();
+        assert_eq!(read_md(&md).unwrap().sync_action.as_deref(), Some("resync"));
     }
 
     #[test]
