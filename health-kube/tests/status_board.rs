@@ -5,7 +5,7 @@
 mod rules {
     //! The board's write-on-change rules: what is due when, what a restart
     //! carries over, what leaving a claim removes. (The requests themselves are
-    //! tested against a real API server: tests/tests/apiserver_status.rs.)
+    //! tested against a real API server: tests/tests/server/apiserver_status.rs.)
 
     use std::time::{Duration, SystemTime};
 

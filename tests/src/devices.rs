@@ -1,5 +1,5 @@
 //! Real faulty devices from the kernel's own test drivers, for the VM tests
-//! (tests/device_faults.rs): scsi_debug disks with medium errors or command
+//! (tests/guest/device_faults.rs): scsi_debug disks with medium errors or command
 //! timeouts, device-mapper targets (linear, flakey, error), md raid1 arrays,
 //! null_blk disks with bad blocks, and loop devices over tmpfs files.
 //!

@@ -1,4 +1,4 @@
-//! iSCSI on one machine, for the VM tests (tests/iscsi.rs): the kernel's LIO
+//! iSCSI on one machine, for the VM tests (tests/guest/iscsi.rs): the kernel's LIO
 //! target (configfs, `iscsi_target_mod`, `target_core_iblock`) exports a
 //! backend block device over TCP on 127.0.0.1, and the open-iscsi initiator
 //! (`iscsid` and `iscsiadm`, run here) logs in to it: a SCSI disk `sdX` whose

@@ -1,5 +1,5 @@
-//! helm and kubectl for the manifest tests (tests/tests/deploy*.rs
-//! render the chart and the kustomizations; tests/tests/apiserver_deploy.rs
+//! helm and kubectl for the manifest tests (tests/tests/server/deploy*.rs
+//! render the chart and the kustomizations; tests/tests/server/apiserver_deploy.rs
 //! dry-runs them against a real kube-apiserver): found, never skipped, and
 //! run so that nothing of the user's configuration is read.
 

@@ -1,4 +1,4 @@
-//! NVMe over Fabrics on one machine, for the VM tests (tests/nvme_multipath.rs):
+//! NVMe over Fabrics on one machine, for the VM tests (tests/guest/nvme_multipath.rs):
 //! the kernel's NVMe target (nvmet, configured through configfs) serves one
 //! namespace over TCP on loopback through several ports, and the host
 //! connects one controller to each port through `/dev/nvme-fabrics` (no

@@ -1,5 +1,5 @@
 //! Storage stacks with a state of their own, for the VM suite
-//! tests/storage_stacks.rs: dm-multipath over two scsi_debug paths to one
+//! tests/guest/storage_stacks.rs: dm-multipath over two scsi_debug paths to one
 //! LUN, md raid1 arrays whose members are failed, removed and added back,
 //! and dm-thin pools that fill up, queue writes and grow.
 //!

@@ -275,7 +275,7 @@ pub fn test(args: &[String]) -> anyhow::Result<()> {
     // The committed kernel object must be what the toolchain builds from
     // these sources (the agent embeds that file).
     ebpf::verify()?;
-    // tests/tests/deploy.rs renders the chart and the kustomization;
+    // tests/tests/server/deploy.rs renders the chart and the kustomization;
     // deploy_monitoring.rs also runs promtool on the chart's rules.
     let k8s = crate::k8s_tools::ensure()?;
     // tests/tests/image.rs reads the image with skopeo and umoci.

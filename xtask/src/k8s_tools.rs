@@ -1,4 +1,4 @@
-//! helm and kubectl for the manifest tests (tests/tests/deploy.rs),
+//! helm and kubectl for the manifest tests (tests/tests/server/deploy.rs),
 //! which render the Helm chart and the kustomization for real, and promtool
 //! for the chart's alert rules (see `promtool`).
 //!

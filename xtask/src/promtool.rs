@@ -1,4 +1,4 @@
-//! promtool for the alert rule tests (tests/tests/deploy_monitoring.rs:
+//! promtool for the alert rule tests (tests/tests/server/deploy_monitoring.rs:
 //! `promtool check rules` and `promtool test rules` on the chart's rules).
 //!
 //! Debian ships it in the `prometheus` package, whose installation would

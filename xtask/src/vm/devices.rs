@@ -13,7 +13,7 @@
 //! into VIRTIO_BLK_S_IOERR. Everything else on the disks works, so a test
 //! puts a filesystem on the first 32 MiB and fails I/O when it chooses.
 //!
-//! The test suite (tests/tests/qemu_devices.rs) holds the same numbers and
+//! The test suite (tests/tests/guest/qemu_devices.rs) holds the same numbers and
 //! names; it checks them against the disks before relying on them.
 
 use std::fmt::Write as _;

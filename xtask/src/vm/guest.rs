@@ -448,7 +448,10 @@ fn follow(
             out.drain(&mut std::io::stdout())?;
             err.drain(&mut std::io::stderr())?;
             match booted {
-                None => bail!("QEMU exited ({status}) before the guest came up"),
+                None => match kernel_oops(&dir.join("console.log")) {
+                    Some(line) => return Err(BootCrashed { line }.into()),
+                    None => bail!("QEMU exited ({status}) before the guest came up"),
+                },
                 Some(_) => bail!(
                     "QEMU exited ({status}) before the command finished: the guest crashed, \
                      panicked or ran out of memory"
@@ -479,6 +482,26 @@ fn follow(
 #[error("the guest's kernel reported a soft lockup: {line}")]
 pub struct GuestStalled {
     pub line: String,
+}
+
+/// The guest's kernel died before the guest came up, before any command:
+/// under TCG that is QEMU's fault (seen on 6.12, 2026-11-30: `Oops: int3`
+/// in `sched_clock_cpu` during the kernel's own initcalls, the same
+/// mis-executed live patching as [`GuestStalled`]'s). Nothing of the
+/// steps ran, so the caller boots a fresh guest for them, once.
+#[derive(Debug, thiserror::Error)]
+#[error("the guest's kernel crashed before it came up: {line}")]
+pub struct BootCrashed {
+    pub line: String,
+}
+
+/// The console's first kernel oops or panic line, if any.
+fn kernel_oops(console: &Path) -> Option<String> {
+    let text = fs::read(console).ok()?;
+    String::from_utf8_lossy(&text)
+        .lines()
+        .find(|l| l.contains("Oops:") || l.contains("Kernel panic"))
+        .map(|l| l.trim().to_string())
 }
 
 /// The console's first soft lockup report, if any.
@@ -564,6 +587,28 @@ mod tests {
             Some("[ 380.530462] watchdog: BUG: soft lockup - CPU#0 stuck for 49s! [health-events:1516]")
         );
         assert_eq!(soft_lockup(&dir.path().join("missing")), None);
+    }
+
+    #[test]
+    fn a_kernel_that_died_while_booting_is_told_by_its_oops() {
+        let dir = tempfile::tempdir().unwrap();
+        let console = dir.path().join("console.log");
+        fs::write(
+            &console,
+            "[    0.0] Linux version 6.12.118\n[    5.4] Call Trace:\n",
+        )
+        .unwrap();
+        assert_eq!(kernel_oops(&console), None);
+        fs::write(
+            &console,
+            "[    5.48] RIP: 0010:sched_clock_cpu+0x9/0x1d0\n[    5.490593] Oops: int3: 0000 [#2] PREEMPT SMP NOPTI\n[    5.491835] Kernel panic - not syncing: Fatal exception in interrupt\n",
+        )
+        .unwrap();
+        assert_eq!(
+            kernel_oops(&console).as_deref(),
+            Some("[    5.490593] Oops: int3: 0000 [#2] PREEMPT SMP NOPTI")
+        );
+        assert_eq!(kernel_oops(&dir.path().join("missing")), None);
     }
 
     #[test]

@@ -19,7 +19,7 @@
 //! host core busy (6.12 with kernel_errors: 2 min 45 s of wall time, 2 min
 //! 45 s of CPU, on 2 cores), so two guests finish in little more time than
 //! one. Their lines then start with `[5.10]`, `[6.1]`, `[6.12]`. A slot that
-//! frees while a kernel still has test binaries no guest has started boots
+//! frees while a kernel still has suites no guest has started boots
 //! a second guest of it (`[6.12#2]`), and the two share what is left
 //! (`queue`).
 //!
@@ -45,10 +45,11 @@ use serde_json::Value;
 
 use crate::util::{cargo, is_root, say, workspace_root};
 
-/// Integration test binaries that drive the real kernel through the agent
-/// and count exactly: `kernel_errors` covers every kernel source (block,
-/// ext4, xfs, writeback, partitions, errnos, floods, flush). The other
-/// binaries under tests/tests/ can be chosen with `--tests`.
+/// The suite run when `--tests` is not given: `kernel_errors` drives the
+/// real kernel through the agent and counts exactly, for every kernel
+/// source (block, ext4, xfs, writeback, partitions, errnos, floods, flush).
+/// `--tests` names others: integration test binaries under tests/tests/,
+/// or the guest-only suites (the modules of tests/tests/guest/).
 const DEFAULT_TESTS: &str = "kernel_errors";
 
 #[derive(clap::Args)]
@@ -59,11 +60,12 @@ pub struct VmArgs {
     /// Guests running at the same time when several kernels are given.
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..))]
     jobs: u32,
-    /// Test binaries to run when no COMMAND is given (comma-separated names of
-    /// integration tests, e.g. kernel_errors,volumes,faultdisk_selftest).
+    /// Suites to run when no COMMAND is given, comma-separated: integration
+    /// test binaries (kernel_errors, volumes, stalls...) or guest-only suites
+    /// (device_faults, storage_stacks, nvme_multipath, iscsi, qemu_devices).
     #[arg(long, value_delimiter = ',', default_value = DEFAULT_TESTS)]
     tests: Vec<String>,
-    /// Only tests whose name contains this (passed to each test binary).
+    /// Only tests whose name contains this.
     #[arg(long)]
     filter: Option<String>,
     /// Bound on the run, boot and command (not the host-side build), e.g. 90s, 20m, 1h.
@@ -191,6 +193,11 @@ pub fn run(args: &VmArgs) -> anyhow::Result<()> {
                 queue
                     .release_unfinished(&machine.queue_name(kernel))
                     .and_then(|_| run())
+            }
+            Err(e) if e.downcast_ref::<guest::BootCrashed>().is_some() => {
+                say(format!("{label}: {e:#}"));
+                say(format!("{label}: no step had started (QEMU's TCG, not a test): booting a fresh guest, once"));
+                run()
             }
             result => result,
         };
@@ -369,7 +376,7 @@ fn passed_env() -> Env {
 }
 
 /// Builds the agent with its kernel object and the test binaries, as
-/// `cargo xtask test` does, and returns the selected binaries as steps.
+/// `cargo xtask test` does, and returns the selected suites as steps.
 fn default_tests(args: &VmArgs) -> anyhow::Result<(Vec<Step>, Env)> {
     // No separate `cargo build` of the agent: the test build below links
     // it (for health-agent's own tests) with the feature set `cargo xtask
@@ -382,35 +389,110 @@ fn default_tests(args: &VmArgs) -> anyhow::Result<(Vec<Step>, Env)> {
     let agent = crate::build::target_dir().join("release/health-agent");
     let env = vec![("HEALTH_AGENT_BIN".to_string(), agent.display().to_string())];
     let mut binaries = test_binaries(&env)?;
-    // Targets with `test = false` (device_faults: drivers the host lacks)
-    // are left out of `cargo test`; build the requested ones by name.
-    let extra: Vec<&String> = args
+    // The guest-only suites are modules of one binary with `test = false`
+    // (drivers the host lacks), which `cargo test` leaves out: built by
+    // name when a suite is not a binary of its own.
+    let guest_suites = if args
         .tests
         .iter()
-        .filter(|name| !binaries.iter().any(|t| &t.name == *name))
-        .collect();
-    if !extra.is_empty() {
-        binaries.extend(named_test_binaries(&env, &extra)?);
-    }
+        .all(|n| binaries.iter().any(|t| &t.name == n))
+    {
+        None
+    } else {
+        let guest = named_test_binaries(&env, &[GUEST_BINARY])?
+            .into_iter()
+            .find(|t| t.name == GUEST_BINARY)
+            .context("cargo test --no-run did not report the guest binary")?;
+        let names = list_tests(&guest)?;
+        binaries.push(guest);
+        Some(names)
+    };
     let mut steps = Vec::new();
     for name in &args.tests {
-        let Some(test) = binaries.iter().find(|t| &t.name == name) else {
+        if let Some(test) = binaries.iter().find(|t| &t.name == name) {
+            let mut argv = vec![test.exe.display().to_string()];
+            argv.extend(args.filter.clone());
+            steps.push(step(name, test, argv));
+            continue;
+        }
+        let all = guest_suites.as_deref().unwrap_or_default();
+        let guest = binaries.iter().find(|t| t.name == GUEST_BINARY);
+        let (Some(guest), Some(names)) = (guest, suite_tests(all, name, args.filter.as_deref()))
+        else {
             let known: Vec<&str> = binaries.iter().map(|t| t.name.as_str()).collect();
             bail!(
-                "no test binary named {name:?}; the workspace has: {}",
-                known.join(", ")
+                "no test binary or guest suite named {name:?}; the binaries: {}; the guest suites: {}",
+                known.join(", "),
+                suite_names(all).join(", ")
             );
         };
-        let mut argv = vec![test.exe.display().to_string()];
-        argv.extend(args.filter.clone());
-        steps.push(Step {
-            label: name.clone(),
-            // cargo runs an integration test in its package's directory.
-            cwd: test.dir.clone(),
-            argv,
-        });
+        if names.is_empty() {
+            say(format!("{name}: no test matches the filter; not run"));
+            continue;
+        }
+        let mut argv = vec![guest.exe.display().to_string(), "--exact".to_string()];
+        argv.extend(names);
+        steps.push(step(name, guest, argv));
     }
     Ok((steps, env))
+}
+
+/// The binary whose modules are the suites only a guest runs
+/// (tests/tests/guest/: device_faults, storage_stacks, ...).
+const GUEST_BINARY: &str = "guest";
+
+fn step(label: &str, test: &TestBinary, argv: Vec<String>) -> Step {
+    Step {
+        label: label.to_string(),
+        // cargo runs an integration test in its package's directory.
+        cwd: test.dir.clone(),
+        argv,
+    }
+}
+
+/// Every test of a binary (`module::test`), from its own `--list`.
+fn list_tests(test: &TestBinary) -> anyhow::Result<Vec<String>> {
+    let out = Command::new(&test.exe)
+        .args(["--list", "--format", "terse"])
+        .current_dir(&test.dir)
+        .output()
+        .with_context(|| format!("listing the tests of {}", test.exe.display()))?;
+    if !out.status.success() {
+        bail!("{} --list failed ({})", test.exe.display(), out.status);
+    }
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.strip_suffix(": test"))
+        .map(str::to_string)
+        .collect())
+}
+
+/// The tests of suite (module) `suite` among `all` whose names contain
+/// `filter`; `None` when the binary has no such module.
+fn suite_tests(all: &[String], suite: &str, filter: Option<&str>) -> Option<Vec<String>> {
+    let prefix = format!("{suite}::");
+    let of_suite: Vec<&String> = all.iter().filter(|n| n.starts_with(&prefix)).collect();
+    if of_suite.is_empty() {
+        return None;
+    }
+    Some(
+        of_suite
+            .into_iter()
+            .filter(|n| filter.is_none_or(|f| n.contains(f)))
+            .cloned()
+            .collect(),
+    )
+}
+
+/// The modules tests are in, each once, in order.
+fn suite_names(all: &[String]) -> Vec<&str> {
+    let mut names: Vec<&str> = all
+        .iter()
+        .filter_map(|n| n.split_once("::"))
+        .map(|(m, _)| m)
+        .collect();
+    names.dedup();
+    names
 }
 
 /// An integration test binary and its package's directory.
@@ -434,8 +516,7 @@ fn test_binaries(env: &Env) -> anyhow::Result<Vec<TestBinary>> {
 
 /// The integration test binaries `names`, built explicitly (`cargo test
 /// --test NAME --no-run`), which also builds targets marked `test = false`.
-fn named_test_binaries(env: &Env, names: &[&String]) -> anyhow::Result<Vec<TestBinary>> {
-    let names: Vec<&str> = names.iter().map(|n| n.as_str()).collect();
+fn named_test_binaries(env: &Env, names: &[&str]) -> anyhow::Result<Vec<TestBinary>> {
     say(format!(
         "building the test binaries {} (release profile)",
         names.join(", ")
@@ -490,6 +571,38 @@ fn parse_test_artifacts(json_lines: &str) -> Vec<TestBinary> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_guest_suite_is_its_modules_tests_that_match_the_filter() {
+        let all: Vec<String> = [
+            "device_faults::a_vanished_disk",
+            "storage_stacks::md_member_failed",
+            "storage_stacks::multipath_all_paths_offline",
+            "storage_stacks_extra::md_other",
+        ]
+        .map(String::from)
+        .to_vec();
+        assert_eq!(
+            suite_tests(&all, "storage_stacks", None),
+            Some(vec![
+                "storage_stacks::md_member_failed".to_string(),
+                "storage_stacks::multipath_all_paths_offline".to_string()
+            ])
+        );
+        assert_eq!(
+            suite_tests(&all, "storage_stacks", Some("md_")),
+            Some(vec!["storage_stacks::md_member_failed".to_string()])
+        );
+        assert_eq!(
+            suite_tests(&all, "storage_stacks", Some("nvme")),
+            Some(vec![])
+        );
+        assert_eq!(suite_tests(&all, "storage", None), None);
+        assert_eq!(
+            suite_names(&all),
+            ["device_faults", "storage_stacks", "storage_stacks_extra"]
+        );
+    }
 
     #[test]
     fn durations() {

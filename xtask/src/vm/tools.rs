@@ -42,12 +42,12 @@ pub fn ensure(cache: &Path) -> anyhow::Result<Tools> {
         ("dpkg-deb", "dpkg"),
         ("mkfs.ext4", "e2fsprogs"),
         ("python3", "python3-venv"),
-        // The device-fault scenarios (tests/tests/device_faults.rs) run
+        // The device-fault scenarios (tests/tests/guest/device_faults.rs) run
         // these inside the guest, from the shared root.
         ("dmsetup", "dmsetup"),
         ("mdadm", "mdadm"),
         ("udevadm", "udev"),
-        // The iSCSI scenarios (tests/tests/iscsi.rs) run the open-iscsi
+        // The iSCSI scenarios (tests/tests/guest/iscsi.rs) run the open-iscsi
         // initiator (iscsid, iscsiadm) in the guest against the kernel's LIO
         // target over loopback.
         ("iscsiadm", "open-iscsi"),

@@ -1,7 +1,7 @@
 {{/*
 The controller's sidecar as a strategic-merge patch for the driver's
 controller Deployment or StatefulSet: deploy/controller/sidecar.yaml with this release's
-image, port, resources and user (tests/tests/deploy_controller.rs
+image, port, resources and user (tests/tests/server/deploy_controller.rs
 renders both and compares them).
 */}}
 {{- define "volume-health.controllerSidecar" -}}

@@ -1,7 +1,7 @@
 {{/*
 The CSI proxy's sidecar as a strategic-merge patch for a CSI driver's node
 DaemonSet: deploy/components/csi-proxy/node-plugin.yaml with this release's
-image and socket directory (tests/tests/deploy_csi_proxy.rs renders both and
+image and socket directory (tests/tests/server/deploy_csi_proxy.rs renders both and
 compares them).
 */}}
 {{- define "volume-health.csiProxySidecar" -}}

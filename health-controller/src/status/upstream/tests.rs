@@ -1,5 +1,5 @@
 //! The exact requests against kube's mock service (the real 1.26 server has
-//! no such field; tests/tests/apiserver_status.rs checks it refuses it).
+//! no such field; tests/tests/server/apiserver_status.rs checks it refuses it).
 //! Bodies are decoded with k8s-openapi's 1.37 types and must round-trip
 //! unchanged: the shape is upstream's, to the field.
 

@@ -1,5 +1,5 @@
 //! `VolumeHealth` source entries as the tests of the status writers build them
-//! (tests/apiserver_status.rs on a real API server, tests/apiserver_volumehealth.rs
+//! (tests/server/apiserver_status.rs on a real API server, tests/server/apiserver_volumehealth.rs
 //! on the fake): a node's entry in namespace `shop`, kernel conditions.
 
 use health_core::conditions::Status;

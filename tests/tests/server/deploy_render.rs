@@ -28,12 +28,12 @@
 //! helm and kubectl: HELM_BIN / KUBECTL_BIN, the xtask tools cache, or PATH
 //! (`cargo xtask tools` installs them). Whether a real 1.26 API server takes
 //! the old rendering and refuses the new one is
-//! tests/tests/apiserver_deploy.rs (crate health-tests).
+//! tests/tests/server/apiserver_deploy.rs (crate health-tests).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
-mod deploy_common;
+use crate::deploy_common;
 
 use deploy_common::agent_objects::{
     agent, by_key, deploy_objects, env_value, mount_path_of_host_path, name, namespace_of,

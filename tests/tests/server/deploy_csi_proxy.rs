@@ -12,7 +12,7 @@
 //!
 //! helm and kubectl: HELM_BIN / KUBECTL_BIN, the xtask tools cache, or PATH.
 
-mod deploy_common;
+use crate::deploy_common;
 
 use std::collections::BTreeMap;
 use std::path::Path;

@@ -16,7 +16,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::process::Command;
 
-mod deploy_common;
+use crate::deploy_common;
 
 use deploy_common::agent_objects::{
     agent, by_key, deploy, deploy_objects, env_value, manifest_files, mount_path_of_host_path,

@@ -80,7 +80,7 @@ const NOT_ON_1_26: &[(&str, NotOn126)] = &[
         },
     ),
     // ValidatingAdmissionPolicy v1: Kubernetes 1.30+ (and the node name in a
-    // pod's token, which the policy reads). tests/tests/apiserver_status.rs
+    // pod's token, which the policy reads). tests/tests/server/apiserver_status.rs
     // runs the same policies as 1.26's v1alpha1.
     (
         "components/admission-policy",

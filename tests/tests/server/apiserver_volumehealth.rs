@@ -1,7 +1,7 @@
 //! The fake kube-apiserver's server-side apply of `VolumeHealth` objects and PVC
 //! labels (`health_tests::apiserver`, modules `volumehealth` and `apply`), driven
 //! by the agent's own writer (`health_kube::status::StatusApi`) and by raw
-//! kube-rs requests: what tests/apiserver_status.rs checks on a real API server
+//! kube-rs requests: what tests/server/apiserver_status.rs checks on a real API server
 //! (the union, per-node entries, the label) must hold on the fake too, so that the
 //! cluster tests against the fake mean the same.
 //!
@@ -16,7 +16,7 @@ use health_kube::status::{self, Claim, Put, SourceEntry, StatusApi, VolumeHealth
 use health_tests::FakeApiServer;
 use status_fixtures::{cond, node_entry};
 
-mod status_fixtures;
+use crate::status_fixtures;
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::Client;

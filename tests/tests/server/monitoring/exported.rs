@@ -180,7 +180,7 @@ pub fn series(text: &str, origin: &str) -> Exported {
         for name in names {
             assert!(
                 out.contains_key(&name),
-                "{origin}: no sample of {name}: record one in tests/monitoring/exported.rs"
+                "{origin}: no sample of {name}: record one in tests/server/monitoring/exported.rs"
             );
         }
     }

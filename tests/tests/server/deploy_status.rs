@@ -2,9 +2,9 @@
 //! chart ships the same CRD, it names what the agent writes, and the
 //! admission-policy Component renders and holds exactly the ServiceAccount
 //! the manifests create. (What the server makes of them:
-//! tests/tests/apiserver_status.rs.)
+//! tests/tests/server/apiserver_status.rs.)
 
-mod deploy_common;
+use crate::deploy_common;
 
 use deploy_common::agent_objects::{parse_documents, Object};
 use deploy_common::{chart_dir, deploy_dir, read, tool};

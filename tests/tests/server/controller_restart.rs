@@ -17,9 +17,9 @@
 //! (`HEALTH_CONTROLLER_BIN` or the release build); the driver is cargo's
 //! build ([`loop_driver`]); no root.
 
-#[path = "controller/loop_driver.rs"]
+#[path = "../controller/loop_driver.rs"]
 mod loop_driver;
-#[path = "controller/timeline.rs"]
+#[path = "../controller/timeline.rs"]
 mod timeline;
 
 use std::time::{Duration, Instant};

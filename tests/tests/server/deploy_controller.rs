@@ -12,9 +12,9 @@
 //!   PATH) render the same objects and the same sidecar.
 //!
 //! Whether a real API server accepts these objects and what the identities may
-//! then do is tests/tests/apiserver_rbac.rs (crate health-tests).
+//! then do is tests/tests/server/apiserver_rbac.rs (crate health-tests).
 
-mod deploy_common;
+use crate::deploy_common;
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;

@@ -13,7 +13,7 @@
 //! binary in `HEALTH_AGENT_BIN`; no root, no BPF.
 
 // Not tests/support.rs: Cargo would build that as a test of its own.
-#[path = "controller/support.rs"]
+#[path = "../controller/support.rs"]
 mod support;
 
 use std::time::{Duration, Instant, SystemTime};

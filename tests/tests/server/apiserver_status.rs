@@ -23,6 +23,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, SystemTime};
 
+use crate::status_fixtures;
 use anyhow::{bail, ensure, Context, Result};
 use health_core::conditions::Status;
 use health_kube::status::{
@@ -30,11 +31,10 @@ use health_kube::status::{
 };
 use health_tests::envtest::{apply_manifest, Impersonation, Options, RealApiServer};
 use k8s_openapi::api::core::v1::{Namespace, PersistentVolumeClaim};
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams, VersionMatch};
 use kube::Client;
 use serde::Deserialize;
 use serde_json::{json, Value};
-mod status_fixtures;
 use status_fixtures::{cond, node_entry};
 
 const NS: &str = "shop";
@@ -842,9 +842,23 @@ fn each_node_marks_the_objects_it_has_entries_on_and_lists_only_those() -> Resul
                 .map(|(k, v)| format!("{k}={v}"))
                 .collect()
         };
-        let listed = |node: &'static str| {
+        // Listed as an agent lists them at its start: from the API server's
+        // watch cache (resourceVersion 0), which may not hold yet a write
+        // made a moment ago (seen once on a fresh machine: `left: []
+        // right: ["data"]`). A list at the last object's own
+        // resourceVersion, NotOlderThan, returns once the cache has caught
+        // up with it, so the listing after it sees that write.
+        let listed = |node: &'static str, seen: &VolumeHealth| {
             let admin = env.admin.clone();
+            let rv = seen.metadata.resource_version.clone().unwrap_or_default();
             async move {
+                Api::<VolumeHealth>::all(admin.clone())
+                    .list_metadata(
+                        &ListParams::default()
+                            .at(&rv)
+                            .matching(VersionMatch::NotOlderThan),
+                    )
+                    .await?;
                 let selector = health_kube::node_label::volume_health_key(node);
                 let found = status::list_selected(&admin, Some(&selector)).await?;
                 anyhow::Ok(
@@ -860,13 +874,11 @@ fn each_node_marks_the_objects_it_has_entries_on_and_lists_only_those() -> Resul
             vec![cond(Status::Degraded, "BlockIOErrors", Some(3))],
         )];
         a.put(&env.claim, &raised, SystemTime::now()).await?;
-        assert_eq!(
-            marks(&env.object().await?),
-            ["node.volume-health.io/node-a="]
-        );
+        let o = env.object().await?;
+        assert_eq!(marks(&o), ["node.volume-health.io/node-a="]);
         // Each node finds the objects it has entries on, and no other node's.
-        assert_eq!(listed("node-a").await?, [PVC]);
-        assert_eq!(listed("node-b").await?, Vec::<String>::new());
+        assert_eq!(listed("node-a", &o).await?, [PVC]);
+        assert_eq!(listed("node-b", &o).await?, Vec::<String>::new());
 
         // A second node's entry adds its own mark under its own field manager.
         b.put(
@@ -875,21 +887,22 @@ fn each_node_marks_the_objects_it_has_entries_on_and_lists_only_those() -> Resul
             SystemTime::now(),
         )
         .await?;
+        let o = env.object().await?;
         assert_eq!(
-            marks(&env.object().await?),
+            marks(&o),
             [
                 "node.volume-health.io/node-a=",
                 "node.volume-health.io/node-b="
             ]
         );
-        assert_eq!(listed("node-b").await?, [PVC]);
+        assert_eq!(listed("node-b", &o).await?, [PVC]);
 
         // A node's last entry goes, and its mark with it; the other's stays.
         a.put(&env.claim, &[], SystemTime::now()).await?;
         let o = env.object().await?;
         assert_eq!(names(&o), ["Node/node-b"]);
         assert_eq!(marks(&o), ["node.volume-health.io/node-b="]);
-        assert_eq!(listed("node-a").await?, Vec::<String>::new());
+        assert_eq!(listed("node-a", &o).await?, Vec::<String>::new());
 
         // An object written before the marks existed (no label) gets it on
         // the next write of its claim, even one that changes nothing.

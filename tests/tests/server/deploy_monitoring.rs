@@ -17,8 +17,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-mod deploy_common;
-mod monitoring;
+use crate::deploy_common;
+use crate::monitoring;
 
 use deploy_common::{
     chart_dir, deploy_dir, read, repo_root, run_tool, tool, try_run_tool, typed, yaml_documents,
