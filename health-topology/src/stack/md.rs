@@ -113,6 +113,8 @@ fn parse_sync_completed(s: &str) -> Option<(u64, u64)> {
 
 #[cfg(test)]
 mod tests {
+    use std::path::PathBuf;
+
     use super::*;
 
     fn write(dir: &Path, attrs: &[(&str, &str)]) {
@@ -122,10 +124,10 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_degraded_raid1_recovering_reads_as_such() {
-        let tmp = tempfile::tempdir().unwrap();
-        let md = tmp.path().join("md");
+    /// A raid1 of loop1 (in sync) and loop2 (`second`: its state), one
+    /// member short, md reading `recover` at `completed`.
+    fn degraded_raid1(dir: &Path, completed: &str, second: &str) -> PathBuf {
+        let md = dir.join("md");
         write(
             &md,
             &[
@@ -134,14 +136,21 @@ mod tests {
                 ("degraded", "1"),
                 ("array_state", "clean"),
                 ("sync_action", "recover"),
-                ("sync_completed", "4096 / 131072"),
+                ("sync_completed", completed),
             ],
         );
         write(
             &md.join("dev-loop1"),
             &[("slot", "0"), ("state", "in_sync")],
         );
-        write(&md.join("dev-loop2"), &[("slot", "1"), ("state", "spare")]);
+        write(&md.join("dev-loop2"), &[("slot", "1"), ("state", second)]);
+        md
+    }
+
+    #[test]
+    fn a_degraded_raid1_recovering_reads_as_such() {
+        let tmp = tempfile::tempdir().unwrap();
+        let md = degraded_raid1(tmp.path(), "4096 / 131072", "spare");
         let s = read_md(&md).unwrap();
         assert_eq!(
             (s.level.as_str(), s.raid_disks, s.degraded),
@@ -157,23 +166,7 @@ mod tests {
     #[test]
     fn a_degraded_raid1_without_a_spare_is_not_recovering() {
         let tmp = tempfile::tempdir().unwrap();
-        let md = tmp.path().join("md");
-        write(
-            &md,
-            &[
-                ("level", "raid1"),
-                ("raid_disks", "2"),
-                ("degraded", "1"),
-                ("array_state", "clean"),
-                ("sync_action", "recover"),
-                ("sync_completed", "0 / 131072"),
-            ],
-        );
-        write(
-            &md.join("dev-loop1"),
-            &[("slot", "0"), ("state", "in_sync")],
-        );
-        write(&md.join("dev-loop2"), &[("slot", "1"), ("state", "faulty")]);
+        let md = degraded_raid1(tmp.path(), "0 / 131072", "faulty");
         let s = read_md(&md).unwrap();
         assert_eq!((s.sync_action.clone(), s.sync_percent()), (None, None));
         // Removed, then added back: a spare outside any slot until md
