@@ -497,19 +497,20 @@ pub struct BootCrashed {
 
 /// The console's first kernel oops or panic line, if any.
 fn kernel_oops(console: &Path) -> Option<String> {
-    let text = fs::read(console).ok()?;
-    String::from_utf8_lossy(&text)
-        .lines()
-        .find(|l| l.contains("Oops:") || l.contains("Kernel panic"))
-        .map(|l| l.trim().to_string())
+    first_console_line(console, &["Oops:", "Kernel panic"])
 }
 
 /// The console's first soft lockup report, if any.
 fn soft_lockup(console: &Path) -> Option<String> {
+    first_console_line(console, &["BUG: soft lockup"])
+}
+
+/// The first line of the console holding one of `marks`, trimmed.
+fn first_console_line(console: &Path, marks: &[&str]) -> Option<String> {
     let text = fs::read(console).ok()?;
     String::from_utf8_lossy(&text)
         .lines()
-        .find(|l| l.contains("BUG: soft lockup"))
+        .find(|l| marks.iter().any(|m| l.contains(m)))
         .map(|l| l.trim().to_string())
 }
 

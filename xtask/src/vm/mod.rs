@@ -388,24 +388,21 @@ fn default_tests(args: &VmArgs) -> anyhow::Result<(Vec<Step>, Env)> {
     crate::ebpf::ensure()?;
     let agent = crate::build::target_dir().join("release/health-agent");
     let env = vec![("HEALTH_AGENT_BIN".to_string(), agent.display().to_string())];
-    let mut binaries = test_binaries(&env)?;
+    let binaries = test_binaries(&env)?;
     // The guest-only suites are modules of one binary with `test = false`
     // (drivers the host lacks), which `cargo test` leaves out: built by
-    // name when a suite is not a binary of its own.
-    let guest_suites = if args
-        .tests
-        .iter()
-        .all(|n| binaries.iter().any(|t| &t.name == n))
-    {
-        None
-    } else {
-        let guest = named_test_binaries(&env, &[GUEST_BINARY])?
-            .into_iter()
-            .find(|t| t.name == GUEST_BINARY)
-            .context("cargo test --no-run did not report the guest binary")?;
-        let names = list_tests(&guest)?;
-        binaries.push(guest);
-        Some(names)
+    // name, and its tests listed, when a suite is not a binary of its own.
+    let is_binary = |name: &String| binaries.iter().any(|t| &t.name == name);
+    let guest = match args.tests.iter().all(is_binary) {
+        true => None,
+        false => {
+            let guest = named_test_binaries(&env, &[GUEST_BINARY])?
+                .into_iter()
+                .find(|t| t.name == GUEST_BINARY)
+                .context("cargo test --no-run did not report the guest binary")?;
+            let tests = list_tests(&guest)?;
+            Some((guest, tests))
+        }
     };
     let mut steps = Vec::new();
     for name in &args.tests {
@@ -415,10 +412,8 @@ fn default_tests(args: &VmArgs) -> anyhow::Result<(Vec<Step>, Env)> {
             steps.push(step(name, test, argv));
             continue;
         }
-        let all = guest_suites.as_deref().unwrap_or_default();
-        let guest = binaries.iter().find(|t| t.name == GUEST_BINARY);
-        let (Some(guest), Some(names)) = (guest, suite_tests(all, name, args.filter.as_deref()))
-        else {
+        let (guest, all) = guest.as_ref().expect("listed when a suite is no binary");
+        let Some(names) = suite_tests(all, name, args.filter.as_deref()) else {
             let known: Vec<&str> = binaries.iter().map(|t| t.name.as_str()).collect();
             bail!(
                 "no test binary or guest suite named {name:?}; the binaries: {}; the guest suites: {}",
