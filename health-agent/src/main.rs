@@ -112,6 +112,12 @@ struct KernelArgs {
     /// Also catch failed cache flushes (attaches block_rq_complete, which runs on every I/O).
     #[arg(long)]
     flush_errors: bool,
+    /// Also count the errors reads, writes and fsyncs return to applications, on every
+    /// volume, block device or not (EIO, ENOSPC, EDQUOT, EROFS, ESTALE, ETIMEDOUT, ENOTCONN),
+    /// with the pod and container told: fexit programs on the VFS functions, which run on
+    /// every such call of the node (docs/benchmarks.md, "Returned errors").
+    #[arg(long, env = "HEALTH_RETURNED_ERRORS")]
+    returned_errors: bool,
     /// Samples per device per second per CPU (counting is never limited).
     #[arg(long, default_value_t = probes::DEFAULT_SAMPLES_PER_SEC)]
     sample_rate: u32,
@@ -451,6 +457,7 @@ fn probe_options(args: &KernelArgs, host: &HostPaths) -> ProbeOptions {
         early_errors: args.early_block_errors,
         follow_bios: args.follow_bios || args.latency_window != 0.0,
         latency: args.latency_window != 0.0,
+        returned_errors: args.returned_errors,
     }
 }
 

@@ -29,8 +29,14 @@ pub mod source {
     /// failed request. Errors passed up from a failed request below are not
     /// counted again (see `stat::BIO_PROPAGATED`).
     pub const BLOCK_BIO_ERROR: u8 = 8;
+    /// A file operation returned an error to the application that called
+    /// it (fexit on `vfs_read`, `vfs_write`, `vfs_readv`, `vfs_writev`,
+    /// `vfs_fsync_range`), counted for the file's filesystem, or for the
+    /// device itself where the file is a block device node. Only the
+    /// errnos of [`super::returned_errno_counted`].
+    pub const RETURNED_ERROR: u8 = 9;
     /// One past the highest source number.
-    pub const COUNT: usize = 9;
+    pub const COUNT: usize = 10;
 }
 
 /// Block operation, decoded from the tracepoint's `rwbs` string.
@@ -45,6 +51,25 @@ pub mod op {
     pub const WRITE_ZEROES: u8 = 6;
     /// `N` in rwbs: a driver-private or zone operation.
     pub const OTHER: u8 = 7;
+    /// `fsync`, `fdatasync`, `sync_file_range`'s wait, `msync`
+    /// ([`super::source::RETURNED_ERROR`] only).
+    pub const FSYNC: u8 = 8;
+}
+
+/// The errnos an application's failed file operation is counted for: what
+/// says the storage failed it (EIO; ENOSPC and EDQUOT; EROFS; ESTALE of a
+/// network filesystem; ETIMEDOUT of a soft mount; ENOTCONN of a FUSE
+/// daemon gone). Errors of the call itself (EBADF, EFAULT, EINVAL, EINTR,
+/// EAGAIN) are the application's own and not counted. Numbers of
+/// include/uapi/asm-generic/errno-base.h and errno.h, the same on every
+/// architecture the agent runs on (x86-64, arm64).
+#[inline(always)]
+pub fn returned_errno_counted(errno: u32) -> bool {
+    matches!(
+        errno,
+        5 /* EIO */ | 28 /* ENOSPC */ | 122 /* EDQUOT */ | 30 /* EROFS */
+            | 116 /* ESTALE */ | 110 /* ETIMEDOUT */ | 107 /* ENOTCONN */
+    )
 }
 
 /// Decodes the operation from a block tracepoint's `rwbs` field.
@@ -139,8 +164,13 @@ pub struct ErrorSample {
     pub mono_ns: u64,
     /// Absolute sector on the whole disk (block sources), or `u64::MAX`.
     pub sector: u64,
-    /// Inode number (writeback and xfs inode corruption), else 0.
+    /// Inode number (writeback, xfs inode corruption, returned errors),
+    /// else 0.
     pub ino: u64,
+    /// The cgroup (v2) id of the task the program ran in, for returned
+    /// errors (whose task is the application's); 0 for the others, whose
+    /// task is whoever completed the request.
+    pub cgroup: u64,
     /// Device exactly as the tracepoint reported it (the whole disk for
     /// block sources; `0:N` for the block-device inode case).
     pub raw_dev: u32,
@@ -529,6 +559,26 @@ pub mod rq {
     pub const GD_DEAD_BIT: u32 = 2;
 }
 
+/// Slots of the kernel global `FILE_LAYOUT`: where the returned-error
+/// programs find a file's filesystem device, from the running kernel's BTF
+/// ([`rq::ABSENT`] where it has no such member).
+pub mod file {
+    /// `file.f_inode`
+    pub const F_INODE: usize = 0;
+    /// `inode.i_sb`, `super_block.s_dev`
+    pub const I_SB: usize = 1;
+    pub const S_DEV: usize = 2;
+    /// `inode.i_ino`, `inode.i_mode`, `inode.i_rdev` (a block device
+    /// node's errors are the device's, not its directory's filesystem's).
+    pub const I_INO: usize = 3;
+    pub const I_MODE: usize = 4;
+    pub const I_RDEV: usize = 5;
+    pub const COUNT: usize = 6;
+    /// `S_IFMT` and `S_IFBLK` of include/uapi/linux/stat.h.
+    pub const S_IFMT: u16 = 0o170000;
+    pub const S_IFBLK: u16 = 0o060000;
+}
+
 /// How `block_rq_complete` is used (kernel global `COMPLETE_MODE`).
 pub mod complete_mode {
     /// Not attached.
@@ -706,7 +756,7 @@ mod tests {
     #[test]
     fn record_layouts_are_stable() {
         assert_eq!(core::mem::size_of::<CounterKey>(), 12);
-        assert_eq!(core::mem::size_of::<ErrorSample>(), 112);
+        assert_eq!(core::mem::size_of::<ErrorSample>(), 120);
         assert_eq!(core::mem::size_of::<ErrorTimes>(), 16);
         assert_eq!(core::mem::size_of::<Waiting>(), 24);
         assert_eq!(core::mem::size_of::<LatencyKey>(), 8);

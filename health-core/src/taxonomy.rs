@@ -22,11 +22,28 @@ pub fn kernel_error_kind(src: u8, errno: u32) -> Option<KernelErrorKind> {
             return block_error_kind(errno)
         }
         source::WRITEBACK_ERROR => KernelErrorKind::Writeback,
+        source::RETURNED_ERROR => return returned_error_kind(errno),
         source::XFS_CORRUPTION => KernelErrorKind::XfsCorruption,
         source::EXT4_SHUTDOWN | source::XFS_SHUTDOWN => KernelErrorKind::Shutdown,
         // EXT4_ERROR, and any source newer than this agent: a filesystem
         // reported something, which is the least it can mean.
         _ => KernelErrorKind::FilesystemError,
+    })
+}
+
+/// An error a file operation returned to an application, by its errno.
+/// `EROFS` raises nothing of its own: a volume mounted read-only refuses
+/// writes as it should, and one the kernel stopped writing to after
+/// errors is the ReadOnlyRemount check's to say.
+fn returned_error_kind(errno: u32) -> Option<KernelErrorKind> {
+    let e = i32::try_from(errno).unwrap_or(i32::MAX);
+    Some(match e {
+        libc::EIO => KernelErrorKind::ReturnedIo,
+        libc::ENOSPC | libc::EDQUOT => KernelErrorKind::ReturnedNoSpace,
+        libc::ESTALE => KernelErrorKind::ReturnedStale,
+        libc::ETIMEDOUT => KernelErrorKind::ReturnedTimeout,
+        libc::ENOTCONN => KernelErrorKind::ReturnedNotConnected,
+        _ => return None,
     })
 }
 
@@ -113,6 +130,65 @@ mod tests {
         );
         assert_eq!(block(libc::ENOSPC), Some((Status::Degraded, "OutOfSpace")));
         assert_eq!(block(4000), Some((Status::Degraded, "BlockIOErrors")));
+    }
+
+    #[test]
+    fn returned_errnos_map_to_kep_statuses() {
+        let returned = |e: i32| {
+            kernel_error_kind(source::RETURNED_ERROR, e as u32).map(|k| (k.status(), k.reason()))
+        };
+        assert_eq!(
+            returned(libc::EIO),
+            Some((Status::Degraded, "ApplicationIOErrors"))
+        );
+        assert_eq!(
+            returned(libc::ENOSPC),
+            Some((Status::Degraded, "OutOfSpace"))
+        );
+        assert_eq!(
+            returned(libc::EDQUOT),
+            Some((Status::Degraded, "OutOfSpace"))
+        );
+        assert_eq!(
+            returned(libc::ESTALE),
+            Some((Status::Inaccessible, "StaleFileHandle"))
+        );
+        assert_eq!(
+            returned(libc::ETIMEDOUT),
+            Some((Status::Inaccessible, "IOTimeouts"))
+        );
+        assert_eq!(
+            returned(libc::ENOTCONN),
+            Some((Status::Inaccessible, "NotConnected"))
+        );
+        // Counted and shown; the ReadOnlyRemount check says the rest.
+        assert_eq!(returned(libc::EROFS), None);
+        assert_eq!(returned(libc::EINTR), None);
+        // The kernel side counts exactly these.
+        for e in [5, 28, 122, 30, 116, 110, 107] {
+            assert!(health_common::returned_errno_counted(e), "{e}");
+        }
+        for e in [
+            libc::EBADF,
+            libc::EFAULT,
+            libc::EINVAL,
+            libc::EINTR,
+            libc::EAGAIN,
+        ] {
+            assert!(!health_common::returned_errno_counted(e as u32), "{e}");
+        }
+        assert_eq!(
+            [
+                libc::EIO,
+                libc::ENOSPC,
+                libc::EDQUOT,
+                libc::EROFS,
+                libc::ESTALE,
+                libc::ETIMEDOUT,
+                libc::ENOTCONN
+            ],
+            [5, 28, 122, 30, 116, 110, 107]
+        );
     }
 
     #[test]

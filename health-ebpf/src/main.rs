@@ -33,6 +33,7 @@ use aya_log_ebpf::debug;
 
 mod fs;
 mod requests;
+mod returns;
 mod waiting;
 
 // The records shared with userspace, compiled into this crate as a module
@@ -387,6 +388,7 @@ fn record<C: EbpfContext>(
         mono_ns: now,
         sector: d.sector,
         ino: d.ino,
+        cgroup: 0,
         raw_dev: d.raw_dev,
         nr_sectors: d.nr_sectors,
         flags: d.flags,

@@ -525,6 +525,7 @@ mod tests {
             mono_ns: 0,
             sector: 0,
             ino: 0,
+            cgroup: 0,
             raw_dev: key.dev,
             nr_sectors: 8,
             flags: 0,

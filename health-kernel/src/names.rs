@@ -18,6 +18,8 @@ pub enum Kind {
     FsShutdown,
     /// Writeback of cached data failed; the writer may never learn of it.
     WritebackError,
+    /// A read, write or fsync returned an error to the application.
+    ReturnedError,
 }
 
 impl Kind {
@@ -28,6 +30,7 @@ impl Kind {
             }
             source::EXT4_SHUTDOWN | source::XFS_SHUTDOWN => Kind::FsShutdown,
             source::WRITEBACK_ERROR => Kind::WritebackError,
+            source::RETURNED_ERROR => Kind::ReturnedError,
             _ => Kind::FsError,
         }
     }
@@ -38,6 +41,7 @@ impl Kind {
             Kind::FsError => "fs_error",
             Kind::FsShutdown => "fs_shutdown",
             Kind::WritebackError => "writeback_error",
+            Kind::ReturnedError => "returned_error",
         }
     }
 }
@@ -53,6 +57,7 @@ pub fn source_name(src: u8) -> &'static str {
         source::XFS_SHUTDOWN => "xfs_force_shutdown",
         source::XFS_CORRUPTION => "xfs_mark_corrupt",
         source::WRITEBACK_ERROR => "filemap_set_wb_err",
+        source::RETURNED_ERROR => "vfs_return",
         _ => "unknown",
     }
 }
@@ -66,6 +71,7 @@ pub fn op_name(o: u8) -> Option<&'static str> {
         op::SECURE_ERASE => "secure_erase",
         op::WRITE_ZEROES => "write_zeroes",
         op::OTHER => "other",
+        op::FSYNC => "fsync",
         _ => return None,
     })
 }

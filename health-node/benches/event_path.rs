@@ -147,6 +147,7 @@ fn block_error() -> KernelError {
         mono_ns: 123_456_789_000,
         sector: 2048 + 2 * PART_SECTORS + 4096,
         ino: 0,
+        cgroup: 0,
         raw_dev: Dev::new(DISK_MAJOR, (DISKS - 1) * 16).to_kernel(),
         nr_sectors: 8,
         flags: 0,

@@ -4,6 +4,8 @@
 //! Four parts, each a submodule:
 //! * [`latency`]: from a failed request to the agent's line;
 //! * [`overhead`]: healthy I/O with and without the agent, A/B;
+//! * [`returned`]: what `--returned-errors` adds to a successful read or
+//!   write, A/B, in a QEMU guest by default (the host refuses fexit);
 //! * [`flood`]: exact totals, CPU and memory under an error flood;
 //! * [`micro`]: criterion benchmark of the per-event userspace path;
 //! * [`events`]: cluster mode, from a failed request to the Event request;
@@ -36,6 +38,7 @@ mod latency;
 mod micro;
 mod overhead;
 mod report;
+mod returned;
 mod scale;
 mod stats;
 mod status;
@@ -193,6 +196,7 @@ pub fn run_bench(args: &BenchArgs) -> Result<()> {
         vec![
             Part::Latency,
             Part::Overhead,
+            Part::Returned,
             Part::Flood,
             Part::Micro,
             Part::Events,
@@ -231,6 +235,8 @@ pub fn run_bench(args: &BenchArgs) -> Result<()> {
     for part in parts {
         interrupt::check()?;
         let t = Instant::now();
+        // The guest's section comes with its own machine line.
+        let mut headed = false;
         let (id, command, headline, body) = match part {
             Part::Latency => {
                 say(format!(
@@ -278,6 +284,19 @@ pub fn run_bench(args: &BenchArgs) -> Result<()> {
                     r.headline(),
                     r.markdown(Path::new("/dev/shm")),
                 )
+            }
+            Part::Returned => {
+                let at = returned::Where::from_env()?;
+                let command = at.command(args.rounds);
+                if at.here() {
+                    say(format!("returned: {} A/B rounds", args.rounds));
+                    let r = returned::run(tools()?, args.rounds)?;
+                    (at.id(), command, r.headline(), r.markdown())
+                } else {
+                    let (body, headline) = returned::in_guest(tools()?, &at, args.rounds)?;
+                    headed = true;
+                    (at.id(), command, headline, body)
+                }
             }
             Part::Flood => {
                 say(format!(
@@ -498,7 +517,10 @@ pub fn run_bench(args: &BenchArgs) -> Result<()> {
         };
         say(&headline);
         headlines.push(headline);
-        let body = format!("{}{body}", machine.line(&command, t.elapsed()));
+        let body = match headed {
+            true => body,
+            false => format!("{}{body}", machine.line(&command, t.elapsed())),
+        };
         if args.no_write {
             println!("\n{body}");
         } else {

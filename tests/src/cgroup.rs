@@ -2,8 +2,9 @@
 //! in it: the agent names a stalled bio's pod or cgroup from the cgroup the
 //! block layer charges the bio to (`health_node::volumes::waiters`).
 
+use std::io::{BufRead as _, BufReader, Write as _};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 
 use anyhow::{Context as _, Result};
 use health_node::volumes::waiters::io_hierarchy;
@@ -45,6 +46,73 @@ impl TestCgroup {
             .args(["-c", &script])
             .spawn()
             .context("starting dd")
+    }
+}
+
+impl TestCgroup {
+    /// A process of this cgroup that holds `file` open and reads it where
+    /// told (`bin`: the tests' `file-reader`): an application whose reads
+    /// fail, for the errors a file operation returns (`--returned-errors`).
+    /// The file is open when this returns, so its reads go on after the
+    /// file's filesystem stops answering opens.
+    pub fn reader(&self, bin: &Path, file: &Path) -> Result<Reader> {
+        let mut child = Command::new(bin)
+            .arg(self.dir.join("cgroup.procs"))
+            .arg(file)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .with_context(|| format!("starting {}", bin.display()))?;
+        let stdin = child.stdin.take().context("the reader's stdin")?;
+        let stdout = BufReader::new(child.stdout.take().context("the reader's stdout")?);
+        let mut reader = Reader {
+            child,
+            stdin,
+            stdout,
+        };
+        let first = reader.line()?;
+        anyhow::ensure!(
+            first == "open",
+            "the reader said {first:?} instead of opening {}",
+            file.display()
+        );
+        Ok(reader)
+    }
+}
+
+/// See [`TestCgroup::reader`]; killed on drop.
+pub struct Reader {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl Reader {
+    /// Reads 4 KiB at `offset`: `None` when it succeeded, else the errno.
+    pub fn pread(&mut self, offset: u64) -> Result<Option<i32>> {
+        writeln!(self.stdin, "{offset}").context("asking the reader")?;
+        let answer = self.line()?;
+        let errno: i32 = answer
+            .parse()
+            .with_context(|| format!("the reader answered {answer:?}"))?;
+        Ok((errno != 0).then_some(errno))
+    }
+
+    fn line(&mut self) -> Result<String> {
+        let mut line = String::new();
+        let n = self
+            .stdout
+            .read_line(&mut line)
+            .context("reading the reader's answer")?;
+        anyhow::ensure!(n > 0, "the reader exited");
+        Ok(line.trim_end().to_string())
+    }
+}
+
+impl Drop for Reader {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 

@@ -65,6 +65,25 @@ impl Kubelet {
             "errors=continue"
         };
         self.mounts.push(Mount::at(dev, &local, "ext4", options)?);
+        let target = self.pod_volume_dir(pod, pv)?;
+        self.mounts
+            .push(Mount::at(&local, &target, "none", "bind")?);
+        // Nothing left to write back once the agent watches.
+        fs::sync_fs(&target)?;
+        Ok(target)
+    }
+
+    /// A filesystem-mode local PV of a directory on a filesystem without a
+    /// block device (a FUSE or NFS mount): bind mounted into the pod's
+    /// volume directory; returns the pod's path.
+    pub fn dir_volume(&mut self, pod: &str, pv: &str, dir: &Path) -> Result<PathBuf> {
+        let target = self.pod_volume_dir(pod, pv)?;
+        self.mounts.push(Mount::at(dir, &target, "none", "bind")?);
+        Ok(target)
+    }
+
+    /// The pod's directory of a filesystem-mode local PV, made.
+    fn pod_volume_dir(&self, pod: &str, pv: &str) -> Result<PathBuf> {
         let target = self
             .root
             .path()
@@ -73,10 +92,6 @@ impl Kubelet {
             .join("volumes/kubernetes.io~local-volume")
             .join(pv);
         std::fs::create_dir_all(&target)?;
-        self.mounts
-            .push(Mount::at(&local, &target, "none", "bind")?);
-        // Nothing left to write back once the agent watches.
-        fs::sync_fs(&target)?;
         Ok(target)
     }
 

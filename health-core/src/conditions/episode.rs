@@ -22,20 +22,19 @@ pub(super) struct Episode {
     pub(super) mounts: BTreeSet<PathBuf>,
     pub(super) ops: BTreeSet<String>,
     pub(super) errnos: BTreeSet<i32>,
+    /// Whom returned errors were told to, at most [`MAX_WHOS`] of them.
+    pub(super) whos: BTreeSet<String>,
+    /// Names beyond those kept, so that the message says how many.
+    pub(super) more_whos: bool,
 }
+
+/// An episode names at most this many pods or cgroups: enough to see who
+/// is hurt, bounded whatever a flood names.
+pub(super) const MAX_WHOS: usize = 4;
 
 impl Episode {
     pub(super) fn message(&self, kind: KernelErrorKind) -> String {
-        let mut m = format!("{} {}", self.count, kind.noun(self.count));
-        let detail: Vec<String> = self
-            .ops
-            .iter()
-            .cloned()
-            .chain(self.errnos.iter().map(|e| errno_name(*e)))
-            .collect();
-        if !detail.is_empty() {
-            m.push_str(&format!(" ({})", detail.join(", ")));
-        }
+        let mut m = self.what(kind);
         if !self.devices.is_empty() {
             let devs: Vec<String> = self
                 .devices
@@ -65,6 +64,33 @@ impl Episode {
                 rfc3339(self.first),
                 rfc3339(self.last)
             ));
+        }
+        m
+    }
+
+    /// How many of what (`3 block I/O errors (write, EIO)`), and for
+    /// returned errors whom they were returned to: the part of the message
+    /// another condition's message carries when it says these too.
+    pub(super) fn what(&self, kind: KernelErrorKind) -> String {
+        let mut m = format!("{} {}", self.count, kind.noun(self.count));
+        let detail: Vec<String> = self
+            .ops
+            .iter()
+            .cloned()
+            .chain(self.errnos.iter().map(|e| errno_name(*e)))
+            .collect();
+        if !detail.is_empty() {
+            m.push_str(&format!(" ({})", detail.join(", ")));
+        }
+        if kind.returned() {
+            let whos: Vec<&str> = self.whos.iter().map(String::as_str).collect();
+            match (whos.is_empty(), self.more_whos) {
+                (true, _) => m.push_str(" returned to applications"),
+                (false, false) => m.push_str(&format!(" returned to {}", whos.join(", "))),
+                (false, true) => {
+                    m.push_str(&format!(" returned to {} and others", whos.join(", ")))
+                }
+            }
         }
         m
     }

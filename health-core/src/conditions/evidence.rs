@@ -43,6 +43,18 @@ pub enum KernelErrorKind {
     XfsCorruption,
     /// Filesystem shutdown (`xfs_force_shutdown`, `ext4_shutdown`).
     Shutdown,
+    /// What applications were told: a read, write or fsync returned `EIO`.
+    ReturnedIo,
+    /// ... `ENOSPC` or `EDQUOT`: writes refused for want of space or quota.
+    ReturnedNoSpace,
+    /// ... `ESTALE`: the server no longer knows the file (an export
+    /// removed and re-created, a file deleted on the server).
+    ReturnedStale,
+    /// ... `ETIMEDOUT`: a soft mount gave up waiting for its server.
+    ReturnedTimeout,
+    /// ... `ENOTCONN`: the filesystem's connection is gone (a FUSE daemon
+    /// that exited).
+    ReturnedNotConnected,
 }
 
 impl KernelErrorKind {
@@ -50,7 +62,9 @@ impl KernelErrorKind {
         match self {
             KernelErrorKind::BlockIo
             | KernelErrorKind::OutOfSpace
-            | KernelErrorKind::ArrayMemberErrors => Status::Degraded,
+            | KernelErrorKind::ArrayMemberErrors
+            | KernelErrorKind::ReturnedIo
+            | KernelErrorKind::ReturnedNoSpace => Status::Degraded,
             KernelErrorKind::Writeback
             | KernelErrorKind::FilesystemError
             | KernelErrorKind::XfsCorruption
@@ -60,8 +74,26 @@ impl KernelErrorKind {
             | KernelErrorKind::Timeout
             | KernelErrorKind::TransportError
             | KernelErrorKind::DeviceOffline
-            | KernelErrorKind::ReservationConflict => Status::Inaccessible,
+            | KernelErrorKind::ReservationConflict
+            | KernelErrorKind::ReturnedStale
+            | KernelErrorKind::ReturnedTimeout
+            | KernelErrorKind::ReturnedNotConnected => Status::Inaccessible,
         }
+    }
+
+    /// Errors an application was told, rather than the device's or the
+    /// filesystem's own: where the device's evidence is open too, they
+    /// are said in its condition, not in one of their own (one failure,
+    /// one condition).
+    pub fn returned(self) -> bool {
+        matches!(
+            self,
+            KernelErrorKind::ReturnedIo
+                | KernelErrorKind::ReturnedNoSpace
+                | KernelErrorKind::ReturnedStale
+                | KernelErrorKind::ReturnedTimeout
+                | KernelErrorKind::ReturnedNotConnected
+        )
     }
 
     pub fn reason(self) -> &'static str {
@@ -79,6 +111,11 @@ impl KernelErrorKind {
             KernelErrorKind::FilesystemError => "FilesystemErrors",
             KernelErrorKind::XfsCorruption => "FilesystemCorruption",
             KernelErrorKind::Shutdown => "FilesystemShutdown",
+            KernelErrorKind::ReturnedIo => "ApplicationIOErrors",
+            KernelErrorKind::ReturnedNoSpace => "OutOfSpace",
+            KernelErrorKind::ReturnedStale => "StaleFileHandle",
+            KernelErrorKind::ReturnedTimeout => "IOTimeouts",
+            KernelErrorKind::ReturnedNotConnected => "NotConnected",
         }
     }
 
@@ -111,6 +148,20 @@ impl KernelErrorKind {
             KernelErrorKind::XfsCorruption => "XFS corruption reports",
             KernelErrorKind::Shutdown if one => "filesystem shutdown",
             KernelErrorKind::Shutdown => "filesystem shutdowns",
+            KernelErrorKind::ReturnedIo
+            | KernelErrorKind::ReturnedNoSpace
+            | KernelErrorKind::ReturnedStale
+            | KernelErrorKind::ReturnedTimeout
+            | KernelErrorKind::ReturnedNotConnected
+                if one =>
+            {
+                "failed file operation"
+            }
+            KernelErrorKind::ReturnedIo
+            | KernelErrorKind::ReturnedNoSpace
+            | KernelErrorKind::ReturnedStale
+            | KernelErrorKind::ReturnedTimeout
+            | KernelErrorKind::ReturnedNotConnected => "failed file operations",
         }
     }
 }
@@ -132,6 +183,9 @@ pub struct KernelErrors {
     pub errno: Option<i32>,
     /// The device's kernel name (`loop3`), where known: messages name it.
     pub device_name: Option<String>,
+    /// Whom the errors were returned to (`pod ns/name (container c)`,
+    /// `cgroup /path`), for returned errors where known.
+    pub who: Option<String>,
 }
 
 /// A finding of a built-in check: what `checks` saw, with the numbers the

@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, SystemTime};
 
 use super::driver_words;
-use super::episode::Episode;
+use super::episode::{Episode, MAX_WHOS};
 use super::evidence::{
     CheckResult, CsiEntry, CsiListSighting, CsiReport, KernelErrorKind, KernelErrors, Observation,
 };
@@ -195,6 +195,8 @@ impl VolumeHealth {
             mounts: BTreeSet::new(),
             ops: BTreeSet::new(),
             errnos: BTreeSet::new(),
+            whos: BTreeSet::new(),
+            more_whos: false,
         });
         ep.count = ep.count.saturating_add(e.count);
         ep.first = ep.first.min(first);
@@ -206,6 +208,13 @@ impl VolumeHealth {
         ep.mounts.extend(e.mount_point);
         ep.ops.extend(e.op);
         ep.errnos.extend(e.errno);
+        if let Some(who) = e.who {
+            if ep.whos.len() < MAX_WHOS || ep.whos.contains(&who) {
+                ep.whos.insert(who);
+            } else {
+                ep.more_whos = true;
+            }
+        }
     }
 
     fn reconcile_kernel(&mut self, now: SystemTime) -> Vec<Change> {
@@ -215,16 +224,41 @@ impl VolumeHealth {
             now.duration_since(ep.last)
                 .map_or(true, |quiet| quiet < window)
         });
+        // One failure, one condition: errors returned to applications are
+        // said in the device's or filesystem's condition where one is open
+        // (the worst, if several), else in conditions of their own.
+        let told: Vec<String> = self
+            .kernel
+            .iter()
+            .filter(|(kind, _)| kind.returned())
+            .map(|(kind, ep)| ep.what(*kind))
+            .collect();
+        let host = self
+            .kernel
+            .keys()
+            .filter(|kind| !kind.returned())
+            .min_by_key(|kind| (kind.status(), **kind))
+            .copied();
         let desired = self
             .kernel
             .iter()
-            .map(|(kind, ep)| Desired {
-                status: kind.status(),
-                reason: kind.reason().to_string(),
-                message: ep.message(*kind),
-                since: ep.first,
-                seen: ep.last,
-                occurrences: Some(ep.count),
+            .filter(|(kind, _)| host.is_none() || !kind.returned())
+            .map(|(kind, ep)| {
+                let mut message = ep.message(*kind);
+                if Some(*kind) == host {
+                    for t in &told {
+                        message.push_str("; ");
+                        message.push_str(t);
+                    }
+                }
+                Desired {
+                    status: kind.status(),
+                    reason: kind.reason().to_string(),
+                    message,
+                    since: ep.first,
+                    seen: ep.last,
+                    occurrences: Some(ep.count),
+                }
             })
             .collect();
         self.set(Source::Kernel, desired)
@@ -417,6 +451,115 @@ mod tests {
         assert_eq!(reasons(&changes), ["-CapacityExhausted"]);
     }
 
+    /// Errors returned to `who` on the FUSE volume's anonymous device.
+    fn returned(kind: KernelErrorKind, errno: i32, count: u64, at: u64, who: &str) -> Observation {
+        Observation::Kernel(vec![KernelErrors {
+            kind,
+            count,
+            first: t(at),
+            last: t(at),
+            device: Some(Dev::new(0, 52)),
+            mount_point: Some("/var/lib/kubelet/pods/p/volumes/kubernetes.io~csi/pv1/mount".into()),
+            op: Some("read".into()),
+            errno: Some(errno),
+            device_name: None,
+            who: Some(who.into()),
+        }])
+    }
+
+    #[test]
+    fn returned_errors_alone_raise_their_own_condition_naming_whom_they_were_told() {
+        let mut h = VolumeHealth::new(ConditionConfig::default());
+        let web = "pod shop/web-0 (container app)";
+        let changes = h.apply(
+            t(0),
+            returned(KernelErrorKind::ReturnedIo, libc::EIO, 2, 0, web),
+        );
+        assert_eq!(reasons(&changes), ["+ApplicationIOErrors"]);
+        let changes = h.apply(
+            t(3),
+            returned(KernelErrorKind::ReturnedIo, libc::EIO, 1, 3, web),
+        );
+        assert_eq!(reasons(&changes), ["~ApplicationIOErrors"]);
+        let c = &h.conditions()[0];
+        assert_eq!(c.status, Status::Degraded);
+        assert_eq!(
+            c.message,
+            "3 failed file operations (read, EIO) returned to pod shop/web-0 (container app) \
+             on 0:52 at /var/lib/kubelet/pods/p/volumes/kubernetes.io~csi/pv1/mount \
+             in 3s (2027-01-15T08:00:00Z to 2027-01-15T08:00:03Z)"
+        );
+        // A daemon gone: ENOTCONN is its own, Inaccessible.
+        let changes = h.apply(
+            t(4),
+            returned(
+                KernelErrorKind::ReturnedNotConnected,
+                libc::ENOTCONN,
+                1,
+                4,
+                web,
+            ),
+        );
+        assert_eq!(reasons(&changes), ["+NotConnected"]);
+        assert_eq!(h.worst(), Some(Status::Inaccessible));
+    }
+
+    #[test]
+    fn returned_errors_are_said_in_the_devices_condition_not_beside_it() {
+        let mut h = VolumeHealth::new(ConditionConfig::default());
+        let changes = h.apply(t(10), block_errors(3, 0, 5));
+        assert_eq!(reasons(&changes), ["+BlockIOErrors"]);
+        let changes = h.apply(
+            t(10),
+            returned(
+                KernelErrorKind::ReturnedIo,
+                libc::EIO,
+                1,
+                6,
+                "cgroup /batch",
+            ),
+        );
+        assert_eq!(reasons(&changes), ["~BlockIOErrors"]);
+        assert_eq!(view(&h), [(Status::Degraded, "BlockIOErrors".to_string())]);
+        let c = &h.conditions()[0];
+        assert!(
+            c.message.ends_with(
+                "(2027-01-15T08:00:00Z to 2027-01-15T08:00:05Z); \
+                 1 failed file operation (read, EIO) returned to cgroup /batch"
+            ),
+            "{}",
+            c.message
+        );
+        // The count is the device's: the same failure is not counted twice.
+        assert_eq!(c.occurrences, Some(3));
+    }
+
+    #[test]
+    fn an_episode_names_a_bounded_number_of_applications() {
+        let mut h = VolumeHealth::new(ConditionConfig::default());
+        for i in 0..10 {
+            let who = format!("pod shop/web-{i} (container app)");
+            h.apply(
+                t(i),
+                returned(KernelErrorKind::ReturnedStale, libc::ESTALE, 1, i, &who),
+            );
+        }
+        let c = &h.conditions()[0];
+        assert_eq!(
+            (c.status, c.reason.as_str()),
+            (Status::Inaccessible, "StaleFileHandle")
+        );
+        assert!(
+            c.message.starts_with(
+                "10 failed file operations (read, ESTALE) returned to \
+                 pod shop/web-0 (container app), pod shop/web-1 (container app), \
+                 pod shop/web-2 (container app), pod shop/web-3 (container app) and others on 0:52 "
+            ),
+            "{}",
+            c.message
+        );
+    }
+
     #[test]
     fn kernel_condition_clears_after_quiet_window_from_last_error() {
         let cfg = ConditionConfig {
@@ -475,6 +618,7 @@ mod tests {
             op: None,
             errno: None,
             device_name: None,
+            who: None,
         };
         let changes = h.apply(
             t(0),

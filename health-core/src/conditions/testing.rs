@@ -17,6 +17,7 @@ pub(crate) fn block_errors(count: u64, first: u64, last: u64) -> Observation {
         op: Some("write".into()),
         errno: Some(libc::EIO),
         device_name: None,
+        who: None,
     }])
 }
 

@@ -2,9 +2,9 @@
 //! tracepoint formats, load the object once with the layouts found, attach,
 //! and say for each source what became of it.
 
-use aya::programs::{BtfTracePoint, FEntry, RawTracePoint, TracePoint};
+use aya::programs::{BtfTracePoint, FEntry, FExit, RawTracePoint, TracePoint};
 use aya::{Btf, Ebpf, EbpfLoader};
-use health_common::{bio, complete_mode, field, rq};
+use health_common::{bio, complete_mode, field, file, rq};
 
 use super::errors::{classify_load_error, error_chain, BpfRefusal};
 use super::layout::{BLOCK_BIO_COMPLETE, BLOCK_RQ_COMPLETE, BLOCK_RQ_ERROR, FS_PROGRAMS};
@@ -13,7 +13,7 @@ use super::memlock::{raise_memlock_limit, MemlockShortfall};
 use super::pins::{self, PinError, PinSet};
 use super::plan::{BlockCounting, Plan, Planned, NO_FLUSHES};
 use super::preflight::{check_bpf, check_privileges};
-use super::requests::{self, BtfRequests};
+use super::requests::{self, BtfRequests, ReturnedErrors};
 use super::waiting;
 use super::{
     Attached, BlockAttach, KernelMaps, ProbeError, ProbeOptions, SourceState, SourceStatus,
@@ -71,6 +71,20 @@ pub fn attach(opts: &ProbeOptions) -> Result<(Attached, KernelMaps), ProbeError>
     for p in plan.planned {
         sources.push(attacher.attach(p));
     }
+    sources.push(match opts.returned_errors {
+        true => attach_returned(
+            &mut ebpf,
+            pin_set.as_ref(),
+            &kernel.returned,
+            load_btf.as_ref(),
+        ),
+        false => SourceStatus {
+            program: RETURNED_SOURCE,
+            state: SourceState::Disabled {
+                reason: "not asked for (--returned-errors)".into(),
+            },
+        },
+    });
     let waiting = match &kernel.bio_layout {
         Ok(layout) => waiting::attach(
             &mut ebpf,
@@ -160,6 +174,9 @@ struct Kernel {
     /// Offsets into `struct bio` for the `WAITING` programs, or why they
     /// are not attached.
     bio_layout: Result<[u32; bio::COUNT], String>,
+    /// What the returned-error programs need, or why they are not
+    /// attached.
+    returned: Result<ReturnedErrors, String>,
     /// The slice of the kernel's BTF that program loads need.
     load_image: Option<Vec<u8>>,
 }
@@ -178,6 +195,9 @@ impl Kernel {
         };
         if let Ok(layout) = &self.bio_layout {
             facts.extend(layout.iter().flat_map(|v| v.to_le_bytes()));
+        }
+        if let Ok(returned) = &self.returned {
+            facts.extend(returned.layout.iter().flat_map(|v| v.to_le_bytes()));
         }
         facts
     }
@@ -199,8 +219,13 @@ fn preflight(opts: &ProbeOptions) -> Result<Kernel, ProbeError> {
     let requests::BtfFacts {
         requests: btf_requests,
         bios: bio_layout,
+        returned,
         image: load_image,
     } = requests::plan(&btf, &opts.proc_root);
+    let returned = match opts.returned_errors {
+        true => returned.map_err(|e| format!("the kernel's BTF lacks what it needs: {e}")),
+        false => Err("not asked for (--returned-errors)".to_string()),
+    };
     let bio_layout = match opts.follow_bios {
         true => bio_layout
             .map(|mut layout| {
@@ -227,6 +252,7 @@ fn preflight(opts: &ProbeOptions) -> Result<Kernel, ProbeError> {
         tracefs,
         btf_requests,
         bio_layout,
+        returned,
         load_image,
     })
 }
@@ -251,6 +277,10 @@ fn load(
     let early_flag = u32::from(block.early);
     // ENABLED stays 0 without a layout: the programs then return at once.
     let bio_layout = kernel.bio_layout.clone().unwrap_or([0; bio::COUNT]);
+    let file_layout = kernel
+        .returned
+        .as_ref()
+        .map_or([rq::ABSENT; file::COUNT], |r| r.layout);
     let mut loader = loader::loader_without_kernel_btf().unwrap_or_else(|e| {
         tracing::info!(
             "loading with aya's own parse of the kernel BTF (~20 MB more at start): {e}"
@@ -264,6 +294,7 @@ fn load(
         .override_global("LAYOUT", layout, true)
         .override_global("RQ_LAYOUT", &rq_layout, true)
         .override_global("BIO_LAYOUT", &bio_layout, true)
+        .override_global("FILE_LAYOUT", &file_layout, true)
         .override_global("STATUS_ERRNO", &statuses, true)
         .override_global("COMPLETE_MODE", &block.mode, true)
         .override_global("EARLY_ERRORS", &early_flag, true)
@@ -585,6 +616,34 @@ fn attach_disk_names(ebpf: &mut Ebpf, facts: &Result<BtfRequests, String>) -> Re
     Ok(())
 }
 
+/// Loads an fentry or fexit program against its kernel function and
+/// attaches it, pinned with the others when there are pins. A macro: aya's
+/// `FEntry` and `FExit` load and attach alike but share no trait.
+macro_rules! attach_traced {
+    ($kind:ty, $what:literal, $ebpf:expr, $pins:expr, $btf:expr, $function:expr, $program:expr) => {{
+        let (function, program): (&str, &str) = ($function, $program);
+        let btf = $btf.ok_or("no kernel BTF")?;
+        let prog: &mut $kind = $ebpf
+            .program_mut(program)
+            .ok_or_else(|| format!("{program} is not in the kernel object"))?
+            .try_into()
+            .map_err(|e: aya::programs::ProgramError| format!("{program}: {e}"))?;
+        prog.load(function, btf)
+            .map_err(|e| format!("{} on {function}: {}", $what, error_chain(&e)))?;
+        let link = prog
+            .attach()
+            .map_err(|e| format!("{} on {function}: {}", $what, error_chain(&e)))?;
+        if let Some(pins) = $pins {
+            let link = prog
+                .take_link(link)
+                .map_err(|e| format!("{program}: {}", error_chain(&e)))?;
+            pins.keep_attached($ebpf, program, link)
+                .map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    }};
+}
+
 /// The writeback tracepoint shows errseq from before the update, so the
 /// errno of a file's first error comes from an fentry program on the
 /// function that records it (needs kernel BTF and fentry support).
@@ -598,26 +657,74 @@ fn attach_writeback_errno(
     if pins.is_some_and(|p| p.has_link(PROGRAM)) {
         return Ok(());
     }
-    let btf = btf.ok_or("no kernel BTF")?;
-    let program: &mut FEntry = ebpf
-        .program_mut(PROGRAM)
-        .ok_or("the fentry program is not in the object")?
-        .try_into()
-        .map_err(|e: aya::programs::ProgramError| e.to_string())?;
-    program
-        .load(FUNCTION, btf)
-        .map_err(|e| format!("fentry on {FUNCTION}: {}", error_chain(&e)))?;
-    let link = program
-        .attach()
-        .map_err(|e| format!("fentry on {FUNCTION}: {}", error_chain(&e)))?;
-    if let Some(pins) = pins {
-        let link = program
-            .take_link(link)
-            .map_err(|e| format!("{PROGRAM}: {}", error_chain(&e)))?;
-        pins.keep_attached(ebpf, PROGRAM, link)
-            .map_err(|e| e.to_string())?;
+    attach_traced!(FEntry, "fentry", ebpf, pins, btf, FUNCTION, PROGRAM)
+}
+
+/// The name the returned-error programs go by in the sources' list.
+pub const RETURNED_SOURCE: &str = "returned_errors";
+
+/// Errors file operations returned to applications: an fexit program on
+/// each VFS function this kernel's BTF names. Active when one attached;
+/// the note names those that did not.
+fn attach_returned(
+    ebpf: &mut Ebpf,
+    pins: Option<&PinSet>,
+    facts: &Result<ReturnedErrors, String>,
+    btf: Option<&Btf>,
+) -> SourceStatus {
+    let status = |state| SourceStatus {
+        program: RETURNED_SOURCE,
+        state,
+    };
+    let facts = match (facts, btf) {
+        (Err(why), _) => {
+            return status(SourceState::Missing {
+                reason: why.clone(),
+            })
+        }
+        (_, None) => {
+            return status(SourceState::Missing {
+                reason: "no kernel BTF for the fexit loads".into(),
+            })
+        }
+        (Ok(facts), Some(_)) => facts,
+    };
+    let mut attached = Vec::new();
+    let mut failed = Vec::new();
+    for (function, program) in requests::RETURNED_FUNCTIONS {
+        if !facts.functions.iter().any(|(f, _)| *f == function) {
+            failed.push(format!("{function}: not in the kernel's BTF"));
+            continue;
+        }
+        match attach_fexit(ebpf, pins, btf, function, program) {
+            Ok(()) => attached.push(function),
+            Err(why) => failed.push(why),
+        }
     }
-    Ok(())
+    if attached.is_empty() {
+        return status(SourceState::Missing {
+            reason: failed.join("; "),
+        });
+    }
+    status(SourceState::Active {
+        tracepoint: format!("fexit:{}", attached.join(",")),
+        note: (!failed.is_empty()).then(|| failed.join("; ")),
+    })
+}
+
+/// Loads `program` against `function` and attaches it, pinned with the
+/// others when there are pins (an adopted pin set keeps it attached).
+fn attach_fexit(
+    ebpf: &mut Ebpf,
+    pins: Option<&PinSet>,
+    btf: Option<&Btf>,
+    function: &str,
+    program: &'static str,
+) -> Result<(), String> {
+    if pins.is_some_and(|p| p.has_link(program)) {
+        return Ok(());
+    }
+    attach_traced!(FExit, "fexit", ebpf, pins, btf, function, program)
 }
 
 /// `WAITING`, mapped into this process.

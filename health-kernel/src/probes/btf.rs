@@ -11,7 +11,7 @@
 use std::collections::HashSet;
 use std::path::Path;
 
-use health_common::{bio, rq};
+use health_common::{bio, file, rq};
 
 const MAGIC: u16 = 0xeb9f;
 const HEADER_LEN: usize = 24;
@@ -450,6 +450,23 @@ pub fn bio_layout(btf: &KernelBtf) -> Result<[u32; bio::COUNT], BtfError> {
         }
     }
     layout[bio::ENABLED] = 1;
+    Ok(layout)
+}
+
+/// Fills the `FILE_LAYOUT` slots of the returned-error programs: a file's
+/// inode, its filesystem's device, and for block device nodes the device.
+pub fn file_layout(btf: &KernelBtf) -> Result<[u32; file::COUNT], BtfError> {
+    let need = |s: &str, m: &str| {
+        btf.member_offset(s, m)
+            .ok_or_else(|| BtfError::Missing(format!("struct {s}.{m}")))
+    };
+    let mut layout = [rq::ABSENT; file::COUNT];
+    layout[file::F_INODE] = need("file", "f_inode")?;
+    layout[file::I_SB] = need("inode", "i_sb")?;
+    layout[file::S_DEV] = need("super_block", "s_dev")?;
+    layout[file::I_INO] = need("inode", "i_ino")?;
+    layout[file::I_MODE] = need("inode", "i_mode")?;
+    layout[file::I_RDEV] = need("inode", "i_rdev")?;
     Ok(layout)
 }
 

@@ -84,6 +84,9 @@ pub struct ProbeOptions {
     /// With `follow_bios`: count each read's and write's latency, per
     /// device, as its bio completes (`LATENCY`, `--latency-window`).
     pub latency: bool,
+    /// Count the errors file operations returned to applications (fexit
+    /// on `vfs_read` and its kin; every such call runs a program).
+    pub returned_errors: bool,
 }
 
 /// BTF raw tracepoints (`tp_btf`) run whatever else runs on the CPU, even a

@@ -13,9 +13,9 @@
 use std::path::Path;
 
 use aya::Btf;
-use health_common::{bio, rq};
+use health_common::{bio, file, rq};
 
-use super::btf::{bio_layout, counts_early, request_layout, KernelBtf};
+use super::btf::{bio_layout, counts_early, file_layout, request_layout, KernelBtf, KIND_FUNC};
 use super::{blk_status, release};
 
 /// Everything the `tp_btf` programs need, or why they cannot be used.
@@ -53,12 +53,23 @@ pub(super) fn plan(btf_path: &Path, proc_root: &Path) -> BtfFacts {
         Err(e) => {
             return BtfFacts {
                 requests: Err(e.clone()),
-                bios: Err(e),
+                bios: Err(e.clone()),
+                returned: Err(e),
                 image: None,
             }
         }
     };
     let bios = bio_layout(&kernel).map_err(|e| e.to_string());
+    let returned = file_layout(&kernel)
+        .map_err(|e| e.to_string())
+        .map(|layout| ReturnedErrors {
+            layout,
+            functions: RETURNED_FUNCTIONS
+                .iter()
+                .copied()
+                .filter(|(function, _)| kernel.find(KIND_FUNC, function).is_some())
+                .collect(),
+        });
     let image = kernel.sparse_image(&LOAD_NAMES);
     let requests = request_layout(&kernel)
         .map_err(|e| e.to_string())
@@ -77,6 +88,7 @@ pub(super) fn plan(btf_path: &Path, proc_root: &Path) -> BtfFacts {
     BtfFacts {
         requests,
         bios,
+        returned,
         image,
     }
 }
@@ -86,16 +98,39 @@ pub(super) struct BtfFacts {
     pub requests: Result<BtfRequests, String>,
     /// The `BIO_LAYOUT` of the `WAITING` programs.
     pub bios: Result<[u32; bio::COUNT], String>,
+    pub returned: Result<ReturnedErrors, String>,
     pub image: Option<Vec<u8>>,
 }
 
+/// What the returned-error programs need: the `FILE_LAYOUT`, and which of
+/// [`RETURNED_FUNCTIONS`] this kernel's BTF names (a function it lacks,
+/// or inlined everywhere, has no entry and cannot be traced).
+pub(super) struct ReturnedErrors {
+    pub layout: [u32; file::COUNT],
+    pub functions: Vec<(&'static str, &'static str)>,
+}
+
+/// The VFS functions whose error returns are counted, and their programs.
+pub(super) const RETURNED_FUNCTIONS: [(&str, &str); 5] = [
+    ("vfs_read", "vfs_read_exit"),
+    ("vfs_write", "vfs_write_exit"),
+    ("vfs_readv", "vfs_readv_exit"),
+    ("vfs_writev", "vfs_writev_exit"),
+    ("vfs_fsync_range", "vfs_fsync_range_exit"),
+];
+
 /// The names the `tp_btf` and fentry loads look up.
-pub(super) const LOAD_NAMES: [(u32, &str); 5] = [
+pub(super) const LOAD_NAMES: [(u32, &str); 10] = [
     (super::btf::KIND_TYPEDEF, "btf_trace_block_rq_error"),
     (super::btf::KIND_TYPEDEF, "btf_trace_block_rq_complete"),
     (super::btf::KIND_TYPEDEF, "btf_trace_block_bio_queue"),
     (super::btf::KIND_TYPEDEF, "btf_trace_block_bio_complete"),
     (super::btf::KIND_FUNC, "__filemap_set_wb_err"),
+    (KIND_FUNC, RETURNED_FUNCTIONS[0].0),
+    (KIND_FUNC, RETURNED_FUNCTIONS[1].0),
+    (KIND_FUNC, RETURNED_FUNCTIONS[2].0),
+    (KIND_FUNC, RETURNED_FUNCTIONS[3].0),
+    (KIND_FUNC, RETURNED_FUNCTIONS[4].0),
 ];
 
 /// aya looks up a program's attach target by name in an `aya::Btf`, and

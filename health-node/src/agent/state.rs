@@ -374,6 +374,7 @@ impl<R: Reporter> Agent<R> {
             &mut self.vols,
             &mut self.batch,
             &mut self.handled,
+            &mut self.waiters,
             &self.topo,
             &self.clock,
         )
@@ -397,6 +398,7 @@ impl<R: Reporter> Agent<R> {
             mut batch,
             mut handled,
             mut misses,
+            mut waiters,
             ..
         } = self;
         let program_misses = misses.read(&attached);
@@ -412,6 +414,7 @@ impl<R: Reporter> Agent<R> {
             &mut vols,
             &mut batch,
             &mut handled,
+            &mut waiters,
             &topo,
             &clock,
         )?;
@@ -432,12 +435,16 @@ fn deliver<R: Reporter>(
     vols: &mut Option<LiveVolumes>,
     batch: &mut Vec<KernelError>,
     handled: &mut Handled,
+    waiters: &mut Waiters,
     topo: &Topology,
     clock: &Clock,
 ) -> anyhow::Result<()> {
     if let Some(v) = vols.as_mut() {
         handled.changes.extend(v.take_inherited());
-        handled.changes.extend(v.record(batch));
+        let names = reporter.pod_names();
+        handled
+            .changes
+            .extend(v.record(batch, &mut |id| waiters.describe(id, names)));
     }
     reporter.errors(batch, topo, clock, vols.as_ref().map(LiveVolumes::index))?;
     batch.clear();

@@ -300,6 +300,7 @@ mod tests {
             mono_ns: 5_000_000_000,
             sector: 2056,
             ino: 0,
+            cgroup: 0,
             raw_dev: Dev::new(7, 3).to_kernel(),
             nr_sectors: 8,
             flags: 0,

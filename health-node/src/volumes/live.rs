@@ -19,6 +19,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use health_common::source;
 use health_core::conditions::{CheckKind, ConditionConfig, Source};
 use health_core::dev::Dev;
 use health_csi::DriverOverride;
@@ -241,10 +242,21 @@ impl LiveVolumes {
     /// condition machine on the next flush tick, or at once when they would
     /// raise a condition not yet raised: the first report of a failure is
     /// never held back, a flood's updates are.
-    pub fn record(&mut self, batch: &[KernelError]) -> Vec<VolumeChanges> {
+    /// `who` names the cgroup an error was returned to (returned errors'
+    /// samples carry it).
+    pub fn record(
+        &mut self,
+        batch: &[KernelError],
+        who: &mut dyn FnMut(u64) -> Option<String>,
+    ) -> Vec<VolumeChanges> {
         let now = SystemTime::now();
         for e in batch {
-            self.monitor.record(e, now);
+            let told = e
+                .sample
+                .as_ref()
+                .filter(|s| s.key.source == source::RETURNED_ERROR && s.cgroup != 0)
+                .and_then(|s| who(s.cgroup));
+            self.monitor.record_by(e, now, told.as_deref());
         }
         if let (Some(t), false) = (&self.nvme_health_trigger, batch.is_empty()) {
             t.store(true, Ordering::Relaxed);

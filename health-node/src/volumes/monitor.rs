@@ -32,6 +32,8 @@ struct Pending {
     op: Option<&'static str>,
     errno: u32,
     device: Dev,
+    /// Whom returned errors were told to (`pod ns/name (container c)`).
+    who: Option<String>,
     count: u64,
     first: SystemTime,
     last: SystemTime,
@@ -136,16 +138,31 @@ impl VolumeMonitor {
     /// allocates only when a volume sees a new (kind, op, errno, device)
     /// between two flushes.
     pub fn record(&mut self, e: &KernelError, now: SystemTime) {
+        self.record_by(e, now, None);
+    }
+
+    /// As [`VolumeMonitor::record`], for an error returned to `who` (the
+    /// pod and container its sample's cgroup names).
+    pub fn record_by(&mut self, e: &KernelError, now: SystemTime, who: Option<&str>) {
         let when = e
             .sample
             .as_ref()
             .map_or(now, |s| self.clock.wall_time(s.mono_ns));
-        self.record_span(e, when, when);
+        self.record_in(e, (when, when), who);
     }
 
     /// As [`VolumeMonitor::record`], for errors known to span `first` to
     /// `last` (the kernel's per-key times, read by `volumes`).
     pub fn record_span(&mut self, e: &KernelError, first: SystemTime, last: SystemTime) {
+        self.record_in(e, (first, last), None);
+    }
+
+    fn record_in(
+        &mut self,
+        e: &KernelError,
+        (first, last): (SystemTime, SystemTime),
+        who: Option<&str>,
+    ) {
         let dev = Dev::from_kernel(e.key.dev);
         let indices = self.index.indices_for(dev);
         if indices.is_empty() || e.count == 0 {
@@ -169,11 +186,13 @@ impl VolumeMonitor {
             if state.pending.is_empty() {
                 self.dirty.push(i);
             }
-            match state
-                .pending
-                .iter_mut()
-                .find(|p| p.kind == kind && p.op == op && p.errno == e.key.errno && p.device == dev)
-            {
+            match state.pending.iter_mut().find(|p| {
+                p.kind == kind
+                    && p.op == op
+                    && p.errno == e.key.errno
+                    && p.device == dev
+                    && p.who.as_deref() == who
+            }) {
                 Some(p) => {
                     p.count = p.count.saturating_add(e.count);
                     p.first = p.first.min(first);
@@ -188,6 +207,7 @@ impl VolumeMonitor {
                         op,
                         errno: e.key.errno,
                         device: dev,
+                        who: who.map(str::to_string),
                         count: e.count,
                         first,
                         last,
@@ -381,6 +401,7 @@ fn kernel_errors(index: &VolumeIndex, vol: &IndexedVolume, p: &Pending) -> Kerne
         op: p.op.map(str::to_string),
         errno: (p.errno != 0).then_some(p.errno as i32),
         device_name: index.device_name(p.device).map(str::to_string),
+        who: p.who.clone(),
     }
 }
 

@@ -10,4 +10,5 @@ mod device_faults;
 mod iscsi;
 mod nvme_multipath;
 mod qemu_devices;
+mod returned_errors;
 mod storage_stacks;

@@ -5,6 +5,7 @@
 pub enum Part {
     Latency,
     Overhead,
+    Returned,
     Flood,
     Micro,
     Events,

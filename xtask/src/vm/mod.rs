@@ -62,7 +62,8 @@ pub struct VmArgs {
     jobs: u32,
     /// Suites to run when no COMMAND is given, comma-separated: integration
     /// test binaries (kernel_errors, volumes, stalls...) or guest-only suites
-    /// (device_faults, storage_stacks, nvme_multipath, iscsi, qemu_devices).
+    /// (device_faults, storage_stacks, nvme_multipath, iscsi, qemu_devices,
+    /// returned_errors).
     #[arg(long, value_delimiter = ',', default_value = DEFAULT_TESTS)]
     tests: Vec<String>,
     /// Only tests whose name contains this.
