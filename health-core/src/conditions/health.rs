@@ -227,18 +227,21 @@ impl VolumeHealth {
         // One failure, one condition: errors returned to applications are
         // said in the device's or filesystem's condition where one is open
         // (the worst, if several), else in conditions of their own.
-        let told: Vec<String> = self
-            .kernel
-            .iter()
-            .filter(|(kind, _)| kind.returned())
-            .map(|(kind, ep)| ep.what(*kind))
-            .collect();
         let host = self
             .kernel
             .keys()
             .filter(|kind| !kind.returned())
             .min_by_key(|kind| (kind.status(), **kind))
             .copied();
+        let told: Vec<String> = match host {
+            Some(_) => self
+                .kernel
+                .iter()
+                .filter(|(kind, _)| kind.returned())
+                .map(|(kind, ep)| ep.what(*kind))
+                .collect(),
+            None => Vec::new(),
+        };
         let desired = self
             .kernel
             .iter()

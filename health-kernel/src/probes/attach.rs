@@ -692,7 +692,7 @@ fn attach_returned(
     let mut attached = Vec::new();
     let mut failed = Vec::new();
     for (function, program) in requests::RETURNED_FUNCTIONS {
-        if !facts.functions.iter().any(|(f, _)| *f == function) {
+        if !facts.functions.contains(&function) {
             failed.push(format!("{function}: not in the kernel's BTF"));
             continue;
         }

@@ -66,8 +66,8 @@ pub(super) fn plan(btf_path: &Path, proc_root: &Path) -> BtfFacts {
             layout,
             functions: RETURNED_FUNCTIONS
                 .iter()
-                .copied()
-                .filter(|(function, _)| kernel.find(KIND_FUNC, function).is_some())
+                .map(|(function, _)| *function)
+                .filter(|function| kernel.find(KIND_FUNC, function).is_some())
                 .collect(),
         });
     let image = kernel.sparse_image(&LOAD_NAMES);
@@ -107,7 +107,7 @@ pub(super) struct BtfFacts {
 /// or inlined everywhere, has no entry and cannot be traced).
 pub(super) struct ReturnedErrors {
     pub layout: [u32; file::COUNT],
-    pub functions: Vec<(&'static str, &'static str)>,
+    pub functions: Vec<&'static str>,
 }
 
 /// The VFS functions whose error returns are counted, and their programs.

@@ -19,7 +19,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use health_common::source;
 use health_core::conditions::{CheckKind, ConditionConfig, Source};
 use health_core::dev::Dev;
 use health_csi::DriverOverride;
@@ -251,12 +250,7 @@ impl LiveVolumes {
     ) -> Vec<VolumeChanges> {
         let now = SystemTime::now();
         for e in batch {
-            let told = e
-                .sample
-                .as_ref()
-                .filter(|s| s.key.source == source::RETURNED_ERROR && s.cgroup != 0)
-                .and_then(|s| who(s.cgroup));
-            self.monitor.record_by(e, now, told.as_deref());
+            self.monitor.record_told(e, now, who);
         }
         if let (Some(t), false) = (&self.nvme_health_trigger, batch.is_empty()) {
             t.store(true, Ordering::Relaxed);

@@ -138,30 +138,37 @@ impl VolumeMonitor {
     /// allocates only when a volume sees a new (kind, op, errno, device)
     /// between two flushes.
     pub fn record(&mut self, e: &KernelError, now: SystemTime) {
-        self.record_by(e, now, None);
+        self.record_told(e, now, &mut |_| None);
     }
 
-    /// As [`VolumeMonitor::record`], for an error returned to `who` (the
-    /// pod and container its sample's cgroup names).
-    pub fn record_by(&mut self, e: &KernelError, now: SystemTime, who: Option<&str>) {
+    /// As [`VolumeMonitor::record`], naming whom a returned error was told
+    /// to: `name` turns its sample's cgroup id into a pod and container. It
+    /// is asked only for a returned error that reaches a volume, so that
+    /// an application's errors elsewhere on the node cost no lookup.
+    pub fn record_told(
+        &mut self,
+        e: &KernelError,
+        now: SystemTime,
+        name: &mut dyn FnMut(u64) -> Option<String>,
+    ) {
         let when = e
             .sample
             .as_ref()
             .map_or(now, |s| self.clock.wall_time(s.mono_ns));
-        self.record_in(e, (when, when), who);
+        self.record_in(e, (when, when), name);
     }
 
     /// As [`VolumeMonitor::record`], for errors known to span `first` to
     /// `last` (the kernel's per-key times, read by `volumes`).
     pub fn record_span(&mut self, e: &KernelError, first: SystemTime, last: SystemTime) {
-        self.record_in(e, (first, last), None);
+        self.record_in(e, (first, last), &mut |_| None);
     }
 
     fn record_in(
         &mut self,
         e: &KernelError,
         (first, last): (SystemTime, SystemTime),
-        who: Option<&str>,
+        name: &mut dyn FnMut(u64) -> Option<String>,
     ) {
         let dev = Dev::from_kernel(e.key.dev);
         let indices = self.index.indices_for(dev);
@@ -174,6 +181,12 @@ impl VolumeMonitor {
             return;
         };
         let op = op_name(e.key.op);
+        let told = e
+            .sample
+            .as_ref()
+            .filter(|s| kind.returned() && s.cgroup != 0)
+            .and_then(|s| name(s.cgroup));
+        let who = told.as_deref();
         for &i in indices {
             let Some(state) = self.states.get_mut(i as usize) else {
                 continue;
