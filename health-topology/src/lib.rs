@@ -19,7 +19,8 @@
 //! Here: [`Topology`] and the scan that builds it. `devices` answers for
 //! block devices and partitions, `stacking` for what an error on a device
 //! reaches, `mount_tree` for paths; `sysfs`, `mountinfo` and `btrfs` read
-//! the host, and [`MountWatcher`] tells when the mount table changed.
+//! the host, and [`MountWatcher`] tells when the mount table changed;
+//! `mountstats` reads the NFS client's per-mount RPC counters.
 
 pub mod bounded;
 mod btrfs;
@@ -29,6 +30,7 @@ pub mod fuzzing;
 pub(crate) mod mount_table;
 mod mount_tree;
 pub(crate) mod mountinfo;
+pub mod mountstats;
 pub mod nvme;
 pub mod stack;
 mod stacking;

@@ -256,7 +256,7 @@ fn unescape_text(field: &[u8]) -> String {
 /// Undoes the kernel's `\ooo` escaping. A backslash not followed by three
 /// octal digits (that fit a byte) is kept as it is: the kernel never writes
 /// one, and keeping it loses nothing.
-fn unescape(field: &[u8]) -> Vec<u8> {
+pub(crate) fn unescape(field: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(field.len());
     let mut i = 0;
     while i < field.len() {

@@ -135,18 +135,24 @@ pub fn run<S: AsRef<OsStr>>(tool: &str, args: &[S]) -> Result<Output> {
 /// Runs `tool args...` with stdin closed, collecting stdout/stderr; fails unless it exits
 /// 0 within `timeout`. The error names the full command line, the status and stderr.
 pub fn run_timeout<S: AsRef<OsStr>>(tool: &str, args: &[S], timeout: Duration) -> Result<Output> {
-    run_full(tool, args, None, timeout)
+    run_full(tool, args, None, &[], timeout)
+}
+
+/// Like [`run`], with `env` added to the tool's environment.
+pub fn run_env<S: AsRef<OsStr>>(tool: &str, args: &[S], env: &[(&str, &OsStr)]) -> Result<Output> {
+    run_full(tool, args, None, env, DEFAULT_TIMEOUT)
 }
 
 /// Like [`run`], feeding `input` to the tool's stdin.
 pub fn run_input<S: AsRef<OsStr>>(tool: &str, args: &[S], input: &[u8]) -> Result<Output> {
-    run_full(tool, args, Some(input.to_vec()), DEFAULT_TIMEOUT)
+    run_full(tool, args, Some(input.to_vec()), &[], DEFAULT_TIMEOUT)
 }
 
 fn run_full<S: AsRef<OsStr>>(
     tool: &str,
     args: &[S],
     input: Option<Vec<u8>>,
+    env: &[(&str, &OsStr)],
     timeout: Duration,
 ) -> Result<Output> {
     let args: Vec<&OsStr> = args.iter().map(|a| a.as_ref()).collect();
@@ -163,6 +169,7 @@ fn run_full<S: AsRef<OsStr>>(
         .stderr(Stdio::piped())
         // Stable, untranslated messages for the error text.
         .env("LC_ALL", "C")
+        .envs(env.iter().copied())
         .spawn()
         .with_context(|| format!("cannot start `{shown}` ({})", exe.display()))?;
     let pid = child.id();

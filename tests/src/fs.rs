@@ -33,6 +33,15 @@ pub fn mkfs_ext4(dev: &Path) -> Result<()> {
     )
 }
 
+/// "MAJ:MIN" of the filesystem `path` is on, as the agent names devices.
+pub fn dev_of(path: &Path) -> Result<String> {
+    use std::os::unix::fs::MetadataExt as _;
+    let dev = std::fs::metadata(path)
+        .with_context(|| format!("stat {}", path.display()))?
+        .dev();
+    Ok(format!("{}:{}", libc::major(dev), libc::minor(dev)))
+}
+
 /// `mkfs.xfs -f` without a discard pass (XFS needs at least 300 MiB).
 pub fn mkfs_xfs(dev: &Path) -> Result<()> {
     mkfs("mkfs.xfs", dev, &["-q", "-f", "-K"])

@@ -82,8 +82,23 @@ impl Kubelet {
         Ok(target)
     }
 
+    /// The directory of a pod's in-tree `nfs` volume (`name`: the PV's, or
+    /// the pod's volume's for an inline one), made: where kubelet mounts
+    /// the export.
+    pub fn nfs_volume_dir(&self, pod: &str, name: &str) -> Result<PathBuf> {
+        let target = self
+            .root
+            .path()
+            .join("pods")
+            .join(pod)
+            .join("volumes/kubernetes.io~nfs")
+            .join(name);
+        std::fs::create_dir_all(&target)?;
+        Ok(target)
+    }
+
     /// The pod's directory of a filesystem-mode local PV, made.
-    fn pod_volume_dir(&self, pod: &str, pv: &str) -> Result<PathBuf> {
+    pub fn pod_volume_dir(&self, pod: &str, pv: &str) -> Result<PathBuf> {
         let target = self
             .root
             .path()
@@ -123,6 +138,23 @@ impl Kubelet {
         // udev's probes of the devices just made are over before it counts.
         devices::settle();
         Agent::start(&args)
+    }
+}
+
+impl Kubelet {
+    /// [`Kubelet::agent`] with `--returned-errors`; fails unless the fexit
+    /// programs attached (at least on `vfs_read`).
+    pub fn agent_counting_returned_errors(&self) -> Result<Agent> {
+        let agent = self.agent(&["--returned-errors"])?;
+        if !agent.wait_for_log("active   fexit:vfs_read,", std::time::Duration::ZERO) {
+            let run = agent.stop()?;
+            anyhow::bail!(
+                "the returned-error programs did not attach on {}:\n{}",
+                crate::vm_report::kernel_release(),
+                run.stderr
+            );
+        }
+        Ok(agent)
     }
 }
 

@@ -49,6 +49,7 @@ pub mod kubelet;
 pub mod kubelet_tree;
 pub mod manifests;
 pub mod mount_ns;
+pub mod nfs_server;
 pub mod node_cluster;
 pub mod nvmet;
 pub mod program_runs;

@@ -60,6 +60,29 @@ pub fn show(run: &AgentRun) -> String {
     format!("events:\n{}\nstderr:\n{}", lines.join("\n"), run.stderr)
 }
 
+/// The message of the last line that raised or updated `status_reason`
+/// (`Degraded ApplicationIOErrors`) from `source` (`kernel`,
+/// `check/reachability`) for the pod's volume.
+pub fn last_message(
+    run: &AgentRun,
+    pod: &str,
+    pv: &str,
+    status_reason: &str,
+    source: &str,
+) -> Option<String> {
+    let head = format!("volume pod {pod} pv {pv}: ");
+    run.stderr
+        .lines()
+        .filter_map(|l| l.strip_prefix(&head))
+        .filter_map(|l| {
+            ["raised", "updated"]
+                .iter()
+                .find_map(|verb| l.strip_prefix(&format!("{verb} {status_reason} [{source}]: ")))
+        })
+        .next_back()
+        .map(str::to_string)
+}
+
 /// The start of the line the agent prints when a condition is raised.
 pub fn raised(pod: &str, pv: &str, status_reason: &str, source: &str) -> String {
     format!("volume pod {pod} pv {pv}: raised {status_reason} [{source}]")

@@ -185,6 +185,13 @@ fn discovers_every_layout_and_skips_the_bad() -> Result<()> {
             .join("local-pv-1"),
     )
     .unwrap();
+    // ...and an in-tree NFS volume (kubelet mounts the export there).
+    fs::create_dir_all(
+        root.join("pods")
+            .join(POD_B)
+            .join("volumes/kubernetes.io~nfs/pv-nfs"),
+    )
+    .unwrap();
 
     // Pod C: a CSI block volume, linked the way kubelet does it.
     let blk = csi.join("volumeDevices");
@@ -251,6 +258,7 @@ fn discovers_every_layout_and_skips_the_bad() -> Result<()> {
             ("1", pv_a),
             ("1", "scratch"),
             ("2", "local-pv-1"),
+            ("2", "pv-nfs"),
             ("2", "pv-old"),
             ("2", pv_a),
             ("3", "pv-blk")
@@ -293,6 +301,24 @@ fn discovers_every_layout_and_skips_the_bad() -> Result<()> {
 
     let old = find(&vols, POD_B, "pv-old");
     assert_eq!(old.staging_path, Some(csi.join("pv/pv-old/globalmount")));
+
+    let nfs = find(&vols, POD_B, "pv-nfs");
+    assert_eq!(
+        (
+            nfs.kind,
+            nfs.volume_mode,
+            nfs.pv.as_deref(),
+            nfs.path.clone()
+        ),
+        (
+            VolumeKind::Nfs,
+            VolumeMode::Filesystem,
+            Some("pv-nfs"),
+            root.join("pods")
+                .join(POD_B)
+                .join("volumes/kubernetes.io~nfs/pv-nfs")
+        )
+    );
 
     let local = find(&vols, POD_B, "local-pv-1");
     assert_eq!(

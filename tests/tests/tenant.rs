@@ -210,7 +210,8 @@ impl Hostile {
                 "skipping directory: {}/pods/{LINKED_VOLUMES}/volumes: not a directory (or a link to one: not followed)",
                 root.display()
             ),
-            2,
+            // Once per plugin directory looked for under it: CSI, local, NFS.
+            3,
         ));
         out
     }

@@ -209,6 +209,23 @@ pub enum CheckFinding {
         since: SystemTime,
         timeout: Duration,
     },
+    /// An NFS mount's probe waits or failed, and the server sent no reply
+    /// on the mount's transport (the client's own counters) for at least
+    /// the mount's timeout (`timeo`): the server, not this node, is what
+    /// does not answer.
+    ServerNotResponding {
+        path: PathBuf,
+        /// The server's address (the mount's `addr=`, else its source's host).
+        server: String,
+        op: &'static str,
+        /// Since when no reply came: the first look at the counters while
+        /// the probe failed (stable while it stays silent).
+        silent_since: SystemTime,
+        /// The mount's `timeo`.
+        timeout: Duration,
+        /// The probe's error on a soft mount; `None` while it waits (hard).
+        errno: Option<i32>,
+    },
     /// The kernel stopped the filesystem's writes after errors, or shut it
     /// down; `evidence` says how that showed (kernels differ).
     ReadOnlyRemount {
@@ -364,6 +381,7 @@ impl CheckFinding {
             CheckFinding::MountMissing { .. }
             | CheckFinding::PathUnreachable { .. }
             | CheckFinding::PathHung { .. }
+            | CheckFinding::ServerNotResponding { .. }
             | CheckFinding::ReadOnlyRemount { .. }
             | CheckFinding::DeviceMissing { .. }
             | CheckFinding::DeviceZeroSize { .. }
@@ -398,6 +416,7 @@ impl CheckFinding {
             CheckFinding::MountMissing { .. } => "MountMissing",
             CheckFinding::PathUnreachable { .. } => "PathUnreachable",
             CheckFinding::PathHung { .. } => "PathHung",
+            CheckFinding::ServerNotResponding { .. } => "ServerNotResponding",
             CheckFinding::ReadOnlyRemount { .. } => "ReadOnlyRemount",
             CheckFinding::CapacityLow { .. } => "CapacityLow",
             CheckFinding::CapacityExhausted { .. } => "CapacityExhausted",
@@ -444,6 +463,26 @@ impl CheckFinding {
                 rfc3339(*since),
                 human_duration(*timeout)
             ),
+            CheckFinding::ServerNotResponding {
+                path,
+                server,
+                op,
+                silent_since,
+                timeout,
+                errno,
+            } => {
+                let probe = match errno {
+                    Some(errno) => format!("failed: {}", errno_name(*errno)),
+                    None => "has not returned".to_string(),
+                };
+                format!(
+                    "NFS server {server} has sent no reply since {} (the mount's timeout is {}); \
+                     {op} of {} {probe}",
+                    rfc3339(*silent_since),
+                    human_duration(*timeout),
+                    path.display()
+                )
+            }
             CheckFinding::ReadOnlyRemount {
                 mount_point,
                 device,

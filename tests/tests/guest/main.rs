@@ -8,6 +8,7 @@
 
 mod device_faults;
 mod iscsi;
+mod nfs;
 mod nvme_multipath;
 mod qemu_devices;
 mod returned_errors;

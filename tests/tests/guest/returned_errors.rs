@@ -14,16 +14,16 @@
 //! to the reader, said in one condition. Every test asserts exact counts
 //! per (pod, disk, source, op, errno) and the condition's message.
 
-use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use health_tests::agent::{Agent, AgentRun, EventFilter};
+use health_tests::agent::EventFilter;
 use health_tests::cgroup::TestCgroup;
+use health_tests::fs::{self, dev_of};
 use health_tests::kubelet_tree::Kubelet;
-use health_tests::vm_report::{kernel_release, key, raised, request_source, show, tally, Tally};
-use health_tests::{fs, kernel_alone, require_root, FaultDisk, Op, Rule};
+use health_tests::vm_report::{key, last_message, raised, request_source, show, tally, Tally};
+use health_tests::{kernel_alone, require_root, FaultDisk, Op, Rule};
 
 const MIB: u64 = 1 << 20;
 const WAIT: Duration = Duration::from_secs(30);
@@ -32,44 +32,6 @@ const PV: &str = "pv-returned";
 const SOURCE: &str = "vfs_return";
 const KERNEL: &str = "kernel";
 const READER: &str = env!("CARGO_BIN_EXE_file-reader");
-
-/// "MAJ:MIN" of the filesystem `path` is on, as the agent names devices.
-fn dev_of(path: &Path) -> Result<String> {
-    let dev = std::fs::metadata(path)
-        .with_context(|| format!("stat {}", path.display()))?
-        .dev();
-    Ok(format!("{}:{}", libc::major(dev), libc::minor(dev)))
-}
-
-/// The message of the last raised or updated line of `status_reason`.
-fn last_message(run: &AgentRun, status_reason: &str) -> Option<String> {
-    let head = format!("volume pod {POD} pv {PV}: ");
-    run.stderr
-        .lines()
-        .filter_map(|l| l.strip_prefix(&head))
-        .filter_map(|l| {
-            ["raised", "updated"]
-                .iter()
-                .find_map(|verb| l.strip_prefix(&format!("{verb} {status_reason} [{KERNEL}]: ")))
-        })
-        .next_back()
-        .map(str::to_string)
-}
-
-/// The agent on the kubelet tree, counting returned errors; fails unless
-/// the fexit programs attached (at least on `vfs_read`).
-fn agent(kubelet: &Kubelet) -> Result<Agent> {
-    let agent = kubelet.agent(&["--returned-errors"])?;
-    if !agent.wait_for_log("active   fexit:vfs_read,", Duration::ZERO) {
-        let run = agent.stop()?;
-        anyhow::bail!(
-            "the returned-error programs did not attach on {}:\n{}",
-            kernel_release(),
-            run.stderr
-        );
-    }
-    Ok(agent)
-}
 
 /// A FUSE volume: the fault disk's mount bind mounted as the pod's PV, and
 /// the image file's path through it.
@@ -91,7 +53,7 @@ fn a_fuse_volume_counts_the_eio_its_daemon_returned() -> Result<()> {
     let mut kubelet = Kubelet::new()?;
     let (pod_dir, file) = fuse_volume(&disk, &mut kubelet)?;
     let dev = dev_of(&pod_dir)?;
-    let mut agent = agent(&kubelet)?;
+    let mut agent = kubelet.agent_counting_returned_errors()?;
     let cgroup = TestCgroup::new("returned")?;
     let mut reader = cgroup.reader(Path::new(READER), &file)?;
     assert_eq!(reader.pread(0)?, None, "a healthy read");
@@ -125,7 +87,7 @@ fn a_fuse_volume_counts_the_eio_its_daemon_returned() -> Result<()> {
             "{e}"
         );
     }
-    let message = last_message(&run, "Degraded ApplicationIOErrors")
+    let message = last_message(&run, POD, PV, "Degraded ApplicationIOErrors", KERNEL)
         .with_context(|| format!("no ApplicationIOErrors line:\n{}", show(&run)))?;
     let head = format!("{told} on {dev} at {} in ", pod_dir.display());
     assert!(
@@ -146,7 +108,7 @@ fn a_fuse_daemon_gone_is_not_connected() -> Result<()> {
     let mut kubelet = Kubelet::new()?;
     let (pod_dir, file) = fuse_volume(&disk, &mut kubelet)?;
     let dev = dev_of(&pod_dir)?;
-    let mut agent = agent(&kubelet)?;
+    let mut agent = kubelet.agent_counting_returned_errors()?;
     let cgroup = TestCgroup::new("returned")?;
     let mut reader = cgroup.reader(Path::new(READER), &file)?;
     disk.vanish()?;
@@ -169,7 +131,7 @@ fn a_fuse_daemon_gone_is_not_connected() -> Result<()> {
 
     let want: Tally = [(key(POD, "-", SOURCE, "read", "ENOTCONN"), 3)].into();
     assert_eq!(tally(&run.events), want, "{}", show(&run));
-    let message = last_message(&run, "Inaccessible NotConnected")
+    let message = last_message(&run, POD, PV, "Inaccessible NotConnected", KERNEL)
         .with_context(|| format!("no NotConnected line:\n{}", show(&run)))?;
     let head = format!("{told} on {dev} at {} ", pod_dir.display());
     assert!(
@@ -195,7 +157,7 @@ fn a_failed_read_on_a_block_volume_is_one_condition_saying_both() -> Result<()> 
     std::fs::write(&file, vec![0x5a; 256 * 1024])?;
     fs::sync_fs(&pod_dir)?;
     let extent = fs::file_extents(&file)?[0];
-    let mut agent = agent(&kubelet)?;
+    let mut agent = kubelet.agent_counting_returned_errors()?;
     let cgroup = TestCgroup::new("returned")?;
     let mut reader = cgroup.reader(Path::new(READER), &file)?;
     fs::drop_caches()?;
@@ -223,7 +185,7 @@ fn a_failed_read_on_a_block_volume_is_one_condition_saying_both() -> Result<()> 
     ]
     .into();
     assert_eq!(tally(&run.events), want, "{}", show(&run));
-    let message = last_message(&run, "Degraded BlockIOErrors")
+    let message = last_message(&run, POD, PV, "Degraded BlockIOErrors", KERNEL)
         .with_context(|| format!("no BlockIOErrors line:\n{}", show(&run)))?;
     let head = format!("{injected} block I/O error");
     assert!(message.starts_with(&head), "{message:?}");

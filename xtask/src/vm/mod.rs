@@ -30,6 +30,7 @@ mod apt;
 mod devices;
 mod guest;
 mod kernels;
+mod nfs_tools;
 mod queue;
 mod relay;
 mod tools;
@@ -137,10 +138,14 @@ pub fn run(args: &VmArgs) -> anyhow::Result<()> {
     // build. Each is prepared here, one after the other, before any guest
     // boots (apt, the venv and /lib/modules are not for concurrent hands).
     let mut guests = Vec::new();
+    let mut nfs = None;
     for target in &args.kernel {
         if let Target::Debian(series) = target {
             let cache = crate::bootstrap::cache_dir().join("vm");
             let tools = tools::ensure(&cache)?;
+            if nfs.is_none() {
+                nfs = Some(nfs_tools::ensure(&cache).context("preparing the NFS programs")?);
+            }
             let kernel = kernels::ensure(&cache, *series, args.refresh)
                 .with_context(|| format!("preparing Debian's {} kernel", series.name()))?;
             guests.push((series.name(), tools, kernel));
@@ -158,6 +163,9 @@ pub fn run(args: &VmArgs) -> anyhow::Result<()> {
         (vec![step], Vec::new())
     };
     env.extend(passed_env());
+    if let Some(nfs) = &nfs {
+        env.push((nfs_tools::ENV.to_string(), nfs.display().to_string()));
+    }
     if host {
         say("--kernel host: running on this machine's kernel, no VM");
         let outcome = run_on_host(&steps, &env, args.timeout)?;

@@ -30,6 +30,7 @@
 
 mod block;
 pub mod mount_time;
+mod nfs_server;
 mod probe;
 mod reachability;
 mod read_only;
@@ -44,6 +45,7 @@ use block::{probe_block, BlockState};
 use health_core::conditions::{CheckFinding, CheckKind, CheckResult, Observation};
 use health_topology::bounded::InFlight;
 use health_topology::MountEntry;
+use nfs_server::{Failed, ServerReplies};
 use probe::Probe;
 pub use probe::{ProbeError, MAX_PROBE_THREADS};
 pub use reachability::is_unreachable_errno;
@@ -137,6 +139,8 @@ pub struct Checker {
     /// One permit per probe thread, held by the thread until the kernel
     /// lets it go.
     probe_threads: Arc<tokio::sync::Semaphore>,
+    /// NFS mounts whose probe fails, and their servers' replies.
+    servers: Arc<ServerReplies>,
 }
 
 impl Checker {
@@ -145,6 +149,7 @@ impl Checker {
             cfg,
             in_flight: InFlight::default(),
             probe_threads: Arc::new(tokio::sync::Semaphore::new(MAX_PROBE_THREADS)),
+            servers: Arc::default(),
         }
     }
 
@@ -192,6 +197,11 @@ impl Checker {
             Probe::Done(Err(errno)) => (unreachable_or_failed(&vol.path, "statvfs", errno), None),
             Probe::Hung { since } => (self.hung(&vol.path, "statvfs", since), None),
             Probe::Lost(e) => (CheckResult::ProbeFailed(e.to_string()), None),
+        };
+        let reachability = if ServerReplies::applies(mount) {
+            self.nfs_server(vol, mount, reachability)
+        } else {
+            reachability
         };
         let read_only = self.read_only(vol, mount, usage.is_some()).await;
         let stopped = matches!(read_only, Some(CheckResult::Found(_)));
@@ -254,6 +264,44 @@ impl Checker {
             }
         }
         report
+    }
+
+    /// An NFS mount's probe that hung or failed is the server's silence
+    /// when the client's counters say so ([`nfs_server`]).
+    fn nfs_server(
+        &self,
+        vol: &KubeletVolume,
+        mount: &MountEntry,
+        probe: CheckResult,
+    ) -> CheckResult {
+        let errno = match &probe {
+            CheckResult::Pass => {
+                self.servers.answered(&mount.mount_point);
+                return probe;
+            }
+            CheckResult::Found(f) => match f.as_slice() {
+                [CheckFinding::PathHung { .. }] => None,
+                [CheckFinding::PathUnreachable { errno, .. }] => Some(*errno),
+                _ => return probe,
+            },
+            CheckResult::ProbeFailed(_) => return probe,
+        };
+        let failed = Failed {
+            path: &vol.path,
+            op: "statvfs",
+            errno,
+        };
+        match self
+            .servers
+            .judge(&self.cfg.proc_root, mount, failed, SystemTime::now())
+        {
+            Ok(Some(finding)) => CheckResult::Found(vec![finding]),
+            Ok(None) => probe,
+            Err(e) => {
+                tracing::warn!(path = %vol.path.display(), "cannot read the NFS client's counters: {e}");
+                probe
+            }
+        }
     }
 
     fn hung(&self, path: &Path, op: &'static str, since: SystemTime) -> CheckResult {

@@ -15,6 +15,9 @@
 //!   path `.../volumeDevices/staging/<pv>`.
 //! - Local PVs: `pods/<uid>/volumes/kubernetes.io~local-volume/<pv>` (and
 //!   `volumeDevices/kubernetes.io~local-volume/<pv>` in block mode).
+//! - In-tree NFS volumes: `pods/<uid>/volumes/kubernetes.io~nfs/<name>`, the
+//!   export mounted there; `<name>` is the PV's, or for a volume inline in
+//!   the pod the pod's volume's (the PV lookup then finds none).
 //!
 //! Discovery must never hang on the storage it is meant to watch, so it never
 //! stats a path that may be a mount point (on a dead NFS or FUSE mount that
@@ -59,6 +62,7 @@ pub const DEFAULT_KUBELET_ROOT: &str = "/var/lib/kubelet";
 
 const CSI_PLUGIN_DIR: &str = "kubernetes.io~csi";
 const LOCAL_PLUGIN_DIR: &str = "kubernetes.io~local-volume";
+const NFS_PLUGIN_DIR: &str = "kubernetes.io~nfs";
 
 use health_core::volume::VolumeKey;
 /// The mode kubelet's tree says: `volumes/` or `volumeDevices/`.
@@ -72,6 +76,9 @@ pub enum VolumeKind {
     CsiEphemeral,
     /// A `local` PV.
     LocalVolume,
+    /// An in-tree `nfs` volume: of a PV (the directory is the PV's name) or
+    /// inline in the pod (the pod's volume's name; no PV has it).
+    Nfs,
 }
 
 /// One volume as one pod sees it. A PV used by two pods is two entries.
@@ -167,6 +174,15 @@ pub fn discover(kubelet_root: &Path) -> Vec<KubeletVolume> {
                 );
             } else {
                 warn!(path = %path.display(), "skipping local volume: not a directory ({})", ty.name());
+            }
+        }
+        for (name, path, ty) in tree.list_dir(&volumes.join(NFS_PLUGIN_DIR)) {
+            if ty.is_dir() {
+                let mut v = local_volume(&uid, &name, path, VolumeMode::Filesystem);
+                v.kind = VolumeKind::Nfs;
+                keep(&mut found, v);
+            } else {
+                warn!(path = %path.display(), "skipping NFS volume: not a directory ({})", ty.name());
             }
         }
         let devices = pod_dir.join("volumeDevices");

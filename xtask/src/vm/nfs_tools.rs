@@ -1,0 +1,89 @@
+//! The NFS server and client programs the guest suite `nfs` runs (knfsd's
+//! rpc.nfsd, exportfs, rpc.mountd, nfsdcld, rpcbind, mount.nfs), unpacked
+//! from Debian's packages into our cache, not installed.
+//!
+//! Installing nfs-kernel-server on the machine would start its services
+//! there (rpcbind on port 111, the NFS server unit, which fails on a host
+//! without the nfsd module); the guests need only the programs. They run
+//! from the shared root with the cache's libraries first on
+//! `LD_LIBRARY_PATH` (libnfsidmap1 and libwrap0 are not on every machine;
+//! the others they link are Debian's base libraries). The guest finds the
+//! tree through `HEALTH_VM_NFS_TOOLS`.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{bail, Context};
+
+use crate::util::{run, say};
+
+/// The packages unpacked, each without its dependencies.
+const PACKAGES: &[&str] = &[
+    "nfs-kernel-server",
+    "nfs-common",
+    "rpcbind",
+    "libnfsidmap1",
+    "libwrap0",
+];
+
+/// The programs the suite runs, relative to the tree: checked after
+/// unpacking, so that a package that moved one fails here, not in a guest.
+const PROGRAMS: &[&str] = &[
+    "usr/sbin/rpc.nfsd",
+    "usr/sbin/exportfs",
+    "usr/sbin/rpc.mountd",
+    "usr/sbin/nfsdcld",
+    "sbin/rpcbind",
+    "sbin/mount.nfs",
+];
+
+/// The environment variable that tells the guest's tests where the tree is.
+pub const ENV: &str = "HEALTH_VM_NFS_TOOLS";
+
+/// The unpacked tree, made once (`<cache>/nfs-tools/root`).
+pub fn ensure(cache: &Path) -> anyhow::Result<PathBuf> {
+    let dir = cache.join("nfs-tools");
+    let root = dir.join("root");
+    // Written after every package was unpacked: a tree without it is half-made.
+    let done = dir.join(".installed");
+    if fs::read_to_string(&done).is_ok_and(|s| s == PACKAGES.join(" ")) {
+        return Ok(root);
+    }
+    say(format!(
+        "unpacking Debian's {} into {} (once)",
+        PACKAGES.join(", "),
+        root.display()
+    ));
+    let _ = fs::remove_dir_all(&dir);
+    fs::create_dir_all(&root).with_context(|| format!("creating {}", root.display()))?;
+    let work = tempfile::tempdir().context("creating a directory for the NFS packages")?;
+    let download = || {
+        run(Command::new("apt-get")
+            .current_dir(work.path())
+            .args(["download", "-qq"])
+            .args(PACKAGES))
+    };
+    // A fresh machine may have no package lists yet.
+    if download().is_err() {
+        run(Command::new("apt-get").args(["update", "-qq"]))?;
+        download().context("downloading the NFS packages from the Debian archive")?;
+    }
+    for entry in fs::read_dir(work.path()).context("listing the downloaded packages")? {
+        let deb = entry?.path();
+        if deb.extension().is_some_and(|e| e == "deb") {
+            run(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&root))?;
+        }
+    }
+    for program in PROGRAMS {
+        if !root.join(program).is_file() {
+            bail!(
+                "{program} is not in Debian's packages {} (unpacked in {})",
+                PACKAGES.join(" "),
+                root.display()
+            );
+        }
+    }
+    fs::write(&done, PACKAGES.join(" ")).with_context(|| format!("writing {}", done.display()))?;
+    Ok(root)
+}
