@@ -86,26 +86,23 @@ impl Kubelet {
     /// the pod's volume's for an inline one), made: where kubelet mounts
     /// the export.
     pub fn nfs_volume_dir(&self, pod: &str, name: &str) -> Result<PathBuf> {
-        let target = self
-            .root
-            .path()
-            .join("pods")
-            .join(pod)
-            .join("volumes/kubernetes.io~nfs")
-            .join(name);
-        std::fs::create_dir_all(&target)?;
-        Ok(target)
+        self.pod_dir(pod, "volumes/kubernetes.io~nfs", name)
     }
 
     /// The pod's directory of a filesystem-mode local PV, made.
-    pub fn pod_volume_dir(&self, pod: &str, pv: &str) -> Result<PathBuf> {
+    fn pod_volume_dir(&self, pod: &str, pv: &str) -> Result<PathBuf> {
+        self.pod_dir(pod, "volumes/kubernetes.io~local-volume", pv)
+    }
+
+    /// `pods/<pod>/<plugin>/<name>` under the root, made.
+    fn pod_dir(&self, pod: &str, plugin: &str, name: &str) -> Result<PathBuf> {
         let target = self
             .root
             .path()
             .join("pods")
             .join(pod)
-            .join("volumes/kubernetes.io~local-volume")
-            .join(pv);
+            .join(plugin)
+            .join(name);
         std::fs::create_dir_all(&target)?;
         Ok(target)
     }
@@ -139,9 +136,7 @@ impl Kubelet {
         devices::settle();
         Agent::start(&args)
     }
-}
 
-impl Kubelet {
     /// [`Kubelet::agent`] with `--returned-errors`; fails unless the fexit
     /// programs attached (at least on `vfs_read`).
     pub fn agent_counting_returned_errors(&self) -> Result<Agent> {

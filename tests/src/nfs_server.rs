@@ -17,7 +17,7 @@ use std::ffi::OsStr;
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use tempfile::TempDir;
@@ -68,7 +68,7 @@ impl NfsServer {
                  which unpack Debian's NFS programs for it"
                 )
             })?;
-        cmd::run("ip", &["link", "set", "lo", "up"])?;
+        crate::iscsi::loopback_up()?;
         crate::devices::modprobe("nfsd", &[])?;
         crate::devices::modprobe("nfs", &[])?;
         for dir in [
@@ -242,28 +242,18 @@ impl Drop for NfsMount {
 
 /// Mounts the pseudo filesystem `fstype` at `at` unless it is there.
 fn mount_once(fstype: &str, at: &str) -> Result<()> {
-    let mounts = std::fs::read_to_string("/proc/self/mounts").context("reading mounts")?;
-    if mounts
-        .lines()
-        .any(|l| l.split_whitespace().nth(1) == Some(at))
-    {
-        return Ok(());
+    if crate::sys::mount_at(Path::new(at))?.is_none() {
+        cmd::run("mount", &["-t", fstype, fstype, at])?;
     }
-    cmd::run("mount", &["-t", fstype, fstype, at])?;
     Ok(())
 }
 
 /// Waits until 127.0.0.1:`port` accepts a connection (10 s at most).
 fn wait_for_port(port: u16) -> Result<()> {
     let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
-    let start = Instant::now();
-    loop {
-        match TcpStream::connect_timeout(&addr, Duration::from_secs(1)) {
-            Ok(_) => return Ok(()),
-            Err(e) if start.elapsed() > Duration::from_secs(10) => {
-                bail!("nothing accepts on {addr} after 10 s: {e}")
-            }
-            Err(_) => std::thread::sleep(Duration::from_millis(100)),
-        }
+    let accepts = || TcpStream::connect_timeout(&addr, Duration::from_secs(1)).is_ok();
+    if !crate::sys::wait_for(Duration::from_secs(10), Duration::from_millis(100), accepts) {
+        bail!("nothing accepts on {addr} after 10 s");
     }
+    Ok(())
 }

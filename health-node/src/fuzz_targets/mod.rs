@@ -21,7 +21,7 @@ pub mod ringbuf;
 pub mod vol_data;
 
 pub use health_kernel::fuzzing::{btf, trace_stats, tracefs};
-pub use health_topology::fuzzing::{dm_status, mountinfo, nvme_smart, sysfs};
+pub use health_topology::fuzzing::{dm_status, mountinfo, mountstats, nvme_smart, sysfs};
 
 /// A target's entry point.
 pub type Run = fn(&[u8]);
@@ -35,6 +35,7 @@ pub const TARGETS: &[(&str, Run)] = &[
     ("dm_status", dm_status::run),
     ("kubelet_dir", kubelet_dir::run),
     ("mountinfo", mountinfo::run),
+    ("mountstats", mountstats::run),
     ("nvme_smart", nvme_smart::run),
     ("ringbuf", ringbuf::run),
     ("sysfs", sysfs::run),

@@ -25,12 +25,12 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use health_tests::agent::EventFilter;
 use health_tests::cgroup::TestCgroup;
-use health_tests::devices::DmDevice;
+use health_tests::devices::{DmDevice, TmpfsLoop};
 use health_tests::fs::dev_of;
 use health_tests::kubelet_tree::Kubelet;
 use health_tests::nfs_server::{NfsMount, NfsServer, Version};
 use health_tests::vm_report::{cleared, key, last_message, raised, show, tally, Tally};
-use health_tests::{cmd, kernel_alone, require_root};
+use health_tests::{kernel_alone, require_root};
 
 const MIB: u64 = 1 << 20;
 /// The agent's probe times out after 5 s, then the mount's 2 s timeout
@@ -55,33 +55,6 @@ const HARD: &str = "hard,timeo=20,retrans=2";
 /// of the same export.
 const SOFT: &str = "soft,softerr,timeo=10,retrans=1,nosharecache";
 
-/// A loop device over a sparse file of the guest's, for the export.
-struct LoopFile {
-    dev: PathBuf,
-    _dir: tempfile::TempDir,
-}
-
-impl LoopFile {
-    fn new(size: u64) -> Result<LoopFile> {
-        let dir = tempfile::Builder::new().prefix("nfs-disk-").tempdir()?;
-        let image = dir.path().join("export.img");
-        std::fs::File::create(&image)?.set_len(size)?;
-        let out = cmd::run("losetup", &["-f", "--show", &image.to_string_lossy()])?;
-        Ok(LoopFile {
-            dev: PathBuf::from(out.stdout.trim()),
-            _dir: dir,
-        })
-    }
-}
-
-impl Drop for LoopFile {
-    fn drop(&mut self) {
-        if let Err(e) = cmd::run("losetup", &["-d", &self.dev.to_string_lossy()]) {
-            eprintln!("detaching {}: {e:#}", self.dev.display());
-        }
-    }
-}
-
 /// The export mounted as `pod`'s in-tree NFS volume `pv`.
 fn nfs_volume(
     server: &NfsServer,
@@ -100,7 +73,7 @@ fn nfs_volume(
 fn export_file(server: &NfsServer, name: &str, size: u64) -> Result<PathBuf> {
     let path = server.export().join(name);
     std::fs::write(&path, vec![0x5a; size as usize])?;
-    cmd::run("sync", &[] as &[&str])?;
+    health_tests::fs::sync_fs(&path)?;
     Ok(PathBuf::from(name))
 }
 
@@ -113,8 +86,8 @@ fn export_file(server: &NfsServer, name: &str, size: u64) -> Result<PathBuf> {
 fn a_stopped_server_is_server_not_responding_until_it_answers() -> Result<()> {
     require_root()?;
     let _kernel = kernel_alone();
-    let disk = LoopFile::new(64 * MIB)?;
-    let server = NfsServer::start(&disk.dev)?;
+    let disk = TmpfsLoop::new(64)?;
+    let server = NfsServer::start(&disk.dev.path)?;
     let kubelet = Kubelet::new()?;
     let v4 = nfs_volume(&server, &kubelet, POD_A, PV_A, Version::V4_2, HARD)?;
     let v3 = nfs_volume(&server, &kubelet, POD_B, PV_B, Version::V3, HARD)?;
@@ -238,11 +211,11 @@ impl Volume {
 fn errors_returned_through_nfs_are_counted_on_their_own_volume() -> Result<()> {
     require_root()?;
     let _kernel = kernel_alone();
-    let disk = LoopFile::new(64 * MIB)?;
+    let disk = TmpfsLoop::new(64)?;
     let sectors = 64 * MIB / 512;
     let dm = DmDevice::create(
         "nfs-export",
-        &format!("0 {sectors} linear {} 0", disk.dev.display()),
+        &format!("0 {sectors} linear {} 0", disk.dev.path.display()),
     )?;
     let server = NfsServer::start(&dm.mapper_path())?;
     let stale = export_file(&server, "stale.bin", 8 * MIB)?;
