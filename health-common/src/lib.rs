@@ -59,7 +59,8 @@ pub mod op {
 /// The errnos an application's failed file operation is counted for: what
 /// says the storage failed it (EIO; ENOSPC and EDQUOT; EROFS; ESTALE of a
 /// network filesystem; ETIMEDOUT of a soft mount; ENOTCONN of a FUSE
-/// daemon gone). Errors of the call itself (EBADF, EFAULT, EINVAL, EINTR,
+/// daemon gone; EHOSTDOWN of an SMB mount whose server's connection is
+/// down). Errors of the call itself (EBADF, EFAULT, EINVAL, EINTR,
 /// EAGAIN) are the application's own and not counted. Numbers of
 /// include/uapi/asm-generic/errno-base.h and errno.h, the same on every
 /// architecture the agent runs on (x86-64, arm64).
@@ -69,6 +70,7 @@ pub fn returned_errno_counted(errno: u32) -> bool {
         errno,
         5 /* EIO */ | 28 /* ENOSPC */ | 122 /* EDQUOT */ | 30 /* EROFS */
             | 116 /* ESTALE */ | 110 /* ETIMEDOUT */ | 107 /* ENOTCONN */
+            | 112 /* EHOSTDOWN */
     )
 }
 

@@ -43,6 +43,7 @@ fn returned_error_kind(errno: u32) -> Option<KernelErrorKind> {
         libc::ESTALE => KernelErrorKind::ReturnedStale,
         libc::ETIMEDOUT => KernelErrorKind::ReturnedTimeout,
         libc::ENOTCONN => KernelErrorKind::ReturnedNotConnected,
+        libc::EHOSTDOWN => KernelErrorKind::ReturnedHostDown,
         _ => return None,
     })
 }
@@ -161,11 +162,15 @@ mod tests {
             returned(libc::ENOTCONN),
             Some((Status::Inaccessible, "NotConnected"))
         );
+        assert_eq!(
+            returned(libc::EHOSTDOWN),
+            Some((Status::Inaccessible, "HostDown"))
+        );
         // Counted and shown; the ReadOnlyRemount check says the rest.
         assert_eq!(returned(libc::EROFS), None);
         assert_eq!(returned(libc::EINTR), None);
         // The kernel side counts exactly these.
-        for e in [5, 28, 122, 30, 116, 110, 107] {
+        for e in [5, 28, 122, 30, 116, 110, 107, 112] {
             assert!(health_common::returned_errno_counted(e), "{e}");
         }
         for e in [
@@ -185,9 +190,10 @@ mod tests {
                 libc::EROFS,
                 libc::ESTALE,
                 libc::ETIMEDOUT,
-                libc::ENOTCONN
+                libc::ENOTCONN,
+                libc::EHOSTDOWN
             ],
-            [5, 28, 122, 30, 116, 110, 107]
+            [5, 28, 122, 30, 116, 110, 107, 112]
         );
     }
 

@@ -20,7 +20,8 @@
 //! block devices and partitions, `stacking` for what an error on a device
 //! reaches, `mount_tree` for paths; `sysfs`, `mountinfo` and `btrfs` read
 //! the host, and [`MountWatcher`] tells when the mount table changed;
-//! `mountstats` reads the NFS client's per-mount RPC counters.
+//! `mountstats` reads the NFS client's per-mount RPC counters, `smb_client`
+//! the SMB client's connections to its servers.
 
 pub mod bounded;
 mod btrfs;
@@ -32,6 +33,7 @@ mod mount_tree;
 pub(crate) mod mountinfo;
 pub mod mountstats;
 pub mod nvme;
+pub mod smb_client;
 pub mod stack;
 mod stacking;
 pub(crate) mod sysfs;

@@ -56,9 +56,20 @@ impl TestCgroup {
     /// The file is open when this returns, so its reads go on after the
     /// file's filesystem stops answering opens.
     pub fn reader(&self, bin: &Path, file: &Path) -> Result<Reader> {
+        self.start_reader(bin, file, false)
+    }
+
+    /// [`TestCgroup::reader`] with the file open for writing too, for
+    /// [`Reader::pwrite`].
+    pub fn writer(&self, bin: &Path, file: &Path) -> Result<Reader> {
+        self.start_reader(bin, file, true)
+    }
+
+    fn start_reader(&self, bin: &Path, file: &Path, write: bool) -> Result<Reader> {
         let mut child = Command::new(bin)
             .arg(self.dir.join("cgroup.procs"))
             .arg(file)
+            .args(write.then_some("rw"))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
@@ -90,11 +101,22 @@ pub struct Reader {
 impl Reader {
     /// Reads 4 KiB at `offset`: `None` when it succeeded, else the errno.
     pub fn pread(&mut self, offset: u64) -> Result<Option<i32>> {
-        writeln!(self.stdin, "{offset}").context("asking the reader")?;
+        self.ask(&offset.to_string())
+    }
+
+    /// Writes 4 KiB at `offset` (a [`TestCgroup::writer`]): `None` when it
+    /// succeeded, else the errno.
+    pub fn pwrite(&mut self, offset: u64) -> Result<Option<i32>> {
+        self.ask(&format!("w {offset}"))
+    }
+
+    /// Sends one request, returns the errno answered (0: none).
+    fn ask(&mut self, request: &str) -> Result<Option<i32>> {
+        writeln!(self.stdin, "{request}").context("asking the reader")?;
         let answer = self.line()?;
         let errno: i32 = answer
             .parse()
-            .with_context(|| format!("the reader answered {answer:?}"))?;
+            .with_context(|| format!("the reader answered {answer:?} to {request:?}"))?;
         Ok((errno != 0).then_some(errno))
     }
 

@@ -359,6 +359,34 @@ fn blkpg_add_partition(disk: &File, pno: u32, start: u64, len: u64) -> Result<()
 // ---------------------------------------------------------------------------------------
 // FIEMAP
 
+/// A network filesystem's mount (NFS, SMB) the test made, unmounted on
+/// drop: forced and lazy, since the server may be gone by then.
+pub struct RemoteMount {
+    path: PathBuf,
+}
+
+impl RemoteMount {
+    /// Takes charge of the mount at `path`.
+    pub fn new(path: &Path) -> RemoteMount {
+        RemoteMount {
+            path: path.to_path_buf(),
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for RemoteMount {
+    fn drop(&mut self) {
+        let flags = nix::mount::MntFlags::MNT_FORCE | nix::mount::MntFlags::MNT_DETACH;
+        if let Err(e) = nix::mount::umount2(&self.path, flags) {
+            eprintln!("unmounting {}: {e}", self.path.display());
+        }
+    }
+}
+
 /// One extent of a file, from FIEMAP.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Extent {

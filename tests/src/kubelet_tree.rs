@@ -89,6 +89,23 @@ impl Kubelet {
         self.pod_dir(pod, "volumes/kubernetes.io~nfs", name)
     }
 
+    /// The `mount` directory of a pod's CSI volume of PV `pv` and driver
+    /// `driver`, made, with its `vol_data.json`: where kubelet has a CSI
+    /// driver (csi-driver-smb, csi-driver-nfs) publish the volume.
+    pub fn csi_volume_dir(&self, pod: &str, pv: &str, driver: &str) -> Result<PathBuf> {
+        let dir = self.pod_dir(pod, "volumes/kubernetes.io~csi", pv)?;
+        let data = serde_json::json!({
+            "driverName": driver,
+            "specVolID": pv,
+            "volumeHandle": format!("{driver}#{pv}"),
+            "volumeLifecycleMode": "Persistent",
+        });
+        std::fs::write(dir.join("vol_data.json"), data.to_string())?;
+        let mount = dir.join("mount");
+        std::fs::create_dir_all(&mount)?;
+        Ok(mount)
+    }
+
     /// The pod's directory of a filesystem-mode local PV, made.
     fn pod_volume_dir(&self, pod: &str, pv: &str) -> Result<PathBuf> {
         self.pod_dir(pod, "volumes/kubernetes.io~local-volume", pv)

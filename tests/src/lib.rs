@@ -56,6 +56,8 @@ pub mod program_runs;
 pub mod protocol;
 pub mod qemu;
 pub mod real_cluster;
+pub mod server_tools;
+pub mod smb_server;
 pub mod stacks;
 pub mod sys;
 pub mod vm_report;

@@ -3,8 +3,7 @@
 //!
 //! The programs (rpc.nfsd, exportfs, rpc.mountd, nfsdcld, rpcbind,
 //! mount.nfs) come from Debian's packages unpacked by `cargo xtask vm`
-//! into its cache (`HEALTH_VM_NFS_TOOLS`, xtask/src/vm/nfs_tools.rs); they
-//! are not installed on the machine. The daemons run in the foreground as
+//! ([`crate::server_tools`]); they are not installed on the machine. The daemons run in the foreground as
 //! children of the test and are killed when the server is dropped.
 //!
 //! knfsd cannot export the guest's root (the host's, shared in): the
@@ -13,20 +12,17 @@
 //! server skip the NFSv4 grace period, so that opens work at once after
 //! [`NfsServer::resume`].
 
-use std::ffi::OsStr;
-use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+use std::process::Child;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use tempfile::TempDir;
 
 use crate::cmd;
-use crate::fs::Mount;
+use crate::fs::{Mount, RemoteMount};
+use crate::server_tools::ServerTools;
+use crate::sys::wait_for_port;
 
-/// Where `cargo xtask vm` says the unpacked programs are.
-const TOOLS_ENV: &str = "HEALTH_VM_NFS_TOOLS";
 /// The server's threads while it runs.
 const THREADS: &str = "8";
 const NFS_PORT: u16 = 2049;
@@ -49,7 +45,7 @@ impl Version {
 }
 
 pub struct NfsServer {
-    tools: PathBuf,
+    tools: ServerTools,
     export: PathBuf,
     daemons: Vec<(&'static str, Child)>,
     _export_mount: Mount,
@@ -60,14 +56,7 @@ impl NfsServer {
     /// ext4 on `dev`, exported read-write to 127.0.0.1, the server running.
     pub fn start(dev: &Path) -> Result<NfsServer> {
         crate::require_root()?;
-        let tools = std::env::var_os(TOOLS_ENV)
-            .map(PathBuf::from)
-            .with_context(|| {
-                format!(
-                    "{TOOLS_ENV} is not set: the NFS suite runs in `cargo xtask vm` guests, \
-                 which unpack Debian's NFS programs for it"
-                )
-            })?;
+        let tools = ServerTools::from_env("NFS")?;
         crate::iscsi::loopback_up()?;
         crate::devices::modprobe("nfsd", &[])?;
         crate::devices::modprobe("nfs", &[])?;
@@ -141,7 +130,7 @@ impl NfsServer {
 
     /// Mounts the export at `at` (an existing directory) with `options`
     /// added to the version's own (`nolock` for NFSv3: no lock daemon).
-    pub fn mount(&self, version: Version, options: &str, at: &Path) -> Result<NfsMount> {
+    pub fn mount(&self, version: Version, options: &str, at: &Path) -> Result<RemoteMount> {
         let (source, base) = match version {
             Version::V4_2 => ("127.0.0.1:/".to_string(), "vers=4.2".to_string()),
             Version::V3 => (
@@ -157,45 +146,17 @@ impl NfsServer {
         let at_arg = at.to_string_lossy().into_owned();
         self.tool("sbin/mount.nfs", &[&source, &at_arg, "-o", &options])
             .with_context(|| format!("mounting NFS {} at {}", version.name(), at.display()))?;
-        Ok(NfsMount {
-            path: at.to_path_buf(),
-        })
+        Ok(RemoteMount::new(at))
     }
 
-    /// Runs one of the unpacked programs, its libraries first.
+    /// Runs one of the unpacked programs.
     fn tool(&self, program: &str, args: &[&str]) -> Result<cmd::Output> {
-        let path = self.tools.join(program);
-        let libs = self.library_path();
-        cmd::run_env(
-            &path.to_string_lossy(),
-            args,
-            &[("LD_LIBRARY_PATH", OsStr::new(&libs))],
-        )
+        self.tools.run(program, args)
     }
 
-    fn library_path(&self) -> String {
-        ["lib/x86_64-linux-gnu", "usr/lib/x86_64-linux-gnu"]
-            .iter()
-            .map(|d| self.tools.join(d).display().to_string())
-            .collect::<Vec<_>>()
-            .join(":")
-    }
-
-    /// Starts a daemon in the foreground, its output discarded; it must
-    /// still run a moment later.
+    /// Starts a daemon, kept until the server is dropped.
     fn spawn(&mut self, name: &'static str, program: &str, args: &[&str]) -> Result<()> {
-        let mut child = Command::new(self.tools.join(program))
-            .args(args)
-            .env("LD_LIBRARY_PATH", self.library_path())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .with_context(|| format!("starting {name}"))?;
-        std::thread::sleep(Duration::from_millis(300));
-        if let Some(status) = child.try_wait()? {
-            bail!("{name} exited at once ({status})");
-        }
+        let child = self.tools.spawn(program, args)?;
         self.daemons.push((name, child));
         Ok(())
     }
@@ -219,41 +180,10 @@ impl Drop for NfsServer {
     }
 }
 
-/// An NFS mount of the test's, unmounted on drop: forced and lazy, since
-/// the server may be gone by then.
-pub struct NfsMount {
-    path: PathBuf,
-}
-
-impl NfsMount {
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-}
-
-impl Drop for NfsMount {
-    fn drop(&mut self) {
-        let flags = nix::mount::MntFlags::MNT_FORCE | nix::mount::MntFlags::MNT_DETACH;
-        if let Err(e) = nix::mount::umount2(&self.path, flags) {
-            eprintln!("unmounting NFS at {}: {e}", self.path.display());
-        }
-    }
-}
-
 /// Mounts the pseudo filesystem `fstype` at `at` unless it is there.
 fn mount_once(fstype: &str, at: &str) -> Result<()> {
     if crate::sys::mount_at(Path::new(at))?.is_none() {
         cmd::run("mount", &["-t", fstype, fstype, at])?;
-    }
-    Ok(())
-}
-
-/// Waits until 127.0.0.1:`port` accepts a connection (10 s at most).
-fn wait_for_port(port: u16) -> Result<()> {
-    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
-    let accepts = || TcpStream::connect_timeout(&addr, Duration::from_secs(1)).is_ok();
-    if !crate::sys::wait_for(Duration::from_secs(10), Duration::from_millis(100), accepts) {
-        bail!("nothing accepts on {addr} after 10 s");
     }
     Ok(())
 }

@@ -422,6 +422,18 @@ pub fn wait_for(timeout: Duration, step: Duration, mut cond: impl FnMut() -> boo
     }
 }
 
+/// Waits until 127.0.0.1:`port` accepts a connection (10 s at most): a
+/// server the test started is listening.
+pub fn wait_for_port(port: u16) -> Result<()> {
+    use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+    let accepts = || TcpStream::connect_timeout(&addr, Duration::from_secs(1)).is_ok();
+    if !wait_for(Duration::from_secs(10), Duration::from_millis(100), accepts) {
+        bail!("nothing accepts on {addr} after 10 s");
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

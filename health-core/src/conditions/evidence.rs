@@ -55,6 +55,9 @@ pub enum KernelErrorKind {
     /// ... `ENOTCONN`: the filesystem's connection is gone (a FUSE daemon
     /// that exited).
     ReturnedNotConnected,
+    /// ... `EHOSTDOWN`: an SMB mount's connection to its server is down
+    /// and the client gave up reconnecting for this call (soft mounts).
+    ReturnedHostDown,
 }
 
 impl KernelErrorKind {
@@ -77,7 +80,8 @@ impl KernelErrorKind {
             | KernelErrorKind::ReservationConflict
             | KernelErrorKind::ReturnedStale
             | KernelErrorKind::ReturnedTimeout
-            | KernelErrorKind::ReturnedNotConnected => Status::Inaccessible,
+            | KernelErrorKind::ReturnedNotConnected
+            | KernelErrorKind::ReturnedHostDown => Status::Inaccessible,
         }
     }
 
@@ -93,6 +97,7 @@ impl KernelErrorKind {
                 | KernelErrorKind::ReturnedStale
                 | KernelErrorKind::ReturnedTimeout
                 | KernelErrorKind::ReturnedNotConnected
+                | KernelErrorKind::ReturnedHostDown
         )
     }
 
@@ -116,6 +121,7 @@ impl KernelErrorKind {
             KernelErrorKind::ReturnedStale => "StaleFileHandle",
             KernelErrorKind::ReturnedTimeout => "IOTimeouts",
             KernelErrorKind::ReturnedNotConnected => "NotConnected",
+            KernelErrorKind::ReturnedHostDown => "HostDown",
         }
     }
 
@@ -153,6 +159,7 @@ impl KernelErrorKind {
             | KernelErrorKind::ReturnedStale
             | KernelErrorKind::ReturnedTimeout
             | KernelErrorKind::ReturnedNotConnected
+            | KernelErrorKind::ReturnedHostDown
                 if one =>
             {
                 "failed file operation"
@@ -161,7 +168,8 @@ impl KernelErrorKind {
             | KernelErrorKind::ReturnedNoSpace
             | KernelErrorKind::ReturnedStale
             | KernelErrorKind::ReturnedTimeout
-            | KernelErrorKind::ReturnedNotConnected => "failed file operations",
+            | KernelErrorKind::ReturnedNotConnected
+            | KernelErrorKind::ReturnedHostDown => "failed file operations",
         }
     }
 }
@@ -209,20 +217,19 @@ pub enum CheckFinding {
         since: SystemTime,
         timeout: Duration,
     },
-    /// An NFS mount's probe waits or failed, and the server sent no reply
-    /// on the mount's transport (the client's own counters) for at least
-    /// the mount's timeout (`timeo`): the server, not this node, is what
-    /// does not answer.
+    /// A network filesystem's probe waits or failed, and the client's own
+    /// state says the server is what does not answer, not this node
+    /// (`silence`: how the client shows it).
     ServerNotResponding {
         path: PathBuf,
-        /// The server's address (the mount's `addr=`, else its source's host).
+        /// The server's address or name (an NFS mount's `addr=`, else its
+        /// source's host; an SMB connection's host name).
         server: String,
         op: &'static str,
-        /// Since when no reply came: the first look at the counters while
-        /// the probe failed (stable while it stays silent).
-        silent_since: SystemTime,
-        /// The mount's `timeo`.
-        timeout: Duration,
+        /// Since when: the first look at the client's state while the
+        /// probe failed (stable while the server stays silent).
+        since: SystemTime,
+        silence: ServerSilence,
         /// The probe's error on a soft mount; `None` while it waits (hard).
         errno: Option<i32>,
     },
@@ -467,21 +474,26 @@ impl CheckFinding {
                 path,
                 server,
                 op,
-                silent_since,
-                timeout,
+                since,
+                silence,
                 errno,
             } => {
                 let probe = match errno {
                     Some(errno) => format!("failed: {}", errno_name(*errno)),
                     None => "has not returned".to_string(),
                 };
-                format!(
-                    "NFS server {server} has sent no reply since {} (the mount's timeout is {}); \
-                     {op} of {} {probe}",
-                    rfc3339(*silent_since),
-                    human_duration(*timeout),
-                    path.display()
-                )
+                let server = match silence {
+                    ServerSilence::NfsNoReply { timeout } => format!(
+                        "NFS server {server} has sent no reply since {} (the mount's timeout is {})",
+                        rfc3339(*since),
+                        human_duration(*timeout)
+                    ),
+                    ServerSilence::SmbConnectionLost { state } => format!(
+                        "SMB server {server}: the client's connection is {state} since {}",
+                        rfc3339(*since)
+                    ),
+                };
+                format!("{server}; {op} of {} {probe}", path.display())
             }
             CheckFinding::ReadOnlyRemount {
                 mount_point,
@@ -675,6 +687,18 @@ impl CheckFinding {
 /// (or shut it down). Each kernel shows it its own way, and the per-mount
 /// flags alone miss most of them (measured on Debian's 5.10, 6.1 and 6.12
 /// and on 6.18; `volumes::checks::read_only` in health-node reads them).
+/// How a network filesystem's client shows that its server does not
+/// answer ([`CheckFinding::ServerNotResponding`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ServerSilence {
+    /// NFS: no reply on the mount's RPC transport (the client's per-mount
+    /// counters) for the mount's `timeo`, this `timeout`.
+    NfsNoReply { timeout: Duration },
+    /// SMB: the client's connection to the server is lost (its TCP status,
+    /// in words: `disconnected, reconnecting`).
+    SmbConnectionLost { state: String },
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ReadOnlyEvidence {
     /// The superblock is `ro` under a `rw` mount: ext4 that still sets

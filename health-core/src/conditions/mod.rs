@@ -25,7 +25,7 @@ pub(crate) mod testing;
 
 pub use evidence::{
     CheckFinding, CheckResult, CsiEntry, CsiListSighting, CsiReport, KernelErrorKind, KernelErrors,
-    Observation, ReadOnlyEvidence,
+    Observation, ReadOnlyEvidence, ServerSilence,
 };
 pub use format::{clip_to, errno_name, human_bytes, human_duration, rfc3339};
 pub use health::{ConditionConfig, VolumeHealth};

@@ -21,7 +21,9 @@ pub mod ringbuf;
 pub mod vol_data;
 
 pub use health_kernel::fuzzing::{btf, trace_stats, tracefs};
-pub use health_topology::fuzzing::{dm_status, mountinfo, mountstats, nvme_smart, sysfs};
+pub use health_topology::fuzzing::{
+    dm_status, mountinfo, mountstats, nvme_smart, smb_client, sysfs,
+};
 
 /// A target's entry point.
 pub type Run = fn(&[u8]);
@@ -38,6 +40,7 @@ pub const TARGETS: &[(&str, Run)] = &[
     ("mountstats", mountstats::run),
     ("nvme_smart", nvme_smart::run),
     ("ringbuf", ringbuf::run),
+    ("smb_client", smb_client::run),
     ("sysfs", sysfs::run),
     ("trace_stats", trace_stats::run),
     ("tracefs", tracefs::run),

@@ -12,4 +12,5 @@ mod nfs;
 mod nvme_multipath;
 mod qemu_devices;
 mod returned_errors;
+mod smb;
 mod storage_stacks;

@@ -26,9 +26,9 @@ use anyhow::{Context, Result};
 use health_tests::agent::EventFilter;
 use health_tests::cgroup::TestCgroup;
 use health_tests::devices::{DmDevice, TmpfsLoop};
-use health_tests::fs::dev_of;
+use health_tests::fs::{dev_of, RemoteMount};
 use health_tests::kubelet_tree::Kubelet;
-use health_tests::nfs_server::{NfsMount, NfsServer, Version};
+use health_tests::nfs_server::{NfsServer, Version};
 use health_tests::vm_report::{cleared, key, last_message, raised, show, tally, Tally};
 use health_tests::{kernel_alone, require_root};
 
@@ -63,7 +63,7 @@ fn nfs_volume(
     pv: &str,
     version: Version,
     options: &str,
-) -> Result<NfsMount> {
+) -> Result<RemoteMount> {
     let dir = kubelet.nfs_volume_dir(pod, pv)?;
     server.mount(version, options, &dir)
 }
@@ -146,7 +146,7 @@ impl Drop for ResumeOnDrop<'_> {
 struct Volume {
     pod: &'static str,
     pv: &'static str,
-    mount: NfsMount,
+    mount: RemoteMount,
     dev: String,
     reader: health_tests::cgroup::Reader,
     cgroup: TestCgroup,

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 
 use super::devices;
-use super::kernels::Kernel;
+use super::kernels::{Kernel, Series};
 use super::queue::Queue;
 use super::relay::Relay;
 use super::tools::Tools;
@@ -50,10 +50,14 @@ const SCRATCH_MOUNT: &str = "/var/tmp";
 pub type Env = Vec<(String, String)>;
 
 /// One command of the guest script, run in `cwd`.
+#[derive(Clone, Debug, PartialEq)]
 pub struct Step {
     pub label: String,
     pub cwd: PathBuf,
     pub argv: Vec<String>,
+    /// The kernels whose guests run it (`--tests name@K+K`); `None`: every
+    /// kernel's.
+    pub only: Option<Vec<Series>>,
 }
 
 pub struct Machine {
@@ -631,6 +635,7 @@ mod tests {
             label: "x".into(),
             cwd: "/".into(),
             argv: vec!["echo".into(), "a b".into()],
+            only: None,
         }];
         let queue = Queue::new(1).unwrap();
         let q = quote(&queue.path().to_string_lossy());

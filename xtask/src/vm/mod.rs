@@ -12,7 +12,14 @@
 //! cargo xtask vm --kernel 6.12 -- target/release/health-agent watch --duration 5
 //! cargo xtask vm --kernel host -- ...              # the same, on this kernel, no VM
 //! cargo xtask vm --kernel 5.10,6.1,6.12 --tests kernel_errors,iscsi
+//! cargo xtask vm --kernel 5.10,6.1,6.12 --tests nfs,smb@6.12   # smb on 6.12 only
+//! cargo xtask vm --kernel 6.1,6.12 --tests smb@6.1+6.12
 //! ```
+//!
+//! A suite given as `name@K` (or `name@K+K...`) runs only in the guests of
+//! those kernels: one that needs what only some kernels have (ksmbd, absent
+//! from 5.10) is then not run where it cannot pass, with no skip inside the
+//! test. A kernel left with no suite boots no guest.
 //!
 //! Several kernels are prepared and built for once, then booted side by
 //! side, at most `--jobs` at a time (2): a guest under TCG keeps about one
@@ -28,9 +35,9 @@
 
 mod apt;
 mod devices;
+mod file_servers;
 mod guest;
 mod kernels;
-mod nfs_tools;
 mod queue;
 mod relay;
 mod tools;
@@ -64,9 +71,11 @@ pub struct VmArgs {
     /// Suites to run when no COMMAND is given, comma-separated: integration
     /// test binaries (kernel_errors, volumes, stalls...) or guest-only suites
     /// (device_faults, storage_stacks, nvme_multipath, iscsi, qemu_devices,
-    /// returned_errors).
-    #[arg(long, value_delimiter = ',', default_value = DEFAULT_TESTS)]
-    tests: Vec<String>,
+    /// returned_errors, nfs...). `name@K` or `name@K+K...` (K: 5.10, 6.1,
+    /// 6.12, each also in --kernel) runs a suite only on those kernels, e.g.
+    /// `nfs,smb@6.12`; with `--kernel host` such a suite is not run.
+    #[arg(long, value_delimiter = ',', value_parser = parse_suite, default_value = DEFAULT_TESTS)]
+    tests: Vec<Suite>,
     /// Only tests whose name contains this.
     #[arg(long)]
     filter: Option<String>,
@@ -103,6 +112,102 @@ fn parse_kernel(s: &str) -> Result<Target, String> {
         .map_err(|_| format!("unknown kernel {s:?}: expected 5.10, 6.1, 6.12 or host"))
 }
 
+/// One entry of `--tests`: a suite, and the kernels it runs on.
+#[derive(Clone, Debug, PartialEq)]
+struct Suite {
+    name: String,
+    /// `None`: every kernel given.
+    only: Option<Vec<Series>>,
+}
+
+impl Suite {
+    fn runs_on(&self, series: Series) -> bool {
+        runs_on(self.only.as_deref(), series)
+    }
+}
+
+fn runs_on(only: Option<&[Series]>, series: Series) -> bool {
+    only.is_none_or(|only| only.contains(&series))
+}
+
+/// The series' names joined by `sep`: `5.10+6.12` as `--tests` writes a
+/// suite's kernels, `5.10,6.12` as `--kernel` does.
+fn series_names(series: &[Series], sep: &str) -> String {
+    series
+        .iter()
+        .map(|s| s.name())
+        .collect::<Vec<_>>()
+        .join(sep)
+}
+
+/// `name`, `name@K` or `name@K+K...`, K as `--kernel` names a Debian series.
+fn parse_suite(s: &str) -> Result<Suite, String> {
+    use clap::ValueEnum;
+    let (name, kernels) = match s.split_once('@') {
+        Some((name, kernels)) => (name, Some(kernels)),
+        None => (s, None),
+    };
+    if name.is_empty() {
+        return Err(format!(
+            "no suite name in {s:?}: expected e.g. nfs or smb@6.12"
+        ));
+    }
+    let Some(kernels) = kernels else {
+        return Ok(Suite {
+            name: name.to_string(),
+            only: None,
+        });
+    };
+    let mut only = Vec::new();
+    for kernel in kernels.split('+') {
+        if kernel.is_empty() {
+            return Err(format!(
+                "no kernel after @ or + in {s:?}: expected e.g. {name}@6.12 or {name}@6.1+6.12"
+            ));
+        }
+        let series = Series::from_str(kernel, false).map_err(|_| {
+            format!("unknown kernel {kernel:?} in {s:?}: expected 5.10, 6.1 or 6.12 after @")
+        })?;
+        // Named twice, it still runs once per guest.
+        if !only.contains(&series) {
+            only.push(series);
+        }
+    }
+    Ok(Suite {
+        name: name.to_string(),
+        only: Some(only),
+    })
+}
+
+/// Every kernel a suite is restricted to must be booted: otherwise it
+/// would run on fewer kernels than it says, or on none, silently. The
+/// host's kernel is no Debian series; `run` says what it leaves out.
+fn check_suites(kernels: &[Target], suites: &[Suite]) -> anyhow::Result<()> {
+    let booted: Vec<Series> = kernels
+        .iter()
+        .filter_map(|k| match k {
+            Target::Debian(series) => Some(*series),
+            Target::Host => None,
+        })
+        .collect();
+    if booted.is_empty() {
+        return Ok(());
+    }
+    for suite in suites {
+        let Some(only) = &suite.only else { continue };
+        if let Some(missing) = only.iter().find(|s| !booted.contains(s)) {
+            bail!(
+                "--tests {}@{} names kernel {}, which --kernel {} does not boot: add it to --kernel or drop it after @",
+                suite.name,
+                series_names(only, "+"),
+                missing.name(),
+                series_names(&booted, ",")
+            );
+        }
+    }
+    Ok(())
+}
+
 /// `90s`, `20m`, `1h`, or plain seconds.
 fn parse_duration(s: &str) -> Result<Duration, String> {
     let (number, unit) = match s.strip_suffix(['s', 'm', 'h']) {
@@ -134,51 +239,87 @@ pub fn run(args: &VmArgs) -> anyhow::Result<()> {
              and runs the guest command as root; the kernel tests need root on the host too"
         );
     }
+    // A COMMAND runs on every kernel; the suites are what runs without one.
+    let suites = match args.command.is_empty() {
+        true => suites_to_run(args, host)?,
+        false => Vec::new(),
+    };
+    // Only the host's kernel leaves suites out (`check_suites`).
+    if args.command.is_empty() && suites.is_empty() {
+        say("no suite of --tests runs on this machine's kernel: nothing to run");
+        return Ok(());
+    }
     // The kernels and tools first: a failed download should not wait for a
     // build. Each is prepared here, one after the other, before any guest
     // boots (apt, the venv and /lib/modules are not for concurrent hands).
-    let mut guests = Vec::new();
-    let mut nfs = None;
+    let mut prepared = Vec::new();
+    let mut file_servers = None;
     for target in &args.kernel {
-        if let Target::Debian(series) = target {
-            let cache = crate::bootstrap::cache_dir().join("vm");
-            let tools = tools::ensure(&cache)?;
-            if nfs.is_none() {
-                nfs = Some(nfs_tools::ensure(&cache).context("preparing the NFS programs")?);
-            }
-            let kernel = kernels::ensure(&cache, *series, args.refresh)
-                .with_context(|| format!("preparing Debian's {} kernel", series.name()))?;
-            guests.push((series.name(), tools, kernel));
+        let Target::Debian(series) = *target else {
+            continue;
+        };
+        // Nothing to download or boot for a kernel every suite leaves out.
+        if args.command.is_empty() && !suites.iter().any(|s| s.runs_on(series)) {
+            say(format!(
+                "{}: every suite of --tests is for other kernels; not booted",
+                series.name()
+            ));
+            continue;
         }
+        let cache = crate::bootstrap::cache_dir().join("vm");
+        let tools = tools::ensure(&cache)?;
+        if file_servers.is_none() {
+            file_servers =
+                Some(file_servers::ensure(&cache).context("preparing the file servers' programs")?);
+        }
+        let kernel = kernels::ensure(&cache, series, args.refresh)
+            .with_context(|| format!("preparing Debian's {} kernel", series.name()))?;
+        prepared.push((series, tools, kernel));
     }
     let (steps, mut env) = if args.command.is_empty() {
-        default_tests(args)?
+        default_tests(args, &suites)?
     } else {
         let cwd = std::env::current_dir().context("reading the current directory")?;
         let step = Step {
             label: args.command.join(" "),
             cwd,
             argv: args.command.clone(),
+            only: None,
         };
         (vec![step], Vec::new())
     };
     env.extend(passed_env());
-    if let Some(nfs) = &nfs {
-        env.push((nfs_tools::ENV.to_string(), nfs.display().to_string()));
+    if let Some(root) = &file_servers {
+        env.push((file_servers::ENV.to_string(), root.display().to_string()));
     }
     if host {
         say("--kernel host: running on this machine's kernel, no VM");
         let outcome = run_on_host(&steps, &env, args.timeout)?;
         return report(&[("host".to_string(), Ok(outcome))]);
     }
+    // Each kernel runs the steps of its suites; one the filter left
+    // without any boots no guest.
+    let mut guests = Vec::new();
+    for (series, tools, kernel) in prepared {
+        let steps = steps_on(&steps, series);
+        if steps.is_empty() {
+            say(format!(
+                "{}: no test of its suites matches the filter; not booted",
+                series.name()
+            ));
+            continue;
+        }
+        guests.push((series.name(), tools, kernel, steps));
+    }
     let queues = guests
         .iter()
-        .map(|_| queue::Queue::new(steps.len()))
+        .map(|(_, _, _, steps)| queue::Queue::new(steps.len()))
         .collect::<anyhow::Result<Vec<_>>>()?;
-    let jobs = guest_jobs(guests.len(), steps.len());
+    let step_counts: Vec<usize> = guests.iter().map(|(_, _, _, steps)| steps.len()).collect();
+    let jobs = guest_jobs(&step_counts);
     let side_by_side = jobs.len() > 1;
     let outcomes = run_guests(&jobs, args.jobs as usize, |&(k, nth)| {
-        let (name, tools, kernel) = &guests[k];
+        let (name, tools, kernel, steps) = &guests[k];
         let queue = &queues[k];
         // A second guest only for steps the first has not started.
         if nth > 1 && queue.not_taken().is_empty() {
@@ -194,7 +335,7 @@ pub fn run(args: &VmArgs) -> anyhow::Result<()> {
             timeout: args.timeout,
             label: side_by_side.then(|| label.clone()),
         };
-        let run = || guest::run_in_guest(tools, kernel, &machine, (queue, &steps), &env);
+        let run = || guest::run_in_guest(tools, kernel, &machine, (queue, steps), &env);
         let outcome = match run() {
             Err(e) if e.downcast_ref::<guest::GuestStalled>().is_some() => {
                 say(format!("{label}: {e:#}"));
@@ -215,7 +356,7 @@ pub fn run(args: &VmArgs) -> anyhow::Result<()> {
     let outcomes: Vec<(String, anyhow::Result<Outcome>)> = outcomes.into_iter().flatten().collect();
     let mut failed = outcomes.iter().any(|(_, o)| o.is_err());
     // Every step must have run somewhere: a guest that failed says why.
-    for ((name, _, _), queue) in guests.iter().zip(&queues) {
+    for ((name, _, _, steps), queue) in guests.iter().zip(&queues) {
         for (i, step) in steps.iter().enumerate() {
             if !matches!(queue.result(i), queue::StepResult::Exited(_)) {
                 say(format!("{name}: {} did not run to its end", step.label));
@@ -237,15 +378,50 @@ pub fn run(args: &VmArgs) -> anyhow::Result<()> {
     report(&outcomes)
 }
 
-/// The guests to boot, as (kernel index, 1 or 2): each kernel's guest,
-/// then, where there are several steps, a second guest per kernel, booted
-/// when a slot frees if that kernel still has steps no guest has started
-/// ([`queue`]).
-fn guest_jobs(kernels: usize, steps: usize) -> Vec<(usize, u32)> {
-    let mut jobs: Vec<(usize, u32)> = (0..kernels).map(|k| (k, 1)).collect();
-    if steps > 1 {
-        jobs.extend((0..kernels).map(|k| (k, 2)));
+/// The suites of `--tests` to run, after checking their kernels: on the
+/// host's kernel, which is no Debian series, those restricted to some
+/// kernels are left out, and said so.
+fn suites_to_run(args: &VmArgs, host: bool) -> anyhow::Result<Vec<Suite>> {
+    check_suites(&args.kernel, &args.tests)?;
+    let mut suites = Vec::new();
+    for suite in &args.tests {
+        match &suite.only {
+            Some(only) if host => say(format!(
+                "{}: runs only on Debian's {} (--tests {}@{}); not run on this machine's kernel",
+                suite.name,
+                series_names(only, ", "),
+                suite.name,
+                series_names(only, "+")
+            )),
+            _ => suites.push(suite.clone()),
+        }
     }
+    Ok(suites)
+}
+
+/// The steps a guest of `series` runs, in order.
+fn steps_on(steps: &[Step], series: Series) -> Vec<Step> {
+    steps
+        .iter()
+        .filter(|step| runs_on(step.only.as_deref(), series))
+        .cloned()
+        .collect()
+}
+
+/// The guests to boot, as (kernel index, 1 or 2), from each kernel's
+/// number of steps: the guest of each kernel with steps, then a second
+/// guest of each kernel with several, booted when a slot frees if that
+/// kernel still has steps no guest has started ([`queue`]).
+fn guest_jobs(steps: &[usize]) -> Vec<(usize, u32)> {
+    let with = |least: usize| {
+        steps
+            .iter()
+            .enumerate()
+            .filter(move |(_, n)| **n >= least)
+            .map(|(k, _)| k)
+    };
+    let mut jobs: Vec<(usize, u32)> = with(1).map(|k| (k, 1)).collect();
+    jobs.extend(with(2).map(|k| (k, 2)));
     jobs
 }
 
@@ -376,7 +552,12 @@ fn passed_env() -> Env {
         }
     }
     let mut env = vec![("PATH".to_string(), path)];
-    for key in ["RUST_BACKTRACE", "RUST_LOG", "RUST_TEST_THREADS"] {
+    for key in [
+        "RUST_BACKTRACE",
+        "RUST_LOG",
+        "RUST_TEST_THREADS",
+        "RUST_TEST_NOCAPTURE",
+    ] {
         if let Ok(value) = std::env::var(key) {
             env.push((key.to_string(), value));
         }
@@ -386,7 +567,7 @@ fn passed_env() -> Env {
 
 /// Builds the agent with its kernel object and the test binaries, as
 /// `cargo xtask test` does, and returns the selected suites as steps.
-fn default_tests(args: &VmArgs) -> anyhow::Result<(Vec<Step>, Env)> {
+fn default_tests(args: &VmArgs, suites: &[Suite]) -> anyhow::Result<(Vec<Step>, Env)> {
     // No separate `cargo build` of the agent: the test build below links
     // it (for health-agent's own tests) with the feature set `cargo xtask
     // test` uses, so after that command nothing is compiled again.
@@ -401,8 +582,8 @@ fn default_tests(args: &VmArgs) -> anyhow::Result<(Vec<Step>, Env)> {
     // The guest-only suites are modules of one binary with `test = false`
     // (drivers the host lacks), which `cargo test` leaves out: built by
     // name, and its tests listed, when a suite is not a binary of its own.
-    let is_binary = |name: &String| binaries.iter().any(|t| &t.name == name);
-    let guest = match args.tests.iter().all(is_binary) {
+    let is_binary = |suite: &Suite| binaries.iter().any(|t| t.name == suite.name);
+    let guest = match suites.iter().all(is_binary) {
         true => None,
         false => {
             let guest = named_test_binaries(&env, &[GUEST_BINARY])?
@@ -414,11 +595,12 @@ fn default_tests(args: &VmArgs) -> anyhow::Result<(Vec<Step>, Env)> {
         }
     };
     let mut steps = Vec::new();
-    for name in &args.tests {
+    for suite in suites {
+        let name = &suite.name;
         if let Some(test) = binaries.iter().find(|t| &t.name == name) {
             let mut argv = vec![test.exe.display().to_string()];
             argv.extend(args.filter.clone());
-            steps.push(step(name, test, argv));
+            steps.push(step(suite, test, argv));
             continue;
         }
         let (guest, all) = guest.as_ref().expect("listed when a suite is no binary");
@@ -436,7 +618,7 @@ fn default_tests(args: &VmArgs) -> anyhow::Result<(Vec<Step>, Env)> {
         }
         let mut argv = vec![guest.exe.display().to_string(), "--exact".to_string()];
         argv.extend(names);
-        steps.push(step(name, guest, argv));
+        steps.push(step(suite, guest, argv));
     }
     Ok((steps, env))
 }
@@ -445,12 +627,13 @@ fn default_tests(args: &VmArgs) -> anyhow::Result<(Vec<Step>, Env)> {
 /// (tests/tests/guest/: device_faults, storage_stacks, ...).
 const GUEST_BINARY: &str = "guest";
 
-fn step(label: &str, test: &TestBinary, argv: Vec<String>) -> Step {
+fn step(suite: &Suite, test: &TestBinary, argv: Vec<String>) -> Step {
     Step {
-        label: label.to_string(),
+        label: suite.name.clone(),
         // cargo runs an integration test in its package's directory.
         cwd: test.dir.clone(),
         argv,
+        only: suite.only.clone(),
     }
 }
 
@@ -633,14 +816,153 @@ mod tests {
     }
 
     /// Each kernel's guest first, then the second guests, which take only
-    /// steps not yet started; one step needs no second guest.
+    /// steps not yet started; one step needs no second guest, and a kernel
+    /// without steps no guest at all.
     #[test]
     fn second_guests_come_after_every_kernels_first() {
         assert_eq!(
-            guest_jobs(3, 9),
+            guest_jobs(&[9, 9, 9]),
             [(0, 1), (1, 1), (2, 1), (0, 2), (1, 2), (2, 2)]
         );
-        assert_eq!(guest_jobs(2, 1), [(0, 1), (1, 1)]);
+        assert_eq!(guest_jobs(&[1, 1]), [(0, 1), (1, 1)]);
+        assert_eq!(
+            guest_jobs(&[3, 0, 1, 2]),
+            [(0, 1), (2, 1), (3, 1), (0, 2), (3, 2)]
+        );
+        assert_eq!(guest_jobs(&[0]), []);
+    }
+
+    fn suite(name: &str, only: Option<&[Series]>) -> Suite {
+        Suite {
+            name: name.to_string(),
+            only: only.map(<[Series]>::to_vec),
+        }
+    }
+
+    #[test]
+    fn a_suite_names_the_kernels_it_runs_on_after_an_at() {
+        use Series::{V6_1, V6_12};
+        assert_eq!(parse_suite("nfs"), Ok(suite("nfs", None)));
+        assert_eq!(parse_suite("smb@6.12"), Ok(suite("smb", Some(&[V6_12]))));
+        assert_eq!(
+            parse_suite("smb@6.12+6.1"),
+            Ok(suite("smb", Some(&[V6_12, V6_1])))
+        );
+        assert_eq!(parse_suite("smb@6.1+6.1"), Ok(suite("smb", Some(&[V6_1]))));
+    }
+
+    #[test]
+    fn a_bad_suite_is_refused_with_what_was_expected() {
+        assert_eq!(
+            parse_suite("smb@4.19"),
+            Err(
+                r#"unknown kernel "4.19" in "smb@4.19": expected 5.10, 6.1 or 6.12 after @"#
+                    .to_string()
+            )
+        );
+        assert_eq!(
+            parse_suite("smb@host"),
+            Err(
+                r#"unknown kernel "host" in "smb@host": expected 5.10, 6.1 or 6.12 after @"#
+                    .to_string()
+            )
+        );
+        let no_kernel = |s: &str| {
+            format!(r#"no kernel after @ or + in "{s}": expected e.g. smb@6.12 or smb@6.1+6.12"#)
+        };
+        assert_eq!(parse_suite("smb@"), Err(no_kernel("smb@")));
+        assert_eq!(parse_suite("smb@6.1+"), Err(no_kernel("smb@6.1+")));
+        assert_eq!(parse_suite("smb@+6.1"), Err(no_kernel("smb@+6.1")));
+        assert_eq!(
+            parse_suite("@6.12"),
+            Err(r#"no suite name in "@6.12": expected e.g. nfs or smb@6.12"#.to_string())
+        );
+        assert_eq!(
+            parse_suite(""),
+            Err(r#"no suite name in "": expected e.g. nfs or smb@6.12"#.to_string())
+        );
+    }
+
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        vm: VmArgs,
+    }
+
+    #[test]
+    fn the_tests_flag_takes_suites_with_and_without_kernels() {
+        use clap::Parser;
+        use Series::{V6_1, V6_12};
+        let args = Cli::try_parse_from([
+            "vm",
+            "--kernel",
+            "6.1,6.12",
+            "--tests",
+            "nfs,smb@6.1+6.12,iscsi@6.12",
+        ])
+        .unwrap()
+        .vm;
+        assert_eq!(
+            args.tests,
+            [
+                suite("nfs", None),
+                suite("smb", Some(&[V6_1, V6_12])),
+                suite("iscsi", Some(&[V6_12]))
+            ]
+        );
+        let args = Cli::try_parse_from(["vm", "--kernel", "6.1"]).unwrap().vm;
+        assert_eq!(args.tests, [suite("kernel_errors", None)]);
+        let refused = Cli::try_parse_from(["vm", "--kernel", "6.1", "--tests", "nfs,smb@"])
+            .err()
+            .map(|e| e.kind());
+        assert_eq!(refused, Some(clap::error::ErrorKind::ValueValidation));
+    }
+
+    #[test]
+    fn a_suite_for_a_kernel_not_booted_is_refused() {
+        use Series::{V5_10, V6_1, V6_12};
+        let debian = [Target::Debian(V5_10), Target::Debian(V6_12)];
+        let suites = [suite("nfs", None), suite("smb", Some(&[V6_12]))];
+        assert!(check_suites(&debian, &suites).is_ok());
+        let suites = [suite("nfs", None), suite("smb", Some(&[V6_12, V6_1]))];
+        assert_eq!(
+            check_suites(&debian, &suites).map_err(|e| e.to_string()),
+            Err("--tests smb@6.12+6.1 names kernel 6.1, which --kernel 5.10,6.12 does not boot: add it to --kernel or drop it after @".to_string())
+        );
+        // On the host's kernel it is left out instead (`suites_to_run`).
+        assert!(check_suites(&[Target::Host], &suites).is_ok());
+    }
+
+    #[test]
+    fn each_kernel_gets_the_steps_of_its_suites_in_order() {
+        use Series::{V5_10, V6_1, V6_12};
+        let step = |label: &str, only: Option<&[Series]>| Step {
+            label: label.to_string(),
+            cwd: PathBuf::from("/w/tests"),
+            argv: vec![format!("/w/{label}")],
+            only: only.map(<[Series]>::to_vec),
+        };
+        let steps = [
+            step("kernel_errors", None),
+            step("smb", Some(&[V6_12])),
+            step("nfs", None),
+            step("iscsi", Some(&[V6_1, V6_12])),
+        ];
+        let labels = |series| {
+            steps_on(&steps, series)
+                .into_iter()
+                .map(|s| s.label)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(labels(V5_10), ["kernel_errors", "nfs"]);
+        assert_eq!(labels(V6_1), ["kernel_errors", "nfs", "iscsi"]);
+        assert_eq!(labels(V6_12), ["kernel_errors", "smb", "nfs", "iscsi"]);
+        // The steps themselves, unchanged.
+        assert_eq!(steps_on(&steps, V6_12), steps);
+        assert_eq!(
+            steps_on(&[step("smb", Some(&[V6_12]))], V5_10),
+            Vec::<Step>::new()
+        );
     }
 
     #[test]

@@ -34,6 +34,8 @@ mod nfs_server;
 mod probe;
 mod reachability;
 mod read_only;
+mod server_state;
+mod smb_server;
 pub mod stack;
 mod usage;
 
@@ -45,11 +47,13 @@ use block::{probe_block, BlockState};
 use health_core::conditions::{CheckFinding, CheckKind, CheckResult, Observation};
 use health_topology::bounded::InFlight;
 use health_topology::MountEntry;
-use nfs_server::{Failed, ServerReplies};
+use nfs_server::ServerReplies;
 use probe::Probe;
 pub use probe::{ProbeError, MAX_PROBE_THREADS};
 pub use reachability::is_unreachable_errno;
 use reachability::unreachable_or_failed;
+use server_state::Failed;
+use smb_server::SmbConnections;
 pub use usage::{evaluate_usage, Usage};
 
 use crate::volumes::kubelet::{KubeletVolume, VolumeMode};
@@ -141,6 +145,8 @@ pub struct Checker {
     probe_threads: Arc<tokio::sync::Semaphore>,
     /// NFS mounts whose probe fails, and their servers' replies.
     servers: Arc<ServerReplies>,
+    /// SMB mounts whose probe fails, and their connections.
+    smb: Arc<SmbConnections>,
 }
 
 impl Checker {
@@ -150,6 +156,7 @@ impl Checker {
             in_flight: InFlight::default(),
             probe_threads: Arc::new(tokio::sync::Semaphore::new(MAX_PROBE_THREADS)),
             servers: Arc::default(),
+            smb: Arc::default(),
         }
     }
 
@@ -198,11 +205,7 @@ impl Checker {
             Probe::Hung { since } => (self.hung(&vol.path, "statvfs", since), None),
             Probe::Lost(e) => (CheckResult::ProbeFailed(e.to_string()), None),
         };
-        let reachability = if ServerReplies::applies(mount) {
-            self.nfs_server(vol, mount, reachability)
-        } else {
-            reachability
-        };
+        let reachability = self.server(vol, mount, reachability);
         let read_only = self.read_only(vol, mount, usage.is_some()).await;
         let stopped = matches!(read_only, Some(CheckResult::Found(_)));
         if let Some(result) = read_only {
@@ -266,17 +269,18 @@ impl Checker {
         report
     }
 
-    /// An NFS mount's probe that hung or failed is the server's silence
-    /// when the client's counters say so ([`nfs_server`]).
-    fn nfs_server(
-        &self,
-        vol: &KubeletVolume,
-        mount: &MountEntry,
-        probe: CheckResult,
-    ) -> CheckResult {
+    /// A network filesystem's probe that hung or failed is its server's
+    /// silence when the client's own state says so ([`nfs_server`],
+    /// [`smb_server`]); other mounts keep the probe's result.
+    fn server(&self, vol: &KubeletVolume, mount: &MountEntry, probe: CheckResult) -> CheckResult {
+        let nfs = ServerReplies::applies(mount);
+        if !nfs && !SmbConnections::applies(mount) {
+            return probe;
+        }
         let errno = match &probe {
             CheckResult::Pass => {
                 self.servers.answered(&mount.mount_point);
+                self.smb.answered(&mount.mount_point);
                 return probe;
             }
             CheckResult::Found(f) => match f.as_slice() {
@@ -291,14 +295,16 @@ impl Checker {
             op: "statvfs",
             errno,
         };
-        match self
-            .servers
-            .judge(&self.cfg.proc_root, mount, failed, SystemTime::now())
-        {
+        let (proc_root, now) = (&self.cfg.proc_root, SystemTime::now());
+        let judged = match nfs {
+            true => self.servers.judge(proc_root, mount, failed, now),
+            false => self.smb.judge(proc_root, mount, failed, now),
+        };
+        match judged {
             Ok(Some(finding)) => CheckResult::Found(vec![finding]),
             Ok(None) => probe,
             Err(e) => {
-                tracing::warn!(path = %vol.path.display(), "cannot read the NFS client's counters: {e}");
+                tracing::warn!(path = %vol.path.display(), fs = %mount.fs_type, "cannot read the client's state of the mount's server: {e}");
                 probe
             }
         }

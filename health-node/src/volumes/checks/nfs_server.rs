@@ -13,12 +13,14 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
 
-use health_core::conditions::CheckFinding;
+use health_core::conditions::{CheckFinding, ServerSilence};
 use health_topology::mountstats::{read_nfs_stats, NfsMountStats};
 use health_topology::MountEntry;
+
+use super::server_state::{super_option, Failed, Recent};
 
 /// The kernel's default `timeo` for NFS over TCP (nfs(5)): 60 s.
 const DEFAULT_TIMEO: Duration = Duration::from_secs(60);
@@ -27,27 +29,14 @@ const DEFAULT_TIMEO: Duration = Duration::from_secs(60);
 #[derive(Debug, Default)]
 pub struct ServerReplies {
     silent: Mutex<HashMap<PathBuf, Silence>>,
-    /// The counters last read, reused within [`REUSE`]: when a server
-    /// stops, every volume of it fails in the same round, and each would
-    /// read the whole file again.
-    last_read: Mutex<Option<(SystemTime, Arc<Vec<NfsMountStats>>)>>,
+    /// The counters, read once per round.
+    last_read: Recent<Vec<NfsMountStats>>,
 }
-
-/// How long one read of the counters serves the volumes of a round.
-const REUSE: Duration = Duration::from_millis(500);
 
 #[derive(Debug, Clone, Copy)]
 struct Silence {
     replies: u64,
     since: SystemTime,
-}
-
-/// What the probe of the mount saw.
-pub struct Failed<'a> {
-    pub path: &'a Path,
-    pub op: &'static str,
-    /// The probe's error; `None` while it waits.
-    pub errno: Option<i32>,
 }
 
 impl ServerReplies {
@@ -66,7 +55,7 @@ impl ServerReplies {
         failed: Failed<'_>,
         now: SystemTime,
     ) -> std::io::Result<Option<CheckFinding>> {
-        let stats = self.stats(proc_root, now)?;
+        let stats = self.last_read.get(now, || read_stats(proc_root))?;
         {
             // Mounts gone since are forgotten: the map holds failing mounts only.
             let mut silent = self.silent.lock().unwrap_or_else(|e| e.into_inner());
@@ -104,24 +93,10 @@ impl ServerReplies {
             path: failed.path.to_path_buf(),
             server: server(mount),
             op: failed.op,
-            silent_since: silence.since,
-            timeout,
+            since: silence.since,
+            silence: ServerSilence::NfsNoReply { timeout },
             errno: failed.errno,
         }))
-    }
-
-    /// The counters, read at most once per [`REUSE`].
-    fn stats(&self, proc_root: &Path, now: SystemTime) -> std::io::Result<Arc<Vec<NfsMountStats>>> {
-        let mut last = self.last_read.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some((at, stats)) = last.as_ref() {
-            let age = now.duration_since(*at).unwrap_or(Duration::MAX);
-            if age < REUSE {
-                return Ok(Arc::clone(stats));
-            }
-        }
-        let stats = Arc::new(read_stats(proc_root)?);
-        *last = Some((now, Arc::clone(&stats)));
-        Ok(stats)
     }
 
     /// The probe of `mount_point` passed: its server answered.
@@ -142,7 +117,7 @@ fn read_stats(proc_root: &Path) -> std::io::Result<Vec<NfsMountStats>> {
 
 /// The mount's `timeo` (tenths of a second), else the default.
 fn timeo(mount: &MountEntry) -> Duration {
-    option(mount, "timeo")
+    super_option(mount, "timeo")
         .and_then(|v| v.parse::<u64>().ok())
         .filter(|t| *t > 0)
         .map_or(DEFAULT_TIMEO, |t| Duration::from_millis(t * 100))
@@ -151,7 +126,7 @@ fn timeo(mount: &MountEntry) -> Duration {
 /// The mount's `addr=` (the address the client connects to), else the
 /// host part of its source (`server:/export`, `[v6]:/export`).
 fn server(mount: &MountEntry) -> String {
-    if let Some(addr) = option(mount, "addr") {
+    if let Some(addr) = super_option(mount, "addr") {
         return addr.to_string();
     }
     let source = &mount.source;
@@ -159,13 +134,6 @@ fn server(mount: &MountEntry) -> String {
         Some(v6) => v6.split(']').next().unwrap_or(v6).to_string(),
         None => source.split(':').next().unwrap_or(source).to_string(),
     }
-}
-
-fn option<'a>(mount: &'a MountEntry, key: &str) -> Option<&'a str> {
-    mount
-        .super_options
-        .split(',')
-        .find_map(|o| o.strip_prefix(key)?.strip_prefix('='))
 }
 
 #[cfg(test)]
@@ -330,7 +298,7 @@ mod tests {
         let next = t0 + Duration::from_secs(1);
         let found = replies.judge(proc.path(), &mount, failed(), next).unwrap();
         assert!(
-            matches!(found, Some(CheckFinding::ServerNotResponding { silent_since, .. }) if silent_since == t0),
+            matches!(found, Some(CheckFinding::ServerNotResponding { since, .. }) if since == t0),
             "{found:?}"
         );
         assert_eq!(replies.silent.lock().unwrap().len(), 1);
