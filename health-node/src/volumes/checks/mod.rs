@@ -279,8 +279,10 @@ impl Checker {
         }
         let errno = match &probe {
             CheckResult::Pass => {
-                self.servers.answered(&mount.mount_point);
-                self.smb.answered(&mount.mount_point);
+                match nfs {
+                    true => self.servers.answered(&mount.mount_point),
+                    false => self.smb.answered(&mount.mount_point),
+                }
                 return probe;
             }
             CheckResult::Found(f) => match f.as_slice() {
