@@ -422,14 +422,17 @@ pub fn wait_for(timeout: Duration, step: Duration, mut cond: impl FnMut() -> boo
     }
 }
 
-/// Waits until 127.0.0.1:`port` accepts a connection (10 s at most): a
-/// server the test started is listening.
+/// Waits until 127.0.0.1:`port` accepts a connection (30 s at most): a
+/// server the test started is listening. The servers' programs start from
+/// the host's root, which a TCG guest reads slowly: rpcbind in a 5.10 guest
+/// beside another guest did not listen within 10 s (2026-12-01).
 pub fn wait_for_port(port: u16) -> Result<()> {
     use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+    const LIMIT: Duration = Duration::from_secs(30);
     let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
     let accepts = || TcpStream::connect_timeout(&addr, Duration::from_secs(1)).is_ok();
-    if !wait_for(Duration::from_secs(10), Duration::from_millis(100), accepts) {
-        bail!("nothing accepts on {addr} after 10 s");
+    if !wait_for(LIMIT, Duration::from_millis(100), accepts) {
+        bail!("nothing accepts on {addr} after {} s", LIMIT.as_secs());
     }
     Ok(())
 }

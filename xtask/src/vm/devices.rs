@@ -43,8 +43,9 @@ const BAD_WRITE_SECTOR: u64 = 110_000;
 const FAULTY_BYTES: u64 = 64 << 20;
 
 /// QEMU options for the guest's extra devices, their images made in `dir`.
-/// `scratch` is the scratch disk's image.
-pub fn qemu_opts(dir: &Path, scratch: &Path) -> anyhow::Result<String> {
+/// `scratch` is the scratch disk's image, `binaries` the programs' disk
+/// (read-only, shared by the guests: QEMU takes a shared lock on it).
+pub fn qemu_opts(dir: &Path, scratch: &Path, binaries: Option<&Path>) -> anyhow::Result<String> {
     let rules = dir.join("blkdebug.conf");
     fs::write(&rules, blkdebug_rules()).context("writing the blkdebug rules")?;
     let mut opts = String::new();
@@ -58,6 +59,15 @@ pub fn qemu_opts(dir: &Path, scratch: &Path) -> anyhow::Result<String> {
          -device virtio-blk-pci,drive=vhscratch,serial={SCRATCH_SERIAL}",
         scratch.display()
     )?;
+    if let Some(image) = binaries {
+        write!(
+            opts,
+            " -drive file={},if=none,id=vhbin,format=raw,readonly=on \
+             -device virtio-blk-pci,drive=vhbin,serial={}",
+            image.display(),
+            super::binaries::SERIAL
+        )?;
+    }
     for (id, serial, device) in [
         (NVME_DRIVE, NVME_SERIAL, "nvme"),
         (VIRTIO_DRIVE, VIRTIO_SERIAL, "virtio-blk-pci"),

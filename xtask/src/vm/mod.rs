@@ -34,6 +34,7 @@
 //! is cached beside the eBPF toolchain, so only the first run downloads.
 
 mod apt;
+mod binaries;
 mod devices;
 mod file_servers;
 mod guest;
@@ -276,7 +277,7 @@ pub fn run(args: &VmArgs) -> anyhow::Result<()> {
             .with_context(|| format!("preparing Debian's {} kernel", series.name()))?;
         prepared.push((series, tools, kernel));
     }
-    let (steps, mut env) = if args.command.is_empty() {
+    let (mut steps, mut env) = if args.command.is_empty() {
         default_tests(args, &suites)?
     } else {
         let cwd = std::env::current_dir().context("reading the current directory")?;
@@ -297,6 +298,17 @@ pub fn run(args: &VmArgs) -> anyhow::Result<()> {
         let outcome = run_on_host(&steps, &env, args.timeout)?;
         return report(&[("host".to_string(), Ok(outcome))]);
     }
+    // The suites' programs (the agent, the test binaries) from a disk of
+    // their own, not the shared root; a COMMAND runs as given.
+    let binaries = match args.command.is_empty() {
+        true => {
+            let disk = binaries::BinariesDisk::make(&suite_programs(&steps, &env))?;
+            disk.rewrite(&mut steps, &mut env);
+            Some(disk)
+        }
+        false => None,
+    };
+    let binaries_image = binaries.as_ref().map(|d| d.image.as_path());
     // Each kernel runs the steps of its suites; one the filter left
     // without any boots no guest.
     let mut guests = Vec::new();
@@ -335,7 +347,15 @@ pub fn run(args: &VmArgs) -> anyhow::Result<()> {
             timeout: args.timeout,
             label: side_by_side.then(|| label.clone()),
         };
-        let run = || guest::run_in_guest(tools, kernel, &machine, (queue, steps), &env);
+        let run = || {
+            guest::run_in_guest(
+                tools,
+                kernel,
+                &machine,
+                (queue, steps),
+                (&env, binaries_image),
+            )
+        };
         let outcome = match run() {
             Err(e) if e.downcast_ref::<guest::GuestStalled>().is_some() => {
                 say(format!("{label}: {e:#}"));
@@ -541,6 +561,29 @@ fn run_on_host(steps: &[Step], env: &Env, timeout: Duration) -> anyhow::Result<O
     })
 }
 
+/// The variables that name the programs the tests start, and the
+/// workspace's release binaries they name: the agent, and the fault disk
+/// server (which the tests otherwise look for beside their own binary).
+const PROGRAM_VARS: &[(&str, &str)] = &[
+    ("HEALTH_AGENT_BIN", "health-agent"),
+    ("FAULTDISK_BIN", "faultdisk"),
+];
+
+/// The programs the suites run: each step's, and those of
+/// [`PROGRAM_VARS`].
+fn suite_programs(steps: &[Step], env: &Env) -> Vec<PathBuf> {
+    let named = env
+        .iter()
+        .filter(|(key, _)| PROGRAM_VARS.iter().any(|(k, _)| k == key))
+        .map(|(_, value)| value.as_str());
+    steps
+        .iter()
+        .filter_map(|step| step.argv.first().map(String::as_str))
+        .chain(named)
+        .map(PathBuf::from)
+        .collect()
+}
+
 /// What the guest inherits from here: PATH (with the sbin directories the
 /// tests' tools live in) and Rust's diagnostics settings.
 fn passed_env() -> Env {
@@ -576,8 +619,11 @@ fn default_tests(args: &VmArgs, suites: &[Suite]) -> anyhow::Result<(Vec<Step>, 
     // The agent embeds health-ebpf/object/ (rebuilt first when the kernel
     // sources changed).
     crate::ebpf::ensure()?;
-    let agent = crate::build::target_dir().join("release/health-agent");
-    let env = vec![("HEALTH_AGENT_BIN".to_string(), agent.display().to_string())];
+    let release = crate::build::target_dir().join("release");
+    let env: Env = PROGRAM_VARS
+        .iter()
+        .map(|(key, name)| (key.to_string(), release.join(name).display().to_string()))
+        .collect();
     let binaries = test_binaries(&env)?;
     // The guest-only suites are modules of one binary with `test = false`
     // (drivers the host lacks), which `cargo test` leaves out: built by
