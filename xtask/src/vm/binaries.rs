@@ -7,8 +7,8 @@
 //! The suites start an agent in almost every test, so the agent and the
 //! test binaries go into an ext4 image made here (`mkfs.ext4 -d`, a second
 //! or two), attached read-only to every guest as a virtio disk and mounted
-//! at [`MOUNT`]; the steps' commands and `HEALTH_AGENT_BIN` name the copies
-//! there. A disk's pages stay in the guest's page cache like any other, so
+//! at [`MOUNT`]; the steps' commands, `HEALTH_AGENT_BIN` and
+//! `FAULTDISK_BIN` name the copies there. A disk's pages stay in the guest's page cache like any other, so
 //! only the first start reads them.
 
 use std::fs;
@@ -127,11 +127,11 @@ fn guest_name(program: &Path, index: usize) -> anyhow::Result<String> {
 /// guest's directory, quoted for sh.
 pub fn mount_lines(d: &str) -> String {
     format!(
-        "bin=; for b in /sys/block/vd*; do \
-         [ \"$(cat $b/serial 2>/dev/null)\" = {SERIAL} ] && bin=/dev/${{b##*/}}; done; \
+        "{find}\
          if [ -z \"$bin\" ] || ! mkdir -p {MOUNT} || ! mount -t ext4 -o ro,noload $bin {MOUNT}; then \
          echo 'xtask vm: could not mount the binaries disk (serial {SERIAL}) at {MOUNT}' >&2; \
-         echo 1 > {d}/status.tmp && mv {d}/status.tmp {d}/status; exit 1; fi\n"
+         echo 1 > {d}/status.tmp && mv {d}/status.tmp {d}/status; exit 1; fi\n",
+        find = super::devices::find_by_serial("bin", SERIAL)
     )
 }
 
@@ -182,5 +182,14 @@ mod tests {
         let listing = String::from_utf8_lossy(&out.stdout);
         assert!(listing.contains("0-health-agent"), "{listing}");
         assert!(listing.contains("1-guest-0123"), "{listing}");
+        // Each holds its program's bytes.
+        for (name, bytes) in [("0-health-agent", "agent"), ("1-guest-0123", "guest")] {
+            let out = Command::new("/sbin/debugfs")
+                .args(["-R", &format!("cat /{name}")])
+                .arg(&disk.image)
+                .output()
+                .unwrap();
+            assert_eq!(String::from_utf8_lossy(&out.stdout), bytes, "{name}");
+        }
     }
 }

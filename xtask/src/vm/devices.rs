@@ -102,6 +102,15 @@ pub fn qemu_opts(dir: &Path, scratch: &Path, binaries: Option<&Path>) -> anyhow:
     Ok(opts)
 }
 
+/// Shell lines that set `var` to the guest's virtio disk with serial
+/// `serial` (`/dev/vdX`), or to nothing: the order of PCI slots is QEMU's.
+pub fn find_by_serial(var: &str, serial: &str) -> String {
+    format!(
+        "{var}=; for b in /sys/block/vd*; do \
+         [ \"$(cat $b/serial 2>/dev/null)\" = {serial} ] && {var}=/dev/${{b##*/}}; done; "
+    )
+}
+
 /// Environment for the guest command: where the tests find these devices.
 pub fn guest_env() -> Vec<(String, String)> {
     [

@@ -161,11 +161,10 @@ fn script(
     // The scratch disk is the virtio disk with its serial (the others are
     // the tests', see `devices`).
     s.push_str(&format!(
-        "modprobe -q virtio_blk; scratch=; for b in /sys/block/vd*; do \
-         [ \"$(cat $b/serial 2>/dev/null)\" = {serial} ] && scratch=/dev/${{b##*/}}; done; \
+        "modprobe -q virtio_blk; {find}\
          if [ -n \"$scratch\" ] && mount -t ext4 $scratch {m}; then chmod 1777 {m}; export TMPDIR={m}; \
          else echo 'xtask vm: no scratch disk; temporary files stay in memory' >&2; fi\n",
-        serial = devices::SCRATCH_SERIAL,
+        find = devices::find_by_serial("scratch", devices::SCRATCH_SERIAL),
         m = SCRATCH_MOUNT
     ));
     if binaries {
