@@ -100,15 +100,40 @@ impl Apt {
         }
         if !self.updated {
             say("apt-get update");
-            run(Command::new("apt-get").args(["update", "-qq"]))?;
+            run_apt(Command::new("apt-get").args(["update", "-qq"]))?;
             self.updated = true;
         }
         say(format!("installing Debian packages: {}", missing.join(" ")));
-        run(Command::new("apt-get")
-            .args(["install", "-y", "-qq", "--no-install-recommends"])
-            .args(&missing)
-            .env("DEBIAN_FRONTEND", "noninteractive"))
+        run_apt(
+            Command::new("apt-get")
+                .args(["install", "-y", "-qq", "--no-install-recommends"])
+                .args(&missing)
+                .env("DEBIAN_FRONTEND", "noninteractive"),
+        )
     }
+}
+
+/// Runs `apt` (an `apt-get` command) while no other apt-get of this
+/// project's runs: two at once fail on apt's own locks (the package lists',
+/// dpkg's), and CI installs the eBPF toolchain beside the guests' stage,
+/// which fetches their tools. Another program's apt holding dpkg's lock
+/// (unattended-upgrades) is waited for too, up to 5 minutes.
+pub fn run_apt(apt: &mut Command) -> anyhow::Result<()> {
+    let cache = cache_dir();
+    std::fs::create_dir_all(&cache).with_context(|| format!("creating {}", cache.display()))?;
+    let path = cache.join(".apt.lock");
+    let file =
+        std::fs::File::create(&path).with_context(|| format!("creating {}", path.display()))?;
+    let _lock = match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+        Ok(lock) => lock,
+        Err((file, _)) => {
+            say("waiting for another apt-get of this project's to end");
+            nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
+                .map_err(|(_, e)| e)
+                .with_context(|| format!("locking {}", path.display()))?
+        }
+    };
+    run(apt.args(["-o", "DPkg::Lock::Timeout=300"]))
 }
 
 /// Makes sure the tools the root tests, the demo and the benchmarks drive

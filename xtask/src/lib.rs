@@ -4,7 +4,7 @@
 //! committed and checked against its sources, built with Debian's compiler
 //! when they change ([`ebpf`]), installing that toolchain and the test tools
 //! ([`bootstrap`]), building the agent with the object embedded ([`build`]),
-//! running the tests, writing the agent's image without an engine
+//! running the tests (as a user without root, too: [`as_user`]), writing the agent's image without an engine
 //! ([`image`]), VMs with other kernels ([`vm`]), fuzzing ([`fuzz`]), the
 //! manifest tools ([`k8s_tools`], [`promtool`]) and the Kubernetes and CSI
 //! components built from Go modules ([`components`]).
@@ -17,6 +17,7 @@
 //! builds and runs, and which uses this library; their command lines are
 //! defined here ([`lab_cli`]), so that xtask answers `--help` at once.
 
+pub mod as_user;
 pub mod bootstrap;
 pub mod build;
 pub mod cluster_test;

@@ -4,7 +4,7 @@
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use xtask::{build, components, ebpf, fuzz, image, k8s_tools, lab, lab_cli, vm};
+use xtask::{as_user, build, components, ebpf, fuzz, image, k8s_tools, lab, lab_cli, vm};
 
 #[derive(Parser)]
 #[command(
@@ -23,7 +23,12 @@ enum Command {
     Build,
     /// Build the kernel programs with the eBPF toolchain (installed if needed) and write
     /// health-ebpf/object/ (the committed object and its manifest).
-    Ebpf,
+    Ebpf {
+        /// Fail unless the committed object is, byte for byte, this build (as `cargo xtask
+        /// test` checks first).
+        #[arg(long)]
+        check: bool,
+    },
     /// Build if needed, then watch this host: `cargo xtask run -- --json`.
     Run {
         /// Arguments for `health-agent watch`.
@@ -32,6 +37,10 @@ enum Command {
     },
     /// Build, then run every test, including the real-kernel ones (as root).
     Test {
+        /// Instead: run the tests plain `cargo test` runs (the default members'), from the
+        /// release build, as this user, who has no root (CI's check that they need none).
+        #[arg(long, value_name = "USER")]
+        as_user: Option<String>,
         /// Arguments passed to `cargo test` after `--` (e.g. a test name filter).
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
@@ -61,9 +70,17 @@ fn main() -> ExitCode {
             ..Default::default()
         })
         .map(drop),
-        Command::Ebpf => ebpf::refresh().map(drop),
+        Command::Ebpf { check: false } => ebpf::refresh().map(drop),
+        Command::Ebpf { check: true } => ebpf::verify().map(drop),
         Command::Run { args } => build::all().and_then(|b| build::run_agent(&b, &args)),
-        Command::Test { args } => build::test(&args),
+        Command::Test {
+            as_user: Some(user),
+            args,
+        } => as_user::run(&user, &args),
+        Command::Test {
+            as_user: None,
+            args,
+        } => build::test(&args),
         Command::Lab(command) => lab_cli::run(&command, &lab_cli::words_after_subcommand()),
         Command::Fuzz(args) => fuzz::run_fuzz(&args),
         Command::Tools => k8s_tools::ensure().map(|t| {

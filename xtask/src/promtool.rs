@@ -13,7 +13,7 @@ use std::process::Command;
 
 use anyhow::Context;
 
-use crate::bootstrap::cache_dir;
+use crate::bootstrap::{cache_dir, run_apt};
 use crate::util::{output, replace_dir, run, say, single_file};
 
 const PACKAGE: &str = "prometheus";
@@ -71,7 +71,7 @@ fn install() -> anyhow::Result<PathBuf> {
     if download(work.path()).is_err() {
         // A fresh machine has no package lists yet.
         say("apt-get update");
-        run(Command::new("apt-get").args(["update", "-qq"]))?;
+        run_apt(Command::new("apt-get").args(["update", "-qq"]))?;
         download(work.path())?;
     }
     let deb = single_file(work.path(), "deb", "apt-get download")?;
@@ -99,7 +99,9 @@ fn make_readable(dir: &Path) -> anyhow::Result<()> {
 }
 
 fn download(into: &Path) -> anyhow::Result<()> {
-    run(Command::new("apt-get")
-        .args(["download", "-qq", PACKAGE])
-        .current_dir(into))
+    run_apt(
+        Command::new("apt-get")
+            .args(["download", "-qq", PACKAGE])
+            .current_dir(into),
+    )
 }

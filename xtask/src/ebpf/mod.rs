@@ -13,7 +13,8 @@
 //!   the new object and manifest in place ([`ensure`]), to be committed;
 //! - `cargo xtask test` builds it again with the toolchain and fails when
 //!   the committed bytes are not those of a fresh build ([`verify`]);
-//! - `cargo xtask ebpf` builds and writes it ([`refresh`]).
+//! - `cargo xtask ebpf` builds and writes it ([`refresh`]); `--check` is
+//!   [`verify`] alone (CI runs it beside the guests).
 //!
 //! The build is path-independent and reproducible ([`compile`] says how), so
 //! the same sources and toolchain give the same bytes on every machine.

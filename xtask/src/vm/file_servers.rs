@@ -20,6 +20,7 @@ use std::process::Command;
 
 use anyhow::{bail, Context};
 
+use crate::bootstrap::run_apt;
 use crate::util::{run, say};
 
 /// The packages unpacked, each without its dependencies.
@@ -71,14 +72,16 @@ pub fn ensure(cache: &Path) -> anyhow::Result<PathBuf> {
     let work =
         tempfile::tempdir().context("creating a directory for the file servers' packages")?;
     let download = || {
-        run(Command::new("apt-get")
-            .current_dir(work.path())
-            .args(["download", "-qq"])
-            .args(PACKAGES))
+        run_apt(
+            Command::new("apt-get")
+                .current_dir(work.path())
+                .args(["download", "-qq"])
+                .args(PACKAGES),
+        )
     };
     // A fresh machine may have no package lists yet.
     if download().is_err() {
-        run(Command::new("apt-get").args(["update", "-qq"]))?;
+        run_apt(Command::new("apt-get").args(["update", "-qq"]))?;
         download().context("downloading the file servers' packages from the Debian archive")?;
     }
     for entry in fs::read_dir(work.path()).context("listing the downloaded packages")? {

@@ -20,6 +20,7 @@ use std::process::Command;
 
 use anyhow::{bail, Context};
 
+use crate::bootstrap::run_apt;
 use crate::util::{run, say};
 
 /// Pinned so that a new release cannot change how guests boot under us.
@@ -75,9 +76,11 @@ pub fn ensure(cache: &Path) -> anyhow::Result<Tools> {
             // Debian's python3 has no venv module without python3-venv.
             let _ = fs::remove_dir_all(&venv);
             let apt = |args: &[&str]| {
-                run(Command::new("apt-get")
-                    .args(args)
-                    .env("DEBIAN_FRONTEND", "noninteractive"))
+                run_apt(
+                    Command::new("apt-get")
+                        .args(args)
+                        .env("DEBIAN_FRONTEND", "noninteractive"),
+                )
             };
             apt(&["update", "-qq"])
                 .and_then(|_| {
@@ -120,7 +123,7 @@ fn static_busybox(cache: &Path) -> anyhow::Result<PathBuf> {
     ));
     let work = tempfile::tempdir().context("creating a directory for busybox-static")?;
     let download = || {
-        run(Command::new("apt-get").current_dir(work.path()).args([
+        run_apt(Command::new("apt-get").current_dir(work.path()).args([
             "download",
             "-qq",
             "busybox-static",
@@ -128,7 +131,7 @@ fn static_busybox(cache: &Path) -> anyhow::Result<PathBuf> {
     };
     // A fresh machine may have no package lists yet.
     if download().is_err() {
-        run(Command::new("apt-get").args(["update", "-qq"]))?;
+        run_apt(Command::new("apt-get").args(["update", "-qq"]))?;
         download().context("downloading busybox-static from the Debian archive")?;
     }
     let deb = crate::util::single_file(work.path(), "deb", "apt-get download busybox-static")?;
