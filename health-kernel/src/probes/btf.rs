@@ -148,11 +148,24 @@ impl KernelBtf {
         std::str::from_utf8(&s[..end]).unwrap_or("")
     }
 
+    /// Whether the string at `off` is `name`: [`Self::name`] compared,
+    /// without finding its end or checking its UTF-8 first. Lookups by name
+    /// go through every type of the kernel's BTF (over 100,000), and decoding
+    /// each name was 28 % of the agent's start (docs/benchmarks.md, "CI").
+    fn name_is(&self, off: u32, name: &str) -> bool {
+        let off = off as usize;
+        if off >= self.strings_len {
+            return name.is_empty();
+        }
+        let s = &self.data[self.strings_at + off..self.strings_at + self.strings_len];
+        s.starts_with(name.as_bytes()) && s.get(name.len()).is_none_or(|&c| c == 0)
+    }
+
     /// The id of the first type of `kind` named `name`.
     pub(crate) fn find(&self, kind: u32, name: &str) -> Option<u32> {
         (1..=self.offsets.len() as u32).find(|&id| {
             self.ty(id)
-                .is_some_and(|t| t.kind == kind && self.name(t.name_off) == name)
+                .is_some_and(|t| t.kind == kind && self.name_is(t.name_off, name))
         })
     }
 
@@ -227,7 +240,7 @@ impl KernelBtf {
             };
             (0..t.vlen).find_map(|i| {
                 let e = &t.rest[width * i..width * i + width];
-                if self.name(u32_at(e, 0)?) != name {
+                if !self.name_is(u32_at(e, 0)?, name) {
                     return None;
                 }
                 let lo = u32_at(e, 4)?;
@@ -555,6 +568,24 @@ mod tests {
         assert_eq!(sparse.offsets.len(), 7);
         assert_eq!(sparse.find(KIND_STRUCT, "s"), None);
         assert!(btf.sparse_image(&[(KIND_FUNC, "nope")]).is_none());
+    }
+
+    /// Names match whole: neither a prefix nor a longer name, and `name_is`
+    /// agrees with `name` at every offset of the string section.
+    #[test]
+    fn names_match_whole() {
+        let btf = KernelBtf::parse(sample()).unwrap();
+        assert_eq!(btf.find(KIND_INT, "int"), Some(1));
+        assert_eq!(btf.find(KIND_INT, "in"), None);
+        assert_eq!(btf.find(KIND_INT, "int8"), None);
+        assert_eq!(btf.find(KIND_TYPEDEF, "btf_trace_t"), Some(7));
+        assert_eq!(btf.find(KIND_TYPEDEF, "btf_trace_"), None);
+        assert_eq!(btf.enum_value("XY"), None);
+        for off in 0..=btf.strings_len as u32 + 1 {
+            let name = btf.name(off);
+            assert!(btf.name_is(off, name), "{off}: {name:?}");
+            assert!(!btf.name_is(off, &format!("{name}x")), "{off}: {name:?}");
+        }
     }
 
     #[test]

@@ -80,6 +80,24 @@ const MIN_HOST_FREE: u64 = 1 << 30;
 /// host's is hidden (the host's /tmp stays visible in the guest).
 const SCRATCH_MOUNT: &str = "/var/tmp";
 
+/// Fails when one of `paths` (the checkout, the target directory, the tools
+/// cache: what the guest reads over the host's root) lies under
+/// [`SCRATCH_MOUNT`], which the guest's scratch disk hides: every step
+/// would fail with `can't cd` after the guests' boots (seen with a checkout
+/// under /var/tmp).
+pub fn check_visible(paths: &[(&str, &Path)]) -> anyhow::Result<()> {
+    for (what, path) in paths {
+        if path.starts_with(SCRATCH_MOUNT) {
+            bail!(
+                "{what} {} is under {SCRATCH_MOUNT}, where the guests mount their scratch disk: \
+                 they would not see it; use one elsewhere",
+                path.display()
+            );
+        }
+    }
+    Ok(())
+}
+
 /// Environment variables for the command, in order.
 pub type Env = Vec<(String, String)>;
 
@@ -614,6 +632,25 @@ fn tail(path: &Path, lines: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn paths_under_the_scratch_mount_are_refused() {
+        let err = check_visible(&[
+            ("the checkout", Path::new("/work/main")),
+            (
+                "the tools cache",
+                Path::new("/var/tmp/cache/volume-health/tools"),
+            ),
+        ])
+        .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "the tools cache /var/tmp/cache/volume-health/tools is under /var/tmp, where the guests \
+             mount their scratch disk: they would not see it; use one elsewhere"
+        );
+        // A name that only begins the same way is elsewhere.
+        check_visible(&[("the checkout", Path::new("/var/tmpx/main"))]).unwrap();
+    }
 
     #[test]
     fn a_soft_lockup_on_the_console_is_found() {

@@ -250,6 +250,13 @@ pub fn run(args: &VmArgs) -> anyhow::Result<()> {
         say("no suite of --tests runs on this machine's kernel: nothing to run");
         return Ok(());
     }
+    if args.kernel.iter().any(|k| matches!(k, Target::Debian(_))) {
+        guest::check_visible(&[
+            ("the checkout", &workspace_root()),
+            ("the target directory", &crate::build::target_dir()),
+            ("the tools cache", &crate::bootstrap::cache_dir()),
+        ])?;
+    }
     // The kernels and tools first: a failed download should not wait for a
     // build. Each is prepared here, one after the other, before any guest
     // boots (apt, the venv and /lib/modules are not for concurrent hands).

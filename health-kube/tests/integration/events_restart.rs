@@ -2,7 +2,7 @@
 //! Events an earlier process wrote (pure), and the writer's exact requests
 //! (kube's mock service): one field-selected list before the first write.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -4,7 +4,7 @@
 //! PVC waits until the claim's `VolumeHealth` stops asserting the condition
 //! (and [`StatusFollower`] brings it the status writer's results).
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -3,7 +3,7 @@
 //! that are the errors' and not the sum over pods, the per-object cap, an
 //! outage, recoveries, expiry.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

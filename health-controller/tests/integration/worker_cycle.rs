@@ -5,7 +5,7 @@
 //! a Normal after two healthy cycles, and a takeover that continues the
 //! earlier leader's Event.
 
-mod common;
+use crate::common;
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};

@@ -3,7 +3,7 @@
 //! patches of the same Event; how each API answer maps to an outcome; and
 //! what the writer reports (writes, deferrals by the per-object cap).
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

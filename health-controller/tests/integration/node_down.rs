@@ -3,7 +3,7 @@
 //! `Inaccessible` (the pods listed once, from kube's mock API service), until
 //! it is Ready again; a node deleted meanwhile ends without a recovery.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 
