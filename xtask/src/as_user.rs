@@ -15,7 +15,7 @@ use std::process::Command;
 use anyhow::{bail, Context};
 use serde_json::Value;
 
-use crate::util::{cargo, is_root, say, workspace_root};
+use crate::util::{cargo, is_root, output, say, workspace_root};
 
 /// One test binary of a default member.
 #[derive(Debug, PartialEq, Eq)]
@@ -94,10 +94,15 @@ struct Member {
 /// a default member, from cargo's own account of the build (up to date
 /// after `cargo xtask test`: nothing compiles).
 fn default_members_tests() -> anyhow::Result<Vec<TestBinary>> {
-    let metadata = output(cargo().args(["metadata", "--format-version", "1", "--no-deps"]))?;
+    let metadata = output(cargo().current_dir(workspace_root()).args([
+        "metadata",
+        "--format-version",
+        "1",
+        "--no-deps",
+    ]))?;
     let members =
         default_members(&serde_json::from_str(&metadata).context("reading cargo metadata")?)?;
-    let messages = output(cargo().args([
+    let messages = output(cargo().current_dir(workspace_root()).args([
         "test",
         "--release",
         "--workspace",
@@ -162,22 +167,6 @@ fn test_binary(message: &Value, members: &[Member]) -> Option<TestBinary> {
         dir: member.dir.clone(),
         executable: PathBuf::from(message["executable"].as_str()?),
     })
-}
-
-/// `cmd`'s standard output, run in the workspace; its failure told.
-fn output(cmd: &mut Command) -> anyhow::Result<String> {
-    let out = cmd
-        .current_dir(workspace_root())
-        .output()
-        .with_context(|| format!("running {cmd:?}"))?;
-    if !out.status.success() {
-        bail!(
-            "{cmd:?} failed with {}: {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    String::from_utf8(out.stdout).with_context(|| format!("{cmd:?} printed other than UTF-8"))
 }
 
 #[cfg(test)]

@@ -15,7 +15,7 @@ use std::process::Command;
 
 use anyhow::{bail, Context};
 
-use crate::util::{is_root, on_path, output, run, say};
+use crate::util::{is_root, lock_exclusive, on_path, output, run, say};
 
 pub const DEBIAN_RUSTC: &str = "/usr/bin/rustc";
 pub const DEBIAN_CARGO: &str = "/usr/bin/cargo";
@@ -119,20 +119,9 @@ impl Apt {
 /// which fetches their tools. Another program's apt holding dpkg's lock
 /// (unattended-upgrades) is waited for too, up to 5 minutes.
 pub fn run_apt(apt: &mut Command) -> anyhow::Result<()> {
-    let cache = cache_dir();
-    std::fs::create_dir_all(&cache).with_context(|| format!("creating {}", cache.display()))?;
-    let path = cache.join(".apt.lock");
-    let file =
-        std::fs::File::create(&path).with_context(|| format!("creating {}", path.display()))?;
-    let _lock = match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
-        Ok(lock) => lock,
-        Err((file, _)) => {
-            say("waiting for another apt-get of this project's to end");
-            nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
-                .map_err(|(_, e)| e)
-                .with_context(|| format!("locking {}", path.display()))?
-        }
-    };
+    let _lock = lock_exclusive(&cache_dir().join(".apt.lock"), || {
+        "waiting for another apt-get of this project's to end".into()
+    })?;
     run(apt.args(["-o", "DPkg::Lock::Timeout=300"]))
 }
 

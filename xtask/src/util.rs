@@ -1,6 +1,7 @@
 //! Running commands with their output visible and failures explained.
 
-use std::path::PathBuf;
+use std::fs::File;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{bail, Context};
@@ -109,6 +110,29 @@ fn is_set_by_cargo_run(key: &str) -> bool {
         )
 }
 
+/// An exclusive lock on the file `path` (created, with its folder), held
+/// until the value is dropped. When another process holds it, `waiting` is
+/// said first, then this waits for it.
+pub fn lock_exclusive(
+    path: &Path,
+    waiting: impl FnOnce() -> String,
+) -> anyhow::Result<nix::fcntl::Flock<File>> {
+    use nix::fcntl::{Flock, FlockArg};
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let file = File::create(path).with_context(|| format!("creating {}", path.display()))?;
+    match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+        Ok(lock) => Ok(lock),
+        Err((file, _)) => {
+            say(waiting());
+            Flock::lock(file, FlockArg::LockExclusive)
+                .map_err(|(_, e)| e)
+                .with_context(|| format!("locking {}", path.display()))
+        }
+    }
+}
+
 /// `name` found in a directory of PATH, as a shell would find it.
 pub fn on_path(name: &str) -> Option<PathBuf> {
     use std::os::unix::fs::PermissionsExt;
@@ -151,6 +175,26 @@ pub fn replace_dir(staged: &std::path::Path, dir: &std::path::Path) -> anyhow::R
 
 #[cfg(test)]
 mod tests {
+    /// A second holder waits, having said so, until the first lets go.
+    #[test]
+    fn an_exclusive_lock_waits_for_its_holder() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sub/.x.lock");
+        let first = super::lock_exclusive(&path, || unreachable!("free at first")).unwrap();
+        let (said_tx, said_rx) = std::sync::mpsc::channel();
+        let second = std::thread::spawn(move || {
+            let _lock = super::lock_exclusive(&path, move || {
+                said_tx.send(()).unwrap();
+                "waiting".into()
+            })
+            .unwrap();
+        });
+        said_rx.recv().unwrap();
+        assert!(!second.is_finished());
+        drop(first);
+        second.join().unwrap();
+    }
+
     #[test]
     fn only_what_cargo_run_sets_is_left_out_of_nested_cargo() {
         for key in [

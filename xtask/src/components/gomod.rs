@@ -16,7 +16,7 @@
 //! The go command's build and module caches are those of one `components`
 //! run ([`super::gocaches`]), removed after it.
 
-use std::fs::{self, File};
+use std::fs;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 
 use super::gocaches::GoCaches;
-use crate::util::{output, replace_dir, say};
+use crate::util::{lock_exclusive, output, replace_dir, say};
 
 /// One set of programs from one module at one version.
 pub struct GoSet {
@@ -93,22 +93,15 @@ pub fn ensure(set: &GoSet, cache: &Path, caches: &GoCaches) -> anyhow::Result<Pa
     if is_built(&dir, set, &recipe) {
         return Ok(dir);
     }
-    fs::create_dir_all(cache).with_context(|| format!("creating {}", cache.display()))?;
-    let lock_path = cache.join(format!(".{}-{}.lock", set.name, set.version));
-    let lock =
-        File::create(&lock_path).with_context(|| format!("creating {}", lock_path.display()))?;
-    let _lock = match nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusiveNonblock) {
-        Ok(lock) => lock,
-        Err((lock, _)) => {
-            say(format!(
+    let _lock = lock_exclusive(
+        &cache.join(format!(".{}-{}.lock", set.name, set.version)),
+        || {
+            format!(
                 "go: another xtask is building {}; waiting for it",
                 set.label()
-            ));
-            nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusive)
-                .map_err(|(_, e)| e)
-                .with_context(|| format!("locking {}", lock_path.display()))?
-        }
-    };
+            )
+        },
+    )?;
     // Built by the other process meanwhile.
     if is_built(&dir, set, &recipe) {
         return Ok(dir);
