@@ -181,10 +181,11 @@ impl Episode<'_> {
             vh["metadata"]["ownerReferences"][0]["uid"] == env.claim_uid(self.pvc).await?.as_str(),
             "not owned by the PVC: {vh:#}"
         );
-        ensure!(
-            env.health_label(self.pvc).await?.as_deref() == Some("Degraded"),
-            "label"
-        );
+        // The label is a write of its own on the PVC, after the object's.
+        wait_for("the label Degraded", SOON, || async {
+            Ok((env.health_label(self.pvc).await?.as_deref() == Some("Degraded")).then_some(()))
+        })
+        .await?;
 
         // Abnormal for three more cycles: not one write (same object, same
         // resourceVersion).

@@ -198,8 +198,12 @@ fn script(
         "for m in {}; do modprobe -q \"$m\" || echo \"xtask vm: modprobe $m failed\" >&2; done\n",
         PRELOAD_MODULES.join(" ")
     ));
-    // The guest counts as up once it is ready for the command.
-    s.push_str(&format!(": > {d}/started\n"));
+    // The guest counts as up once it is ready for the command; `started`
+    // says what shares the host's root (tools.rs: virtiofs, not 9p).
+    s.push_str(&format!(
+        "awk '$2 == \"/\" {{ t = $3 }} END {{ print t }}' /proc/mounts > {d}/started.tmp \
+         && mv {d}/started.tmp {d}/started\n"
+    ));
     if let Some(after) = hang_report {
         s.push_str(&format!(
             "(sleep {secs}; {{ echo \"xtask vm: still running after {secs} s; every user task:\"; \
@@ -349,7 +353,7 @@ pub fn run_in_guest(
     let console_file =
         File::create(&console).with_context(|| format!("creating {}", console.display()))?;
     let path = std::env::var_os("PATH").unwrap_or_default();
-    let mut paths = vec![tools.venv_bin.clone()];
+    let mut paths = vec![tools.venv_bin.clone(), tools.virtiofsd_bin.clone()];
     paths.extend(std::env::split_paths(&path));
     let mut cmd = Command::new(&tools.vng);
     cmd.arg("--run")
@@ -492,6 +496,8 @@ fn follow(
         if booted.is_none() && dir.join("started").exists() {
             booted = Some(elapsed);
             machine.say(format!("guest up after {:.1} s", elapsed.as_secs_f64()));
+            let root = fs::read_to_string(dir.join("started")).unwrap_or_default();
+            check_root_share(root.trim())?;
         }
         if let Ok(text) = fs::read_to_string(dir.join("status")) {
             let exit_code: i32 = text
@@ -596,6 +602,20 @@ fn wait_poweroff(child: &mut Child, machine: &Machine) {
     let _ = child.wait();
 }
 
+/// What the guest's root must be shared over: virtio-fs. Over 9p (what
+/// virtme-ng falls back to when virtiofsd does not start) every suite
+/// passes at a third of the speed, which CI's time cannot afford: said at
+/// once instead.
+fn check_root_share(fs_type: &str) -> anyhow::Result<()> {
+    if fs_type != "virtiofs" {
+        bail!(
+            "the guest's root is shared over {fs_type:?}, not virtiofs: virtme-ng did not \
+             start virtiofsd from xtask's tools cache (the console below says why)"
+        );
+    }
+    Ok(())
+}
+
 /// SIGKILLs `pid` and everything it started (vng runs QEMU through a
 /// shell and virtme-run, so killing vng alone would leave QEMU running).
 pub fn kill_tree(pid: u32) {
@@ -632,6 +652,17 @@ fn tail(path: &Path, lines: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_root_shared_over_9p_is_refused() {
+        assert!(check_root_share("virtiofs").is_ok());
+        let err = check_root_share("9p").unwrap_err().to_string();
+        assert!(
+            err.starts_with("the guest's root is shared over \"9p\", not virtiofs"),
+            "{err}"
+        );
+        assert!(check_root_share("").is_err());
+    }
 
     #[test]
     fn paths_under_the_scratch_mount_are_refused() {
@@ -756,7 +787,8 @@ mod tests {
         assert!(off.is_some() && off < command, "{s}");
         // udevd is waited for and stopped before the guest counts as up.
         let udevd = s.find("udevadm control --exit");
-        let started = s.find(": > '/tmp/d'/started");
+        // `started` names the root's filesystem, written whole.
+        let started = s.find("mv '/tmp/d'/started.tmp '/tmp/d'/started");
         assert!(udevd.is_some() && udevd < started, "{s}");
         // The programs' disk is mounted before the guest counts as up, or
         // the run ends with a status.

@@ -257,6 +257,16 @@ pub fn run(args: &VmArgs) -> anyhow::Result<()> {
             ("the tools cache", &crate::bootstrap::cache_dir()),
         ])?;
     }
+    // virtiofsd, which shares the host's root with the guests, compiles
+    // (once) beside everything below; joined before the first boot.
+    let virtiofsd = args
+        .kernel
+        .iter()
+        .any(|k| matches!(k, Target::Debian(_)))
+        .then(|| {
+            let cache = crate::bootstrap::cache_dir().join("vm");
+            std::thread::spawn(move || tools::virtiofsd(&cache))
+        });
     // The kernels and tools first: a failed download should not wait for a
     // build. Each is prepared here, one after the other, before any guest
     // boots (apt, the venv and /lib/modules are not for concurrent hands).
@@ -316,6 +326,11 @@ pub fn run(args: &VmArgs) -> anyhow::Result<()> {
         false => None,
     };
     let binaries_image = binaries.as_ref().map(|d| d.image.as_path());
+    if let Some(build) = virtiofsd {
+        build
+            .join()
+            .map_err(|_| anyhow::anyhow!("the virtiofsd build's thread panicked"))??;
+    }
     // Each kernel runs the steps of its suites; one the filter left
     // without any boots no guest.
     let mut guests = Vec::new();
