@@ -123,23 +123,23 @@ pub fn ensure(cache: &Path) -> anyhow::Result<Tools> {
         vng,
         venv_bin,
         busybox,
-        virtiofsd_bin: virtiofsd_root(cache).join("bin"),
+        virtiofsd_bin: virtiofsd_bin(cache),
     })
 }
 
-fn virtiofsd_root(cache: &Path) -> PathBuf {
-    cache.join(format!("virtiofsd-{VIRTIOFSD}"))
+/// Where `cargo install --root` puts virtiofsd ([`virtiofsd`]).
+fn virtiofsd_bin(cache: &Path) -> PathBuf {
+    cache.join(format!("virtiofsd-{VIRTIOFSD}/bin"))
 }
 
 /// virtiofsd [`VIRTIOFSD`] built from crates.io into the cache, once (about
 /// 200 CPU-seconds); `cargo xtask vm` runs this beside its other builds.
-/// Returns the directory that holds it.
-pub fn virtiofsd(cache: &Path) -> anyhow::Result<PathBuf> {
-    let root = virtiofsd_root(cache);
-    let bin = root.join("bin");
+pub fn virtiofsd(cache: &Path) -> anyhow::Result<()> {
+    let bin = virtiofsd_bin(cache);
     if bin.join("virtiofsd").is_file() {
-        return Ok(bin);
+        return Ok(());
     }
+    let root = bin.parent().context("the install root is bin's parent")?;
     crate::bootstrap::ensure_packages(VIRTIOFSD_BUILD_PACKAGES)
         .context("installing what virtiofsd's build links")?;
     say(format!(
@@ -153,7 +153,7 @@ pub fn virtiofsd(cache: &Path) -> anyhow::Result<PathBuf> {
         .args(["install", "--locked", "--quiet", "--version"])
         .arg(format!("={VIRTIOFSD}"))
         .arg("--root")
-        .arg(&root)
+        .arg(root)
         .arg("virtiofsd"))
     .with_context(|| format!("building virtiofsd {VIRTIOFSD} (cargo install)"))?;
     if !bin.join("virtiofsd").is_file() {
@@ -162,7 +162,7 @@ pub fn virtiofsd(cache: &Path) -> anyhow::Result<PathBuf> {
             bin.display()
         );
     }
-    Ok(bin)
+    Ok(())
 }
 
 /// Debian's busybox-static binary, unpacked once into the cache.
