@@ -620,13 +620,21 @@ pub mod kdev {
 
 #[cfg(feature = "user")]
 mod pod {
-    // SAFETY: plain #[repr(C)] data with explicit padding, valid for any bytes.
+    // Each of these is plain #[repr(C)] data of integers with explicit
+    // padding (the layout test below pins their sizes), valid for any bytes.
+    // SAFETY: as said above.
     unsafe impl aya::Pod for super::CounterKey {}
+    // SAFETY: as said above.
     unsafe impl aya::Pod for super::PartTable {}
+    // SAFETY: as said above.
     unsafe impl aya::Pod for super::PartRange {}
+    // SAFETY: as said above.
     unsafe impl aya::Pod for super::StackPair {}
+    // SAFETY: as said above.
     unsafe impl aya::Pod for super::ErrorTimes {}
+    // SAFETY: as said above.
     unsafe impl aya::Pod for super::LatencyKey {}
+    // SAFETY: as said above.
     unsafe impl aya::Pod for super::LatencyCount {}
 }
 

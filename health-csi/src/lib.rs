@@ -29,6 +29,7 @@ mod discover;
 mod driver_set;
 mod error;
 /// Decoding and conversion of answers without a socket (fuzz targets).
+#[cfg(any(test, feature = "fuzzing"))]
 #[doc(hidden)]
 pub mod fuzzing;
 mod node;

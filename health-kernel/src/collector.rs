@@ -563,6 +563,8 @@ mod tests {
     fn short_records_are_refused() {
         assert!(decode(&[0u8; 16]).is_none());
         let s = sample(CounterKey::new(7, 1, 2, 5), 1, 42);
+        // SAFETY: ErrorSample is plain #[repr(C)] data (aya::Pod), an array
+        // of its size holds any of its values.
         let bytes: [u8; std::mem::size_of::<ErrorSample>()] = unsafe { std::mem::transmute(s) };
         let back = decode(&bytes).unwrap();
         assert_eq!((back.key, back.cpu, back.seq), (s.key, 1, 42));

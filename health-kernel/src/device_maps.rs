@@ -5,6 +5,11 @@
 //! which device sits below which (a layer's own failed bios counted once).
 //! The caller computes what they must hold ([`DeviceTables`]) from its
 //! topology; this module only makes the maps hold exactly that.
+//!
+//! [`KernelMapsRest`] also carries the maps the agent reads back: the
+//! latencies (`crate::latency`) and the bios waiting now, whose mapping and
+//! reader are in [`crate::waiting`]; [`KernelMapsRest::waiting`] is here,
+//! next to the field it reads, so that `waiting` need not know this struct.
 
 use std::collections::{HashMap, HashSet};
 use std::hash::Hash;
@@ -13,6 +18,9 @@ use aya::maps::{HashMap as BpfHashMap, MapData};
 use aya::Pod;
 use health_common::{LatencyCount, LatencyKey, PartTable, StackPair, DISK_NAME_LEN};
 use health_core::dev::Dev;
+
+use crate::probes::waiting::BioState;
+use crate::waiting::{self, WaitingRead, WaitingSlots};
 
 /// The maps the caller keeps current from the device topology.
 pub struct KernelMapsRest {
@@ -26,7 +34,7 @@ pub struct KernelMapsRest {
     /// by the programs).
     pub(crate) disk_names: BpfHashMap<MapData, u32, [u8; DISK_NAME_LEN]>,
     /// The bios waiting now (`crate::waiting`), where it could be mapped.
-    pub(crate) waiting: Option<crate::waiting::WaitingSlots>,
+    pub(crate) waiting: Option<WaitingSlots>,
     /// Reads' and writes' latencies per device (`crate::latency`).
     pub(crate) latency: BpfHashMap<MapData, LatencyKey, LatencyCount>,
 }
@@ -75,6 +83,19 @@ impl KernelMapsRest {
         replace_set(&mut self.block_devs, &tables.block_devs, "device set");
         replace_set(&mut self.bio_devs, &tables.bio_devs, "bio-based device set");
         replace_set(&mut self.stacked, &tables.stacked, "device stack");
+    }
+
+    /// The bios waiting now, per device; see [`waiting::read`].
+    pub fn waiting(
+        &mut self,
+        now_ns: u64,
+        old_before_ns: u64,
+        state: impl FnMut(u64) -> Result<BioState, String>,
+    ) -> WaitingRead {
+        match &self.waiting {
+            Some(slots) => waiting::read(slots, now_ns, old_before_ns, state),
+            None => WaitingRead::default(),
+        }
     }
 }
 

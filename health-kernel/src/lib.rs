@@ -16,6 +16,7 @@
 pub mod clock;
 pub mod collector;
 pub mod device_maps;
+#[cfg(any(test, feature = "fuzzing"))]
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod latency;

@@ -22,7 +22,6 @@ use health_common::{op, op_from_opf, Waiting, WAITING_MAX};
 use health_core::dev::Dev;
 use nix::sys::mman::{mmap, munmap, MapFlags, ProtFlags};
 
-use crate::device_maps::KernelMapsRest;
 use crate::probes::waiting::BioState;
 
 /// The kernel's `WAITING` array, mapped shared into this process.
@@ -138,21 +137,6 @@ pub struct WaitingRead {
 
 /// At most this many old entries are asked about per device per read.
 const CHECKS_PER_DEVICE: usize = 64;
-
-impl KernelMapsRest {
-    /// The bios waiting now, per device; see [`read`].
-    pub fn waiting(
-        &mut self,
-        now_ns: u64,
-        old_before_ns: u64,
-        state: impl FnMut(u64) -> Result<BioState, String>,
-    ) -> WaitingRead {
-        match &self.waiting {
-            Some(slots) => read(slots, now_ns, old_before_ns, state),
-            None => WaitingRead::default(),
-        }
-    }
-}
 
 /// Reads `slots` at `now_ns`; bios queued at or before `old_before_ns` are
 /// confirmed with `state` (oldest first, per device) before they count.

@@ -4,11 +4,17 @@
 //! agents of a whole fleet lose the API server together, and without the
 //! jitter they would come back together, in the same 500 ms. Built on
 //! backon's exponential backoff (what kube-rs's own watchers use, with the
-//! same jitter).
+//! same jitter). And how long one of their requests may take before it
+//! counts as failed.
 
 use std::time::Duration;
 
 use backon::{BackoffBuilder as _, ExponentialBackoff, ExponentialBuilder};
+
+/// How long one request of the API writers (Events, `VolumeHealth`, the
+/// controller's PVC status) may take before it counts as failed and the
+/// writer backs off.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
 pub const MIN: Duration = Duration::from_millis(500);
 pub const MAX: Duration = Duration::from_secs(30);

@@ -22,7 +22,7 @@ use tower::retry::{Retry, RetryLayer};
 use tower::util::Either;
 use tower::{Layer, Service, ServiceExt as _};
 
-use crate::writer::Observer;
+use crate::observer::Observer;
 
 mod request_info;
 

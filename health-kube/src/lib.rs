@@ -24,6 +24,7 @@ pub mod http;
 pub mod logging;
 pub mod metrics;
 pub mod node_label;
+pub mod observer;
 pub mod pages;
 pub mod pv;
 pub mod reflect;
@@ -67,7 +68,7 @@ pub async fn config(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<kube
 /// ([`counted`]).
 pub async fn client(
     kubeconfig: Option<&std::path::Path>,
-    observer: std::sync::Arc<dyn writer::Observer>,
+    observer: std::sync::Arc<dyn observer::Observer>,
 ) -> anyhow::Result<kube::Client> {
     let config = config(kubeconfig).await?;
     counted::client(config, observer).context("creating the Kubernetes client")

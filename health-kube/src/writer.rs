@@ -1,4 +1,4 @@
-//! Writes what the [`Recorder`] decides against the API server, a few
+//! Writes what the [`crate::events::Recorder`] decides against the API server, a few
 //! requests at a time: `POST` for a new Event, a JSON merge `PATCH` of
 //! `count`, `lastTimestamp` and `message` to aggregate. Before the first
 //! write it lists the Events of an earlier agent process on this node
@@ -7,73 +7,19 @@
 //! recorder keeps aggregating, so an outage costs one request per backoff
 //! step and nothing detected meanwhile is lost.
 
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::sync::Arc;
 
 use futures_util::stream::FuturesUnordered;
 use futures_util::StreamExt as _;
 use k8s_openapi::api::core::v1::Event;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
-use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::backoff::Backoff;
-use super::events::{Next, Outcome, Recorder, Write};
+use crate::backoff::{Backoff, REQUEST_TIMEOUT};
+use crate::events::{Next, Outcome, Shared, Write};
+use crate::observer::Observer;
 
-/// What the writer reports as it goes (metrics in the agent, nothing in
-/// tests that don't care).
-pub trait Observer: Send + Sync {
-    /// One API request: its verb, resource and HTTP status (`None`: no
-    /// response). Called by the client's counting layer
-    /// (`crate::counted`) for every request, never at call sites.
-    fn api_request(&self, verb: &str, resource: &str, code: Option<u16>);
-    /// An Event write the server accepted.
-    fn event_written(&self, type_: &str, reason: &str);
-    /// A write held back by the per-object cap.
-    fn event_write_deferred(&self);
-    /// A claim's `VolumeHealth` write ended: `Some`, this writer's entries
-    /// as the server has them now; `None`, refused and not retried soon.
-    /// Recovery Events may wait for it ([`crate::events::StatusFollower`]).
-    fn volume_health_written(
-        &self,
-        _claim: &crate::status::Claim,
-        _entries: Option<&[crate::status::SourceEntry]>,
-    ) {
-    }
-}
-
-/// The recorder shared between the agent loop (which records) and the
-/// writer task (which writes). The lock is held only for bookkeeping, never
-/// across a request.
-pub struct Shared {
-    recorder: Mutex<Recorder>,
-    notify: Notify,
-}
-
-impl Shared {
-    pub fn new(recorder: Recorder) -> Arc<Shared> {
-        Arc::new(Shared {
-            recorder: Mutex::new(recorder),
-            notify: Notify::new(),
-        })
-    }
-
-    /// The recorder, for recording; call [`Shared::wake`] after.
-    pub fn lock(&self) -> MutexGuard<'_, Recorder> {
-        // A panic while holding the lock leaves plain data behind; the
-        // recorder's invariants hold between any two calls.
-        self.recorder.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Tells the writer there may be something to write.
-    pub fn wake(&self) {
-        self.notify.notify_one();
-    }
-}
-
-/// How long one Event request may take before it counts as failed.
-pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// Writes in flight at once. The pod's and the PVC's Event of one failure
 /// go out together instead of the second waiting for the first's answer
 /// (a round trip, and on a busy API server most of the PVC's latency); a
@@ -145,7 +91,7 @@ pub async fn write(client: Client, shared: Arc<Shared>, metrics: Option<Arc<dyn 
                     backoff.succeeded();
                 }
             }
-            _ = shared.notify.notified() => {}
+            _ = shared.notified() => {}
             _ = sleep_until(wake) => {}
         }
     }

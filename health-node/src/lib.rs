@@ -29,5 +29,6 @@ pub mod report;
 pub mod agent;
 pub mod cluster;
 pub mod evidence_socket;
+#[cfg(any(test, feature = "fuzzing"))]
 #[doc(hidden)]
 pub mod fuzz_targets;

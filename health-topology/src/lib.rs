@@ -26,6 +26,7 @@
 pub mod bounded;
 mod btrfs;
 mod devices;
+#[cfg(any(test, feature = "fuzzing"))]
 #[doc(hidden)]
 pub mod fuzzing;
 pub(crate) mod mount_table;
@@ -49,8 +50,9 @@ pub use btrfs::BtrfsFilesystem;
 #[doc(hidden)]
 pub use btrfs::{discover_bounded, probe_mount, MountProbe, ProbeBound};
 use health_core::dev::Dev;
+pub use mount_table::{parse_mountinfo, read_mounts};
 use mount_tree::{find_root_mount, normalize};
-pub use mountinfo::{parse_mountinfo, read_mounts, MountEntry};
+pub use mountinfo::MountEntry;
 pub use sysfs::{is_bio_based_stack, BlockDevice, Partition};
 pub use watcher::MountWatcher;
 

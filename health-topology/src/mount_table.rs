@@ -1,4 +1,6 @@
-//! Reading a whole mount table in bounded memory, and what one bad line costs.
+//! Reading a whole mount table in bounded memory, and what one bad line
+//! costs: [`parse_mountinfo`] on text, [`read_mounts`] on the host's table.
+//! Each line is parsed by `mountinfo`.
 //!
 //! The table is streamed line by line; only the parsed entries are kept.
 //! Memory bound: one line buffer of at most [`MAX_LINE_BYTES`] plus the
@@ -71,6 +73,22 @@ pub(crate) struct MountTable {
     pub entries: Vec<MountEntry>,
     pub root: PathBuf,
     pub bad_lines: usize,
+}
+
+/// Parses the text of a mountinfo file.
+///
+/// Blank lines are ignored, and so are lines that do not have mountinfo's
+/// shape (the bad-line policy above); a text with no valid line at all is
+/// an error naming the (1-based) line of the first bad one.
+pub fn parse_mountinfo(text: &str) -> Result<Vec<MountEntry>, TopologyError> {
+    read_mountinfo(text.as_bytes(), None, Limits::default()).map(|p| p.entries)
+}
+
+/// Reads the host's mount table: `<proc>/1/mountinfo`, or the agent's own
+/// (`<proc>/self/mountinfo`) when pid 1's is unreadable, e.g. without
+/// `hostPID` or without the capability to read another process's files.
+pub fn read_mounts(paths: &HostPaths) -> Result<Vec<MountEntry>, TopologyError> {
+    read_mount_table(paths).map(|t| t.entries)
 }
 
 pub(crate) fn read_mount_table(paths: &HostPaths) -> Result<MountTable, TopologyError> {
@@ -393,5 +411,108 @@ mod tests {
         assert_eq!(max_mounts(dir.path()), MOUNT_MAX_CEILING);
         set("lots\n");
         assert_eq!(max_mounts(dir.path()), DEFAULT_MAX_MOUNTS);
+    }
+
+    #[test]
+    fn malformed_lines_are_skipped_and_a_table_of_them_names_the_line() {
+        let cases = [
+            ("garbage", "expected at least 8 fields, found 1"),
+            (
+                "28 27 7:0 / /x rw shared:1 ext4 /dev/loop0 rw",
+                "no ' - ' separator after the optional fields",
+            ),
+            (
+                "28 27 7-0 / /x rw - ext4 /dev/loop0 rw",
+                r#"invalid MAJ:MIN "7-0""#,
+            ),
+            (
+                "x 27 7:0 / /x rw - ext4 /dev/loop0 rw",
+                r#"invalid mount id "x""#,
+            ),
+            (
+                "28 27 7:0 / relative rw - ext4 /dev/loop0 rw",
+                r#"mount point "relative" is not an absolute path"#,
+            ),
+            (
+                "28 27 7:0 sub /x rw - ext4 /dev/loop0 rw",
+                r#"root "sub" is not an absolute path"#,
+            ),
+            (
+                "28 27 0:4 net:4026532177 /x rw - nsfs nsfs rw",
+                r#"root "net:4026532177" is not an absolute path"#,
+            ),
+            (
+                "28 27 7:0 / /x rw - ext4 /dev/loop0 rw extra",
+                "expected 3 fields after the separator (type, source, super options), found 4",
+            ),
+            (
+                "28 27 7:0 / /x rw -  /dev/loop0 rw",
+                "empty filesystem type",
+            ),
+        ];
+        for (bad, reason) in cases {
+            // Beside a good line: skipped, counted, the good one kept.
+            let text = format!("27 1 254:0 / / rw - ext4 /dev/vda rw\n\n{bad}\n");
+            let parsed = read_mountinfo(text.as_bytes(), None, Default::default()).unwrap();
+            assert_eq!(parsed.entries.len(), 1, "{bad:?}");
+            assert_eq!(parsed.bad_lines, 1, "{bad:?}");
+            // Alone: an error naming the line and why.
+            match parse_mountinfo(&format!("\n\n{bad}\n")) {
+                Err(TopologyError::MalformedMountinfo {
+                    line,
+                    origin,
+                    reason: got,
+                }) => {
+                    assert_eq!(line, 3, "{bad:?}");
+                    assert_eq!(origin, None);
+                    assert_eq!(
+                        got,
+                        format!("{reason} (no line of the file is a valid mount)")
+                    );
+                }
+                other => panic!("{bad:?}: expected a parse error, got {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn read_mounts_falls_back_to_self() {
+        let dir = tempfile::tempdir().unwrap();
+        let proc_root = dir.path().join("proc");
+        std::fs::create_dir_all(proc_root.join("self")).unwrap();
+        std::fs::write(
+            proc_root.join("self/mountinfo"),
+            "27 1 254:0 / / rw - ext4 /dev/vda rw\n",
+        )
+        .unwrap();
+        let paths = HostPaths {
+            proc_root: proc_root.clone(),
+            sys_root: dir.path().join("sys"),
+        };
+        let t = read_mount_table(&paths).unwrap();
+        assert_eq!(t.entries.len(), 1);
+        assert_eq!(t.root, proc_root.join("self/root"));
+
+        // Neither readable: one error that names both files.
+        std::fs::remove_file(proc_root.join("self/mountinfo")).unwrap();
+        let err = read_mounts(&paths).unwrap_err();
+        assert!(
+            matches!(err, TopologyError::MountinfoUnreadable { .. }),
+            "{err:?}"
+        );
+        let msg = err.to_string();
+        assert!(
+            msg.contains("1/mountinfo") && msg.contains("self/mountinfo"),
+            "{msg}"
+        );
+
+        // A malformed host table is an error carrying the path, not a fallback.
+        std::fs::create_dir_all(proc_root.join("1")).unwrap();
+        std::fs::write(proc_root.join("1/mountinfo"), "oops\n").unwrap();
+        let err = read_mounts(&paths).unwrap_err().to_string();
+        assert!(
+            err.contains("1/mountinfo") && err.contains("line 1"),
+            "{err}"
+        );
     }
 }

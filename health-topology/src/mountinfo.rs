@@ -8,6 +8,11 @@
 //! Fields are separated by single spaces; the number of optional fields (7)
 //! varies and the list ends at a lone `-`. The kernel escapes space, tab,
 //! newline, backslash and `#` in the string fields as `\ooo` octal.
+//!
+//! Here: one line as a [`MountEntry`], the escaping, and where the table is
+//! opened ([`open_with_fallback`]). Reading a whole table, and the public
+//! `parse_mountinfo` and `read_mounts`, are `mount_table`'s, which builds
+//! on this module.
 
 use std::ffi::OsString;
 use std::io;
@@ -16,7 +21,7 @@ use std::path::{Path, PathBuf};
 
 use health_core::dev::Dev;
 
-use super::{mount_table, HostPaths, TopologyError};
+use super::{HostPaths, TopologyError};
 
 /// One line of mountinfo.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -98,23 +103,6 @@ fn option_in(list: &str, opt: &str) -> bool {
     let by_key = !opt.contains('=');
     list.split(',')
         .any(|o| o == opt || (by_key && o.split_once('=').is_some_and(|(key, _)| key == opt)))
-}
-
-/// Parses the text of a mountinfo file.
-///
-/// Blank lines are ignored, and so are lines that do not have the shape
-/// above (see `mount_table` for that policy); a text with no valid line at
-/// all is an error naming the (1-based) line of the first bad one.
-pub fn parse_mountinfo(text: &str) -> Result<Vec<MountEntry>, TopologyError> {
-    mount_table::read_mountinfo(text.as_bytes(), None, mount_table::Limits::default())
-        .map(|p| p.entries)
-}
-
-/// Reads the host's mount table: `<proc>/1/mountinfo`, or the agent's own
-/// (`<proc>/self/mountinfo`) when pid 1's is unreadable, e.g. without
-/// `hostPID` or without the capability to read another process's files.
-pub fn read_mounts(paths: &HostPaths) -> Result<Vec<MountEntry>, TopologyError> {
-    mount_table::read_mount_table(paths).map(|t| t.entries)
 }
 
 /// Applies `op` to pid 1's mountinfo, then to our own if that fails. Shared
@@ -276,6 +264,7 @@ pub(crate) fn unescape(field: &[u8]) -> Vec<u8> {
 /// The kernel's escaping of a string field (`mangle()` in
 /// fs/proc_namespace.c): space, tab, newline, backslash and `#` as `\ooo`.
 /// The inverse of [`unescape`]; tests and fuzz targets write lines with it.
+#[cfg(any(test, feature = "fuzzing"))]
 pub(crate) fn escape(field: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(field.len());
     for &b in field {
@@ -309,7 +298,8 @@ mod tests {
 
     use super::*;
     use crate::fuzzing::mountinfo::to_line;
-    use crate::mount_table::{read_mountinfo, Limits, ParsedMounts};
+    // The table reader drives the line parser here, as in use.
+    use crate::mount_table::{parse_mountinfo, read_mountinfo, Limits, ParsedMounts};
 
     const SAMPLE: &str = "\
 22 27 0:21 / /proc rw,relatime - proc proc rw
@@ -362,7 +352,7 @@ mod tests {
     #[test]
     fn non_utf8_paths_keep_their_bytes() {
         let line = b"40 27 7:2 / /mnt/caf\xe9 rw - ext4 /dev/loop2 rw\n";
-        let m = mount_table::read_mountinfo(&line[..], None, Default::default())
+        let m = read_mountinfo(&line[..], None, Default::default())
             .unwrap()
             .entries;
         use std::os::unix::ffi::OsStrExt;
@@ -376,69 +366,6 @@ mod tests {
         assert_eq!(unescape(b"a\\777"), b"a\\777");
         assert_eq!(unescape(b"a\\04"), b"a\\04");
         assert_eq!(unescape(b"\\101\\102"), b"AB");
-    }
-
-    #[test]
-    fn malformed_lines_are_skipped_and_a_table_of_them_names_the_line() {
-        let cases = [
-            ("garbage", "expected at least 8 fields, found 1"),
-            (
-                "28 27 7:0 / /x rw shared:1 ext4 /dev/loop0 rw",
-                "no ' - ' separator after the optional fields",
-            ),
-            (
-                "28 27 7-0 / /x rw - ext4 /dev/loop0 rw",
-                r#"invalid MAJ:MIN "7-0""#,
-            ),
-            (
-                "x 27 7:0 / /x rw - ext4 /dev/loop0 rw",
-                r#"invalid mount id "x""#,
-            ),
-            (
-                "28 27 7:0 / relative rw - ext4 /dev/loop0 rw",
-                r#"mount point "relative" is not an absolute path"#,
-            ),
-            (
-                "28 27 7:0 sub /x rw - ext4 /dev/loop0 rw",
-                r#"root "sub" is not an absolute path"#,
-            ),
-            (
-                "28 27 0:4 net:4026532177 /x rw - nsfs nsfs rw",
-                r#"root "net:4026532177" is not an absolute path"#,
-            ),
-            (
-                "28 27 7:0 / /x rw - ext4 /dev/loop0 rw extra",
-                "expected 3 fields after the separator (type, source, super options), found 4",
-            ),
-            (
-                "28 27 7:0 / /x rw -  /dev/loop0 rw",
-                "empty filesystem type",
-            ),
-        ];
-        for (bad, reason) in cases {
-            // Beside a good line: skipped, counted, the good one kept.
-            let text = format!("27 1 254:0 / / rw - ext4 /dev/vda rw\n\n{bad}\n");
-            let parsed =
-                mount_table::read_mountinfo(text.as_bytes(), None, Default::default()).unwrap();
-            assert_eq!(parsed.entries.len(), 1, "{bad:?}");
-            assert_eq!(parsed.bad_lines, 1, "{bad:?}");
-            // Alone: an error naming the line and why.
-            match parse_mountinfo(&format!("\n\n{bad}\n")) {
-                Err(TopologyError::MalformedMountinfo {
-                    line,
-                    origin,
-                    reason: got,
-                }) => {
-                    assert_eq!(line, 3, "{bad:?}");
-                    assert_eq!(origin, None);
-                    assert_eq!(
-                        got,
-                        format!("{reason} (no line of the file is a valid mount)")
-                    );
-                }
-                other => panic!("{bad:?}: expected a parse error, got {other:?}"),
-            }
-        }
     }
 
     #[test]
@@ -484,47 +411,6 @@ mod tests {
         assert!(m.has_mount_option("relatime") && !m.has_super_option("relatime"));
         assert!(m.has_super_option("errors") && !m.has_mount_option("errors"));
         assert!(m.has_mount_option("rw") && m.has_super_option("rw"));
-    }
-
-    #[test]
-    fn read_mounts_falls_back_to_self() {
-        let dir = tempfile::tempdir().unwrap();
-        let proc_root = dir.path().join("proc");
-        std::fs::create_dir_all(proc_root.join("self")).unwrap();
-        std::fs::write(
-            proc_root.join("self/mountinfo"),
-            "27 1 254:0 / / rw - ext4 /dev/vda rw\n",
-        )
-        .unwrap();
-        let paths = HostPaths {
-            proc_root: proc_root.clone(),
-            sys_root: dir.path().join("sys"),
-        };
-        let t = mount_table::read_mount_table(&paths).unwrap();
-        assert_eq!(t.entries.len(), 1);
-        assert_eq!(t.root, proc_root.join("self/root"));
-
-        // Neither readable: one error that names both files.
-        std::fs::remove_file(proc_root.join("self/mountinfo")).unwrap();
-        let err = read_mounts(&paths).unwrap_err();
-        assert!(
-            matches!(err, TopologyError::MountinfoUnreadable { .. }),
-            "{err:?}"
-        );
-        let msg = err.to_string();
-        assert!(
-            msg.contains("1/mountinfo") && msg.contains("self/mountinfo"),
-            "{msg}"
-        );
-
-        // A malformed host table is an error carrying the path, not a fallback.
-        std::fs::create_dir_all(proc_root.join("1")).unwrap();
-        std::fs::write(proc_root.join("1/mountinfo"), "oops\n").unwrap();
-        let err = read_mounts(&paths).unwrap_err().to_string();
-        assert!(
-            err.contains("1/mountinfo") && err.contains("line 1"),
-            "{err}"
-        );
     }
 
     // Property tests of the mountinfo reader (`mountinfo`, `mount_table`).

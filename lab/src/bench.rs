@@ -101,7 +101,7 @@ pub fn prepare() -> Result<Tools> {
     // Check them anyway, so that a missing one is named with its package
     // before anything is set up.
     health_tests::require_env(&[])?;
-    let agent = build::target_dir().join("bench/health-agent");
+    let agent = xtask::util::target_dir().join("bench/health-agent");
     std::fs::create_dir_all(agent.parent().context("a parent")?)?;
     std::fs::copy(&built.agent, &agent)
         .with_context(|| format!("copying {} to {}", built.agent.display(), agent.display()))?;

@@ -17,6 +17,17 @@ use anyhow::{bail, Context};
 
 use crate::util::{is_root, lock_exclusive, on_path, output, run, say};
 
+/// The tools the image tests drive (`health_tests::cmd::IMAGE_TEST_TOOLS`),
+/// each with its Debian package: `cargo xtask test` installs them.
+pub const IMAGE_TEST_TOOLS: &[(&str, &str)] = &[
+    ("skopeo", "skopeo"),
+    ("umoci", "umoci"),
+    ("unshare", "util-linux"),
+    ("chroot", "coreutils"),
+    ("timeout", "coreutils"),
+    ("readelf", "binutils"),
+];
+
 pub const DEBIAN_RUSTC: &str = "/usr/bin/rustc";
 pub const DEBIAN_CARGO: &str = "/usr/bin/cargo";
 const BPF_LINKER_VERSION: &str = "0.13.0";

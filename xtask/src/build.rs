@@ -9,7 +9,7 @@ use anyhow::{bail, Context};
 
 use crate::bootstrap;
 use crate::ebpf::{self, Committed};
-use crate::util::{cargo, is_root, run, run_foreground, say, workspace_root};
+use crate::util::{cargo, is_root, run, run_foreground, say, target_dir, workspace_root};
 
 pub struct Built {
     pub agent: PathBuf,
@@ -45,7 +45,7 @@ pub fn all() -> anyhow::Result<Built> {
 /// crate and links (docs/benchmarks.md, "First run"). Every command builds
 /// with the same cargo arguments and environment, so none undoes another's
 /// build.
-pub fn binaries(wanted: &Wanted) -> anyhow::Result<Built> {
+pub fn binaries(wanted: &Wanted<'_>) -> anyhow::Result<Built> {
     let committed = ebpf::check()?;
     let missing = bootstrap::missing_packages(wanted.packages);
     let mut args = vec!["build", "--release", "--package", "health-agent"];
@@ -201,12 +201,6 @@ impl Drop for Background {
     }
 }
 
-pub fn target_dir() -> PathBuf {
-    std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace_root().join("target"))
-}
-
 pub fn run_agent(built: &Built, args: &[String]) -> anyhow::Result<()> {
     if !is_root() {
         say("note: not root; the agent will explain what it is missing");
@@ -279,7 +273,7 @@ pub fn test(args: &[String]) -> anyhow::Result<()> {
     // deploy_monitoring.rs also runs promtool on the chart's rules.
     let k8s = crate::k8s_tools::ensure()?;
     // tests/tests/image.rs reads the image with skopeo and umoci.
-    bootstrap::ensure_commands(crate::image::TEST_TOOLS)?;
+    bootstrap::ensure_commands(bootstrap::IMAGE_TEST_TOOLS)?;
     // The agent and the controller the suites run come from the workspace
     // build (HEALTH_AGENT_BIN), not from a build of their own package: that
     // one unifies fewer features and would compile tokio, hyper, kube,

@@ -26,7 +26,7 @@ pub fn run(filter: &[String]) -> anyhow::Result<()> {
     // the suite itself.
     crate::ebpf::ensure()?;
     build::workspace(&["kubelet_e2e"])?;
-    let release = build::target_dir().join("release");
+    let release = crate::util::target_dir().join("release");
     let (repository, tag) = ("volume-health-agent", env!("CARGO_PKG_VERSION"));
     let archive = image::build(&ImageArgs {
         repository: Some(repository.into()),

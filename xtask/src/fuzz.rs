@@ -24,7 +24,7 @@ use std::process::{Command, Stdio};
 use anyhow::{bail, ensure, Context};
 
 use crate::bootstrap::ensure_commands;
-use crate::build::target_dir;
+use crate::util::target_dir;
 use crate::util::{cargo, output, run, say, workspace_root};
 
 /// Debian's afl++ runtime, linked into every target.

@@ -4,8 +4,8 @@
 
 use std::process::Command;
 
-use crate::build::target_dir;
 use crate::util::run_foreground;
+use crate::util::target_dir;
 
 /// The lab ended with this exit status (130 after Ctrl-C); xtask exits
 /// with it too.

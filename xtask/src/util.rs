@@ -15,6 +15,13 @@ pub fn workspace_root() -> PathBuf {
         .to_path_buf()
 }
 
+/// Cargo's target directory (`CARGO_TARGET_DIR`, else the workspace's).
+pub fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target"))
+}
+
 pub fn say(msg: impl AsRef<str>) {
     eprintln!("xtask: {}", msg.as_ref());
 }

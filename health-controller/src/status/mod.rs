@@ -16,11 +16,11 @@ use std::time::SystemTime;
 
 use health_core::conditions::Condition;
 use health_kube::events::ObjectRef;
+use health_kube::observer::Observer;
 use health_kube::pages::PageError;
 use health_kube::status::{
     self, Board, Claim, EntryKind, SharedBoard, SourceEntry, StatusApi, CONTROLLER_MANAGER,
 };
-use health_kube::writer::Observer;
 use kube::Client;
 use upstream::follow::Follower;
 

@@ -13,8 +13,8 @@ use http_body_util::{BodyExt, Either, Full};
 use hyper::body::Incoming;
 use prost::Message as _;
 
-use super::forward::{held, ProxyError, ToKubelet, Upstream};
 use super::merge::{merged, WireEntry};
+use super::upstream::{held, ProxyError, ToKubelet, Upstream};
 use super::{grpc, Advertised, AgentCondition, Shared, NODE_GET_CAPABILITIES};
 use crate::proto;
 use crate::proto::node_service_capability::rpc::Type as NodeRpc;

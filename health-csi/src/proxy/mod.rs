@@ -38,6 +38,7 @@ mod intercept;
 mod merge;
 mod outage;
 mod storage;
+mod upstream;
 
 use std::future::Future;
 use std::io;

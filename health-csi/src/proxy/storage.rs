@@ -20,9 +20,9 @@ use prost::Message as _;
 
 use health_core::conditions::{clip_to, Status};
 
-use super::forward::{held, ProxyError, ToKubelet, Upstream};
 use super::intercept::{advertised, answered, ask_agent, own_answer, Question};
 use super::merge::{MAX_ENTRIES, MAX_MESSAGE_BYTES, MAX_REASON_BYTES};
+use super::upstream::{held, ProxyError, ToKubelet, Upstream};
 use super::{AgentCondition, Shared};
 use crate::proto;
 use crate::proto::node_get_storage_health_response::StorageBackendHealth;

@@ -6,13 +6,13 @@ use aya::programs::{BtfTracePoint, FEntry, FExit, RawTracePoint, TracePoint};
 use aya::{Btf, Ebpf, EbpfLoader};
 use health_common::{bio, complete_mode, field, file, rq};
 
-use super::errors::{classify_load_error, error_chain, BpfRefusal};
+use super::errors::{error_chain, BpfRefusal};
 use super::layout::{BLOCK_BIO_COMPLETE, BLOCK_RQ_COMPLETE, BLOCK_RQ_ERROR, FS_PROGRAMS};
 use super::loader;
 use super::memlock::{raise_memlock_limit, MemlockShortfall};
 use super::pins::{self, PinError, PinSet};
 use super::plan::{BlockCounting, Plan, Planned, NO_FLUSHES};
-use super::preflight::{check_bpf, check_privileges};
+use super::preflight::{check_bpf, check_privileges, classify_load_error};
 use super::requests::{self, BtfRequests, ReturnedErrors};
 use super::waiting;
 use super::{

@@ -1,10 +1,9 @@
 //! What can go wrong between starting and attaching, with the exit code
 //! each class of failure gives the process.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use super::memlock::MemlockShortfall;
-use super::preflight::check_privileges;
 use crate::tracefs::TracefsError;
 
 #[derive(Debug, thiserror::Error)]
@@ -102,25 +101,6 @@ pub(super) fn is_eperm(e: &(dyn std::error::Error + 'static)) -> bool {
         cur = err.source();
     }
     false
-}
-
-pub(super) fn classify_load_error(e: aya::EbpfError, proc_root: &Path) -> ProbeError {
-    let text = error_chain(&e);
-    if is_eperm(&e) || text.contains("Operation not permitted") {
-        if let Err(not_permitted) = check_privileges(proc_root) {
-            return not_permitted;
-        }
-        if let Some(shortfall) = MemlockShortfall::of_this_process(proc_root) {
-            return ProbeError::MemlockLimit {
-                shortfall,
-                refused: BpfRefusal::Load(Box::new(e)),
-            };
-        }
-        return ProbeError::BpfUnavailable(format!(
-            "the kernel refused to load programs despite the needed capabilities (lockdown or a security policy?): {text}"
-        ));
-    }
-    ProbeError::Load(Box::new(e))
 }
 
 #[cfg(test)]

@@ -204,6 +204,7 @@ const MAX_RECORD_END: u32 = 64 * 1024;
 /// Checks `format` against every program's fields as if it were each
 /// program's tracepoint: the offsets each would read, or why not. For the
 /// fuzz target and property tests, which have no tracefs.
+#[cfg(any(test, feature = "fuzzing"))]
 pub(crate) fn check_against_every_program(format: &EventFormat) -> Vec<Result<Vec<u32>, String>> {
     BLOCK_PROGRAMS
         .into_iter()

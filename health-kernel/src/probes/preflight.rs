@@ -1,11 +1,13 @@
 //! The checks made before loading anything, so that a missing privilege
 //! or a kernel without BPF is named as such rather than as a load failure.
+//! A load the kernel refuses all the same is named the same way
+//! ([`classify_load_error`]).
 
 use std::io;
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::path::Path;
 
-use super::errors::BpfRefusal;
+use super::errors::{error_chain, is_eperm, BpfRefusal};
 use super::memlock::MemlockShortfall;
 use super::ProbeError;
 
@@ -38,6 +40,28 @@ pub(super) fn check_privileges(proc_root: &Path) -> Result<(), ProbeError> {
         "not permitted to load kernel programs: running as uid {uid} with effective capabilities {cap_eff:#x}; \
          run as root, or grant CAP_BPF and CAP_PERFMON (plus CAP_SYS_ADMIN on kernels before 5.8)"
     )))
+}
+
+/// The error for a failed load. A refusal (EPERM) is named as the checks
+/// above name it (a missing privilege, the memlock limit, else a policy),
+/// not as a load failure; anything else is one.
+pub(super) fn classify_load_error(e: aya::EbpfError, proc_root: &Path) -> ProbeError {
+    let text = error_chain(&e);
+    if is_eperm(&e) || text.contains("Operation not permitted") {
+        if let Err(not_permitted) = check_privileges(proc_root) {
+            return not_permitted;
+        }
+        if let Some(shortfall) = MemlockShortfall::of_this_process(proc_root) {
+            return ProbeError::MemlockLimit {
+                shortfall,
+                refused: BpfRefusal::Load(Box::new(e)),
+            };
+        }
+        return ProbeError::BpfUnavailable(format!(
+            "the kernel refused to load programs despite the needed capabilities (lockdown or a security policy?): {text}"
+        ));
+    }
+    ProbeError::Load(Box::new(e))
 }
 
 /// Creates and closes a one-entry array map: the cheapest question that

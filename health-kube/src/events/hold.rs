@@ -8,7 +8,7 @@
 //! alarm goes first, the object a write later.
 //!
 //! The status writer's results come in through its
-//! [`crate::writer::Observer`]; [`StatusFollower`] hands them to the
+//! [`crate::observer::Observer`]; [`StatusFollower`] hands them to the
 //! recorder of the current leadership. A status writer that keeps failing
 //! holds a recovery for at most the time given, then the Event goes anyway
 //! and the log says why.
@@ -18,9 +18,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::Shared;
 use super::{ObjectKind, ObjectRef, Recorder, SeriesId};
-use crate::status::{Claim, SourceEntry};
-use crate::writer::Shared;
+use crate::status::types::{Claim, SourceEntry};
 
 /// A recovery waiting for its claim's `VolumeHealth`.
 #[derive(Clone, Copy, Debug)]
@@ -126,7 +126,7 @@ impl StatusFollower {
         *self.lock() = Arc::downgrade(events);
     }
 
-    /// One write's result (see [`crate::writer::Observer::volume_health_written`]).
+    /// One write's result (see [`crate::observer::Observer::volume_health_written`]).
     pub fn written(&self, claim: &Claim, entries: Option<&[SourceEntry]>) {
         let Some(events) = self.lock().upgrade() else {
             return;

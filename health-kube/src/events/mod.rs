@@ -48,12 +48,14 @@ mod budget;
 mod hold;
 mod message;
 mod series;
+mod shared;
 mod writes;
 
 pub use adopt::{Adopted, Unclaimed};
 pub use args::EventArgs;
 pub use hold::StatusFollower;
 use series::Series;
+pub use shared::Shared;
 pub use writes::{Next, Outcome, Write};
 
 /// Kinds of objects the agent reports on.

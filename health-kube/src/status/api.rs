@@ -14,8 +14,11 @@ use kube::{Api, Client};
 use serde_json::{json, Value};
 
 use super::aggregate;
-use super::types::{self, SourceEntry, VolumeHealth, API_VERSION, HEALTHY, HEALTH_LABEL, KIND};
-use crate::writer::{Observer, REQUEST_TIMEOUT};
+use super::types::{
+    self, Claim, SourceEntry, VolumeHealth, API_VERSION, HEALTHY, HEALTH_LABEL, KIND,
+};
+use crate::backoff::REQUEST_TIMEOUT;
+use crate::observer::Observer;
 
 /// Field manager of the object itself (owner reference, spec): every
 /// writer applies the same, so creating it twice is harmless.
@@ -26,16 +29,6 @@ pub const LABEL_MANAGER: &str = "volume-health-label";
 /// Attempts of one write against concurrent writers before it is retried
 /// later.
 const MAX_ATTEMPTS: usize = 5;
-
-/// The PVC a `VolumeHealth` is about.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Claim {
-    pub namespace: String,
-    pub name: String,
-    /// The PVC's uid (from the PV's claimRef): owner and precondition.
-    pub uid: String,
-    pub pv: Option<String>,
-}
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Put {

@@ -17,8 +17,7 @@ use std::time::{Duration, SystemTime};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::api::Claim;
-use super::types::{parse_time, EntryCondition, SourceEntry, VolumeHealth};
+use super::types::{parse_time, Claim, EntryCondition, SourceEntry, VolumeHealth};
 use crate::backoff::Backoff;
 
 /// After a refusal no retry would change (RBAC, schema): try again this

@@ -20,16 +20,16 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::SystemTime;
 
-pub use api::{Claim, Put, StatusApi, StatusError};
+pub use api::{Put, StatusApi, StatusError};
 pub use board::{Board, Done, Next, SharedBoard};
 use health_core::conditions::{Condition, Source};
 use kube::api::ListParams;
 use kube::Api;
 use tokio::time::Instant;
-pub use types::{EntryCondition, EntryKind, SourceEntry, VolumeHealth, HEALTH_LABEL};
+pub use types::{Claim, EntryCondition, EntryKind, SourceEntry, VolumeHealth, HEALTH_LABEL};
 
+use crate::backoff::REQUEST_TIMEOUT;
 use crate::pages::{list_pages, PageError};
-use crate::writer::REQUEST_TIMEOUT;
 
 /// Objects listed per page at start.
 const LIST_PAGE: u32 = 500;

@@ -21,6 +21,16 @@ pub const HEALTH_LABEL: &str = "volume-health.io/health";
 /// `status.health` of a volume with no condition True.
 pub const HEALTHY: &str = "Healthy";
 
+/// The PVC a `VolumeHealth` is about.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Claim {
+    pub namespace: String,
+    pub name: String,
+    /// The PVC's uid (from the PV's claimRef): owner and precondition.
+    pub uid: String,
+    pub pv: Option<String>,
+}
+
 /// One PVC's health. Named and namespaced like the PVC, owned by it.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct VolumeHealth {

@@ -418,8 +418,10 @@ mod api {
 
     use health_core::conditions::Change;
     use health_kube::events::Recorder;
+    use health_kube::events::Shared;
+    use health_kube::observer::Observer;
     use health_kube::testing::{counted_client, next, respond, ApiRequest, MockHandle};
-    use health_kube::writer::{run, Observer, Shared};
+    use health_kube::writer::run;
     use http::Method;
     use serde_json::{json, Value};
 

@@ -11,11 +11,11 @@ use std::time::Duration;
 
 use common::{drain, pvc, t, targets};
 use health_core::conditions::{Change, Condition, Source, Status};
+use health_kube::events::Shared;
 use health_kube::events::{
     EventType, Next, ObjectRef, Outcome, Recorder, RecorderConfig, StatusFollower, Write,
 };
 use health_kube::status::{Claim, EntryCondition, EntryKind, SourceEntry};
-use health_kube::writer::Shared;
 use k8s_openapi::api::core::v1::Event;
 use serde_json::{json, Value};
 use tokio::time::Instant;

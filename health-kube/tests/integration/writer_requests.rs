@@ -9,9 +9,11 @@ use std::time::Duration;
 
 use common::{block, config, key, t, targets};
 use health_core::conditions::Change;
+use health_kube::events::Shared;
 use health_kube::events::{Next, Outcome, Recorder, Targets, Write};
+use health_kube::observer::Observer;
 use health_kube::testing::{client, next, respond, ApiRequest};
-use health_kube::writer::{perform, run, Observer, Shared};
+use health_kube::writer::{perform, run};
 use http::Method;
 use serde_json::{json, Value};
 

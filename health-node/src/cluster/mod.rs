@@ -111,7 +111,7 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
     let config = config(opts.kubeconfig.as_deref()).await?;
     // Both clients count every request they send in the metrics.
     let metrics = Arc::new(Metrics::new());
-    let observer: Arc<dyn writer::Observer> = metrics.clone();
+    let observer: Arc<dyn health_kube::observer::Observer> = metrics.clone();
     let client = counted::client(config.clone(), Arc::clone(&observer))
         .context("creating the Kubernetes client")?;
     // The Event writer's own client: built here, where building can fail,
@@ -139,7 +139,7 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
     // results reach this recorder through the metrics' observer.
     let mut recorder = events::Recorder::new(opts.events.clone());
     recorder.hold_recoveries(RECOVERY_WAITS_FOR_STATUS);
-    let shared = writer::Shared::new(recorder);
+    let shared = events::Shared::new(recorder);
     metrics.status_follower().follow(&shared);
     // Taking over an earlier process's open Events lists pages of them:
     // bulk work, done here at normal priority. The writes wait for it.
@@ -199,7 +199,7 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
 
 /// Gives Events recorded at the end (the final reconcile) a moment to be
 /// written, on the runtime the writer runs on.
-async fn final_flush(shared: Arc<writer::Shared>) {
+async fn final_flush(shared: Arc<events::Shared>) {
     let deadline = tokio::time::Instant::now() + FINAL_FLUSH;
     shared.wake();
     while shared.lock().has_pending() && tokio::time::Instant::now() < deadline {

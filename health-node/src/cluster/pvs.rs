@@ -21,8 +21,8 @@ use std::time::Duration;
 
 use futures_util::StreamExt as _;
 use health_kube::backoff::Backoff;
+use health_kube::backoff::REQUEST_TIMEOUT;
 use health_kube::pv::SlimPv;
-use health_kube::writer::REQUEST_TIMEOUT;
 use k8s_openapi::api::core::v1::PersistentVolume;
 use kube::core::ApiResource;
 use kube::{Api, Client};

@@ -12,10 +12,10 @@ use health_core::conditions::Change;
 use health_core::dev::Dev;
 use health_kernel::clock::Clock;
 use health_kernel::collector::{KernelError, KernelStats};
+use health_kube::events::Shared;
 use health_kube::events::Targets;
 use health_kube::http::Health;
 use health_kube::status::{self, Claim, SharedBoard};
-use health_kube::writer::Shared;
 use health_topology::Topology;
 
 use super::view::ClusterView;

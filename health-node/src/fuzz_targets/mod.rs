@@ -10,8 +10,9 @@
 //! to one parser of outside input the way the agent does and panics only
 //! when a property the parser promises is broken; any panic is a finding.
 //!
-//! Compiled in every build (not behind a feature) so that the tests run the
-//! seed corpora through the same functions afl drives; hidden from the docs.
+//! Behind the `fuzzing` feature (fuzz/ enables it, and so do this crate's
+//! tests, which run the seed corpora through the same functions afl
+//! drives): the agent's build does not carry them.
 
 pub mod block_counters;
 pub mod csi;

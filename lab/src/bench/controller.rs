@@ -113,7 +113,7 @@ pub fn prepare() -> Result<Tools> {
         "--bin",
         "csi-test-driver",
     ]))?;
-    let release = build::target_dir().join("release");
+    let release = xtask::util::target_dir().join("release");
     Ok(Tools {
         controller,
         driver: release.join("csi-test-driver"),

@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use serde_json::Value;
-use xtask::build;
 use xtask::util::{cargo, workspace_root};
 
 /// Benchmark ids in the order they are reported, with what they time.
@@ -79,7 +78,7 @@ pub struct MicroResult {
 }
 
 pub fn run_all(warm_up: Duration, measurement: Duration) -> Result<MicroResult> {
-    let home = build::target_dir().join("criterion-xtask");
+    let home = xtask::util::target_dir().join("criterion-xtask");
     let mut cmd = cargo();
     cmd.current_dir(workspace_root())
         .args(["bench", "--package", "health-node"])

@@ -10,7 +10,7 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client};
 use xtask::util::say;
 
-use super::control_plane::log_tail;
+use super::daemon::log_tail;
 use super::{daemon, State};
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {

@@ -15,65 +15,21 @@
 //! with.
 
 use std::net::TcpStream;
-use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context};
+use anyhow::bail;
 use xtask::util::say;
 
-use super::config::{Network, SERVICE_CIDR};
+use super::assets::Assets;
+use super::daemon::log_tail;
+use super::network::{Network, SERVICE_CIDR};
 use super::{api, daemon, pki, State};
 use super::{APISERVER_PORT, ETCD_PEER_PORT, ETCD_PORT, KCM_PORT, SCHEDULER_PORT};
-
-/// Where the Kubernetes binaries are: the project's build of
-/// `xtask::components::KUBERNETES` (xtask builds it before it runs the lab
-/// and names it in `HEALTH_K8S_ASSETS`), or a user's own there.
-pub(super) struct Assets {
-    pub bin: PathBuf,
-}
 
 /// The feature gates of the API server and the kubelet: Kubernetes'
 /// volume health, alpha in 1.37 and off by default.
 pub(super) const FEATURE_GATES: &str = "--feature-gates=CSIVolumeHealth=true";
-
-const BINARIES: &[&str] = &[
-    "kube-apiserver",
-    "kube-controller-manager",
-    "kube-scheduler",
-    "kubelet",
-    "etcd",
-];
-
-impl Assets {
-    /// The directory `HEALTH_K8S_ASSETS` names, with every program.
-    pub(super) fn find() -> anyhow::Result<Assets> {
-        let env = xtask::components::K8S_ENV;
-        let bin = std::env::var_os(env).map(PathBuf::from).with_context(|| {
-            format!(
-                "no Kubernetes binaries: {env} is not set (`cargo xtask cluster up` builds them \
-                 and sets it; `cargo xtask components` prints it)"
-            )
-        })?;
-        let missing: Vec<&str> = BINARIES
-            .iter()
-            .copied()
-            .filter(|b| !bin.join(b).is_file())
-            .collect();
-        if !missing.is_empty() {
-            bail!(
-                "{} lacks {} ({env} points there)",
-                bin.display(),
-                missing.join(", ")
-            );
-        }
-        Ok(Assets { bin })
-    }
-
-    pub(super) fn command(&self, name: &str) -> Command {
-        Command::new(self.bin.join(name))
-    }
-}
 
 pub(super) fn start(state: &State, assets: &Assets, net: &Network) -> anyhow::Result<()> {
     if daemon::running(state, "etcd").is_none() {
@@ -223,26 +179,5 @@ pub(super) fn wait_port(
             );
         }
         std::thread::sleep(Duration::from_millis(200));
-    }
-}
-
-/// "last lines of LOG: ..." for an error message.
-pub(super) fn log_tail(state: &State, name: &str) -> String {
-    let path = daemon::log_file(state, name);
-    tail(&path, 15)
-}
-
-fn tail(path: &Path, lines: usize) -> String {
-    match std::fs::read_to_string(path) {
-        Ok(text) => {
-            let all: Vec<&str> = text.lines().collect();
-            let start = all.len().saturating_sub(lines);
-            format!(
-                "last lines of {}:\n{}",
-                path.display(),
-                all[start..].join("\n")
-            )
-        }
-        Err(e) => format!("no log at {} ({e})", path.display()),
     }
 }

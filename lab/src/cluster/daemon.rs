@@ -1,7 +1,8 @@
 //! The cluster's long-running processes: started detached from the lab
 //! (their own session, so a Ctrl-C on the terminal that ran `up` does not
 //! reach them, and no parent-death signal: they outlive the lab), their
-//! output in `logs/<name>.log`, their pid in `run/<name>.pid`. A later `lab`
+//! output in `logs/<name>.log` (whose last lines [`log_tail`] puts in
+//! errors), their pid in `run/<name>.pid`. A later `lab`
 //! process finds them through that file.
 //!
 //! The pid file holds the pid and the executable that was started; a pid
@@ -26,6 +27,29 @@ fn pid_file(state: &State, name: &str) -> PathBuf {
 /// Where `name`'s output goes.
 pub(super) fn log_file(state: &State, name: &str) -> PathBuf {
     state.path(format!("logs/{name}.log"))
+}
+
+/// "last lines of LOG: ..." for an error message: what every wait on a
+/// daemon (the control plane, the node, the API server's readiness) adds
+/// when it gives up, so it lives with the log it reads.
+pub(super) fn log_tail(state: &State, name: &str) -> String {
+    let path = log_file(state, name);
+    tail(&path, 15)
+}
+
+fn tail(path: &Path, lines: usize) -> String {
+    match std::fs::read_to_string(path) {
+        Ok(text) => {
+            let all: Vec<&str> = text.lines().collect();
+            let start = all.len().saturating_sub(lines);
+            format!(
+                "last lines of {}:\n{}",
+                path.display(),
+                all[start..].join("\n")
+            )
+        }
+        Err(e) => format!("no log at {} ({e})", path.display()),
+    }
 }
 
 /// Starts `cmd` as the daemon `name`; returns its pid.

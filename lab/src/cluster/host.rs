@@ -14,7 +14,7 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use xtask::util::{output, say};
 
-use super::config::{Network, BRIDGE, NETWORK_NAME, SERVICE_IP};
+use super::network::{Network, BRIDGE, NETWORK_NAME, SERVICE_IP};
 use super::state::{HostBefore, KUBELET_ROOT};
 use super::{mounts, State, APISERVER_PORT};
 
@@ -65,7 +65,7 @@ pub(super) fn uninstall_agent_pins(before: &HostBefore) -> anyhow::Result<String
     if !ours || !Path::new(AGENT_PIN_DIR).exists() {
         return Ok(String::new());
     }
-    let agent = xtask::build::target_dir().join("release/health-agent");
+    let agent = xtask::util::target_dir().join("release/health-agent");
     if !agent.is_file() {
         bail!(
             "the agents left programs pinned in {AGENT_PIN_DIR}, and {} (to run `health-agent uninstall`) is gone",

@@ -13,7 +13,7 @@ use xtask::image::oci::{self, ImageConfig, ImageNames};
 use xtask::image::rootfs::{Entry, Rootfs};
 use xtask::util::{output, run as run_cmd, say};
 
-use super::{config, State};
+use super::{network, State};
 
 /// containerd's sandbox image (the name the kubelet protects from GC).
 pub(super) const PAUSE_IMAGE: &str = "registry.k8s.io/pause:3.9";
@@ -87,7 +87,7 @@ pub(super) fn import_archive(state: &State, archive: &Path) -> anyhow::Result<()
 pub(super) fn ctr(state: &State) -> Command {
     let mut cmd = Command::new("ctr");
     cmd.arg("--address")
-        .arg(config::containerd_socket(state))
+        .arg(network::containerd_socket(state))
         .args(["--namespace", "k8s.io"]);
     cmd
 }

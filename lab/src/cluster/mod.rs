@@ -15,20 +15,24 @@
 //! half-up one is completed. `down` stops everything and undoes every change
 //! to the host that `up` and the kubelet made (recorded before they were
 //! made). The parts: [`preflight`] (what must hold before anything
-//! starts), [`packages`], [`images`], [`pki`] (CA, certificates, tokens),
-//! [`config`] (every file the daemons read), [`control_plane`] (etcd and the
-//! three control-plane daemons), [`node`] (containerd, the service address,
-//! the kubelet), [`api`] (waiting on the API server), [`teardown`] (`down`),
+//! starts), [`packages`], [`network`] (the addresses and containerd's
+//! socket the others use), [`assets`] (the Kubernetes binaries),
+//! [`images`], [`pki`] (CA, certificates, tokens), [`config`] (every file
+//! the daemons read), [`control_plane`] (etcd and the three control-plane
+//! daemons), [`node`] (containerd, the service address, the kubelet),
+//! [`api`] (waiting on the API server), [`teardown`] (`down`),
 //! [`mounts`] and [`host`] (mounts, cgroups, links, sysctls), [`status`],
 //! and `storage` (the fault disk, the CSI driver and the PVs).
 
 mod api;
+mod assets;
 mod config;
 mod control_plane;
 mod daemon;
 mod host;
 mod images;
 mod mounts;
+mod network;
 mod node;
 mod packages;
 mod pki;
@@ -108,7 +112,7 @@ fn up(state: &State, args: &UpArgs) -> anyhow::Result<()> {
         print_usage(state);
         return Ok(());
     }
-    let assets = control_plane::Assets::find()?;
+    let assets = assets::Assets::find()?;
     preflight::check(state)?;
     packages::ensure()?;
     std::fs::create_dir_all(&state.dir)
@@ -119,7 +123,7 @@ fn up(state: &State, args: &UpArgs) -> anyhow::Result<()> {
             "mounted {mounted} (the host had none; `down` unmounts it)"
         ));
     }
-    let net = config::Network::detect()?;
+    let net = network::Network::detect()?;
     pki::ensure(state, &net)?;
     config::write_all(state, &net, &assets)?;
     let built = images::build(state, args.agent_archive.as_deref())?;
@@ -144,7 +148,7 @@ fn up(state: &State, args: &UpArgs) -> anyhow::Result<()> {
 }
 
 /// `cluster.json` with `"storage": null`; storage::up fills its part in.
-fn write_description(state: &State, net: &config::Network) -> anyhow::Result<()> {
+fn write_description(state: &State, net: &network::Network) -> anyhow::Result<()> {
     state.write_description(&json!({
         "kubeconfig": state.kubeconfig(),
         "node": state.node_name(),
@@ -157,7 +161,7 @@ fn write_description(state: &State, net: &config::Network) -> anyhow::Result<()>
             "pause": images::PAUSE_IMAGE,
             "agent_full": images::full_name(images::AGENT_IMAGE),
         },
-        "containerd_socket": config::containerd_socket(state),
+        "containerd_socket": network::containerd_socket(state),
         "storage": null,
     }))
 }

@@ -9,8 +9,11 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use xtask::util::say;
 
-use super::config::{self, Network};
-use super::control_plane::{log_tail, wait_port, Assets};
+use super::assets::Assets;
+use super::config;
+use super::control_plane::wait_port;
+use super::daemon::log_tail;
+use super::network::{self, Network};
 use super::state::{KUBELET_MARKER, KUBELET_ROOT};
 use super::{daemon, images, State, KUBELET_HEALTHZ_PORT};
 
@@ -37,7 +40,7 @@ pub(super) fn start_containerd(state: &State) -> anyhow::Result<()> {
         if Instant::now() >= deadline {
             bail!(
                 "containerd does not answer on {} after 30 s; {}",
-                config::containerd_socket(state).display(),
+                network::containerd_socket(state).display(),
                 log_tail(state, "containerd")
             );
         }

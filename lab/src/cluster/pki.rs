@@ -13,7 +13,7 @@ use std::process::Command;
 use anyhow::{bail, Context};
 use xtask::util::output;
 
-use super::config::{Network, SERVICE_IP};
+use super::network::{Network, SERVICE_IP};
 use super::State;
 
 pub(super) fn dir(state: &State) -> PathBuf {

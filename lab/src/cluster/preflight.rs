@@ -9,7 +9,7 @@ use std::path::Path;
 use anyhow::{bail, Context};
 
 use super::state::{KUBELET_MARKER, KUBELET_ROOT};
-use super::{config, daemon, State, DAEMONS, PORTS};
+use super::{daemon, network, State, DAEMONS, PORTS};
 
 pub(super) fn require_root() -> anyhow::Result<()> {
     if !xtask::util::is_root() {
@@ -224,7 +224,7 @@ fn check_kubelet_root(state: &State) -> anyhow::Result<()> {
 }
 
 fn check_containerd_socket(state: &State) -> anyhow::Result<()> {
-    let socket = config::containerd_socket(state);
+    let socket = network::containerd_socket(state);
     if daemon::running(state, "containerd").is_some() || !socket.exists() {
         return Ok(());
     }
@@ -239,7 +239,7 @@ fn check_containerd_socket(state: &State) -> anyhow::Result<()> {
 }
 
 fn check_bridge(state: &State) -> anyhow::Result<()> {
-    let bridge = Path::new("/sys/class/net").join(config::BRIDGE);
+    let bridge = Path::new("/sys/class/net").join(network::BRIDGE);
     if bridge.exists() && daemon::running(state, "containerd").is_none() {
         // Ours from a cluster that died without `down` counts as foreign
         // too: its addresses may differ. `down` removes it.
@@ -248,8 +248,8 @@ fn check_bridge(state: &State) -> anyhow::Result<()> {
             bail!(
                 "a network interface {} exists (another CNI's bridge?); the cluster's pods use a \
                  bridge of that name. Remove it (`ip link delete {}`) if nothing uses it",
-                config::BRIDGE,
-                config::BRIDGE
+                network::BRIDGE,
+                network::BRIDGE
             );
         }
     }

@@ -37,7 +37,7 @@ impl State {
             Some(dir) => dir.to_path_buf(),
             None => match std::env::var_os(DIR_ENV) {
                 Some(dir) => PathBuf::from(dir),
-                None => xtask::build::target_dir().join("cluster"),
+                None => xtask::util::target_dir().join("cluster"),
             },
         };
         let dir = if dir.is_absolute() {

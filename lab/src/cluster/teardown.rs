@@ -28,7 +28,7 @@ use nix::unistd::Pid;
 use xtask::util::say;
 
 use super::state::{KUBELET_MARKER, KUBELET_ROOT};
-use super::{config, daemon, host, images, mounts, preflight, storage, State, DAEMONS};
+use super::{daemon, host, images, mounts, network, preflight, storage, State, DAEMONS};
 
 /// What survives `down` in the state directory.
 const KEPT: &[&str] = &["images", "last-logs", "last-down.log"];
@@ -264,7 +264,7 @@ fn kill_containers(state: &State) -> anyhow::Result<String> {
 /// Shims of our containerd still running (their containerd is gone);
 /// found by the socket address in their command line.
 fn kill_shims(state: &State) -> usize {
-    let socket = config::containerd_socket(state);
+    let socket = network::containerd_socket(state);
     let socket = socket.to_string_lossy();
     let mut killed = 0;
     for pid in shim_pids(&socket) {

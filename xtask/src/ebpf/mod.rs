@@ -52,7 +52,7 @@ fn manifest_path() -> PathBuf {
 /// this build (another compiler) neither waits for the lock of the agent's
 /// build running beside it nor shares its host artifacts.
 pub fn target_dir() -> PathBuf {
-    crate::build::target_dir().join("ebpf")
+    crate::util::target_dir().join("ebpf")
 }
 
 /// Whether the committed object fits this tree.

@@ -82,17 +82,6 @@ pub struct ImageArgs {
     pub source: Option<String>,
 }
 
-/// The tools the image tests drive (`health_tests::cmd::IMAGE_TEST_TOOLS`),
-/// each with its Debian package: `cargo xtask test` installs them.
-pub const TEST_TOOLS: &[(&str, &str)] = &[
-    ("skopeo", "skopeo"),
-    ("umoci", "umoci"),
-    ("unshare", "util-linux"),
-    ("chroot", "coreutils"),
-    ("timeout", "coreutils"),
-    ("readelf", "binutils"),
-];
-
 /// A written image.
 pub struct Image {
     pub path: PathBuf,
@@ -148,7 +137,7 @@ pub fn build(args: &ImageArgs) -> anyhow::Result<Image> {
         Some(path) => path.clone(),
         None => {
             let base = repository.rsplit('/').next().unwrap_or(repository);
-            build::target_dir()
+            crate::util::target_dir()
                 .join("image")
                 .join(format!("{base}-{tag}.oci.tar"))
         }
@@ -393,9 +382,12 @@ mod tests {
     #[test]
     fn the_test_tools_are_those_the_image_tests_drive_with_their_packages() {
         use health_tests::cmd::{package_of, IMAGE_TEST_TOOLS};
-        let tools: Vec<&str> = TEST_TOOLS.iter().map(|(tool, _)| *tool).collect();
+        let tools: Vec<&str> = crate::bootstrap::IMAGE_TEST_TOOLS
+            .iter()
+            .map(|(tool, _)| *tool)
+            .collect();
         assert_eq!(tools, IMAGE_TEST_TOOLS);
-        for (tool, package) in TEST_TOOLS {
+        for (tool, package) in crate::bootstrap::IMAGE_TEST_TOOLS {
             assert_eq!(package_of(tool), Some(*package), "{tool}");
         }
     }

@@ -103,7 +103,7 @@ impl Rootfs {
         if !host.is_absolute() {
             bail!("{} is not an absolute path", host.display());
         }
-        let parts: Vec<Component> = host.components().collect();
+        let parts: Vec<Component<'_>> = host.components().collect();
         let mut current = PathBuf::from("/");
         for (i, part) in parts.iter().enumerate() {
             let name = match part {

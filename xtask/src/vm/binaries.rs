@@ -18,12 +18,10 @@ use std::process::Command;
 use anyhow::{bail, Context};
 use tempfile::TempDir;
 
-use super::guest::{Env, Step};
+use super::devices::BINARIES_SERIAL as SERIAL;
+use super::script::{Env, Step};
 use crate::util::run;
 
-/// The disk's serial number (`/sys/block/*/serial`), which the guest
-/// script finds it by.
-pub const SERIAL: &str = "vh-binaries";
 /// By path: a user's PATH (the unprivileged tests') lacks /sbin.
 const MKFS: &str = "/sbin/mkfs.ext4";
 /// Where the guest mounts it.

@@ -24,6 +24,9 @@ use anyhow::Context;
 
 /// Serial numbers the guest finds each disk by (`/sys/block/*/serial`,
 /// `/sys/class/nvme/*/serial`): the order of PCI slots is QEMU's to choose.
+/// The binaries disk's serial number (`/sys/block/*/serial`), which the
+/// guest script finds it by (`super::binaries`).
+pub const BINARIES_SERIAL: &str = "vh-binaries";
 pub const SCRATCH_SERIAL: &str = "vh-scratch";
 const NVME_SERIAL: &str = "vh-nvme-faulty";
 const VIRTIO_SERIAL: &str = "vh-virtio-faulty";
@@ -65,7 +68,7 @@ pub fn qemu_opts(dir: &Path, scratch: &Path, binaries: Option<&Path>) -> anyhow:
             " -drive file={},if=none,id=vhbin,format=raw,readonly=on \
              -device virtio-blk-pci,drive=vhbin,serial={}",
             image.display(),
-            super::binaries::SERIAL
+            BINARIES_SERIAL
         )?;
     }
     for (id, serial, device) in [

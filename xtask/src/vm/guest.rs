@@ -18,9 +18,10 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 
 use super::devices;
-use super::kernels::{Kernel, Series};
+use super::kernels::Kernel;
 use super::queue::Queue;
 use super::relay::Relay;
+use super::script::{quote, Env, Step};
 use super::tools::Tools;
 use crate::util::{run, say};
 
@@ -96,20 +97,6 @@ pub fn check_visible(paths: &[(&str, &Path)]) -> anyhow::Result<()> {
         }
     }
     Ok(())
-}
-
-/// Environment variables for the command, in order.
-pub type Env = Vec<(String, String)>;
-
-/// One command of the guest script, run in `cwd`.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Step {
-    pub label: String,
-    pub cwd: PathBuf,
-    pub argv: Vec<String>,
-    /// The kernels whose guests run it (`--tests name@K+K`); `None`: every
-    /// kernel's.
-    pub only: Option<Vec<Series>>,
 }
 
 pub struct Machine {
@@ -294,11 +281,6 @@ fn code_patching_guard() -> String {
          umount {t}); then :; \
          else echo 'xtask vm: could not keep the kernel from patching hot code (tracefs)' >&2; status=1; fi\n"
     )
-}
-
-/// Single-quotes `s` for sh.
-pub(super) fn quote(s: &str) -> String {
-    format!("'{}'", s.replace('\'', r"'\''"))
 }
 
 /// What happened in the guest.

@@ -41,6 +41,7 @@ mod guest;
 mod kernels;
 mod queue;
 mod relay;
+mod script;
 mod tools;
 
 use std::path::{Path, PathBuf};
@@ -48,8 +49,9 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use guest::{Env, Machine, Outcome, Step};
+use guest::{Machine, Outcome};
 use kernels::Series;
+use script::{Env, Step};
 use serde_json::Value;
 
 use crate::util::{cargo, is_root, say, workspace_root};
@@ -253,7 +255,7 @@ pub fn run(args: &VmArgs) -> anyhow::Result<()> {
     if args.kernel.iter().any(|k| matches!(k, Target::Debian(_))) {
         guest::check_visible(&[
             ("the checkout", &workspace_root()),
-            ("the target directory", &crate::build::target_dir()),
+            ("the target directory", &crate::util::target_dir()),
             ("the tools cache", &crate::bootstrap::cache_dir()),
         ])?;
     }
@@ -641,7 +643,7 @@ fn default_tests(args: &VmArgs, suites: &[Suite]) -> anyhow::Result<(Vec<Step>, 
     // The agent embeds health-ebpf/object/ (rebuilt first when the kernel
     // sources changed).
     crate::ebpf::ensure()?;
-    let release = crate::build::target_dir().join("release");
+    let release = crate::util::target_dir().join("release");
     let env: Env = PROGRAM_VARS
         .iter()
         .map(|(key, name)| (key.to_string(), release.join(name).display().to_string()))

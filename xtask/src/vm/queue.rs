@@ -53,7 +53,7 @@ impl Queue {
     pub fn take_and_run(&self, index: usize, guest: &str, body: &str) -> String {
         let step = format!(
             "{}/{index}",
-            super::guest::quote(&self.path().to_string_lossy())
+            super::script::quote(&self.path().to_string_lossy())
         );
         format!(
             "if mkdir {step} 2>/dev/null; then\n\
@@ -61,7 +61,7 @@ impl Queue {
              {body}\
              echo $rc > {step}/rc.tmp && mv {step}/rc.tmp {step}/rc\n\
              fi\n",
-            guest = super::guest::quote(guest),
+            guest = super::script::quote(guest),
         )
     }
 

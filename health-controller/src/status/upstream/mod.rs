@@ -26,8 +26,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::SystemTime;
 
+use health_kube::backoff::REQUEST_TIMEOUT;
 use health_kube::status::{Claim, CONTROLLER_MANAGER};
-use health_kube::writer::REQUEST_TIMEOUT;
 use k8s_openapi::api::core::v1::{
     PersistentVolumeClaim, PersistentVolumeClaimStatus, VolumeHealthStatus,
 };

@@ -5,8 +5,8 @@
 
 use health_kube::events::StatusFollower;
 use health_kube::http::{Exposition, Health};
+use health_kube::observer::Observer;
 use health_kube::status::{Claim, SourceEntry};
-use health_kube::writer::Observer;
 
 use super::Metrics;
 

@@ -111,7 +111,7 @@ impl TypedMetric for KernelHistogram {
 }
 
 impl EncodeMetric for KernelHistogram {
-    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+    fn encode(&self, mut encoder: MetricEncoder<'_>) -> Result<(), std::fmt::Error> {
         let (buckets, sum_ns) = {
             let c = lock(&self.0);
             (c.buckets, c.sum_ns)

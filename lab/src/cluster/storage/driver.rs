@@ -93,7 +93,7 @@ pub(super) fn ensure_proxy(state: &State) -> anyhow::Result<()> {
         return Ok(());
     }
     daemon::stop(state, PROXY_DAEMON, Duration::from_secs(10))?;
-    let agent = xtask::build::target_dir().join("release/health-agent");
+    let agent = xtask::util::target_dir().join("release/health-agent");
     if !agent.is_file() {
         bail!(
             "the CSI proxy is the agent's own `health-agent csi-proxy`, and {} is missing: \

@@ -10,7 +10,7 @@ use health_controller::metrics::{ControllerMetrics, CycleResult};
 use health_core::conditions::{Condition, Source, Status};
 use health_csi::HealthSource;
 use health_kernel::collector::KernelStats;
-use health_kube::writer::Observer;
+use health_kube::observer::Observer;
 use health_node::report::metrics::{ErrorLabels, Metrics, VolumeRef};
 use health_node::volumes::io::VolumeIo;
 use health_node::volumes::kubelet::VolumeMode;
