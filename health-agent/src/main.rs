@@ -84,6 +84,12 @@ struct RunArgs {
     /// kubeconfig to use instead of the pod's service account.
     #[arg(long, value_name = "PATH")]
     kubeconfig: Option<PathBuf>,
+    /// A directory on the node that outlives the agent's container (the
+    /// DaemonSet mounts /var/lib/volume-health): the agent keeps its copy
+    /// of this node's Events there, and continues the open episodes from it
+    /// after a restart instead of listing Events (docs/large-clusters.md).
+    #[arg(long, value_name = "DIR", env = "HEALTH_STATE_DIR")]
+    state_dir: PathBuf,
     /// Where /metrics, /healthz and /readyz are served.
     #[arg(
         long,
@@ -401,6 +407,10 @@ fn run_options(args: RunArgs, host: HostPaths) -> anyhow::Result<health_node::cl
         !args.node_name.is_empty(),
         "--node-name (NODE_NAME) is empty"
     );
+    anyhow::ensure!(
+        !args.state_dir.as_os_str().is_empty(),
+        "--state-dir (HEALTH_STATE_DIR) is empty"
+    );
     let (writes_per_minute, update) = args.events.checked()?;
     let kubelet_root = args
         .volume
@@ -441,6 +451,7 @@ fn run_options(args: RunArgs, host: HostPaths) -> anyhow::Result<health_node::cl
         metrics_addr: args.metrics_addr,
         events,
         volume_health_socket: args.volume_health_socket,
+        state_dir: args.state_dir,
     })
 }
 

@@ -120,6 +120,7 @@ impl Worker {
             client.clone(),
             Arc::clone(&shared),
             Some(observer),
+            None,
         ));
         shared.wake();
         Worker {

@@ -1,8 +1,9 @@
 //! Writes what the [`crate::events::Recorder`] decides against the API server, a few
 //! requests at a time: `POST` for a new Event, a JSON merge `PATCH` of
-//! `count`, `lastTimestamp` and `message` to aggregate. Before the first
-//! write it lists the Events of an earlier agent process on this node
-//! ([`recover`]). Failures the server may get
+//! `count`, `lastTimestamp` and `message` to aggregate; a node's agent keeps
+//! what the server accepted in a file on the node ([`LocalCopy`]), which
+//! its next start continues from ([`recover_from`]). The controller, one
+//! process for the cluster, lists its Events instead ([`recover`]). Failures the server may get
 //! over (unreachable, 5xx, 429, timeouts) back off exponentially while the
 //! recorder keeps aggregating, so an outage costs one request per backoff
 //! step and nothing detected meanwhile is lost.
@@ -17,7 +18,7 @@ use kube::{Api, Client};
 use tokio::time::Instant;
 
 use crate::backoff::{Backoff, REQUEST_TIMEOUT};
-use crate::events::{Next, Outcome, Shared, Write};
+use crate::events::{LocalCopy, Next, Outcome, Shared, Write};
 use crate::observer::Observer;
 
 /// Writes in flight at once. The pod's and the PVC's Event of one failure
@@ -29,17 +30,23 @@ const MAX_IN_FLIGHT: usize = 4;
 const LIST_PAGE: u32 = 500;
 
 /// Runs until the task is dropped. First takes over the open Events of an
-/// earlier agent process on this node ([`recover`]), then writes what the
-/// recorder decides.
+/// earlier process ([`recover`]), then writes what the recorder decides.
 pub async fn run(client: Client, shared: Arc<Shared>, metrics: Option<Arc<dyn Observer>>) {
     recover(&client, &shared).await;
-    write(client, shared, metrics).await
+    write(client, shared, metrics, None).await
 }
 
-/// The writing half of [`run`], for a caller that has called [`recover`]
-/// itself (the controller, which seeds its state from what was adopted
-/// before anything is written).
-pub async fn write(client: Client, shared: Arc<Shared>, metrics: Option<Arc<dyn Observer>>) {
+/// The writing half of [`run`], for a caller that has taken over earlier
+/// Events itself ([`recover`], [`recover_from`]). Each write the server
+/// accepts goes into `kept` (when given), and `kept` to its file.
+pub async fn write(
+    client: Client,
+    shared: Arc<Shared>,
+    metrics: Option<Arc<dyn Observer>>,
+    mut kept: Option<LocalCopy>,
+) {
+    // Logged once per run of failures, not once per write.
+    let mut keeping_fails = false;
     let mut backoff = Backoff::default();
     // After a failure no new write starts before this.
     let mut paused_until: Option<Instant> = None;
@@ -82,6 +89,9 @@ pub async fn write(client: Client, shared: Arc<Shared>, metrics: Option<Arc<dyn 
         tokio::select! {
             Some((write, outcome)) = in_flight.next(), if !in_flight.is_empty() => {
                 let retry = outcome == Outcome::Retry;
+                if let Some(copy) = kept.as_mut() {
+                    keep(copy, &write, &outcome, &mut keeping_fails);
+                }
                 shared.lock().finish(&write, outcome, Instant::now());
                 if retry {
                     let pause = backoff.failed();
@@ -97,6 +107,25 @@ pub async fn write(client: Client, shared: Arc<Shared>, metrics: Option<Arc<dyn 
     }
 }
 
+/// Applies an answered write to the node's copy and writes the file; a
+/// failure to write it is logged (once until it works again), never fatal:
+/// only a restart's continuity depends on it.
+fn keep(copy: &mut LocalCopy, write: &Write, outcome: &Outcome, failing: &mut bool) {
+    if !copy.apply(write, outcome) {
+        return;
+    }
+    match copy.save(std::time::SystemTime::now()) {
+        Ok(()) => *failing = false,
+        Err(e) if !*failing => {
+            *failing = true;
+            tracing::warn!(
+                "cannot keep this node's Events ({e}); after a restart, open episodes will start new Events"
+            );
+        }
+        Err(_) => {}
+    }
+}
+
 async fn sleep_until(at: Option<Instant>) {
     match at {
         Some(at) => tokio::time::sleep_until(at).await,
@@ -108,15 +137,16 @@ async fn sleep_until(at: Option<Instant>) {
 pub type ListError = super::pages::PageError;
 
 /// The Events an earlier process wrote, in all namespaces.
-/// - A node's agent selects its own by label (`crate::node_label`: the
-///   server sends no other node's), from the API server's watch cache
-///   (`resourceVersion=0`; etcd is not read), in one answer: the cache
-///   ignores `limit`, and one node's Events are few.
 /// - The controller lists every Event of its component
 ///   (`fieldSelector=reportingComponent=...`: any replica's), in pages.
+/// - Otherwise they are selected by the node's label (`crate::node_label`:
+///   the server sends no other node's) in one answer. The API server reads
+///   every Event of the cluster from etcd for it (Events are not in its
+///   watch cache), which is why a node's agent reads its [`LocalCopy`]
+///   instead ([`recover_from`]).
 ///
 /// Events expire after the server's TTL (an hour by default), which bounds
-/// both.
+/// the answer.
 pub async fn list_own_events(
     client: &Client,
     config: &crate::events::RecorderConfig,
@@ -171,6 +201,25 @@ pub async fn recover(client: &Client, shared: &Shared) {
             "could not read back {whose} Events ({e}); episodes open before this process started will be reported as new Events"
         ),
     }
+}
+
+/// Seeds the recorder with the Events an earlier agent on this node wrote,
+/// from the node's copy (read by the caller: [`LocalCopy::load`]), so that
+/// an open episode goes on in the same Event. Nothing is asked of the API
+/// server.
+pub fn recover_from(copy: &LocalCopy, shared: &Shared) {
+    let events = copy.events();
+    let adopted = shared
+        .lock()
+        .adopt(&events, std::time::SystemTime::now(), Instant::now());
+    tracing::info!(
+        kept = events.len(),
+        open = adopted.warnings,
+        recoveries = adopted.normals,
+        "took over this node's Events from before this process started ({})",
+        copy.path().display()
+    );
+    shared.wake();
 }
 
 /// Makes one request and classifies how it ended.

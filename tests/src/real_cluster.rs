@@ -305,9 +305,14 @@ pub fn check_requests(metrics: SocketAddr) -> Result<Vec<String>> {
 }
 
 /// `health-agent run` as node-1's agent with its ServiceAccount, against
-/// kubelet root `root`, pinned on `bpffs`, quick to report (checks and
-/// Event updates every second) and with `quiet` seconds of kernel quiet
-/// window.
+/// kubelet root `root` (its state directory in there too, so that a
+/// restart with the same arguments finds it), pinned on `bpffs`, quick to
+/// report (checks and Event updates every second) and with `quiet` seconds
+/// of kernel quiet window.
+/// The agent's `--state-dir` inside a test's kubelet root: the agent reads
+/// only `pods/` and `plugins/` there.
+pub const STATE_DIR_NAME: &str = "volume-health-state";
+
 pub fn agent_args(
     cluster: &Cluster,
     root: &Path,
@@ -326,6 +331,8 @@ pub fn agent_args(
         &cluster.server.kubeconfig(who).display().to_string(),
         "--kubelet-root",
         &root.display().to_string(),
+        "--state-dir",
+        &root.join(STATE_DIR_NAME).display().to_string(),
         "--metrics-addr",
         &metrics.to_string(),
         "--check-interval",

@@ -23,10 +23,10 @@
 ///   names; its `spec.claimRef` names the PVC (namespace, name, uid), so no
 ///   PVC read is needed;
 /// - events (core/v1, which the Node authorizer also allows): created with
-///   this node's label, then aggregated by patching `count`,
-///   `lastTimestamp` and `message`; listed once at start by that label
-///   (`health_kube::node_label`) to continue the episodes open across a
-///   restart;
+///   this node's label (`health_kube::node_label`), then aggregated by
+///   patching `count`, `lastTimestamp` and `message`; never listed: the
+///   episodes open across a restart continue from the node's own copy
+///   ([`EVENTS_FILE`]);
 /// - volumehealths (the project's CRD): read, created by server-side apply
 ///   (patch), labelled with this node while it has entries there, listed
 ///   once at start by that label to continue this node's entries;
@@ -47,7 +47,7 @@ pub const API_ACCESS: &[ApiAccess] = &[
     ApiAccess {
         group: "",
         resource: "events",
-        verbs: &["list", "create", "patch"],
+        verbs: &["create", "patch"],
     },
     ApiAccess {
         group: "",
@@ -71,9 +71,9 @@ pub mod report;
 pub mod view;
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use anyhow::Context as _;
 use health_kube::http::{self, Health};
@@ -93,7 +93,17 @@ pub struct RunOptions {
     /// Where the agent answers `health-agent csi-proxy` with its conditions
     /// per volume (`crate::evidence_socket`); `None`: not served.
     pub volume_health_socket: Option<PathBuf>,
+    /// A directory on the node that outlives the agent's container: the
+    /// copy of this node's Events ([`EVENTS_FILE`]) is kept there.
+    pub state_dir: PathBuf,
 }
+
+/// The file in `--state-dir` that holds this node's Events as the API
+/// server last accepted them ([`events::LocalCopy`]): a restarted agent
+/// continues its open episodes from it without listing Events, which the
+/// API server would read in full from etcd (Events are not in its watch
+/// cache).
+pub const EVENTS_FILE: &str = "events.json";
 
 /// How long the agent may go without a loop iteration before `/healthz`
 /// fails. The loop wakes at least once a second (the reconcile tick).
@@ -141,24 +151,14 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
     recorder.hold_recoveries(RECOVERY_WAITS_FOR_STATUS);
     let shared = events::Shared::new(recorder);
     metrics.status_follower().follow(&shared);
-    // Taking over an earlier process's open Events lists pages of them:
-    // bulk work, done here at normal priority. The writes wait for it.
-    let (recovered_tx, recovered_rx) = tokio::sync::oneshot::channel();
-    let recovery = tokio::spawn({
-        let (client, shared) = (client.clone(), Arc::clone(&shared));
-        async move {
-            writer::recover(&client, &shared).await;
-            let _ = recovered_tx.send(());
-        }
-    });
+    // The open Events of an earlier process on this node go on from the
+    // node's copy of them, before anything is recorded.
+    let kept = local_copy(&opts.state_dir);
+    writer::recover_from(&kept, &shared);
     let companion = agent::Companion {
         task: Box::pin({
             let (shared, observer) = (Arc::clone(&shared), Arc::clone(&observer));
-            async move {
-                if recovered_rx.await.is_ok() {
-                    writer::write(writer_client.build(), shared, Some(observer)).await
-                }
-            }
+            async move { writer::write(writer_client.build(), shared, Some(observer), Some(kept)).await }
         }),
         drain: Box::pin(final_flush(Arc::clone(&shared))),
     };
@@ -188,13 +188,36 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
     let result = agent::run(opts.agent, reporter, Some(companion)).await;
     drop(served);
 
-    recovery.abort();
     status_writer.abort();
     server.abort();
     for w in watchers {
         w.abort();
     }
     result
+}
+
+/// The copy of this node's Events in `state_dir` (created if missing). A
+/// copy that cannot be read is reported and replaced: open episodes then
+/// start new Events, as on a first start. It is written back at once, so
+/// that a directory the agent cannot write is reported now rather than at
+/// the first Event; neither stops the agent, whose detection does not
+/// depend on it (a node whose disk failed needs the agent most).
+fn local_copy(state_dir: &Path) -> events::LocalCopy {
+    let path = state_dir.join(EVENTS_FILE);
+    let mut copy = events::LocalCopy::load(&path).unwrap_or_else(|e| {
+        tracing::error!("{e}; starting without this node's earlier Events");
+        events::LocalCopy::empty(&path)
+    });
+    let written = std::fs::create_dir_all(state_dir)
+        .map_err(anyhow::Error::from)
+        .and_then(|()| Ok(copy.save(SystemTime::now())?));
+    if let Err(e) = written {
+        tracing::error!(
+            "cannot keep this node's Events in {} (--state-dir): {e:#}; after a restart, open episodes will start new Events",
+            state_dir.display()
+        );
+    }
+    copy
 }
 
 /// Gives Events recorded at the end (the final reconcile) a moment to be

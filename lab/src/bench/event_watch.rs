@@ -93,6 +93,12 @@ pub fn run(tools: &Tools, cfg: &Config) -> Result<EventWatchResult> {
         &cluster.server.kubeconfig(who).display().to_string(),
         "--kubelet-root",
         &root.path().display().to_string(),
+        "--state-dir",
+        &root
+            .path()
+            .join("volume-health-state")
+            .display()
+            .to_string(),
         "--metrics-addr",
         &metrics.to_string(),
         "--kernel-quiet-window",

@@ -126,6 +126,11 @@ impl OnePod {
             kubeconfig.display().to_string(),
             "--kubelet-root".into(),
             root.path().display().to_string(),
+            "--state-dir".into(),
+            root.path()
+                .join("volume-health-state")
+                .display()
+                .to_string(),
             "--metrics-addr".into(),
             metrics.to_string(),
         ];

@@ -279,6 +279,31 @@ fn by_resource(s: &Start) -> String {
         .join(", ")
 }
 
+/// `etcd: events 2,000; watch cache: pods 2,010`: the objects the server
+/// evaluated for the start's lists (every client's in the window).
+fn evaluated(s: &Start) -> String {
+    let side = |m: &Option<std::collections::BTreeMap<String, f64>>| match m {
+        None => "not reported by this server".to_string(),
+        Some(m) => {
+            let moved: Vec<String> = m
+                .iter()
+                .filter(|(_, n)| **n >= 1.0)
+                .map(|(r, n)| format!("{r} {}", thousands(*n as usize)))
+                .collect();
+            if moved.is_empty() {
+                "none".to_string()
+            } else {
+                moved.join(", ")
+            }
+        }
+    };
+    format!(
+        "etcd: {}; watch cache: {}",
+        side(&s.evaluated_etcd),
+        side(&s.evaluated_cache)
+    )
+}
+
 impl ScaleResult {
     pub fn markdown(&self) -> String {
         let mut out = format!(
@@ -299,19 +324,22 @@ impl ScaleResult {
              One agent (node-001: 10 pods, each with a bound CSI volume in its kubelet tree) started from nothing, \
              as the agents' ServiceAccount under deploy/'s RBAC; measured until no byte reached it for 3 s. \
              Requests from the audit log; bytes received through a counting proxy (exact for this client, TLS and watch streams included); \
-             by resource from `apiserver_response_sizes` (MB, lists and gets of every client, watch streams not included).\n\n\
-             | PVs | PV as served | populate | requests at start | bytes received at start (sent; connections) | by resource (MB) | RSS once quiet / peak | time to ready | traffic ends |\n\
-             |---:|---:|---:|---|---:|---|---:|---:|---:|\n",
+             by resource from `apiserver_response_sizes` (MB, lists and gets of every client, watch streams not included); \
+             objects the server evaluated for lists from `apiserver_storage_list_evaluated_objects_total` (etcd) and \
+             `apiserver_cache_list_evaluated_objects_total` (its watch cache).\n\n\
+             | PVs | PV as served | populate | requests at start | objects evaluated for them | bytes received at start (sent; connections) | by resource (MB) | RSS once quiet / peak | time to ready | traffic ends |\n\
+             |---:|---:|---:|---|---|---:|---|---:|---:|---:|\n",
         );
         for size in &self.sizes {
             for s in &size.starts {
                 out.push_str(&format!(
-                    "| {} | {} B | {:.1} s | {} in all: {} | {} ({}; {}) | {} | {:.1} / {:.1} MB | {:.2} s | {:.2} s |\n",
+                    "| {} | {} B | {:.1} s | {} in all: {} | {} | {} ({}; {}) | {} | {:.1} / {:.1} MB | {:.2} s | {:.2} s |\n",
                     thousands(size.pvs),
                     size.pv_bytes,
                     size.populate.as_secs_f64(),
                     s.requests.values().sum::<u64>(),
                     audit::describe(&s.requests),
+                    evaluated(s),
                     mb(s.received[0] as f64),
                     mb(s.sent as f64),
                     s.connections,

@@ -32,9 +32,10 @@ const SYSCTLS: &[&str] = &[
 
 /// Paths created whatever our configuration says: the kubelet's pod log
 /// directories (hard-coded), libcni's cache (containerd's CNI library keeps
-/// results there), the containerd shims' socket directory, and the agent's
+/// results there), the containerd shims' socket directory, the agent's
 /// conditions socket directory (the chart's `csiProxy.socketDir`, a
-/// hostPath the kubelet creates when an agent serves the CSI proxy).
+/// hostPath the kubelet creates when an agent serves the CSI proxy) and its
+/// state directory (the chart's `stateDir`, a hostPath made if missing).
 pub(super) const FIXED_PATHS: &[&str] = &[
     KUBELET_ROOT,
     "/var/log/pods",
@@ -42,6 +43,7 @@ pub(super) const FIXED_PATHS: &[&str] = &[
     "/var/lib/cni",
     "/run/containerd",
     "/run/volume-health",
+    "/var/lib/volume-health",
 ];
 
 /// The kernel filesystems the agent's DaemonSet mounts from the host

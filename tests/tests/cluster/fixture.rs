@@ -130,6 +130,12 @@ impl Fixture {
             kubeconfig.display().to_string(),
             "--kubelet-root".into(),
             fx.root().display().to_string(),
+            // Kept across kill_and_restart, as the DaemonSet's hostPath.
+            "--state-dir".into(),
+            fx.root()
+                .join(health_tests::real_cluster::STATE_DIR_NAME)
+                .display()
+                .to_string(),
             "--metrics-addr".into(),
             metrics,
             "--check-interval".into(),

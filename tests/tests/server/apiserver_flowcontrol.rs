@@ -291,7 +291,8 @@ async fn check_agent_requests(agent: &Client, ours: &Classified) -> Result<()> {
     for (path, status) in [
         ("/api/v1/persistentvolumes", 403),
         ("/api/v1/persistentvolumes?watch=true", 403),
-        ("/api/v1/namespaces/default/events?labelSelector=a%3Db", 200),
+        ("/api/v1/pods?fieldSelector=spec.nodeName%3Dnode-1", 200),
+        ("/api/v1/namespaces/default/events?labelSelector=a%3Db", 403),
         ("/api/v1/namespaces/default/persistentvolumeclaims", 403),
     ] {
         let seen = classify(agent, path).await?;

@@ -21,7 +21,7 @@ use crate::deploy_common;
 use deploy_common::agent_objects::{
     agent, by_key, deploy, deploy_objects, env_value, manifest_files, mount_path_of_host_path,
     name, namespace_of, parse_documents, pod_spec, CLUSTER_ROLE, DAEMON_SET, IMAGE,
-    METRICS_SERVICE, MOUNTS, NAMESPACE, SERVICE_ACCOUNT,
+    METRICS_SERVICE, MOUNTS, NAMESPACE, SERVICE_ACCOUNT, STATE_DIR,
 };
 use deploy_common::{chart_dir, deploy_dir, json, read};
 use health_node::cluster::API_ACCESS;
@@ -248,6 +248,8 @@ fn env_names_the_node_and_the_mounted_host_paths() {
     // mountinfo are paths the agent can use as they are.
     assert_eq!(env_value(c, "HEALTH_KUBELET_ROOT"), "/var/lib/kubelet");
     assert_eq!(mount_of("/var/lib/kubelet"), "/var/lib/kubelet");
+    assert_eq!(env_value(c, "HEALTH_STATE_DIR"), STATE_DIR);
+    assert_eq!(mount_of(STATE_DIR), STATE_DIR);
     assert_eq!(env_value(c, "HEALTH_METRICS_ADDR"), DEFAULT_METRICS_ADDR);
     assert_eq!(env_value(c, "HEALTH_LOG"), "info");
     let names: Vec<&str> = c.env.iter().flatten().map(|e| e.name.as_str()).collect();
@@ -259,6 +261,7 @@ fn env_names_the_node_and_the_mounted_host_paths() {
             "HEALTH_HOST_SYS",
             "HEALTH_HOST_CGROUP",
             "HEALTH_KUBELET_ROOT",
+            "HEALTH_STATE_DIR",
             "HEALTH_METRICS_ADDR",
             "HEALTH_LOG"
         ]
@@ -282,7 +285,14 @@ fn every_host_path_is_mounted_as_documented() {
             .get(m.name.as_str())
             .unwrap_or_else(|| panic!("volumeMount {} has no volume", m.name));
         let host = v.host_path.as_ref().expect("only hostPath volumes");
-        assert_eq!(host.type_.as_deref(), Some("Directory"), "{}", m.name);
+        // The agent's state directory is the one made if missing (a new
+        // node has none); every other must be there.
+        let type_ = if host.path == STATE_DIR {
+            "DirectoryOrCreate"
+        } else {
+            "Directory"
+        };
+        assert_eq!(host.type_.as_deref(), Some(type_), "{}", m.name);
         // Every supported API server must take these files: recursive
         // read-only mounts come from deploy/components/recursive-read-only
         // (deploy_render.rs checks where it puts them).
@@ -437,6 +447,7 @@ fn agent_help(args: &[&str]) -> String {
         .env_remove("HEALTH_HOST_CGROUP")
         .env_remove("HEALTH_LOG")
         .env_remove("HEALTH_KUBELET_ROOT")
+        .env_remove("HEALTH_STATE_DIR")
         .env_remove("HEALTH_METRICS_ADDR")
         .env_remove("NODE_NAME")
         .output()
@@ -468,9 +479,10 @@ fn the_cli_reads_the_environment_the_daemon_set_sets() {
 /// NODE_NAME and HEALTH_METRICS_ADDR belong to `health-agent run`: the
 /// DaemonSet's env must be what the binary reads.
 #[test]
-fn the_run_command_reads_node_name_and_the_metrics_address() {
+fn the_run_command_reads_node_name_the_state_dir_and_the_metrics_address() {
     let help = agent_help(&["run"]);
     assert!(help.contains("[env: NODE_NAME="), "{help}");
+    assert!(help.contains("[env: HEALTH_STATE_DIR="), "{help}");
     assert!(help.contains("[env: HEALTH_METRICS_ADDR="), "{help}");
     assert!(
         help.contains(&format!("[default: {DEFAULT_METRICS_ADDR}]")),
@@ -538,8 +550,9 @@ fn the_chart_templates_name_every_object_and_the_fixed_fields() {
     assert!(has("privileged: false\n") && has("allowPrivilegeEscalation: false\n"));
     assert!(has("readOnlyRootFilesystem: true\n") && has("runAsUser: 0\n"));
     for m in MOUNTS {
-        // The kubelet root is a value (checked against values.yaml below).
-        if m.host != "/var/lib/kubelet" {
+        // The kubelet root and the state directory are values (checked
+        // against values.yaml below).
+        if m.host != "/var/lib/kubelet" && m.host != STATE_DIR {
             assert!(
                 has(&format!("path: {}\n", m.host)),
                 "no hostPath {}",
@@ -565,6 +578,7 @@ fn the_chart_templates_name_every_object_and_the_fixed_fields() {
         "HEALTH_HOST_SYS",
         "HEALTH_HOST_CGROUP",
         "HEALTH_KUBELET_ROOT",
+        "HEALTH_STATE_DIR",
         "HEALTH_METRICS_ADDR",
         "HEALTH_LOG",
     ] {
@@ -602,6 +616,7 @@ fn the_chart_defaults_are_the_values_of_deploy() {
     assert_eq!(values["metrics"]["port"], metrics_port());
     assert_eq!(values["metrics"]["service"], true);
     assert_eq!(values["kubeletRoot"], env_value(c, "HEALTH_KUBELET_ROOT"));
+    assert_eq!(values["stateDir"], env_value(c, "HEALTH_STATE_DIR"));
     assert_eq!(values["logLevel"], env_value(c, "HEALTH_LOG"));
     assert_eq!(values["extraArgs"], serde_json::json!([]));
     assert_eq!(values["privileged"], false);

@@ -54,6 +54,12 @@ pub struct Start {
     /// `apiserver_response_sizes_sum` moved by resource (every client's;
     /// watch streams not included).
     pub response_bytes: BTreeMap<String, f64>,
+    /// Objects the API server evaluated to answer lists over the window, by
+    /// resource: read from etcd (`apiserver_storage_list_evaluated_objects_total`)
+    /// and from its watch cache (`apiserver_cache_list_evaluated_objects_total`);
+    /// `None` where the server has no such family.
+    pub evaluated_etcd: Option<BTreeMap<String, f64>>,
+    pub evaluated_cache: Option<BTreeMap<String, f64>>,
     /// Per agent, once quiet.
     pub rss_kb: Vec<u64>,
     pub hwm_kb: Vec<u64>,
@@ -89,6 +95,23 @@ fn response_bytes(s: &Samples) -> BTreeMap<String, f64> {
         *out.entry(resource).or_insert(0.0) += v;
     }
     out
+}
+
+/// Family `name` (a counter by `resource`) moved from `m0` to `m1`; `None`
+/// when the server does not have it.
+fn by_resource_moved(m0: &Samples, m1: &Samples, name: &str) -> Option<BTreeMap<String, f64>> {
+    let of = |s: &Samples| -> Option<BTreeMap<String, f64>> {
+        let mut out = BTreeMap::new();
+        let mut any = false;
+        for (labels, v) in s.matching(name, &[]) {
+            any = true;
+            let resource = labels.get("resource").cloned().unwrap_or_default();
+            *out.entry(resource).or_insert(0.0) += v;
+        }
+        any.then_some(out)
+    };
+    let after = of(m1)?;
+    Some(diff(&of(m0).unwrap_or_default(), &after))
 }
 
 /// An agent running on a thread of its own: `PR_SET_PDEATHSIG` stops a
@@ -180,6 +203,12 @@ pub fn start(ctx: &Ctx<'_>, nodes: &[usize]) -> Result<(Start, Vec<Running>)> {
             &kubeconfig.display().to_string(),
             "--kubelet-root",
             &tree.root().display().to_string(),
+            "--state-dir",
+            &tree
+                .root()
+                .join("volume-health-state")
+                .display()
+                .to_string(),
             "--metrics-addr",
             &metrics.to_string(),
         ]
@@ -261,6 +290,16 @@ pub fn start(ctx: &Ctx<'_>, nodes: &[usize]) -> Result<(Start, Vec<Running>)> {
         connections: running.iter().map(|r| r.proxy.connections()).sum(),
         requests,
         response_bytes: diff(&response_bytes(&m0), &response_bytes(&m1)),
+        evaluated_etcd: by_resource_moved(
+            &m0,
+            &m1,
+            "apiserver_storage_list_evaluated_objects_total",
+        ),
+        evaluated_cache: by_resource_moved(
+            &m0,
+            &m1,
+            "apiserver_cache_list_evaluated_objects_total",
+        ),
         rss_kb: status("VmRSS")?,
         hwm_kb: status("VmHWM")?,
         apiserver_cpu: a1 - a0,

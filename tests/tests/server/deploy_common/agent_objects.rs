@@ -54,8 +54,12 @@ pub const fn host_mount(
     }
 }
 
+/// The agent's own directory on the node (`--state-dir`): its copy of the
+/// node's Events. The one host path that the kubelet creates if missing.
+pub const STATE_DIR: &str = "/var/lib/volume-health";
+
 /// Every host path the agent needs, and nothing else.
-pub const MOUNTS: [HostMount; 7] = [
+pub const MOUNTS: [HostMount; 8] = [
     host_mount("/proc", "/host/proc", true, true, None),
     host_mount("/sys", "/sys", true, true, None),
     // Writable: the agent's tracer witness is a tracefs instance.
@@ -78,6 +82,8 @@ pub const MOUNTS: [HostMount; 7] = [
     // The host's cgroups (the container's own /sys/fs/cgroup is its cgroup
     // namespace's): a stalled bio's cgroup named as pod and container.
     host_mount("/sys/fs/cgroup", "/host/sys/fs/cgroup", true, true, None),
+    // Writable: the agent keeps its copy of the node's Events there.
+    host_mount(STATE_DIR, STATE_DIR, false, false, None),
 ];
 
 // ---------------------------------------------------------------------------
