@@ -21,7 +21,7 @@ use crate::{Device, E2e};
 
 pub const PVC: &str = "raw";
 pub const POD: &str = "reader";
-const OBJECTS: [Object; 2] = [("Pod", POD), ("PersistentVolumeClaim", PVC)];
+const OBJECTS: [Object<'static>; 2] = [("Pod", POD), ("PersistentVolumeClaim", PVC)];
 const REASON: &str = "BlockIOErrors";
 /// Failed O_DIRECT reads the pod makes.
 const READS: u64 = 3;

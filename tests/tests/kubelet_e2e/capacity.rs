@@ -15,7 +15,7 @@ use crate::E2e;
 
 const PVC: &str = "full";
 const POD: &str = "filler";
-const OBJECTS: [Object; 2] = [("Pod", POD), ("PersistentVolumeClaim", PVC)];
+const OBJECTS: [Object<'static>; 2] = [("Pod", POD), ("PersistentVolumeClaim", PVC)];
 const REASON: &str = "CapacityExhausted";
 
 pub fn fill_and_free(e2e: &E2e) -> Result<()> {

@@ -25,7 +25,7 @@ use crate::E2e;
 /// The reason the agent gives a legacy `abnormal: true`
 /// (health_csi::LEGACY_ABNORMAL_REASON).
 pub const REASON: &str = "VolumeConditionAbnormal";
-const OBJECTS: [Object; 3] = [
+const OBJECTS: [Object<'static>; 3] = [
     ("Pod", "web-0"),
     ("Pod", "web-1"),
     ("PersistentVolumeClaim", PVC),

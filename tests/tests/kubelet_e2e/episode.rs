@@ -26,7 +26,7 @@ use crate::{Device, E2e};
 
 pub const PVC: &str = "data";
 pub const PODS: [&str; 2] = ["web-0", "web-1"];
-const OBJECTS: [Object; 3] = [
+const OBJECTS: [Object<'static>; 3] = [
     ("Pod", "web-0"),
     ("Pod", "web-1"),
     ("PersistentVolumeClaim", PVC),

@@ -39,7 +39,7 @@ pub fn agent_events(cluster: &NodeCluster) -> Result<Vec<Value>> {
 }
 
 /// The agent's Events about `object` with `reason`.
-pub fn about<'e>(events: &'e [Value], object: Object, reason: &str) -> Vec<&'e Value> {
+pub fn about<'e>(events: &'e [Value], object: Object<'_>, reason: &str) -> Vec<&'e Value> {
     events
         .iter()
         .filter(|e| {
@@ -54,7 +54,7 @@ pub fn about<'e>(events: &'e [Value], object: Object, reason: &str) -> Vec<&'e V
 /// `count`; returns them in that order.
 pub fn wait_counts(
     cluster: &NodeCluster,
-    objects: &[Object],
+    objects: &[Object<'_>],
     reason: &str,
     count: i64,
     within: Duration,
