@@ -75,6 +75,8 @@ pub struct AtSize {
 }
 
 pub struct ScaleResult {
+    /// The server's `gitVersion` (`/version`).
+    pub apiserver_version: String,
     pub apiserver_startup: Duration,
     pub base: Vec<(&'static str, usize, Duration)>,
     pub in_flight: usize,
@@ -116,6 +118,10 @@ pub fn run(tools: &Tools<'_>, cfg: &Config) -> Result<ScaleResult> {
     let apiserver_startup = server.startup_time();
     // deploy/ as it ships, the agent's calls allowed.
     let cluster = Cluster::prepare(server, API_ACCESS)?;
+    let apiserver_version = cluster
+        .block_on(cluster.admin.apiserver_version())
+        .context("asking the API server its version")?
+        .git_version;
     let work = tempfile::Builder::new().prefix("scale-bench-").tempdir()?;
     let admin = cluster.admin.clone();
     let who = cluster
@@ -212,6 +218,7 @@ pub fn run(tools: &Tools<'_>, cfg: &Config) -> Result<ScaleResult> {
         });
     }
     Ok(ScaleResult {
+        apiserver_version,
         apiserver_startup,
         base: base.took,
         in_flight: cfg.in_flight,
@@ -307,7 +314,8 @@ fn evaluated(s: &Start) -> String {
 impl ScaleResult {
     pub fn markdown(&self) -> String {
         let mut out = format!(
-            "A real kube-apiserver v1.26 and etcd (started in {:.1} s) with deploy/ applied; populated by the admin, {} creates in flight: ",
+            "A real kube-apiserver {} and etcd (started in {:.1} s) with deploy/ applied; populated by the admin, {} creates in flight: ",
+            self.apiserver_version,
             self.apiserver_startup.as_secs_f64(),
             self.in_flight
         );
