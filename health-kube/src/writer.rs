@@ -45,8 +45,6 @@ pub async fn write(
     metrics: Option<Arc<dyn Observer>>,
     mut kept: Option<LocalCopy>,
 ) {
-    // Logged once per run of failures, not once per write.
-    let mut keeping_fails = false;
     let mut backoff = Backoff::default();
     // After a failure no new write starts before this.
     let mut paused_until: Option<Instant> = None;
@@ -90,7 +88,9 @@ pub async fn write(
             Some((write, outcome)) = in_flight.next(), if !in_flight.is_empty() => {
                 let retry = outcome == Outcome::Retry;
                 if let Some(copy) = kept.as_mut() {
-                    keep(copy, &write, &outcome, &mut keeping_fails);
+                    if copy.apply(&write, &outcome) {
+                        copy.save_in_background(std::time::SystemTime::now());
+                    }
                 }
                 shared.lock().finish(&write, outcome, Instant::now());
                 if retry {
@@ -104,25 +104,6 @@ pub async fn write(
             _ = shared.notified() => {}
             _ = sleep_until(wake) => {}
         }
-    }
-}
-
-/// Applies an answered write to the node's copy and writes the file; a
-/// failure to write it is logged (once until it works again), never fatal:
-/// only a restart's continuity depends on it.
-fn keep(copy: &mut LocalCopy, write: &Write, outcome: &Outcome, failing: &mut bool) {
-    if !copy.apply(write, outcome) {
-        return;
-    }
-    match copy.save(std::time::SystemTime::now()) {
-        Ok(()) => *failing = false,
-        Err(e) if !*failing => {
-            *failing = true;
-            tracing::warn!(
-                "cannot keep this node's Events ({e}); after a restart, open episodes will start new Events"
-            );
-        }
-        Err(_) => {}
     }
 }
 

@@ -20,6 +20,7 @@
 use std::collections::BTreeMap;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, SystemTime};
 
 use k8s_openapi::api::core::v1::Event;
@@ -71,6 +72,7 @@ pub enum LocalCopyError {
 pub struct LocalCopy {
     path: PathBuf,
     events: BTreeMap<(String, String), Event>,
+    saver: Option<Saver>,
 }
 
 impl LocalCopy {
@@ -79,6 +81,7 @@ impl LocalCopy {
         LocalCopy {
             path: path.to_path_buf(),
             events: BTreeMap::new(),
+            saver: None,
         }
     }
 
@@ -181,16 +184,41 @@ impl LocalCopy {
 
     /// Drops what the server has expired by `now`, then writes the file.
     pub fn save(&mut self, now: SystemTime) -> Result<(), LocalCopyError> {
+        let bytes = self.file_bytes(now);
+        write_atomically(&self.path, &bytes).map_err(|source| LocalCopyError::Write {
+            path: self.path.clone(),
+            source,
+        })
+    }
+
+    /// [`LocalCopy::save`] on a thread of its own (started at the first
+    /// call), so that the caller never waits for the node's disk: the
+    /// writer runs on the event thread, and a node whose disk hangs is one
+    /// the agent must go on watching. Only the newest bytes are written.
+    pub fn save_in_background(&mut self, now: SystemTime) {
+        let bytes = self.file_bytes(now);
+        if self.saver.is_none() {
+            match Saver::start(self.path.clone()) {
+                Ok(saver) => self.saver = Some(saver),
+                Err(e) => {
+                    tracing::error!("cannot start the thread that keeps this node's Events: {e}");
+                    return;
+                }
+            }
+        }
+        if let Some(saver) = &self.saver {
+            saver.put(bytes);
+        }
+    }
+
+    /// Drops what the server has expired by `now`; the file's contents.
+    fn file_bytes(&mut self, now: SystemTime) -> Vec<u8> {
         self.prune(now);
         let file = File {
             version: VERSION,
             events: self.events.values().cloned().collect(),
         };
-        let bytes = serde_json::to_vec(&file).expect("an Event serializes");
-        write_atomically(&self.path, &bytes).map_err(|source| LocalCopyError::Write {
-            path: self.path.clone(),
-            source,
-        })
+        serde_json::to_vec(&file).expect("an Event serializes")
     }
 
     fn prune(&mut self, now: SystemTime) {
@@ -233,6 +261,109 @@ fn merged(event: &Event, patch: &serde_json::Value) -> Option<Event> {
     let mut value = serde_json::to_value(event).ok()?;
     json_patch::merge(&mut value, patch);
     serde_json::from_value(value).ok()
+}
+
+/// How long dropping a [`Saver`] waits for its last write (the agent's
+/// shutdown): the newest counts should reach the file, but a hung disk
+/// must not hold the process.
+const LAST_WRITE_WAIT: Duration = Duration::from_secs(2);
+
+/// The newest bytes to write, and whether the owner is gone.
+#[derive(Default)]
+struct Slot {
+    bytes: Option<Vec<u8>>,
+    writing: bool,
+    closed: bool,
+}
+
+/// A thread that writes the file: it holds at most one pending version
+/// (a newer one replaces it), so memory stays bounded however long a write
+/// takes. A failure is logged once until a write succeeds again.
+struct Saver {
+    slot: Arc<(Mutex<Slot>, Condvar)>,
+}
+
+impl std::fmt::Debug for Saver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Saver")
+    }
+}
+
+impl Saver {
+    fn start(path: PathBuf) -> std::io::Result<Saver> {
+        let slot: Arc<(Mutex<Slot>, Condvar)> = Arc::default();
+        let theirs = Arc::clone(&slot);
+        std::thread::Builder::new()
+            .name("events-copy".into())
+            .spawn(move || save_loop(&path, &theirs))?;
+        Ok(Saver { slot })
+    }
+
+    fn put(&self, bytes: Vec<u8>) {
+        let (lock, changed) = &*self.slot;
+        lock.lock().unwrap_or_else(|e| e.into_inner()).bytes = Some(bytes);
+        changed.notify_all();
+    }
+}
+
+impl Drop for Saver {
+    fn drop(&mut self) {
+        let (lock, changed) = &*self.slot;
+        let mut slot = lock.lock().unwrap_or_else(|e| e.into_inner());
+        slot.closed = true;
+        changed.notify_all();
+        let deadline = std::time::Instant::now() + LAST_WRITE_WAIT;
+        while slot.bytes.is_some() || slot.writing {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                tracing::warn!(
+                    "stopping before this node's Events were kept (the disk is slow or hung)"
+                );
+                return;
+            }
+            slot = changed
+                .wait_timeout(slot, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+}
+
+fn save_loop(path: &Path, slot: &(Mutex<Slot>, Condvar)) {
+    let (lock, changed) = slot;
+    let mut failing = false;
+    loop {
+        let bytes = {
+            let mut s = lock.lock().unwrap_or_else(|e| e.into_inner());
+            loop {
+                if let Some(bytes) = s.bytes.take() {
+                    s.writing = true;
+                    break bytes;
+                }
+                if s.closed {
+                    return;
+                }
+                s = changed.wait(s).unwrap_or_else(|e| e.into_inner());
+            }
+        };
+        let written = path
+            .parent()
+            .map_or(Ok(()), std::fs::create_dir_all)
+            .and_then(|()| write_atomically(path, &bytes));
+        match written {
+            Ok(()) => failing = false,
+            Err(e) if !failing => {
+                failing = true;
+                tracing::error!(
+                    "cannot keep this node's Events in {}: {e}; after a restart, open episodes will start new Events",
+                    path.display()
+                );
+            }
+            Err(_) => {}
+        }
+        lock.lock().unwrap_or_else(|e| e.into_inner()).writing = false;
+        changed.notify_all();
+    }
 }
 
 /// Writes `bytes` to `path` through a synced temporary file in the same
@@ -330,6 +461,26 @@ mod tests {
             e.message.as_deref(),
             Some("pod default/web-0: Degraded BlockIOErrors: 7 failed writes")
         );
+    }
+
+    #[test]
+    fn the_background_save_writes_the_newest_copy_before_it_is_dropped() {
+        let dir = tempfile::tempdir().unwrap();
+        // A directory that does not exist yet: the saver makes it.
+        let path = dir.path().join("state").join("events.json");
+        let mut copy = LocalCopy::empty(&path);
+        copy.apply(&create(&event("a", at(0))), &Outcome::Done);
+        copy.save_in_background(at(1));
+        copy.apply(&create(&event("b", at(2))), &Outcome::Done);
+        copy.save_in_background(at(3));
+        drop(copy);
+        let names: Vec<_> = LocalCopy::load(&path)
+            .unwrap()
+            .events()
+            .into_iter()
+            .map(|e| e.metadata.name.unwrap())
+            .collect();
+        assert_eq!(names, ["a", "b"]);
     }
 
     #[test]

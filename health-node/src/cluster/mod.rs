@@ -196,27 +196,20 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
     result
 }
 
-/// The copy of this node's Events in `state_dir` (created if missing). A
-/// copy that cannot be read is reported and replaced: open episodes then
-/// start new Events, as on a first start. It is written back at once, so
-/// that a directory the agent cannot write is reported now rather than at
-/// the first Event; neither stops the agent, whose detection does not
-/// depend on it (a node whose disk failed needs the agent most).
+/// The copy of this node's Events in `state_dir`. A copy that cannot be
+/// read is reported and replaced: open episodes then start new Events, as
+/// on a first start. It is written back at once (the directory made if
+/// missing), so that a directory the agent cannot write is reported now
+/// rather than at the first Event; neither stops the agent, whose detection
+/// does not depend on it (a node whose disk failed needs the agent most),
+/// and the writing never holds it (`LocalCopy::save_in_background`).
 fn local_copy(state_dir: &Path) -> events::LocalCopy {
     let path = state_dir.join(EVENTS_FILE);
     let mut copy = events::LocalCopy::load(&path).unwrap_or_else(|e| {
         tracing::error!("{e}; starting without this node's earlier Events");
         events::LocalCopy::empty(&path)
     });
-    let written = std::fs::create_dir_all(state_dir)
-        .map_err(anyhow::Error::from)
-        .and_then(|()| Ok(copy.save(SystemTime::now())?));
-    if let Err(e) = written {
-        tracing::error!(
-            "cannot keep this node's Events in {} (--state-dir): {e:#}; after a restart, open episodes will start new Events",
-            state_dir.display()
-        );
-    }
+    copy.save_in_background(SystemTime::now());
     copy
 }
 
