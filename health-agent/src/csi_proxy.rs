@@ -1,6 +1,6 @@
 //! `health-agent csi-proxy`: the CSI proxy (`health_csi::proxy`) as a
 //! sidecar of a CSI driver's node pod, asking the node agent's conditions
-//! socket (`health_node::evidence_socket`).
+//! socket (`health_node::conditions_socket`).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use health_csi::proxy::{Proxy, ProxyConfig, DEFAULT_AGENT_TIMEOUT};
-use health_node::evidence_socket::{self, AgentSocket};
+use health_node::conditions_socket::{self, AgentSocket};
 use tokio::signal::unix::{signal, SignalKind};
 
 #[derive(clap::Args)]
@@ -26,7 +26,7 @@ pub struct CsiProxyArgs {
         long,
         value_name = "PATH",
         env = "HEALTH_VOLUME_HEALTH_SOCKET",
-        default_value = evidence_socket::DEFAULT_SOCKET
+        default_value = conditions_socket::DEFAULT_SOCKET
     )]
     volume_health_socket: PathBuf,
     /// Seconds one question to the agent may take; past it, the answer is
@@ -59,7 +59,7 @@ pub async fn run(args: CsiProxyArgs) -> anyhow::Result<()> {
         args.listen.display()
     );
     let listener =
-        evidence_socket::bind_fresh(&args.listen).context("serving the kubelet (--listen)")?;
+        conditions_socket::bind_fresh(&args.listen).context("serving the kubelet (--listen)")?;
     let proxy = Proxy::new(
         ProxyConfig {
             driver_socket: args.csi_address.clone(),

@@ -20,7 +20,7 @@ use health_node::agent::{self, AgentOptions, EventPriority};
 use health_node::report::watch::View;
 use health_node::volumes::checks::CheckConfig;
 use health_node::volumes::kubelet::DEFAULT_KUBELET_ROOT;
-use health_node::volumes::{self, view, LiveVolumesConfig};
+use health_node::volumes::{self, one_shot, LiveVolumesConfig};
 use health_topology::HostPaths;
 
 /// The kernel programs (`health-ebpf`): the committed object (build.rs).
@@ -617,10 +617,10 @@ fn uninstall(root: &std::path::Path, sys_root: &std::path::Path) -> anyhow::Resu
 /// be removed is said, not fatal (the pins are gone, and the next agent
 /// removes it as stale).
 fn remove_pinned_witness(sys_root: &std::path::Path, stats_id: u32) {
-    use health_kernel::{tracefs::Tracefs, witness};
+    use health_kernel::{tracefs::Tracefs, tracer_count};
     let removed = Tracefs::locate(sys_root)
         .map_err(anyhow::Error::from)
-        .and_then(|t| Ok(witness::remove_pinned(t.root(), stats_id)?));
+        .and_then(|t| Ok(tracer_count::remove_pinned(t.root(), stats_id)?));
     match removed {
         Ok(true) => println!("removed the tracer witness kept with them"),
         Ok(false) => {}
@@ -642,15 +642,15 @@ fn volumes_command(args: VolumesArgs, host: HostPaths) -> anyhow::Result<()> {
     if !root.is_dir() {
         tracing::warn!(root = %root.display(), "no kubelet directory: no pod volumes to show");
     }
-    let opts = view::ViewOptions {
+    let opts = one_shot::ViewOptions {
         pin_root: args.pins.pin_dir,
         host,
         kubelet_root: root,
         check,
         csi_overrides: args.volume.csi_sockets,
     };
-    let (views, evidence) = block_on(Runtime::TwoWorkers, view::collect(&opts))??;
-    if let view::KernelEvidence::Unavailable(why) = &evidence {
+    let (views, evidence) = block_on(Runtime::TwoWorkers, one_shot::collect(&opts))??;
+    if let one_shot::KernelEvidence::Unavailable(why) = &evidence {
         eprintln!("volume-health: {why}");
     }
     let mut out = std::io::stdout().lock();
@@ -658,7 +658,7 @@ fn volumes_command(args: VolumesArgs, host: HostPaths) -> anyhow::Result<()> {
         serde_json::to_writer_pretty(&mut out, &views)?;
         writeln!(out)?;
     } else {
-        out.write_all(view::human(&views).as_bytes())?;
+        out.write_all(one_shot::human(&views).as_bytes())?;
     }
     out.flush()?;
     Ok(())

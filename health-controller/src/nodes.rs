@@ -20,7 +20,7 @@ use std::time::{Duration, SystemTime};
 
 use health_core::conditions::{rfc3339, Change, Condition, Source, Status};
 use health_kube::events::{ObjectKind, ObjectRef, Recorder};
-use health_kube::pages::{list_pages, PageError};
+use health_kube::paged_list::{list_pages, PageError};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::ListParams;
 use kube::{Api, Client, ResourceExt as _};

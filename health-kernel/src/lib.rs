@@ -1,7 +1,7 @@
 //! The kernel side, in userspace: the eBPF programs of `health-ebpf` loaded
 //! and attached ([`probes`], with tracepoint field layouts from
 //! [`tracefs`]), and their counters and samples turned into exact records
-//! ([`collector`]); [`device_maps`] gives the programs the device topology. [`witness`] keeps the kernel tracer's own count of
+//! ([`collector`]); [`device_maps`] gives the programs the device topology. [`tracer_count`] keeps the kernel tracer's own count of
 //! failed requests, so that failures the kernel ran no program for are
 //! reported, not hidden. [`pinned`] reads what a pinned agent counted;
 //! [`names`] and [`clock`] give the records' numbers and times their
@@ -24,8 +24,8 @@ pub mod names;
 pub mod pinned;
 pub mod probes;
 pub mod tracefs;
+pub mod tracer_count;
 pub mod waiting;
-pub mod witness;
 
 /// Embeds a file 8-byte aligned, as the ELF parser of the loader needs.
 pub use aya::include_bytes_aligned;

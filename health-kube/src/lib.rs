@@ -5,10 +5,10 @@
 //!   across restarts; [`writer`] creates and patches them;
 //! - [`status`]: the `VolumeHealth` object per PVC and its label, written
 //!   by server-side apply;
-//! - [`reflect`], [`pages`], [`pv`]: watching, paged listing, slim PVs;
+//! - [`reflect`], [`paged_list`], [`pv`]: watching, paged listing, slim PVs;
 //! - [`node_label`]: the label that finds a node's own Events and
 //!   `VolumeHealth` objects;
-//! - [`metrics`]: the API traffic families, whose requests [`counted`]
+//! - [`metrics`]: the API traffic families, whose requests [`request_metrics`]
 //!   counts inside the client; [`http`]: `/metrics`,
 //!   `/healthz` and `/readyz`;
 //! - [`ApiAccess`] (what each component declares it calls), the client and
@@ -18,16 +18,16 @@
 //! the node's stages.
 
 pub mod backoff;
-pub mod counted;
 pub mod events;
 pub mod http;
 pub mod logging;
 pub mod metrics;
 pub mod node_label;
 pub mod observer;
-pub mod pages;
+pub mod paged_list;
 pub mod pv;
 pub mod reflect;
+pub mod request_metrics;
 pub mod status;
 #[cfg(feature = "testing")]
 pub mod testing;
@@ -65,11 +65,11 @@ pub async fn config(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<kube
 }
 
 /// A client from [`config`] whose every request is counted on `observer`
-/// ([`counted`]).
+/// ([`request_metrics`]).
 pub async fn client(
     kubeconfig: Option<&std::path::Path>,
     observer: std::sync::Arc<dyn observer::Observer>,
 ) -> anyhow::Result<kube::Client> {
     let config = config(kubeconfig).await?;
-    counted::client(config, observer).context("creating the Kubernetes client")
+    request_metrics::client(config, observer).context("creating the Kubernetes client")
 }

@@ -68,7 +68,7 @@ pub fn client() -> (kube::Client, MockHandle) {
 pub fn counted_client(observer: Arc<dyn crate::observer::Observer>) -> (kube::Client, MockHandle) {
     use tower::Layer as _;
     let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
-    let service = crate::counted::CountLayer::new(observer).layer(service);
+    let service = crate::request_metrics::CountLayer::new(observer).layer(service);
     (kube::Client::new(service, "default"), handle)
 }
 

@@ -115,7 +115,7 @@ async fn sleep_until(at: Option<Instant>) {
 }
 
 /// Why the Events of an earlier agent process could not be listed.
-pub type ListError = super::pages::PageError;
+pub type ListError = super::paged_list::PageError;
 
 /// The Events an earlier process wrote, in all namespaces.
 /// - The controller lists every Event of its component
@@ -143,7 +143,8 @@ pub async fn list_own_events(
             .match_any()
     };
     let mut events = Vec::new();
-    super::pages::list_pages(&api, params, REQUEST_TIMEOUT, |page| events.extend(page)).await?;
+    super::paged_list::list_pages(&api, params, REQUEST_TIMEOUT, |page| events.extend(page))
+        .await?;
     Ok(events)
 }
 

@@ -14,8 +14,8 @@
 //!   standalone `watch` view and the node's metrics;
 //! - [`cluster`]: cluster mode, a reporter that resolves pods and PVCs and
 //!   hands condition changes to `health_kube`'s Event recorder and
-//!   `VolumeHealth` board;
-//! - [`evidence_socket`]: in `run`, the agent's conditions per CSI volume
+//!   `VolumeHealth` write plan;
+//! - [`conditions_socket`]: in `run`, the agent's conditions per CSI volume
 //!   on a unix socket, for `health-agent csi-proxy` (`health_csi::proxy`).
 //!
 //! [`agent`] is the one loop that drives the stages for `watch` and `run`.
@@ -28,7 +28,7 @@ pub mod report;
 
 pub mod agent;
 pub mod cluster;
-pub mod evidence_socket;
+pub mod conditions_socket;
 #[cfg(any(test, feature = "fuzzing"))]
 #[doc(hidden)]
 pub mod fuzz_targets;

@@ -17,12 +17,13 @@
 //! Scanning does blocking file I/O: call it from `spawn_blocking`.
 //!
 //! Here: [`Topology`] and the scan that builds it. `devices` answers for
-//! block devices and partitions, `stacking` for what an error on a device
+//! block devices and partitions, `affected` for what an error on a device
 //! reaches, `mount_tree` for paths; `sysfs`, `mountinfo` and `btrfs` read
 //! the host, and [`MountWatcher`] tells when the mount table changed;
 //! `mountstats` reads the NFS client's per-mount RPC counters, `smb_client`
 //! the SMB client's connections to its servers.
 
+mod affected;
 pub mod bounded;
 mod btrfs;
 mod devices;
@@ -36,7 +37,6 @@ pub mod mountstats;
 pub mod nvme;
 pub mod smb_client;
 pub mod stack;
-mod stacking;
 pub(crate) mod sysfs;
 mod watcher;
 

@@ -1,7 +1,7 @@
 //! `cargo xtask bench`: measures the agent against real kernel errors and
 //! records the figures in docs/benchmarks.md.
 //!
-//! Four parts, each a submodule:
+//! The parts, each a submodule ([`parts`] runs one with the given options):
 //! * [`latency`]: from a failed request to the agent's line;
 //! * [`overhead`]: healthy I/O with and without the agent, A/B;
 //! * [`returned`]: what `--returned-errors` adds to a successful read or
@@ -37,13 +37,14 @@ pub mod interrupt;
 mod latency;
 mod micro;
 mod overhead;
+mod parts;
 mod report;
 mod returned;
 mod scale;
 mod stats;
 mod status;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -192,42 +193,8 @@ impl Machine {
 pub fn run_bench(args: &BenchArgs) -> Result<()> {
     interrupt::install()?;
     let started = Instant::now();
-    let parts: Vec<Part> = if args.only.is_empty() {
-        vec![
-            Part::Latency,
-            Part::Overhead,
-            Part::Returned,
-            Part::Flood,
-            Part::Micro,
-            Part::Events,
-            Part::EventWatch,
-            Part::Status,
-            Part::Controller,
-            Part::CsiProxy,
-            Part::Scale,
-        ]
-    } else {
-        args.only.clone()
-    };
-    // The controller part drives no kernel: it needs neither root nor the
-    // kernel programs, only its two binaries.
-    let kernel_tools = if parts.iter().any(|p| *p != Part::Controller) {
-        Some(prepare()?)
-    } else {
-        None
-    };
-    let tools = || {
-        kernel_tools
-            .as_ref()
-            .context("the kernel parts' tools were not prepared")
-    };
-    let controller_tools = if parts.contains(&Part::Controller)
-        || (parts.contains(&Part::Scale) && !args.scale_no_controller)
-    {
-        Some(controller::prepare()?)
-    } else {
-        None
-    };
+    let parts = selected(args);
+    let tools = prepare_for(&parts, args)?;
     let machine = Machine::read();
     let file = workspace_root().join("docs/benchmarks.md");
     let mut headlines = Vec::new();
@@ -235,297 +202,19 @@ pub fn run_bench(args: &BenchArgs) -> Result<()> {
     for part in parts {
         interrupt::check()?;
         let t = Instant::now();
-        // The guest's section comes with its own machine line.
-        let mut headed = false;
-        let (id, command, headline, body) = match part {
-            Part::Latency => {
-                say(format!(
-                    "latency: {} failing writes, {} ms apart, {} busy threads",
-                    args.latency_errors, args.latency_gap_ms, args.load
-                ));
-                let cfg = latency::Config {
-                    errors: args.latency_errors,
-                    gap: Duration::from_millis(args.latency_gap_ms),
-                    load: args.load,
-                    event_priority: args.latency_priority.clone(),
-                };
-                let r = latency::run(tools()?, &cfg)?;
-                let priority = args
-                    .latency_priority
-                    .as_ref()
-                    .map(|p| format!(" --latency-priority {p}"))
-                    .unwrap_or_default();
-                (
-                    "latency",
-                    format!(
-                        "cargo xtask bench --only latency --latency-errors {} --latency-gap-ms {} --load {}{priority}",
-                        args.latency_errors, args.latency_gap_ms, args.load
-                    ),
-                    r.headline(),
-                    r.markdown(),
-                )
-            }
-            Part::Overhead => {
-                say(format!(
-                    "overhead: {} A/B rounds per configuration",
-                    args.rounds
-                ));
-                let cfg = overhead::Config {
-                    rounds: args.rounds,
-                    run_time: Duration::try_from_secs_f64(args.run_secs).context("--run-secs")?,
-                };
-                let r = overhead::run(tools()?, &cfg)?;
-                (
-                    "overhead",
-                    format!(
-                        "cargo xtask bench --only overhead --rounds {} --run-secs {}",
-                        args.rounds, args.run_secs
-                    ),
-                    r.headline(),
-                    r.markdown(Path::new("/dev/shm")),
-                )
-            }
-            Part::Returned => {
-                let at = returned::Where::from_env()?;
-                let command = at.command(args.rounds);
-                if at.here() {
-                    say(format!("returned: {} A/B rounds", args.rounds));
-                    let r = returned::run(tools()?, args.rounds)?;
-                    (at.id(), command, r.headline(), r.markdown())
-                } else {
-                    let (body, headline) = returned::in_guest(tools()?, &at, args.rounds)?;
-                    headed = true;
-                    (at.id(), command, headline, body)
-                }
-            }
-            Part::Flood => {
-                say(format!(
-                    "flood: {} writers failing for {} s",
-                    args.flood_threads, args.flood_secs
-                ));
-                let cfg = flood::Config {
-                    threads: args.flood_threads,
-                    duration: Duration::try_from_secs_f64(args.flood_secs)
-                        .context("--flood-secs")?,
-                    beside_tracer: args.flood_beside_tracer,
-                    early_block_errors: args.early_block_errors,
-                };
-                let r = flood::run(tools()?, &cfg)?;
-                // Recorded anyway (the file says NOT EXACT), then reported
-                // as a failure once everything else ran.
-                inexact |= !r.exact() && !r.accounted();
-                let id = match (args.flood_beside_tracer, args.early_block_errors) {
-                    (true, true) => "flood-beside-early",
-                    (true, false) => "flood-beside",
-                    (false, true) => "flood-early",
-                    (false, false) => "flood",
-                };
-                let flag = |on: bool, name: &'static str| if on { name } else { "" };
-                let beside = [
-                    flag(args.flood_beside_tracer, " --flood-beside-tracer"),
-                    flag(args.early_block_errors, " --early-block-errors"),
-                ]
-                .concat();
-                (
-                    id,
-                    format!(
-                        "cargo xtask bench --only flood --flood-threads {} --flood-secs {}{beside}",
-                        args.flood_threads, args.flood_secs
-                    ),
-                    r.headline(),
-                    r.markdown(),
-                )
-            }
-            Part::Events => {
-                say(format!(
-                    "events: {} rounds of failure, Events, recovery",
-                    args.event_rounds
-                ));
-                let r = events::run(
-                    tools()?,
-                    &events::Config {
-                        rounds: args.event_rounds,
-                        trace: args.event_trace,
-                        early_block_errors: args.early_block_errors,
-                    },
-                )?;
-                let (id, early) = if args.early_block_errors {
-                    ("events-early", " --early-block-errors")
-                } else {
-                    ("events", "")
-                };
-                (
-                    id,
-                    format!(
-                        "cargo xtask bench --only events --event-rounds {}{early}",
-                        args.event_rounds
-                    ),
-                    r.headline(),
-                    r.markdown(),
-                )
-            }
-            Part::Status => {
-                say(format!(
-                    "status: {} storms of {} errors, VolumeHealth writes, recovery",
-                    args.status_rounds, args.status_errors
-                ));
-                let r = status::run(
-                    tools()?,
-                    &status::Config {
-                        rounds: args.status_rounds,
-                        errors: args.status_errors,
-                    },
-                )?;
-                (
-                    "status",
-                    format!(
-                        "cargo xtask bench --only status --status-rounds {} --status-errors {}",
-                        args.status_rounds, args.status_errors
-                    ),
-                    r.headline(),
-                    r.markdown(),
-                )
-            }
-            Part::Controller => {
-                say(format!(
-                    "controller: {} volumes, {} rounds per interval",
-                    args.controller_volumes, args.controller_rounds
-                ));
-                let cfg = controller::Config {
-                    volumes: args.controller_volumes,
-                    rounds: args.controller_rounds,
-                    cycles: args.controller_cycles,
-                    in_flight: args.controller_in_flight,
-                    get_interval: args.controller_get_interval,
-                };
-                let bins = controller_tools
-                    .as_ref()
-                    .context("the controller's tools were not prepared")?;
-                let r = controller::run(bins, &cfg)?;
-                (
-                    "controller",
-                    format!(
-                        "cargo xtask bench --only controller --controller-volumes {} --controller-rounds {} --controller-cycles {} --controller-get-interval {}",
-                        args.controller_volumes,
-                        args.controller_rounds,
-                        args.controller_cycles,
-                        args.controller_get_interval
-                    ),
-                    r.headline(),
-                    r.markdown(),
-                )
-            }
-            Part::EventWatch => {
-                say(format!(
-                    "event-watch: {} rounds on the real API server, {} busy threads",
-                    args.event_watch_rounds, args.load
-                ));
-                let r = event_watch::run(
-                    tools()?,
-                    &event_watch::Config {
-                        rounds: args.event_watch_rounds,
-                        load: args.load,
-                    },
-                )?;
-                let id = if args.load > 0 {
-                    "event-watch-load"
-                } else {
-                    "event-watch"
-                };
-                (
-                    id,
-                    format!(
-                        "cargo xtask bench --only event-watch --event-watch-rounds {} --load {}",
-                        args.event_watch_rounds, args.load
-                    ),
-                    r.headline(),
-                    r.markdown(),
-                )
-            }
-            Part::CsiProxy => {
-                say(format!(
-                    "csi-proxy: {} calls of each kind, directly and through the proxy",
-                    args.proxy_calls
-                ));
-                let r = csi_proxy::run(
-                    tools()?,
-                    &csi_proxy::Config {
-                        calls: args.proxy_calls,
-                    },
-                )?;
-                (
-                    "csi-proxy",
-                    format!(
-                        "cargo xtask bench --only csi-proxy --proxy-calls {}",
-                        args.proxy_calls
-                    ),
-                    r.headline(),
-                    r.markdown(),
-                )
-            }
-            Part::Scale => {
-                say(format!(
-                    "scale: PVs {:?}, {} starts each, {} agents at once at {} PVs",
-                    args.scale_pvs, args.scale_starts, args.scale_agents, args.scale_agents_at
-                ));
-                let r = scale::run(
-                    &scale::Tools {
-                        agent: &tools()?.agent,
-                        controller: controller_tools.as_ref(),
-                    },
-                    &scale::Config {
-                        pvs: args.scale_pvs.clone(),
-                        starts: args.scale_starts,
-                        agents: args.scale_agents,
-                        agents_at: args.scale_agents_at,
-                        in_flight: args.scale_in_flight,
-                        grant_pv_list: args.scale_grant_pv_list,
-                    },
-                )?;
-                let pvs: Vec<String> = args.scale_pvs.iter().map(|n| n.to_string()).collect();
-                let no_controller = [
-                    (args.scale_no_controller, " --scale-no-controller"),
-                    (args.scale_grant_pv_list, " --scale-grant-pv-list"),
-                ]
-                .iter()
-                .filter(|(on, _)| *on)
-                .map(|(_, flag)| *flag)
-                .collect::<String>();
-                (
-                    "scale",
-                    format!(
-                        "cargo xtask bench --only scale --scale-pvs {} --scale-starts {} --scale-agents {} --scale-agents-at {}{no_controller}",
-                        pvs.join(","),
-                        args.scale_starts,
-                        args.scale_agents,
-                        args.scale_agents_at
-                    ),
-                    r.headline(),
-                    r.markdown(),
-                )
-            }
-            Part::Micro => {
-                say("micro: criterion benchmark of the event path");
-                let r = micro::run_all(Duration::from_secs(1), Duration::from_secs(3))?;
-                (
-                    "micro",
-                    "cargo xtask bench --only micro".to_string(),
-                    r.headline(),
-                    r.markdown(),
-                )
-            }
-        };
-        say(&headline);
-        headlines.push(headline);
-        let body = match headed {
-            true => body,
-            false => format!("{}{body}", machine.line(&command, t.elapsed())),
+        let m = parts::run(part, args, &tools)?;
+        say(&m.headline);
+        inexact |= m.inexact;
+        let body = match m.headed {
+            true => m.body,
+            false => format!("{}{}", machine.line(&m.command, t.elapsed()), m.body),
         };
         if args.no_write {
             println!("\n{body}");
         } else {
-            report::update(&file, id, &body)?;
+            report::update(&file, m.id, &body)?;
         }
+        headlines.push(m.headline);
     }
     println!("{}", headlines.join("\n"));
     if !args.no_write {
@@ -536,4 +225,41 @@ pub fn run_bench(args: &BenchArgs) -> Result<()> {
         bail!("the agent's totals under the flood did not match what was injected, and the difference was not reported (see above)");
     }
     Ok(())
+}
+
+/// `--only`'s parts, or all of them in the order docs/benchmarks.md has.
+fn selected(args: &BenchArgs) -> Vec<Part> {
+    if !args.only.is_empty() {
+        return args.only.clone();
+    }
+    vec![
+        Part::Latency,
+        Part::Overhead,
+        Part::Returned,
+        Part::Flood,
+        Part::Micro,
+        Part::Events,
+        Part::EventWatch,
+        Part::Status,
+        Part::Controller,
+        Part::CsiProxy,
+        Part::Scale,
+    ]
+}
+
+/// Builds what the selected parts run. The controller part drives no
+/// kernel: it needs neither root nor the kernel programs, only its two
+/// binaries.
+fn prepare_for(parts: &[Part], args: &BenchArgs) -> Result<parts::Prepared> {
+    let kernel = match parts.iter().any(|p| *p != Part::Controller) {
+        true => Some(prepare()?),
+        false => None,
+    };
+    let wants_controller = parts.contains(&Part::Controller)
+        || (parts.contains(&Part::Scale) && !args.scale_no_controller);
+    let controller = match wants_controller {
+        true => Some(controller::prepare()?),
+        false => None,
+    };
+    Ok(parts::Prepared { kernel, controller })
 }

@@ -1,18 +1,16 @@
 //! `health-lab`: the built agent driven end to end on this machine, run by
-//! `cargo xtask bench`, `cargo xtask demo`, `cargo xtask kind` and
-//! `cargo xtask cluster`.
+//! `cargo xtask bench`, `cargo xtask demo` and `cargo xtask cluster`.
 //!
 //! [`bench`] measures it against real kernel errors and writes
-//! docs/benchmarks.md; [`demo`] shows it catching errors on a fault disk;
-//! [`kind`] installs it into a kind cluster. All three use the test
-//! harness (`health-tests`: fault disks, filesystems, the API servers) and
-//! xtask's library (building the agent, its image). [`cluster`] runs a
-//! single-node Kubernetes on this host to install it into.
+//! docs/benchmarks.md; [`demo`] shows it catching errors on a fault disk.
+//! Both use the test harness (`health-tests`: fault disks, filesystems, the
+//! API servers) and xtask's library (building the agent, its image).
+//! [`cluster`] runs a single-node Kubernetes on this host to install it
+//! into.
 
 mod bench;
 mod cluster;
 mod demo;
-mod kind;
 
 use std::process::ExitCode;
 
@@ -36,7 +34,6 @@ fn main() -> ExitCode {
     let result = match cli.command {
         LabCommand::Bench(args) => bench::run_bench(&args),
         LabCommand::Demo => demo::run(),
-        LabCommand::Kind(args) => kind::run(&args),
         LabCommand::Cluster(args) => cluster::run(&args),
     };
     match result {

@@ -78,12 +78,12 @@ impl Drop for Bpffs {
 /// if any: with the pins gone it would wait for the next agent's start.
 fn remove_witness(pin_dir: &Path) -> Result<()> {
     use health_kernel::probes::pins;
-    use health_kernel::{tracefs::Tracefs, witness};
+    use health_kernel::{tracefs::Tracefs, tracer_count};
     let Some(layout) = pins::committed_layout(pin_dir)? else {
         return Ok(());
     };
     let id = pins::stats_map_id(&layout)?;
     let tracefs = Tracefs::locate(Path::new("/sys"))?;
-    witness::remove_pinned(tracefs.root(), id)?;
+    tracer_count::remove_pinned(tracefs.root(), id)?;
     Ok(())
 }

@@ -129,7 +129,7 @@ pub fn check_against_runs(
 
 /// The tracer witness's figures, from the agent's `kernel side:` line.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Witness {
+pub struct TracerCount {
     /// Failed requests the kernel's tracer saw at `block_rq_error` since
     /// the agent started.
     pub traced: u64,
@@ -139,12 +139,12 @@ pub struct Witness {
 
 /// The agent's witness figures in its stderr; `None` when its
 /// `kernel side:` line says it had no witness (or there is no such line).
-pub fn witness_figures(stderr: &str) -> Option<Witness> {
+pub fn witness_figures(stderr: &str) -> Option<TracerCount> {
     let line = stderr.lines().find(|l| l.starts_with("kernel side:"))?;
     let rest = line.split("the kernel's tracer saw ").nth(1)?;
     let (traced, rest) = rest.split_once(" failed requests at block_rq_error, ")?;
     let (uncounted, _) = rest.split_once(' ')?;
-    Some(Witness {
+    Some(TracerCount {
         traced: traced.parse().ok()?,
         uncounted: uncounted.parse().ok()?,
     })
@@ -152,14 +152,14 @@ pub fn witness_figures(stderr: &str) -> Option<Witness> {
 
 #[cfg(test)]
 mod tests {
-    use super::{check_against_runs, witness_figures, Witness};
+    use super::{check_against_runs, witness_figures, TracerCount};
 
     #[test]
     fn witness_figures_from_the_kernel_side_line() {
         let stderr = "totals:\n  7:3 loop3: block_io_error write EIO (block_rq_error) 676014\nkernel side: 3 samples rate-limited, 0 lost to a full ring buffer, 0 errors not countable (counter map full), 0 repeated writeback reports merged, 0 program runs skipped by the kernel, 0 failed bios passed up from a device below (counted there), 0 bios not followed for stalls (waiting map full); the kernel's tracer saw 676021 failed requests at block_rq_error, 7 of them counted by no program (the kernel ran none for them)\n";
         assert_eq!(
             witness_figures(stderr),
-            Some(Witness {
+            Some(TracerCount {
                 traced: 676021,
                 uncounted: 7
             })

@@ -25,7 +25,7 @@ use health_csi::replay::{
     create_volume_request, created_volume_id, delete_volume_request, frame, node_session,
     RawAnswer, RawClient, ReplayError, SessionVolume,
 };
-use health_node::evidence_socket::{self, AgentSocket, Served};
+use health_node::conditions_socket::{self, AgentSocket, Served};
 use health_tests::csi_driver::client::DriverProcess;
 use health_tests::csi_driver::DEFAULT_DRIVER_NAME as DRIVER;
 use health_tests::Mount;
@@ -72,7 +72,7 @@ impl Drop for Running {
 }
 
 fn start_proxy(socket: &Path, driver: &Path, agent: &Path, add_capability: bool) -> Running {
-    let listener = evidence_socket::bind_fresh(socket).unwrap();
+    let listener = conditions_socket::bind_fresh(socket).unwrap();
     let proxy = Proxy::new(
         ProxyConfig {
             driver_socket: driver.to_path_buf(),
@@ -124,7 +124,7 @@ async fn the_driver_answers_a_kubelet_session_the_same_through_the_proxy() {
     let root = fs.path();
     let mut driver = start_driver(&root.join("driver"), &[]);
     let agent_socket = root.join("run/conditions.sock");
-    let agent: Served = evidence_socket::serve(&agent_socket).await.unwrap();
+    let agent: Served = conditions_socket::serve(&agent_socket).await.unwrap();
     let proxy = start_proxy(
         &root.join("proxy/csi.sock"),
         driver.socket(),
@@ -434,7 +434,7 @@ async fn csi_sanity_through_the_proxy_matches_it_directly() {
     let root = fs.path();
     let driver = start_driver(&root.join("driver"), &[]);
     let agent_socket = root.join("run/conditions.sock");
-    let _agent = evidence_socket::serve(&agent_socket).await.unwrap();
+    let _agent = conditions_socket::serve(&agent_socket).await.unwrap();
     let keeping = start_proxy(
         &root.join("keep/csi.sock"),
         driver.socket(),

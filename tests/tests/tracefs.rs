@@ -1,5 +1,5 @@
 //! health-kernel's readers of the real tracefs: a tracepoint's format, and
-//! the tracer witness (`health_kernel::witness`): an instance of its own,
+//! the tracer witness (`health_kernel::tracer_count`): an instance of its own,
 //! and one kept with the pinned state. They need root (tracefs, a BPF map)
 //! and fail (not skip) without it.
 
@@ -10,7 +10,7 @@ use std::sync::Mutex;
 use anyhow::Result;
 use health_kernel::probes::tiny_array_map;
 use health_kernel::tracefs::Tracefs;
-use health_kernel::witness::{map_is_gone, remove_pinned, Lifetime, Witness};
+use health_kernel::tracer_count::{map_is_gone, remove_pinned, Lifetime, TracerCount};
 use health_tests::sys::require_root;
 
 // The tracefs names the witness module documents: `instances/volume-health-<pid>`,
@@ -51,7 +51,7 @@ fn an_instance_of_its_own_on_the_real_tracefs() -> Result<()> {
     // A process id above the kernel's limit is never alive.
     let stale = root.join("instances").join(format!("{PREFIX}4194305"));
     fs::create_dir(&stale).expect("making a stale instance");
-    let w = Witness::start(&root, 0, Lifetime::Process).expect("starting the witness");
+    let w = TracerCount::start(&root, 0, Lifetime::Process).expect("starting the witness");
     assert!(w.made());
     assert!(!stale.exists(), "the gone agent's instance is still there");
     assert_eq!(
@@ -107,7 +107,7 @@ fn an_instance_kept_with_the_pinned_state_on_the_real_tracefs() -> Result<()> {
     let stale = root.join(format!("instances/{PREFIX}{PINS}2147483646"));
     fs::create_dir(&stale).expect("making a stale instance");
 
-    let made = Witness::start(&root, 40, Lifetime::Pins { map_id, base: 0 }).unwrap();
+    let made = TracerCount::start(&root, 40, Lifetime::Pins { map_id, base: 0 }).unwrap();
     assert!(!stale.exists(), "the instance of gone pins is still there");
     assert!(made.made());
     let dir = made.dir().to_path_buf();
@@ -116,7 +116,7 @@ fn an_instance_kept_with_the_pinned_state_on_the_real_tracefs() -> Result<()> {
     assert!(dir.exists(), "a pinned instance went with its process");
 
     // The next process: the same instance, counting from its base.
-    let mut adopted = Witness::start(&root, 90, Lifetime::Pins { map_id, base: 40 }).unwrap();
+    let mut adopted = TracerCount::start(&root, 90, Lifetime::Pins { map_id, base: 40 }).unwrap();
     assert!(!adopted.made());
     assert_eq!(adopted.dir(), dir);
     assert_eq!(fs::read_to_string(dir.join(EVENT)).unwrap().trim(), "1");
@@ -140,13 +140,13 @@ fn an_instance_kept_with_the_pinned_state_on_the_real_tracefs() -> Result<()> {
         );
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
-    let other = Witness::start(&root, 0, Lifetime::Process).unwrap();
+    let other = TracerCount::start(&root, 0, Lifetime::Process).unwrap();
     assert!(!dir.exists(), "the instance of a gone map is still there");
     drop(other);
 
     // `uninstall`'s removal.
     let (_map, map_id) = live_map();
-    let kept = Witness::start(&root, 0, Lifetime::Pins { map_id, base: 0 }).unwrap();
+    let kept = TracerCount::start(&root, 0, Lifetime::Pins { map_id, base: 0 }).unwrap();
     let dir = kept.dir().to_path_buf();
     drop(kept);
     assert!(remove_pinned(&root, map_id).unwrap());

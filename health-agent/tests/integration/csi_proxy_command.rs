@@ -10,7 +10,7 @@ use health_core::conditions::{CheckKind, Condition, Source, Status};
 use health_csi::proto;
 use health_csi::replay::RawClient;
 use health_csi::testing::{DriverMode, Rpc, TestDriver};
-use health_node::evidence_socket;
+use health_node::conditions_socket;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use prost::Message;
@@ -161,7 +161,7 @@ async fn serves_the_drivers_answers_with_the_agents_conditions_until_sigterm() {
         .await
         .unwrap();
     let agent_socket = dir.path().join("run/conditions.sock");
-    let agent = evidence_socket::serve(&agent_socket).await.unwrap();
+    let agent = conditions_socket::serve(&agent_socket).await.unwrap();
     agent.board().set([(
         Some(driver.name()),
         Some("vol-1"),

@@ -17,9 +17,9 @@ use std::time::SystemTime;
 use health_core::conditions::Condition;
 use health_kube::events::ObjectRef;
 use health_kube::observer::Observer;
-use health_kube::pages::PageError;
+use health_kube::paged_list::PageError;
 use health_kube::status::{
-    self, Board, Claim, EntryKind, SharedBoard, SourceEntry, StatusApi, CONTROLLER_MANAGER,
+    self, Claim, EntryKind, SharedWritePlan, SourceEntry, StatusApi, WritePlan, CONTROLLER_MANAGER,
 };
 use kube::Client;
 use upstream::follow::Follower;
@@ -37,7 +37,7 @@ pub fn entry_names() -> Vec<String> {
 /// The leader's status writing: the board and its writer task (aborted
 /// when the leadership ends), and the upstream field's follower.
 pub struct StatusWriter {
-    board: Arc<SharedBoard>,
+    board: Arc<SharedWritePlan>,
     task: tokio::task::JoinHandle<()>,
     driver: String,
     upstream: Follower,
@@ -62,9 +62,9 @@ impl StatusWriter {
     ) -> Self {
         let observer: Arc<dyn Observer> = metrics.clone();
         // Controller conditions end on evidence, never by time after a takeover.
-        let mut board = Board::new(update_interval, std::time::Duration::ZERO);
+        let mut board = WritePlan::new(update_interval, std::time::Duration::ZERO);
         board.set_ready();
-        let board = SharedBoard::new(board);
+        let board = SharedWritePlan::new(board);
         let api = StatusApi::new(
             client.clone(),
             CONTROLLER_MANAGER.to_string(),

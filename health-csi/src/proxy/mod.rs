@@ -31,7 +31,7 @@
 //! in `health-node`). Fail-open: an agent that does not answer in time costs
 //! the answer its entries, never the call; it is counted and logged.
 
-mod evidence;
+mod agent_conditions;
 mod forward;
 mod grpc;
 mod intercept;
@@ -49,7 +49,7 @@ use std::time::{Duration, Instant};
 
 use tokio::net::UnixListener;
 
-pub use evidence::{AgentCondition, Evidence};
+pub use agent_conditions::{AgentCondition, Evidence};
 pub use merge::{MAX_ENTRIES, MAX_MESSAGE_BYTES, MAX_REASON_BYTES};
 
 use outage::Outage;

@@ -1,11 +1,11 @@
 //! tracefs ring-buffer `stats` files, as the tracer witness reads them
-//! (`kernel::witness::written`).
+//! (`kernel::tracer_count::written`).
 //!
 //! Properties: no panic (the figures are added without overflow); a refusal
 //! names one of the figures the witness needs; an accepted file's sum is at
 //! least its `entries` figure.
 
-use crate::witness::written;
+use crate::tracer_count::written;
 
 pub fn run(data: &[u8]) {
     let text = String::from_utf8_lossy(data);

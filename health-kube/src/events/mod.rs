@@ -1,5 +1,5 @@
 //! The event recorder: volume condition changes in, core/v1 Event writes out.
-//! `series` aggregates the changes, `writes` picks what to send and when
+//! `series` aggregates the changes, `next_write` picks what to send and when
 //! (within the per-object `budget`), `message` words it. Uses `volumes` only.
 //!
 //! It aggregates the way client-go's recorder does, and then some:
@@ -33,8 +33,32 @@
 //!   recovery event: that is not a recovery.
 //! - Where the writer also keeps the claims' `VolumeHealth` (the controller),
 //!   a recovery on a PVC waits until the object no longer asserts the
-//!   condition (`hold`): whoever reads the `...Cleared` Event finds the
+//!   condition (`held_recoveries`): whoever reads the `...Cleared` Event finds the
 //!   object and the label already saying so.
+//!
+//! Why not kube-runtime's `events::Recorder` (kube 5.0): it is a best-effort
+//! helper that cannot carry what these Events say, so adopting it would mean
+//! rebuilding most of this on top of it anyway:
+//! - a repeat patches its cached copy with `series.count + 1`: the message
+//!   of the first write stays (ours changes with every update: "N block I/O
+//!   errors ... (and M reported before the agent restarted)") and the count
+//!   is the number of `publish` calls, where ours is the condition's
+//!   occurrences, the largest of a claim's pod volumes;
+//! - it writes `events.k8s.io/v1` only, without the core/v1 `count`,
+//!   `firstTimestamp`/`lastTimestamp`, `source` and labels `kubectl describe`
+//!   and this module's own lookups (the node label, `reportingComponent`)
+//!   use;
+//! - it has no episodes (a repeat within its 6-minute cache window after a
+//!   recovery would patch the closed Warning), no per-object budget or
+//!   update interval, no hold for the claim's `VolumeHealth`;
+//! - its cache is private, starts empty and keys on the reporting instance,
+//!   so a restarted agent or a controller replica that takes the lead
+//!   cannot continue the Events already written ([`adopt`], [`LocalCopy`]);
+//! - a patch answered 404 (the Event expired) is returned as an error and
+//!   the stale entry is patched again until the cache forgets it, where the
+//!   writer here creates a new Event and drops it from the node's copy;
+//! - it reads the clock itself and hides the request and its answer, which
+//!   the node's copy and the metrics are made from.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::Duration;
@@ -45,20 +69,20 @@ use tokio::time::Instant;
 mod adopt;
 mod args;
 mod budget;
-mod hold;
+mod held_recoveries;
 mod local_copy;
 mod message;
+mod next_write;
 mod series;
 mod shared;
-mod writes;
 
 pub use adopt::{Adopted, Unclaimed};
 pub use args::EventArgs;
-pub use hold::StatusFollower;
+pub use held_recoveries::StatusFollower;
 pub use local_copy::{LocalCopy, LocalCopyError};
+pub use next_write::{Next, Outcome, Write};
 use series::Series;
 pub use shared::Shared;
-pub use writes::{Next, Outcome, Write};
 
 /// Kinds of objects the agent reports on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -205,7 +229,7 @@ pub struct Recorder {
     name_seq: u64,
     stats: RecorderStats,
     /// How long a recovery on a PVC waits at most for the claim's
-    /// `VolumeHealth` (`None`: it does not wait; see `hold`).
+    /// `VolumeHealth` (`None`: it does not wait; see `held_recoveries`).
     status_hold: Option<Duration>,
 }
 

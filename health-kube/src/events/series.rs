@@ -9,7 +9,7 @@ use health_core::conditions::{Change, Condition, Status};
 use health_core::volume::VolumeKey;
 use tokio::time::Instant;
 
-use super::hold::Awaiting;
+use super::held_recoveries::Awaiting;
 use super::message::{clip, pods_phrase, strip_subject, subject as phrase_of};
 use super::{ContributorKey, EventType, ObjectKind, ObjectRef, Recorder, SeriesId, Targets};
 
@@ -76,7 +76,7 @@ pub(super) struct Series {
     /// An Event continued from another instance (a former leader) whose
     /// `reportingInstance` the next write makes this one's.
     pub(super) foreign_instance: bool,
-    /// A recovery waiting for the claim's `VolumeHealth` (see `hold`).
+    /// A recovery waiting for the claim's `VolumeHealth` (see `held_recoveries`).
     pub(super) awaiting_status: Option<Awaiting>,
 }
 

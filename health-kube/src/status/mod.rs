@@ -8,33 +8,33 @@
 //! service) and `Controller` (node down). `status.conditions` and the
 //! summary columns are the union, recomputed by whoever writes ([`aggregate`]).
 //! Where an error travels: a condition change in the agent loop →
-//! `health_node::cluster::report::ClusterReporter` → [`entries_for_node`] → [`Board::set`] →
+//! `health_node::cluster::report::ClusterReporter` → [`entries_for_node`] → [`WritePlan::set`] →
 //! [`run`] → [`StatusApi::put`] (server-side apply) → the PVC label.
 
 pub mod aggregate;
 pub mod api;
-pub mod board;
 pub mod types;
+pub mod write_plan;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::SystemTime;
 
 pub use api::{Put, StatusApi, StatusError};
-pub use board::{Board, Done, Next, SharedBoard};
 use health_core::conditions::{Condition, Source};
 use kube::api::ListParams;
 use kube::Api;
 use tokio::time::Instant;
 pub use types::{Claim, EntryCondition, EntryKind, SourceEntry, VolumeHealth, HEALTH_LABEL};
+pub use write_plan::{Done, Next, SharedWritePlan, WritePlan};
 
 use crate::backoff::REQUEST_TIMEOUT;
-use crate::pages::{list_pages, PageError};
+use crate::paged_list::{list_pages, PageError};
 
 /// Objects listed per page at start.
 const LIST_PAGE: u32 = 500;
 /// How long the node agent lets a new or cleared condition settle before
-/// its `VolumeHealth` write ([`Board::with_settle`]; docs/benchmarks.md, "Kernel error to Kubernetes Event").
+/// its `VolumeHealth` write ([`WritePlan::with_settle`]; docs/benchmarks.md, "Kernel error to Kubernetes Event").
 pub const SETTLE: std::time::Duration = std::time::Duration::from_millis(20);
 /// Pods named in an entry; `podCount` has them all.
 const MAX_PODS: usize = 16;
@@ -165,7 +165,7 @@ pub async fn list_selected(
 /// The writer task: takes over this writer's entries (a node's agent
 /// lists only the objects its label marks), then writes what the board
 /// decides, one claim at a time. Runs until dropped.
-pub async fn run(api: StatusApi, board: Arc<SharedBoard>, client: kube::Client) {
+pub async fn run(api: StatusApi, board: Arc<SharedWritePlan>, client: kube::Client) {
     let started = SystemTime::now();
     let listed = list_selected(&client, api.node_selector()).await;
     adopt_listed(&board, api.owned(), &listed, started);
@@ -174,7 +174,7 @@ pub async fn run(api: StatusApi, board: Arc<SharedBoard>, client: kube::Client) 
 
 /// Takes over this writer's entries (`owned`) from what [`list_all`] gave.
 pub fn adopt_listed(
-    board: &SharedBoard,
+    board: &SharedWritePlan,
     owned: &[String],
     listed: &Result<Vec<VolumeHealth>, PageError>,
     started: SystemTime,
@@ -196,7 +196,7 @@ pub fn adopt_listed(
 }
 
 /// Writes what the board decides, one claim at a time. Runs until dropped.
-pub async fn write_loop(api: StatusApi, board: Arc<SharedBoard>) {
+pub async fn write_loop(api: StatusApi, board: Arc<SharedWritePlan>) {
     loop {
         let next = board.lock().next(Instant::now(), SystemTime::now());
         match next {

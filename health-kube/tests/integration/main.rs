@@ -10,6 +10,6 @@ mod common;
 mod events_recorder;
 mod events_restart;
 mod events_takeover;
-mod status_board;
 mod status_takeover;
+mod status_write_plan;
 mod writer_requests;

@@ -1,4 +1,4 @@
-//! The `VolumeHealth` board ([`health_kube::status::Board`]) of a writer that took over from an earlier process (a
+//! The `VolumeHealth` board ([`health_kube::status::WritePlan`]) of a writer that took over from an earlier process (a
 //! restarted agent, a new leader of the controller): the object is left
 //! as it is until the writer says what it asserts there, a condition it
 //! asserted once is its own and goes as soon as it stops asserting it,
@@ -7,10 +7,10 @@
 use std::time::{Duration, SystemTime};
 
 use health_core::conditions::Status;
-use health_kube::status::board::{Board, Done, Next, STARTUP_GRACE};
 use health_kube::status::types::{
     self, EntryCondition, EntryKind, HealthStatus, SourceEntry, Spec, VolumeHealth,
 };
+use health_kube::status::write_plan::{Done, Next, WritePlan, STARTUP_GRACE};
 use health_kube::status::Claim;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use tokio::time::Instant;
@@ -88,15 +88,15 @@ fn owned() -> Vec<String> {
 
 /// A board that listed the predecessor's object and whose view is
 /// complete from the start, as the controller's is.
-fn taken_over() -> Board {
-    let mut board = Board::new(Duration::from_secs(1), Duration::ZERO);
+fn taken_over() -> WritePlan {
+    let mut board = WritePlan::new(Duration::from_secs(1), Duration::ZERO);
     board.set_ready();
     let adopted = board.adopt(&[listed()], &owned(), at(STARTED));
     assert_eq!(adopted, 1);
     board
 }
 
-fn next_write(board: &mut Board, now: Instant, wall: SystemTime) -> Option<Vec<SourceEntry>> {
+fn next_write(board: &mut WritePlan, now: Instant, wall: SystemTime) -> Option<Vec<SourceEntry>> {
     match board.next(now, wall) {
         Next::Write(_, entries) => Some(entries),
         Next::Idle(_) => None,
@@ -145,7 +145,7 @@ fn asserted_and_cleared_between_two_writes_still_goes_at_once() {
 
 #[test]
 fn a_condition_spoken_of_before_the_list_came_back_counts_as_asserted() {
-    let mut board = Board::new(Duration::from_secs(1), Duration::ZERO);
+    let mut board = WritePlan::new(Duration::from_secs(1), Duration::ZERO);
     board.set_ready();
     board.set(&claim(), vec![entry(true)]);
     let now = Instant::now();

@@ -21,7 +21,7 @@ use crate::volumes::{self, LiveVolumesConfig};
 mod kernel_maps;
 pub mod priority;
 mod state;
-mod witness;
+mod tracer_count;
 
 pub use priority::EventPriority;
 use priority::EventThread;

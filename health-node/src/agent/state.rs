@@ -13,11 +13,11 @@ use health_kernel::collector::{Collector, KernelError};
 use health_kernel::device_maps::KernelMapsRest;
 use health_kernel::latency::LatencyWindows;
 use health_kernel::probes::{self, SourceState};
-use health_kernel::witness::Witness;
+use health_kernel::tracer_count::TracerCount;
 use health_topology::{HostPaths, MountWatcher, Topology};
 
 use super::priority::EventThread;
-use super::{kernel_maps, witness, AgentOptions, MIN_RESCAN_GAP};
+use super::{kernel_maps, tracer_count, AgentOptions, MIN_RESCAN_GAP};
 use crate::report::Reporter;
 use crate::volumes::inflight::InflightCounters;
 use crate::volumes::latency::{classify, LatencyConfig};
@@ -39,7 +39,7 @@ pub(super) struct Agent<R> {
     attached: probes::Attached,
     pub(super) collector: Collector,
     rest: KernelMapsRest,
-    witness: Option<Witness>,
+    witness: Option<TracerCount>,
     pub(super) topo: Topology,
     pub(super) mounts: MountWatcher,
     pub(super) vols: Option<LiveVolumes>,
@@ -125,7 +125,7 @@ impl<R: Reporter> Agent<R> {
         if attached.adopted() {
             tracing::info!("adopted programs that kept counting since the previous agent stopped");
         }
-        let witness = witness::start(&opts.probes.sys_root, &attached, &mut collector);
+        let witness = tracer_count::start(&opts.probes.sys_root, &attached, &mut collector);
         let topo = Topology::scan(&opts.host).context("reading the device topology")?;
         reporter.input_errors(&topo.input_errors());
         if kernel_maps::sync(&topo, &opts.host, &mut rest).bio_based > 0 {
@@ -171,11 +171,11 @@ impl<R: Reporter> Agent<R> {
     /// Counters against samples: errors whose samples were rate-limited
     /// away become summaries; the kernel side's own figures are reported.
     pub(super) fn reconcile(&mut self) -> anyhow::Result<()> {
-        let traced = witness::read(&mut self.witness);
+        let traced = tracer_count::read(&mut self.witness);
         self.collector.reconcile(false, &mut self.batch)?;
         let mut stats = self.collector.kernel_stats()?;
         stats.program_misses = self.misses.read(&self.attached);
-        witness::check(&mut self.witness, traced, &self.collector, &mut stats)?;
+        tracer_count::check(&mut self.witness, traced, &self.collector, &mut stats)?;
         self.reporter.kernel_stats(&stats);
         Ok(())
     }
@@ -404,7 +404,7 @@ impl<R: Reporter> Agent<R> {
         let program_misses = misses.read(&attached);
         // Read before the programs detach: failures after it are traced but
         // were never going to be counted by this process.
-        let traced = witness::read(&mut witness);
+        let traced = tracer_count::read(&mut witness);
         if !attached.pinned() {
             drop(attached);
         }
@@ -421,7 +421,7 @@ impl<R: Reporter> Agent<R> {
         collector.persist()?;
         let mut stats = collector.kernel_stats()?;
         stats.program_misses = program_misses;
-        witness::check(&mut witness, traced, &collector, &mut stats)?;
+        tracer_count::check(&mut witness, traced, &collector, &mut stats)?;
         reporter.kernel_stats(&stats);
         reporter.finish(&collector.totals()?, &topo, &stats)
     }

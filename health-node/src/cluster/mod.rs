@@ -1,5 +1,5 @@
 //! Cluster mode (`health-agent run`): this node's pods and the PVs they use
-//! ([`view`]), and Kubernetes Events and `VolumeHealth` entries on every pod
+//! ([`pod_volumes`]), and Kubernetes Events and `VolumeHealth` entries on every pod
 //! and PVC a volume condition concerns ([`report`]). The last stage: uses
 //! [`crate::volumes`], [`crate::report`] and `health_kube`, and runs the
 //! agent loop with its own reporter; nothing uses it but the binary.
@@ -66,9 +66,9 @@ pub const API_ACCESS: &[ApiAccess] = &[
     },
 ];
 
+pub mod pod_volumes;
 pub mod pvs;
 pub mod report;
-pub mod view;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -77,7 +77,7 @@ use std::time::{Duration, SystemTime};
 
 use anyhow::Context as _;
 use health_kube::http::{self, Health};
-use health_kube::{config, counted, events, status, writer, ApiAccess};
+use health_kube::{config, events, request_metrics, status, writer, ApiAccess};
 
 use crate::agent::{self, AgentOptions};
 use crate::report::metrics::Metrics;
@@ -91,7 +91,7 @@ pub struct RunOptions {
     pub metrics_addr: SocketAddr,
     pub events: events::RecorderConfig,
     /// Where the agent answers `health-agent csi-proxy` with its conditions
-    /// per volume (`crate::evidence_socket`); `None`: not served.
+    /// per volume (`crate::conditions_socket`); `None`: not served.
     pub volume_health_socket: Option<PathBuf>,
     /// A directory on the node that outlives the agent's container: the
     /// copy of this node's Events ([`EVENTS_FILE`]) is kept there.
@@ -122,18 +122,18 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
     // Both clients count every request they send in the metrics.
     let metrics = Arc::new(Metrics::new());
     let observer: Arc<dyn health_kube::observer::Observer> = metrics.clone();
-    let client = counted::client(config.clone(), Arc::clone(&observer))
+    let client = request_metrics::client(config.clone(), Arc::clone(&observer))
         .context("creating the Kubernetes client")?;
     // The Event writer's own client: built here, where building can fail,
     // and started on the event thread's runtime (its request queue and
     // connections are tasks of the runtime it starts on).
-    let writer_client = counted::client_builder(config, Arc::clone(&observer))
+    let writer_client = request_metrics::client_builder(config, Arc::clone(&observer))
         .context("creating the Kubernetes client")?;
     let health = Health::new(STALE_AFTER);
     let listener = http::bind(opts.metrics_addr).await?;
     let served = match &opts.volume_health_socket {
         Some(path) => Some(
-            crate::evidence_socket::serve(path)
+            crate::conditions_socket::serve(path)
                 .await
                 .context("serving the conditions socket (--volume-health-socket)")?,
         ),
@@ -143,7 +143,7 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
 
     // Nothing below waits for the API server: detection starts at once,
     // the reflectors and the writer retry in the background.
-    let (view, watchers) = view::ClusterView::start(client.clone(), &opts.node);
+    let (view, watchers) = pod_volumes::ClusterView::start(client.clone(), &opts.node);
     // Held before anything is recorded or continued: a recovery on a claim
     // recorded now waits for the status writer started below, whose
     // results reach this recorder through the metrics' observer.
@@ -162,8 +162,8 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
         }),
         drain: Box::pin(final_flush(Arc::clone(&shared))),
     };
-    let board = status::SharedBoard::new(
-        status::Board::new(
+    let board = status::SharedWritePlan::new(
+        status::WritePlan::new(
             opts.events.min_update_interval,
             opts.events.unclaimed_clear_after,
         )
@@ -184,7 +184,7 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
     let reporter =
         report::ClusterReporter::new(view, Arc::clone(&shared), metrics, health, Some(sink));
     let reporter =
-        crate::evidence_socket::Publishing::new(reporter, served.as_ref().map(|s| s.board()));
+        crate::conditions_socket::Publishing::new(reporter, served.as_ref().map(|s| s.board()));
     let result = agent::run(opts.agent, reporter, Some(companion)).await;
     drop(served);
 

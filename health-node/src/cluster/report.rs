@@ -15,10 +15,10 @@ use health_kernel::collector::{KernelError, KernelStats};
 use health_kube::events::Shared;
 use health_kube::events::Targets;
 use health_kube::http::Health;
-use health_kube::status::{self, Claim, SharedBoard};
+use health_kube::status::{self, Claim, SharedWritePlan};
 use health_topology::Topology;
 
-use super::view::ClusterView;
+use super::pod_volumes::ClusterView;
 use crate::report::metrics::{Metrics, VolumeRef};
 use crate::report::Reporter;
 use crate::volumes::{Handled, LiveVolumes, VolumeIndex, VolumeKey};
@@ -54,7 +54,7 @@ pub struct ClusterReporter {
 /// Where this node's `VolumeHealth` entries go.
 pub struct StatusSink {
     pub node: String,
-    pub board: Arc<SharedBoard>,
+    pub board: Arc<SharedWritePlan>,
 }
 
 impl ClusterReporter {

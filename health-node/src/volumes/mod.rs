@@ -24,7 +24,7 @@
 //! [`io`] hands what both saw per volume to the metrics.
 //!
 //! [`LiveVolumes`] keeps all of that current while the agent loop runs;
-//! [`view`] is the one-shot `health-agent volumes`.
+//! [`one_shot`] is the one-shot `health-agent volumes`.
 
 pub mod checks;
 mod csi;
@@ -36,12 +36,12 @@ pub mod kubelet;
 pub mod latency;
 mod live;
 mod monitor;
+pub mod one_shot;
 mod schedule;
 pub mod stalls;
 mod storage;
 #[cfg(test)]
 mod testing;
-pub mod view;
 pub mod waiters;
 
 use std::path::{Path, PathBuf};

@@ -23,7 +23,7 @@ use health_core::conditions::{Condition, Source, Status};
 use health_csi::proto;
 use health_csi::replay::RawClient;
 use health_csi::testing::{DriverMode, TestDriver};
-use health_node::evidence_socket;
+use health_node::conditions_socket;
 use xtask::util::say;
 
 use super::stats::Summary;
@@ -190,7 +190,7 @@ fn run_with(tools: &Tools, cfg: &Config, kind: DriverKind) -> Result<Vec<Row>> {
         .build()
         .context("building the benchmark's runtime")?;
     runtime.block_on(async {
-        let agent = evidence_socket::serve(&agent_socket).await?;
+        let agent = conditions_socket::serve(&agent_socket).await?;
         agent.board().set([(
             Some(DRIVER),
             Some(VOLUME),

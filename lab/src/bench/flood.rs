@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use health_tests::program_runs::{witness_figures, Witness};
+use health_tests::program_runs::{witness_figures, TracerCount};
 use health_tests::{FaultDisk, Op, Rule};
 use serde_json::Value;
 
@@ -69,7 +69,7 @@ pub struct FloodResult {
     pub kernel_side: Option<String>,
     /// From it: the failed requests the kernel's tracer saw, and how many
     /// of them no program counted (`None` without a tracer witness).
-    pub witness: Option<Witness>,
+    pub witness: Option<TracerCount>,
     /// The agent's lines about its witness (why there is none).
     pub witness_notes: Vec<String>,
     pub beside: Option<Beside>,

@@ -90,7 +90,7 @@ pub fn run(args: &ClusterArgs) -> anyhow::Result<()> {
         ClusterCommand::Status => status::report(&state),
         ClusterCommand::Fault(fault) => storage::fault(&state, fault),
         ClusterCommand::Test { .. } => {
-            bail!("`cluster test` is run by xtask (xtask/src/cluster_test.rs), not by the lab")
+            bail!("`cluster test` is run by xtask (xtask/cli/src/cluster_test.rs), not by the lab")
         }
     }
 }

@@ -19,7 +19,7 @@ use std::path::Path;
 
 use deploy_common::agent_objects::{by_key, deploy_objects, parse_documents, Parsed, DAEMON_SET};
 use deploy_common::{chart_dir, deploy_dir, read, run_tool, tool, typed, yaml_documents};
-use health_node::evidence_socket::DEFAULT_SOCKET;
+use health_node::conditions_socket::DEFAULT_SOCKET;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{Container, Volume};
 use serde_json::{json, Value};

@@ -174,15 +174,14 @@ fn sources() -> Vec<PathBuf> {
     let mut out: Vec<PathBuf> = all
         .into_iter()
         .filter(|p| {
-            let name = p.file_name().unwrap().to_string_lossy();
             let ext = p.extension().map(|e| e.to_string_lossy().to_string());
             matches!(
                 ext.as_deref(),
                 Some("rs" | "yaml" | "yml" | "sh" | "tpl" | "txt" | "toml" | "json")
-            ) || name == "Dockerfile"
-                || p.parent()
-                    .and_then(Path::file_name)
-                    .is_some_and(|d| d == ".ci")
+            ) || p
+                .parent()
+                .and_then(Path::file_name)
+                .is_some_and(|d| d == ".ci")
         })
         .filter(|p| {
             !p.ends_with("tests/tests/server/docs.rs")

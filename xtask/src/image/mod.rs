@@ -20,16 +20,14 @@
 //! points (/proc, /sys, /dev, /host/proc, /var/lib/kubelet) itself.
 //!
 //! The libraries come from the build host, so the image runs where that
-//! glibc runs: build on Debian bookworm (the README's build host), like the
-//! Dockerfile's distroless cc-debian12 runtime.
+//! glibc runs: build on Debian bookworm (the README's build host). It is
+//! the project's only image builder: no Dockerfile is kept in step with it.
 //!
 //! Reproducible: the same commit gives the same bytes ([`oci`] says how).
 //! Every time in it is the commit's (`SOURCE_DATE_EPOCH` when set, else
 //! `git log -1 --format=%ct`). The agent binary itself is the same only from
 //! the same checkout path and toolchain: it carries absolute source paths
-//! (the kernel object's BTF, generated code, the cargo registry). The Dockerfile stays for users who build with
-//! an engine; the tests (tests/tests/image.rs) check that both describe the
-//! same entrypoint and command.
+//! (the kernel object's BTF, generated code, the cargo registry).
 
 pub mod oci;
 pub mod rootfs;
@@ -49,7 +47,7 @@ pub const AGENT_PATH: &str = "/usr/local/bin/health-agent";
 /// Where the controller is in the image: the sidecar's command (it carries
 /// no kernel programs; the image holds both binaries).
 pub const CONTROLLER_PATH: &str = "/usr/local/bin/health-controller";
-/// The Dockerfile's `ENTRYPOINT` and `CMD` (the tests compare them).
+/// The image's `ENTRYPOINT` and `CMD`: `health-agent run`.
 pub const ENTRYPOINT: &[&str] = &[AGENT_PATH];
 pub const CMD: &[&str] = &["run"];
 /// The repository deploy/daemonset.yaml and the chart's values name.

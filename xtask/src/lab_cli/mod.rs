@@ -1,16 +1,15 @@
 //! The command lines of the commands the lab runs: `cargo xtask demo`,
-//! `bench`, `kind` and `cluster`.
+//! `bench` and `cluster`.
 //!
-//! They are defined here, once, and parsed twice: by xtask, which answers
-//! `--help` and usage errors at once, and by the lab binary
-//! (lab/src/main.rs), which xtask builds and runs only for real work with
-//! the same arguments. Before, xtask passed everything through and the lab
+//! They are defined here, once, and parsed twice: by `cargo xtask`
+//! (xtask/cli), which answers `--help` and usage errors at once, and by the
+//! lab binary (lab/src/main.rs), which the command line builds and runs
+//! only for real work with the same arguments. Before, xtask passed everything through and the lab
 //! compiled (kube, aya, FUSE: minutes in release on a fresh machine) before
 //! `--help` could print.
 
 pub mod bench;
 pub mod cluster;
-pub mod kind;
 
 use clap::Subcommand;
 
@@ -22,9 +21,6 @@ pub enum LabCommand {
     /// Build, then measure latency, overhead, an error flood and the event path (root); updates
     /// docs/benchmarks.md.
     Bench(bench::BenchArgs),
-    /// End to end in a kind cluster: image, deploy/, a failing disk, Events (needs docker, kind,
-    /// kubectl).
-    Kind(kind::KindArgs),
     /// A single-node Kubernetes on this host from local parts (root): up, down, status, fault,
     /// and test (the end-to-end suite on it); docs/local-cluster.md.
     Cluster(cluster::ClusterArgs),
@@ -36,34 +32,9 @@ impl LabCommand {
         match self {
             LabCommand::Demo => "demo",
             LabCommand::Bench(_) => "bench",
-            LabCommand::Kind(_) => "kind",
             LabCommand::Cluster(_) => "cluster",
         }
     }
-}
-
-/// Runs a command xtask has parsed: `cluster test` here, the rest in the
-/// lab, given `args`, the words after the command's name as the user wrote
-/// them (the lab parses them with the same definitions).
-pub fn run(command: &LabCommand, args: &[String]) -> anyhow::Result<()> {
-    if let LabCommand::Cluster(cluster) = command {
-        if let cluster::ClusterCommand::Test { filter } = &cluster.command {
-            if cluster.state_dir.is_some() {
-                anyhow::bail!(
-                    "`cluster test` uses the default state directory; --state-dir is for up, down, status and fault"
-                );
-            }
-            return crate::cluster_test::run(filter);
-        }
-    }
-    crate::lab::run(command.name(), args)
-}
-
-/// The words after the subcommand of this process's command line
-/// (`cargo xtask cluster up --x` gives `up --x`): xtask's top level takes no
-/// options, so the subcommand is the first word.
-pub fn words_after_subcommand() -> Vec<String> {
-    std::env::args().skip(2).collect()
 }
 
 #[cfg(test)]
@@ -91,7 +62,6 @@ mod tests {
     fn help_is_answered_from_the_definitions() {
         let cases: &[(&[&str], &str)] = &[
             (&["bench", "--help"], "--latency-errors <LATENCY_ERRORS>"),
-            (&["kind", "--help"], "--warning-timeout <WARNING_TIMEOUT>"),
             (&["cluster", "--help"], "--state-dir <DIR>"),
             (&["cluster", "up", "--help"], "--agent-archive <FILE>"),
             (&["cluster", "fault", "--help"], "Inject or clear errors"),
@@ -128,7 +98,7 @@ mod tests {
                 &["cluster", "fault", "add", "--path", "/x", "--volume", "v"],
                 ErrorKind::ArgumentConflict,
             ),
-            (&["kind", "--keep", "--nope"], ErrorKind::UnknownArgument),
+            (&["demo", "--nope"], ErrorKind::UnknownArgument),
         ];
         for (words, kind) in cases {
             let err = parse(words)
@@ -180,6 +150,5 @@ mod tests {
             _ => panic!("not bench"),
         }
         assert_eq!(parse(&["demo"]).unwrap().name(), "demo");
-        assert_eq!(parse(&["kind", "--keep"]).unwrap().name(), "kind");
     }
 }

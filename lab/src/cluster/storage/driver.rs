@@ -31,7 +31,7 @@ pub(super) const PLUGIN_DAEMON: &str = "csi-loop-driver";
 pub(super) const PROXY_DAEMON: &str = "csi-proxy";
 const SOCKET_WAIT: Duration = Duration::from_secs(20);
 /// Where the agent answers the proxy (the chart's `csiProxy.socketDir`,
-/// health_node::evidence_socket::DEFAULT_SOCKET).
+/// health_node::conditions_socket::DEFAULT_SOCKET).
 const AGENT_SOCKET: &str = "/run/volume-health/conditions.sock";
 
 fn plugin_dir() -> PathBuf {

@@ -17,7 +17,6 @@ fn xtask(words: &[&str]) -> Output {
 fn help_of_every_lab_command_prints_without_building_the_lab() {
     let cases: &[(&[&str], &str)] = &[
         (&["bench", "--help"], "Usage: cargo xtask bench [OPTIONS]"),
-        (&["kind", "--help"], "Usage: cargo xtask kind [OPTIONS]"),
         (&["demo", "--help"], "Usage: cargo xtask demo"),
         (
             &["cluster", "--help"],
@@ -66,7 +65,7 @@ fn usage_errors_are_told_without_building_the_lab() {
             &["bench", "--only", "latencyy"],
             "invalid value 'latencyy' for '--only",
         ),
-        (&["kind", "--nope"], "unexpected argument '--nope'"),
+        (&["demo", "--nope"], "unexpected argument '--nope'"),
         (
             &["cluster", "--state-dir", "/tmp/x", "test"],
             "`cluster test` uses the default state directory",

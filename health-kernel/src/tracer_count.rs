@@ -45,7 +45,7 @@ const PINS: &str = "pins-";
 const BUFFER_KB: &str = "4";
 
 #[derive(Debug, thiserror::Error)]
-pub enum WitnessError {
+pub enum TracerCountError {
     #[error("this kernel has no block:block_rq_error tracepoint")]
     NoEvent,
     #[error("{}: {error}", .path.display())]
@@ -54,8 +54,8 @@ pub enum WitnessError {
     Stats { path: PathBuf, field: &'static str },
 }
 
-fn io_error(path: &Path) -> impl FnOnce(io::Error) -> WitnessError + '_ {
-    move |error| WitnessError::Io {
+fn io_error(path: &Path) -> impl FnOnce(io::Error) -> TracerCountError + '_ {
+    move |error| TracerCountError::Io {
         path: path.to_path_buf(),
         error,
     }
@@ -75,7 +75,7 @@ pub enum Lifetime {
 /// A tracefs instance counting `block_rq_error` events, and the figure
 /// drawn from it.
 #[derive(Debug)]
-pub struct Witness {
+pub struct TracerCount {
     dir: PathBuf,
     lifetime: Lifetime,
     /// Made by this process (else adopted from an earlier one).
@@ -83,19 +83,19 @@ pub struct Witness {
     figures: Uncounted,
 }
 
-impl Witness {
+impl TracerCount {
     /// Makes (or, pinned, adopts) the instance under the tracefs at
     /// `tracefs_root` and enables the event in it. `counted`: the
     /// programs' count for `block_rq_error`, read first (see
     /// [`Uncounted::new`]); a pinned instance made now has it as its base,
-    /// which the caller keeps (see [`Witness::made`]).
+    /// which the caller keeps (see [`TracerCount::made`]).
     pub fn start(
         tracefs_root: &Path,
         counted: u64,
         lifetime: Lifetime,
-    ) -> Result<Self, WitnessError> {
+    ) -> Result<Self, TracerCountError> {
         if !tracefs_root.join(EVENT).exists() {
-            return Err(WitnessError::NoEvent);
+            return Err(TracerCountError::NoEvent);
         }
         let instances = tracefs_root.join("instances");
         remove_stale(&instances);
@@ -131,7 +131,7 @@ impl Witness {
         Ok(witness)
     }
 
-    fn enable(&self) -> Result<(), WitnessError> {
+    fn enable(&self) -> Result<(), TracerCountError> {
         let enable = self.dir.join(EVENT);
         fs::write(&enable, "1").map_err(io_error(&enable))
     }
@@ -158,7 +158,7 @@ impl Witness {
     /// How many `block_rq_error` events the kernel traced since the
     /// instance was made, summed over CPUs; read it before the programs'
     /// count (see [`Uncounted`]).
-    pub fn traced(&self) -> Result<u64, WitnessError> {
+    pub fn traced(&self) -> Result<u64, TracerCountError> {
         let per_cpu = self.dir.join("per_cpu");
         let mut total = 0;
         for entry in fs::read_dir(&per_cpu).map_err(io_error(&per_cpu))? {
@@ -168,14 +168,14 @@ impl Witness {
             }
             let path = entry.path().join("stats");
             let text = read_once(&path).map_err(io_error(&path))?;
-            let n = written(&text).map_err(|field| WitnessError::Stats { path, field })?;
+            let n = written(&text).map_err(|field| TracerCountError::Stats { path, field })?;
             total = n.saturating_add(total);
         }
         Ok(total)
     }
 }
 
-impl Drop for Witness {
+impl Drop for TracerCount {
     fn drop(&mut self) {
         if self.lifetime != Lifetime::Process {
             return;
@@ -195,7 +195,7 @@ fn name(lifetime: Lifetime) -> String {
 
 /// Removes the instance kept with the pinned state whose `STATS` map had
 /// id `map_id` (`uninstall`); whether there was one.
-pub fn remove_pinned(tracefs_root: &Path, map_id: u32) -> Result<bool, WitnessError> {
+pub fn remove_pinned(tracefs_root: &Path, map_id: u32) -> Result<bool, TracerCountError> {
     let dir = tracefs_root
         .join("instances")
         .join(name(Lifetime::Pins { map_id, base: 0 }));
@@ -242,7 +242,7 @@ fn read_once(path: &Path) -> io::Result<String> {
 
 /// Disables the event and removes the instance (the kernel refuses to
 /// remove one whose files are open; nothing here keeps one open).
-fn remove(dir: &Path) -> Result<(), WitnessError> {
+fn remove(dir: &Path) -> Result<(), TracerCountError> {
     let enable = dir.join(EVENT);
     if enable.exists() {
         fs::write(&enable, "0").map_err(io_error(&enable))?;

@@ -1,5 +1,5 @@
 //! The agent's side: HTTP/1.1 on a unix socket, two routes (a volume's
-//! conditions, a driver's storage), answered from the [`Board`] without
+//! conditions, a driver's storage), answered from the [`Answers`] without
 //! waiting on anything. Bounded like the metrics
 //! endpoint: a few connections at once, headers within a timeout, a small
 //! request body.
@@ -23,7 +23,7 @@ use tokio::net::UnixListener;
 use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 
-use super::{Answer, Board, Question, StorageQuestion, PATH, STORAGE_PATH};
+use super::{Answer, Answers, Question, StorageQuestion, PATH, STORAGE_PATH};
 
 /// Connections served at once: one proxy per CSI driver on the node asks.
 const MAX_CONNECTIONS: usize = 32;
@@ -59,14 +59,14 @@ pub enum ServeError {
 /// The socket being served; dropping it stops serving and removes the
 /// socket file.
 pub struct Served {
-    board: Board,
+    board: Answers,
     socket: PathBuf,
     task: JoinHandle<()>,
 }
 
 impl Served {
     /// The board the socket answers from (to publish into).
-    pub fn board(&self) -> Board {
+    pub fn board(&self) -> Answers {
         self.board.clone()
     }
 
@@ -88,7 +88,7 @@ impl Drop for Served {
 /// board.
 pub async fn serve(socket: &Path) -> Result<Served, ServeError> {
     let listener = bind_fresh(socket)?;
-    let board = Board::default();
+    let board = Answers::default();
     let task = tokio::spawn(accept(listener, board.clone()));
     tracing::info!(socket = %socket.display(), "answering the CSI proxy's questions");
     Ok(Served {
@@ -134,7 +134,7 @@ fn remove_stale(socket: &Path) -> Result<(), ServeError> {
     }
 }
 
-async fn accept(listener: UnixListener, board: Board) {
+async fn accept(listener: UnixListener, board: Answers) {
     let mut http = http1::Builder::new();
     http.timer(TokioTimer::new())
         .header_read_timeout(HEADER_READ_TIMEOUT);
@@ -167,7 +167,7 @@ async fn accept(listener: UnixListener, board: Board) {
 }
 
 async fn answer(
-    board: Board,
+    board: Answers,
     request: Request<Incoming>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
     let storage = match request.uri().path() {
@@ -244,7 +244,7 @@ mod tests {
     use health_csi::proxy::{AgentCondition, Evidence};
 
     use super::*;
-    use crate::evidence_socket::{AgentSocket, AskError};
+    use crate::conditions_socket::{AgentSocket, AskError};
 
     fn condition(source: Source, status: Status, reason: &str, message: &str) -> Condition {
         Condition {

@@ -1,4 +1,4 @@
-//! The agent loop's use of the tracer witness ([`health_kernel::witness`]):
+//! The agent loop's use of the tracer witness ([`health_kernel::tracer_count`]):
 //! started after the programs, checked at every reconcile tick, and read
 //! a last time before the programs detach.
 
@@ -8,7 +8,7 @@ use health_common::source;
 use health_kernel::collector::{Collector, KernelStats};
 use health_kernel::probes::Attached;
 use health_kernel::tracefs::Tracefs;
-use health_kernel::witness::{self, Lifetime, Witness, WitnessError};
+use health_kernel::tracer_count::{self, Lifetime, TracerCount, TracerCountError};
 
 /// Starts the witness, kept with the pinned state when there is one; says
 /// in one line what it does or why there is none.
@@ -16,7 +16,7 @@ pub(super) fn start(
     sys_root: &Path,
     attached: &Attached,
     collector: &mut Collector,
-) -> Option<Witness> {
+) -> Option<TracerCount> {
     let counted = match collector.counted(source::BLOCK_RQ_ERROR) {
         Ok(n) => n,
         Err(e) => {
@@ -32,7 +32,7 @@ pub(super) fn start(
         }
     };
     for &id in attached.replaced_pins() {
-        match witness::remove_pinned(tracefs.root(), id) {
+        match tracer_count::remove_pinned(tracefs.root(), id) {
             Ok(true) => tracing::info!("removed the tracer witness of the replaced pinned state"),
             Ok(false) => {}
             Err(e) => tracing::warn!("removing the replaced pinned state's tracer witness: {e}"),
@@ -43,7 +43,7 @@ pub(super) fn start(
         tracing::warn!("the tracer witness will not outlive this agent ({e:#})");
         Lifetime::Process
     });
-    match Witness::start(tracefs.root(), counted, lifetime) {
+    match TracerCount::start(tracefs.root(), counted, lifetime) {
         Ok(w) => {
             if w.made() && lifetime != Lifetime::Process {
                 if let Err(e) = collector.set_witness_base(counted) {
@@ -65,7 +65,7 @@ pub(super) fn start(
         // Kernels without it (5.10 among them) count failed requests at
         // block_rq_complete, which the tracer could only watch at a cost on
         // every healthy request.
-        Err(WitnessError::NoEvent) => {
+        Err(TracerCountError::NoEvent) => {
             tracing::info!("no tracer witness: this kernel has no block:block_rq_error tracepoint");
             None
         }
@@ -91,9 +91,9 @@ fn lifetime(attached: &Attached, collector: &Collector) -> anyhow::Result<Lifeti
 }
 
 /// The witness's count, read before the programs' (see
-/// [`health_kernel::witness::Uncounted`]); a witness that cannot be read
+/// [`health_kernel::tracer_count::Uncounted`]); a witness that cannot be read
 /// any more is dropped with a warning.
-pub(super) fn read(witness: &mut Option<Witness>) -> Option<u64> {
+pub(super) fn read(witness: &mut Option<TracerCount>) -> Option<u64> {
     let w = witness.as_ref()?;
     match w.traced() {
         Ok(n) => Some(n),
@@ -109,7 +109,7 @@ pub(super) fn read(witness: &mut Option<Witness>) -> Option<u64> {
 /// warns when failed requests went uncounted, and puts the figures into
 /// `stats`.
 pub(super) fn check(
-    witness: &mut Option<Witness>,
+    witness: &mut Option<TracerCount>,
     traced: Option<u64>,
     collector: &Collector,
     stats: &mut KernelStats,

@@ -1,10 +1,16 @@
-//! The developer loop: `cargo xtask <command>` (see the library for what
-//! each module does).
+//! The developer loop: `cargo xtask <command>`, a thin command line over
+//! the xtask library (xtask/src/lib.rs says what each module does). It
+//! runs the lab (`health-lab`, built by the workspace build) for `demo`,
+//! `bench` and `cluster`, as a program: the lab links the library, never
+//! this.
 
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use xtask::{as_user, build, components, ebpf, fuzz, image, k8s_tools, lab, lab_cli, vm};
+use xtask::{as_user, build, components, ebpf, fuzz, image, k8s_tools, lab_cli, vm};
+
+mod cluster_test;
+mod lab;
 
 #[derive(Parser)]
 #[command(
@@ -45,7 +51,7 @@ enum Command {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
-    // demo, bench, kind, cluster: run by the lab, parsed here (their
+    // demo, bench, cluster: run by the lab, parsed here (their
     // `--help` answers at once, xtask::lab_cli).
     #[command(flatten)]
     Lab(lab_cli::LabCommand),
@@ -56,7 +62,7 @@ enum Command {
     /// Build the Kubernetes and CSI components from Go modules (once per version) and print
     /// where they are, as the variables the tests read (HEALTH_K8S_ASSETS, ...).
     Components,
-    /// Build the agent's OCI image archive without a container engine (for kind, containerd, podman, skopeo).
+    /// Build the agent's OCI image archive without a container engine (for containerd, podman, skopeo).
     Image(image::ImageArgs),
     /// Run a command (default: the kernel test binaries) on Debian's 5.10, 6.1 or 6.12 under QEMU, or on `host`.
     Vm(vm::VmArgs),
@@ -81,7 +87,7 @@ fn main() -> ExitCode {
             as_user: None,
             args,
         } => build::test(&args),
-        Command::Lab(command) => lab_cli::run(&command, &lab_cli::words_after_subcommand()),
+        Command::Lab(command) => lab::run_command(&command, &lab::words_after_subcommand()),
         Command::Fuzz(args) => fuzz::run_fuzz(&args),
         Command::Tools => k8s_tools::ensure().map(|t| {
             println!("HELM_BIN={}", t.helm.display());

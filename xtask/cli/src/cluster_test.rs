@@ -10,10 +10,11 @@
 
 use std::process::Command;
 
-use crate::build;
-use crate::image::{self, ImageArgs};
+use xtask::build;
+use xtask::image::{self, ImageArgs};
+use xtask::util::{cargo, run as run_cmd, say, workspace_root};
+
 use crate::lab;
-use crate::util::{cargo, run as run_cmd, say, workspace_root};
 
 /// The suite (a `test = false` target), with the workspace build's
 /// selection and so its features: nothing compiles again.
@@ -24,9 +25,9 @@ pub fn run(filter: &[String]) -> anyhow::Result<()> {
     // agent and the controller of the image (the same binaries the other
     // suites test), the lab, the fault disk server, the CSI driver and
     // the suite itself.
-    crate::ebpf::ensure()?;
+    xtask::ebpf::ensure()?;
     build::workspace(&["kubelet_e2e"])?;
-    let release = crate::util::target_dir().join("release");
+    let release = xtask::util::target_dir().join("release");
     let (repository, tag) = ("volume-health-agent", env!("CARGO_PKG_VERSION"));
     let archive = image::build(&ImageArgs {
         repository: Some(repository.into()),
@@ -64,7 +65,7 @@ fn run_suite(filter: &[String]) -> anyhow::Result<()> {
     say("running the end-to-end suite on the cluster (tests/tests/kubelet_e2e.rs)");
     let mut cmd: Command = cargo();
     cmd.current_dir(workspace_root()).args(SUITE);
-    crate::components::ensure(&[crate::components::Part::Kubernetes])?.apply(&mut cmd);
+    xtask::components::ensure(&[xtask::components::Part::Kubernetes])?.apply(&mut cmd);
     // One test at a time: they share the one node, its agent and its fault
     // disk.
     cmd.arg("--").arg("--test-threads=1").args(filter);

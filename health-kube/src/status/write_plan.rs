@@ -5,7 +5,7 @@
 //! unchanged assertion never. The lock is held for bookkeeping only.
 //!
 //! After a restart the writer's entries are taken over from the listed
-//! objects ([`Board::adopt`]): a claim is left as it is until the writer
+//! objects ([`WritePlan::adopt`]): a claim is left as it is until the writer
 //! speaks of it, a condition it asserts again continues its episode, and
 //! the start-up grace keeps only what the new process has not asserted
 //! yet: once it has asserted a condition, it acts on its own evidence.
@@ -87,7 +87,7 @@ pub enum Done {
 }
 
 #[derive(Debug)]
-pub struct Board {
+pub struct WritePlan {
     states: BTreeMap<Key, ClaimState>,
     update_interval: Duration,
     /// Kernel conditions carried across a restart stay this long after
@@ -100,9 +100,9 @@ pub struct Board {
     settle: Duration,
 }
 
-impl Board {
+impl WritePlan {
     pub fn new(update_interval: Duration, quiet_window: Duration) -> Self {
-        Board {
+        WritePlan {
             states: BTreeMap::new(),
             update_interval,
             quiet_window,
@@ -191,8 +191,8 @@ impl Board {
 
     /// Takes over this writer's entries from before a restart. Nothing is
     /// written for a claim taken over until the caller says what it asserts
-    /// there ([`Board::set`]) or that it no longer uses it
-    /// ([`Board::release`], [`Board::release_others`]): until then the
+    /// there ([`WritePlan::set`]) or that it no longer uses it
+    /// ([`WritePlan::release`], [`WritePlan::release_others`]): until then the
     /// object stays as the earlier process left it.
     pub fn adopt(
         &mut self,
@@ -307,7 +307,7 @@ impl Board {
         Next::Idle(wake)
     }
 
-    /// Records how a write from [`Board::next`] ended.
+    /// Records how a write from [`WritePlan::next`] ended.
     pub fn finish(&mut self, claim: &Claim, entries: Vec<SourceEntry>, done: Done, now: Instant) {
         let key = (claim.namespace.clone(), claim.name.clone());
         let Some(s) = self.states.get_mut(&key) else {
@@ -424,20 +424,20 @@ fn continue_episode(d: &mut EntryCondition, c: &EntryCondition) {
 
 /// The board shared by the code that decides (the agent loop, the
 /// controller's cycle) and the writer task.
-pub struct SharedBoard {
-    board: Mutex<Board>,
+pub struct SharedWritePlan {
+    board: Mutex<WritePlan>,
     notify: Notify,
 }
 
-impl SharedBoard {
-    pub fn new(board: Board) -> std::sync::Arc<SharedBoard> {
-        std::sync::Arc::new(SharedBoard {
+impl SharedWritePlan {
+    pub fn new(board: WritePlan) -> std::sync::Arc<SharedWritePlan> {
+        std::sync::Arc::new(SharedWritePlan {
             board: Mutex::new(board),
             notify: Notify::new(),
         })
     }
 
-    pub fn lock(&self) -> MutexGuard<'_, Board> {
+    pub fn lock(&self) -> MutexGuard<'_, WritePlan> {
         self.board.lock().unwrap_or_else(|e| e.into_inner())
     }
 

@@ -1,4 +1,4 @@
-//! The `VolumeHealth` board ([`health_kube::status::Board`]) through its
+//! The `VolumeHealth` board ([`health_kube::status::WritePlan`]) through its
 //! public API: the write-on-change rules, what a restart carries over, and
 //! what it takes over from listed objects (outside input, property-tested).
 
@@ -10,10 +10,10 @@ mod rules {
     use std::time::{Duration, SystemTime};
 
     use health_core::conditions::Status;
-    use health_kube::status::board::{Board, Done, Next};
     use health_kube::status::types::{
         EntryCondition, EntryKind, HealthStatus, SourceEntry, Spec, VolumeHealth,
     };
+    use health_kube::status::write_plan::{Done, Next, WritePlan};
     use health_kube::status::Claim;
     use tokio::time::Instant;
 
@@ -52,7 +52,7 @@ mod rules {
         }
     }
 
-    fn write(board: &mut Board, now: Instant, wall: SystemTime) -> Vec<SourceEntry> {
+    fn write(board: &mut WritePlan, now: Instant, wall: SystemTime) -> Vec<SourceEntry> {
         match board.next(now, wall) {
             Next::Write(c, e) => {
                 assert_eq!(c, claim());
@@ -63,7 +63,7 @@ mod rules {
         }
     }
 
-    fn idle(board: &mut Board, now: Instant, wall: SystemTime) -> Option<Instant> {
+    fn idle(board: &mut WritePlan, now: Instant, wall: SystemTime) -> Option<Instant> {
         match board.next(now, wall) {
             Next::Idle(at) => at,
             Next::Write(_, e) => panic!("expected nothing due, got a write of {e:?}"),
@@ -73,7 +73,7 @@ mod rules {
     #[tokio::test(start_paused = true)]
     async fn a_raise_is_written_at_once_counts_at_most_every_interval_and_nothing_else() {
         let t0 = Instant::now();
-        let mut b = Board::new(INTERVAL, QUIET);
+        let mut b = WritePlan::new(INTERVAL, QUIET);
         b.set_ready();
         b.set(&claim(), vec![entry(Some(1), "2027-01-15T08:00:00Z")]);
         assert_eq!(write(&mut b, t0, at(0))[0].conditions[0].count, Some(1));
@@ -122,7 +122,7 @@ mod rules {
     async fn with_a_settle_a_raise_waits_from_when_it_was_first_seen() {
         let settle = Duration::from_millis(20);
         let t0 = Instant::now();
-        let mut b = Board::new(INTERVAL, QUIET).with_settle(settle);
+        let mut b = WritePlan::new(INTERVAL, QUIET).with_settle(settle);
         b.set_ready();
         b.set(&claim(), vec![entry(Some(1), "2027-01-15T08:00:00Z")]);
         assert_eq!(idle(&mut b, t0, at(0)), Some(t0 + settle));
@@ -149,7 +149,7 @@ mod rules {
     #[tokio::test(start_paused = true)]
     async fn a_failed_write_backs_off_and_a_refusal_waits_long() {
         let t0 = Instant::now();
-        let mut b = Board::new(INTERVAL, QUIET);
+        let mut b = WritePlan::new(INTERVAL, QUIET);
         b.set_ready();
         b.set(&claim(), vec![entry(Some(1), "x")]);
         let Next::Write(c, e) = b.next(t0, at(0)) else {
@@ -207,7 +207,7 @@ mod rules {
     #[tokio::test(start_paused = true)]
     async fn after_a_restart_a_kernel_condition_is_kept_until_its_quiet_window_ends() {
         let t0 = Instant::now();
-        let mut b = Board::new(INTERVAL, QUIET);
+        let mut b = WritePlan::new(INTERVAL, QUIET);
         // Last seen at 08:00:00 = 1800000000 + x: use the board's clock instead.
         let seen = health_kube::status::types::time(at(0));
         let mut other = entry(Some(5), &seen);
@@ -239,7 +239,7 @@ mod rules {
     #[tokio::test(start_paused = true)]
     async fn after_a_restart_entries_of_claims_no_longer_used_here_go_once_ready() {
         let t0 = Instant::now();
-        let mut b = Board::new(INTERVAL, QUIET);
+        let mut b = WritePlan::new(INTERVAL, QUIET);
         let owned = vec!["Node/node-a".to_string()];
         b.adopt(
             &[listed(vec![entry(
@@ -267,10 +267,10 @@ mod restart {
     use std::time::{Duration, SystemTime};
 
     use health_core::conditions::Status;
-    use health_kube::status::board::{Board, Done, Next};
     use health_kube::status::types::{
         self, EntryCondition, EntryKind, HealthStatus, SourceEntry, Spec, VolumeHealth,
     };
+    use health_kube::status::write_plan::{Done, Next, WritePlan};
     use health_kube::status::Claim;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
     use tokio::time::Instant;
@@ -331,7 +331,11 @@ mod restart {
         }
     }
 
-    fn next_write(board: &mut Board, now: Instant, wall: SystemTime) -> Option<Vec<SourceEntry>> {
+    fn next_write(
+        board: &mut WritePlan,
+        now: Instant,
+        wall: SystemTime,
+    ) -> Option<Vec<SourceEntry>> {
         match board.next(now, wall) {
             Next::Write(_, entries) => Some(entries),
             Next::Idle(_) => None,
@@ -341,7 +345,7 @@ mod restart {
     #[test]
     fn an_episode_asserted_again_after_a_restart_goes_on_counting() {
         let t0 = health_core::testing::t(0);
-        let mut board = Board::new(Duration::from_secs(1), QUIET);
+        let mut board = WritePlan::new(Duration::from_secs(1), QUIET);
         let adopted = board.adopt(
             &[written(5, t0, t0 + Duration::from_secs(1))],
             &["Node/node-1".into()],
@@ -406,7 +410,7 @@ mod restart {
         // Kernel counts adopted from pinned maps: the new process's condition
         // began with the episode and counts all of it.
         let t0 = health_core::testing::t(0);
-        let mut board = Board::new(Duration::from_secs(1), QUIET);
+        let mut board = WritePlan::new(Duration::from_secs(1), QUIET);
         board.adopt(
             &[written(5, t0, t0 + Duration::from_secs(2))],
             &["Node/node-1".into()],
@@ -429,10 +433,10 @@ mod props {
     use std::time::{Duration, UNIX_EPOCH};
 
     use health_core::conditions::Status;
-    use health_kube::status::board::{Board, Done, Next};
     use health_kube::status::types::{
         parse_time, time, EntryCondition, EntryKind, HealthStatus, SourceEntry, VolumeHealth,
     };
+    use health_kube::status::write_plan::{Done, Next, WritePlan};
     use health_kube::status::Claim;
     use proptest::prelude::*;
     use tokio::time::Instant;
@@ -481,7 +485,7 @@ mod props {
             };
             listed.metadata.namespace = Some("shop".into());
             listed.spec.persistent_volume_claim_name = "data".into();
-            let mut board = Board::new(Duration::from_secs(10), Duration::from_secs(300));
+            let mut board = WritePlan::new(Duration::from_secs(10), Duration::from_secs(300));
             let wall = health_core::testing::t(0);
             board.adopt(&[listed], &["Node/node-a".to_string()], wall);
             board.set(&claim(), vec![entry(time(wall), None, new)]);

@@ -10,7 +10,7 @@
 //! in time: the driver's words alone).
 //!
 //! The agent loop hands every condition change to its reporter; [`Publishing`]
-//! wraps the reporter and, on each change, rebuilds a [`Board`]: per (driver,
+//! wraps the reporter and, on each change, rebuilds a [`Answers`]: per (driver,
 //! volume handle), the union of the conditions of the pod volumes using it
 //! that the agent itself found (kernel, checks). What the CSI driver said
 //! (`csi-node`, `csi-storage`) is left out: the proxy has the driver's own
@@ -98,12 +98,12 @@ type ByDriver = BTreeMap<String, Vec<AnsweredCondition>>;
 /// The agent's current conditions per (driver, volume handle), and per
 /// driver its storage's. Cheap to clone; clones share one state.
 #[derive(Clone, Debug, Default)]
-pub struct Board {
+pub struct Answers {
     volumes: Arc<RwLock<ByVolume>>,
     storage: Arc<RwLock<ByDriver>>,
 }
 
-impl Board {
+impl Answers {
     /// The conditions for `question`: of that driver's volume, or of every
     /// driver's volume with that handle when the driver is not named.
     pub fn answer(&self, question: &Question) -> Answer {
@@ -232,16 +232,16 @@ fn union(conditions: impl IntoIterator<Item = AnsweredCondition>) -> Vec<Answere
     out
 }
 
-/// A reporter that also keeps a [`Board`] current: every call goes to the
+/// A reporter that also keeps a [`Answers`] current: every call goes to the
 /// inner reporter, and each batch of changes rebuilds the board.
 pub struct Publishing<R> {
     inner: R,
-    board: Option<Board>,
+    board: Option<Answers>,
 }
 
 impl<R> Publishing<R> {
-    /// `board`: `None` publishes nothing (no socket asked for).
-    pub fn new(inner: R, board: Option<Board>) -> Self {
+    /// `answers`: `None` publishes nothing (no socket asked for).
+    pub fn new(inner: R, board: Option<Answers>) -> Self {
         Publishing { inner, board }
     }
 }
@@ -338,8 +338,8 @@ mod tests {
         }
     }
 
-    fn board(entries: Vec<((&str, &str), Vec<AnsweredCondition>)>) -> Board {
-        let b = Board::default();
+    fn board(entries: Vec<((&str, &str), Vec<AnsweredCondition>)>) -> Answers {
+        let b = Answers::default();
         *b.volumes.write().unwrap() = entries
             .into_iter()
             .map(|((d, h), c)| ((d.to_string(), h.to_string()), c))
@@ -418,7 +418,7 @@ mod tests {
 
     #[test]
     fn the_board_holds_the_agents_own_conditions_per_csi_volume() {
-        let b = Board::default();
+        let b = Answers::default();
         let pod_a = vec![
             condition(Source::Kernel, Status::DataLoss, "BlockIOErrors"),
             condition(Source::CsiNode, Status::Degraded, "DriverSaid"),
@@ -470,7 +470,7 @@ mod tests {
             message: message.into(),
             ..condition(Source::Check(CheckKind::Stack), status, reason)
         };
-        let b = Board::default();
+        let b = Answers::default();
         // Two volumes on one multipath map, a third on another, and a
         // driver whose volumes' stacks are fine.
         b.set([
