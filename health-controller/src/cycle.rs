@@ -64,8 +64,9 @@ pub enum Mode {
 /// What one cycle learnt.
 #[derive(Debug)]
 pub struct Probed {
-    /// One per monitored volume, in the order given.
-    pub observations: Vec<(MonitoredVolume, Observation)>,
+    /// One per monitored volume, in the order given (`observations[i]` is
+    /// what was learnt of `volumes[i]`).
+    pub observations: Vec<Observation>,
     pub result: CycleResult,
 }
 
@@ -156,9 +157,9 @@ impl Prober {
                 let why = e.to_string();
                 let observations = volumes
                     .iter()
-                    .map(|v| {
+                    .map(|_| {
                         let failed = CsiListSighting::CycleFailed(why.clone());
-                        (v.clone(), Observation::CsiControllerList(failed))
+                        Observation::CsiControllerList(failed)
                     })
                     .collect();
                 return Some(Probed {
@@ -176,7 +177,7 @@ impl Prober {
         }
         let mut observations = Vec::with_capacity(volumes.len());
         for v in volumes {
-            let sighting = match list.volumes.get(&v.handle) {
+            let sighting = match list.volumes.get(&*v.handle) {
                 Some(Some(entries)) => {
                     CsiListSighting::Listed(entries.iter().map(HealthEntry::to_evidence).collect())
                 }
@@ -186,7 +187,7 @@ impl Prober {
                     list.pages
                 )),
             };
-            observations.push((v.clone(), Observation::CsiControllerList(sighting)));
+            observations.push(Observation::CsiControllerList(sighting));
         }
         let result = if list.complete {
             CycleResult::Complete
@@ -201,7 +202,7 @@ impl Prober {
 
     async fn get_cycle(&self, volumes: &[MonitoredVolume], metrics: &ControllerMetrics) -> Probed {
         // Two PVs may name one handle: the driver is asked once.
-        let mut handles: Vec<&str> = volumes.iter().map(|v| v.handle.as_str()).collect();
+        let mut handles: Vec<&str> = volumes.iter().map(|v| &*v.handle).collect();
         handles.sort_unstable();
         handles.dedup();
         let csi = &self.csi;
@@ -223,10 +224,10 @@ impl Prober {
             .iter()
             .map(|v| {
                 let report = answers
-                    .get(v.handle.as_str())
+                    .get(&*v.handle)
                     .cloned()
                     .unwrap_or_else(|| CsiReport::ProbeFailed("not asked".into()));
-                (v.clone(), Observation::CsiControllerGet(report))
+                Observation::CsiControllerGet(report)
             })
             .collect();
         Probed {
@@ -241,10 +242,7 @@ fn not_asked(volumes: &[MonitoredVolume]) -> Probed {
     Probed {
         observations: volumes
             .iter()
-            .map(|v| {
-                let report = CsiReport::NoHealthInfo;
-                (v.clone(), Observation::CsiControllerGet(report))
-            })
+            .map(|_| Observation::CsiControllerGet(CsiReport::NoHealthInfo))
             .collect(),
         result: CycleResult::Complete,
     }

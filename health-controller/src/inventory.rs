@@ -1,21 +1,22 @@
-//! What the controller monitors, from two reflectors: this driver's PVs
-//! (volume handle -> PV name, `spec.claimRef` -> the PVC with its uid) and
-//! the Nodes (their Ready condition and unreachable taint).
+//! What the controller monitors, from two watches: this driver's PVs
+//! (volume handle -> PV name, `spec.claimRef` -> the PVC with its uid;
+//! [`PvStore`]) and the Nodes (their Ready condition and unreachable taint,
+//! in a reflector).
 //!
 //! No PVC watch (a PV's claimRef names its claim) and no Pod watch: pods are
 //! listed for one node only when that node goes down (see `nodes`), so the
 //! controller's API load does not grow with the number of pods.
 //!
-//! PVs are decoded into [`SlimPv`] (shared with the node agent), not k8s-openapi's `PersistentVolume`:
-//! every PV of the cluster is held, and the full type is 3.5 KB before its
-//! strings (an inline field per volume source), which made 10,000 PVs
-//! ~50 MB of the controller's memory (docs/benchmarks.md, "Controller").
+//! PVs are decoded into [`SlimPv`] (shared with the node agent), not
+//! k8s-openapi's `PersistentVolume` (3.5 KB before its strings, an inline
+//! field per volume source), and only this driver's are kept, as
+//! [`MonitoredVolume`]s.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use health_kube::events::{ObjectKind, ObjectRef};
+use futures_util::TryStreamExt as _;
 pub use health_kube::pv::{PvClaimRef, PvCsi, PvSpec, SlimPv};
 use health_kube::reflect::drive;
 use k8s_openapi::api::core::v1::{Node, PersistentVolume};
@@ -24,20 +25,11 @@ use kube::runtime::reflector::{self, Store};
 use kube::runtime::{watcher, WatchStreamExt as _};
 use kube::{Api, Client, ResourceExt as _};
 
+pub use crate::pv_store::{MonitoredVolume, PvStore};
+
 /// The taint the node lifecycle controller puts on a node whose kubelet
 /// stopped reporting.
 pub const UNREACHABLE_TAINT: &str = "node.kubernetes.io/unreachable";
-
-/// One PV of this driver.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub struct MonitoredVolume {
-    pub pv: String,
-    /// `spec.csi.volumeHandle`: the id the CSI driver knows the volume by.
-    pub handle: String,
-    /// The PVC bound to it (`None` while the PV is Available or Released
-    /// without a claim reference).
-    pub claim: Option<ObjectRef>,
-}
 
 /// Whether a node can run its pods, as its Ready condition and taints say.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -66,31 +58,32 @@ pub struct NodeState {
 /// Read access to the two stores.
 #[derive(Clone)]
 pub struct Inventory {
-    driver: String,
-    pvs: Store<SlimPv>,
+    pvs: Arc<PvStore>,
     nodes: Store<Node>,
     pvs_ready: Arc<AtomicBool>,
     nodes_ready: Arc<AtomicBool>,
 }
 
 impl Inventory {
-    /// Starts both reflectors as background tasks; they retry with backoff
+    /// Starts both watches as background tasks; they retry with backoff
     /// while the API server is away.
     pub fn start(client: Client, driver: &str) -> (Inventory, Vec<tokio::task::JoinHandle<()>>) {
         let pv_resource = ApiResource::erase::<PersistentVolume>(&());
-        let pv_writer = reflector::store::Writer::<SlimPv>::new(pv_resource.clone());
-        let pvs = pv_writer.as_reader();
+        let pvs = Arc::new(PvStore::new(driver));
         let (nodes, node_writer) = reflector::store::<Node>();
-        let keep = driver.to_string();
         // PVs cannot be selected by CSI driver on the server: all are
-        // watched, and those of other drivers are kept as bare names.
+        // watched, and those of other drivers are dropped as they come.
+        let store = Arc::clone(&pvs);
         let pv_stream = watcher(
             Api::<SlimPv>::all_with(client.clone(), &pv_resource),
             watcher::Config::default(),
         )
         .default_backoff()
-        .modify(move |pv| slim_pv(pv, &keep))
-        .reflect(pv_writer);
+        .map_ok(move |event| {
+            let seen = event_kind(&event);
+            store.apply(event);
+            seen
+        });
         let node_stream = watcher(Api::<Node>::all(client), watcher::Config::default())
             .default_backoff()
             .modify(slim_node)
@@ -107,7 +100,6 @@ impl Inventory {
             tokio::spawn(drive(node_stream, "nodes", None, Arc::clone(&nodes_ready))),
         ];
         let inventory = Inventory {
-            driver: driver.to_string(),
             pvs,
             nodes,
             pvs_ready,
@@ -121,9 +113,9 @@ impl Inventory {
         self.pvs_ready.load(Ordering::Acquire) && self.nodes_ready.load(Ordering::Acquire)
     }
 
-    /// This driver's PVs, by name.
-    pub fn volumes(&self) -> Vec<MonitoredVolume> {
-        monitored(&self.pvs.state(), &self.driver)
+    /// This driver's PVs, sorted by name (shared, not copied).
+    pub fn volumes(&self) -> Arc<Vec<MonitoredVolume>> {
+        self.pvs.volumes()
     }
 
     pub fn nodes(&self) -> Vec<NodeState> {
@@ -135,13 +127,14 @@ impl Inventory {
     }
 }
 
-/// Keeps a PV's name, claim reference and CSI source; a PV of another
-/// driver keeps only its name.
-fn slim_pv(pv: &mut SlimPv, driver: &str) {
-    health_kube::pv::slim(pv);
-    let ours = pv.spec.csi.as_ref().is_some_and(|csi| csi.driver == driver);
-    if !ours {
-        pv.spec = PvSpec::default();
+/// The event without its object, once the store has it.
+fn event_kind(event: &watcher::Event<SlimPv>) -> watcher::Event<()> {
+    match event {
+        watcher::Event::Apply(_) => watcher::Event::Apply(()),
+        watcher::Event::Delete(_) => watcher::Event::Delete(()),
+        watcher::Event::Init => watcher::Event::Init,
+        watcher::Event::InitApply(_) => watcher::Event::InitApply(()),
+        watcher::Event::InitDone => watcher::Event::InitDone,
     }
 }
 
@@ -168,34 +161,6 @@ fn slim_node(node: &mut Node) {
             }),
             ..Default::default()
         });
-}
-
-/// The PVs of `driver` among `pvs`, by name.
-pub fn monitored(pvs: &[Arc<SlimPv>], driver: &str) -> Vec<MonitoredVolume> {
-    let mut out: Vec<MonitoredVolume> = pvs
-        .iter()
-        .filter_map(|pv| {
-            let spec = &pv.spec;
-            let csi = spec.csi.as_ref().filter(|c| c.driver == driver)?;
-            let claim = spec
-                .claim_ref
-                .as_ref()
-                .filter(|c| c.name.is_some() && c.namespace.is_some())
-                .map(|c| ObjectRef {
-                    kind: ObjectKind::PersistentVolumeClaim,
-                    namespace: c.namespace.clone().unwrap_or_default(),
-                    name: c.name.clone().unwrap_or_default(),
-                    uid: c.uid.clone().unwrap_or_default(),
-                });
-            Some(MonitoredVolume {
-                pv: pv.name_any(),
-                handle: csi.volume_handle.clone(),
-                claim,
-            })
-        })
-        .collect();
-    out.sort();
-    out
 }
 
 /// A node's readiness; `None` for a node without a Ready condition yet
@@ -247,47 +212,8 @@ mod tests {
 
     use super::*;
 
-    fn pv(value: serde_json::Value) -> Arc<SlimPv> {
-        Arc::new(serde_json::from_value(value).expect("a PV"))
-    }
-
     #[test]
-    fn only_this_drivers_pvs_with_their_claims() {
-        let pvs = [
-            pv(json!({"metadata": {"name": "pv-b"},
-                "spec": {"csi": {"driver": "a.csi", "volumeHandle": "h-b"},
-                         "claimRef": {"namespace": "shop", "name": "data", "uid": "u-1"}}})),
-            pv(json!({"metadata": {"name": "pv-a"},
-                "spec": {"csi": {"driver": "a.csi", "volumeHandle": "h-a"}}})),
-            pv(json!({"metadata": {"name": "pv-other"},
-                "spec": {"csi": {"driver": "other.csi", "volumeHandle": "h-o"}}})),
-            pv(json!({"metadata": {"name": "pv-nfs"},
-                "spec": {"nfs": {"server": "s", "path": "/"}}})),
-        ];
-        assert_eq!(
-            monitored(&pvs, "a.csi"),
-            [
-                MonitoredVolume {
-                    pv: "pv-a".into(),
-                    handle: "h-a".into(),
-                    claim: None
-                },
-                MonitoredVolume {
-                    pv: "pv-b".into(),
-                    handle: "h-b".into(),
-                    claim: Some(ObjectRef {
-                        kind: ObjectKind::PersistentVolumeClaim,
-                        namespace: "shop".into(),
-                        name: "data".into(),
-                        uid: "u-1".into()
-                    })
-                },
-            ]
-        );
-    }
-
-    #[test]
-    fn a_full_pv_decodes_into_the_slim_one_and_other_drivers_keep_only_a_name() {
+    fn a_full_pv_decodes_into_the_slim_one_and_only_this_drivers_are_kept() {
         // As the API server sends it: every field the controller ignores
         // must decode (and be dropped) without error.
         let full = |name: &str, driver: &str| {
@@ -307,33 +233,26 @@ mod tests {
                                       "resourceVersion": "5"}},
                 "status": {"phase": "Bound", "lastPhaseTransitionTime": "2027-01-15T08:00:00Z"}})
         };
-        let mut ours: SlimPv = serde_json::from_value(full("pv-1", "a.csi")).expect("a PV");
-        let mut other: SlimPv = serde_json::from_value(full("pv-2", "b.csi")).expect("a PV");
-        slim_pv(&mut ours, "a.csi");
-        slim_pv(&mut other, "a.csi");
-        assert!(ours
-            .metadata
-            .managed_fields
-            .as_ref()
-            .is_none_or(Vec::is_empty));
-        assert!(ours
-            .metadata
-            .annotations
-            .as_ref()
-            .is_none_or(|a| a.is_empty()));
-        assert!(ours.status.is_none());
-        assert!(other.spec.csi.is_none() && other.spec.claim_ref.is_none());
+        let nfs =
+            json!({"metadata": {"name": "pv-nfs"}, "spec": {"nfs": {"server": "s", "path": "/"}}});
+        let store = PvStore::new("a.csi");
+        store.apply(watcher::Event::Init);
+        for value in [full("pv-2", "b.csi"), full("pv-1", "a.csi"), nfs] {
+            let pv: SlimPv = serde_json::from_value(value).expect("a PV");
+            store.apply(watcher::Event::InitApply(pv));
+        }
+        store.apply(watcher::Event::InitDone);
         assert_eq!(
-            monitored(&[Arc::new(ours), Arc::new(other)], "a.csi"),
+            *store.volumes(),
             [MonitoredVolume {
                 pv: "pv-1".into(),
                 handle: "h-pv-1".into(),
-                claim: Some(ObjectRef {
-                    kind: ObjectKind::PersistentVolumeClaim,
+                claim: Some(Arc::new(health_kube::events::ObjectRef {
+                    kind: health_kube::events::ObjectKind::PersistentVolumeClaim,
                     namespace: "shop".into(),
                     name: "data".into(),
                     uid: "u-1".into()
-                })
+                }))
             }]
         );
     }

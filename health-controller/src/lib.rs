@@ -16,8 +16,9 @@
 //!
 //! Beside it, [`nodes`] turns a node down past `--node-grace` into an
 //! `Inaccessible NodeNotReady` condition on the pods there that use the
-//! driver's claims, and on those claims. [`inventory`] holds the PVs and
-//! Nodes (reflectors; no PVC or Pod watch).
+//! driver's claims, and on those claims. [`inventory`] holds the PVs ([`pv_store`]:
+//! only this driver's, shared by the cycles) and Nodes (no PVC or Pod
+//! watch).
 //!
 //! A takeover continues Events instead of duplicating them: the new leader
 //! lists the Events of its component (any replica's), seeds its PV states
@@ -33,11 +34,13 @@
 //! [`metrics`] and [`access`] (what the controller may ask of the API).
 
 pub mod access;
+pub mod claim_index;
 pub mod cycle;
 pub mod inventory;
 pub mod leader;
 pub mod metrics;
 pub mod nodes;
+pub mod pv_store;
 pub mod pvs;
 pub mod run;
 pub mod status;

@@ -268,7 +268,7 @@ pub async fn affected_pods(
 ) -> Result<Vec<Affected>, ListPodsError> {
     let claims: HashMap<(&str, &str), &ObjectRef> = volumes
         .iter()
-        .filter_map(|v| v.claim.as_ref())
+        .filter_map(|v| v.claim.as_deref())
         .map(|c| ((c.namespace.as_str(), c.name.as_str()), c))
         .collect();
     let api: Api<Pod> = Api::all(client.clone());

@@ -9,8 +9,13 @@
 //! recovery and the new claim is told the conditions that hold.
 //! A PV deleted (even mid-cycle) takes its state with it, without a
 //! recovery: a deleted volume has not recovered.
+//!
+//! Only unhealthy PVs have state: a state that holds no condition is
+//! dropped ([`VolumeHealth::is_quiet`]: it would answer every observation
+//! as a new one), so 100,000 healthy PVs cost nothing here.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 use std::time::SystemTime;
 
 use health_core::conditions::{
@@ -21,19 +26,27 @@ use health_kube::status::types::parse_time;
 use health_kube::status::EntryKind;
 
 use super::inventory::MonitoredVolume;
+use super::pv_store::position;
 
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 struct PvKey {
-    pv: String,
-    handle: String,
+    pv: Arc<str>,
+    handle: Arc<str>,
 }
 
 impl PvKey {
     fn of(v: &MonitoredVolume) -> Self {
         PvKey {
-            pv: v.pv.clone(),
-            handle: v.handle.clone(),
+            pv: Arc::clone(&v.pv),
+            handle: Arc::clone(&v.handle),
         }
+    }
+
+    /// The volume of `current` (sorted by PV name) this key is, if still
+    /// there with the same handle.
+    fn find<'a>(&self, current: &'a [MonitoredVolume]) -> Option<&'a MonitoredVolume> {
+        let i = position(current, &self.pv).ok()?;
+        Some(&current[i]).filter(|v| v.handle == self.handle)
     }
 
     /// The recorder's name for this PV as a contributor.
@@ -69,7 +82,7 @@ impl PvHealth {
         }
     }
 
-    /// PVs with state (seen in some cycle).
+    /// PVs with state (those with a condition).
     pub fn len(&self) -> usize {
         self.states.len()
     }
@@ -86,7 +99,7 @@ impl PvHealth {
             .count()
     }
 
-    /// The claims this PV state reports to, with their PV and the
+    /// The claims of the PVs with conditions, with their PV and the
     /// conditions the driver's controller service asserts now.
     pub fn claim_conditions(
         &self,
@@ -95,52 +108,74 @@ impl PvHealth {
             .iter()
             .filter_map(|(key, s)| {
                 let claim = s.reported_to.clone()?;
-                Some((claim, key.pv.clone(), s.health.conditions()))
+                Some((claim, key.pv.to_string(), s.health.conditions()))
             })
             .collect()
     }
 
-    /// Applies one cycle. `current` is the inventory as it is now, after
-    /// the calls: a PV no longer there was deleted meanwhile, and its
-    /// observation is dropped with its state.
+    /// Applies one cycle: `observations[i]` is what was learnt of
+    /// `probed[i]`. `current` is the inventory as it is now, after the
+    /// calls (sorted by PV name): a PV no longer there was deleted
+    /// meanwhile, and its observation is dropped with its state.
     pub fn apply(
         &mut self,
-        observed: Vec<(MonitoredVolume, Observation)>,
+        probed: &[MonitoredVolume],
+        observations: Vec<Observation>,
         current: &[MonitoredVolume],
         recorder: &mut Recorder,
         now: SystemTime,
     ) {
-        let current: BTreeMap<PvKey, &MonitoredVolume> =
-            current.iter().map(|v| (PvKey::of(v), v)).collect();
-        self.drop_deleted(&current, recorder);
-        for (volume, observation) in observed {
-            let key = PvKey::of(&volume);
-            let Some(now_volume) = current.get(&key) else {
+        self.drop_deleted(current, recorder);
+        // A PV without state is observed on this one: quiet after it (a
+        // healthy volume's usual answer), it is as new again and serves the
+        // next; otherwise it becomes that PV's state.
+        let mut scratch = VolumeHealth::new(self.config.clone());
+        for (volume, observation) in probed.iter().zip(observations) {
+            let Some(now_volume) = PvKey::of(volume).find(current) else {
                 continue;
             };
-            let config = self.config.clone();
-            let state = self.states.entry(key.clone()).or_insert_with(|| PvState {
-                health: VolumeHealth::new(config),
-                reported_to: None,
-            });
-            follow_claim(&key, state, now_volume.claim.as_ref(), recorder, now);
-            let changes = state.health.apply(now, observation);
+            let key = PvKey::of(now_volume);
+            let changes = match self.states.get_mut(&key) {
+                Some(state) => {
+                    follow_claim(&key, state, now_volume.claim.as_deref(), recorder, now);
+                    state.health.apply(now, observation)
+                }
+                None => {
+                    let changes = scratch.apply(now, observation);
+                    if changes.is_empty() && scratch.is_quiet() {
+                        continue;
+                    }
+                    let health =
+                        std::mem::replace(&mut scratch, VolumeHealth::new(self.config.clone()));
+                    let reported_to = now_volume.claim.as_deref().cloned();
+                    self.states.insert(
+                        key.clone(),
+                        PvState {
+                            health,
+                            reported_to,
+                        },
+                    );
+                    changes
+                }
+            };
+            let Some(state) = self.states.get(&key) else {
+                continue;
+            };
             if let Some(claim) = &state.reported_to {
                 let objects = std::slice::from_ref(claim);
                 recorder.observe_on(&key.contributor(), &key.subject(), objects, &changes, now);
             }
+            if state.health.is_quiet() {
+                self.states.remove(&key);
+            }
         }
     }
 
-    fn drop_deleted(
-        &mut self,
-        current: &BTreeMap<PvKey, &MonitoredVolume>,
-        recorder: &mut Recorder,
-    ) {
+    fn drop_deleted(&mut self, current: &[MonitoredVolume], recorder: &mut Recorder) {
         let gone: Vec<PvKey> = self
             .states
             .keys()
-            .filter(|k| !current.contains_key(*k))
+            .filter(|k| k.find(current).is_none())
             .cloned()
             .collect();
         for key in gone {
@@ -161,15 +196,23 @@ impl PvHealth {
         current: &[MonitoredVolume],
         recorder: &mut Recorder,
     ) -> usize {
+        // By claim and subject once: the PVs are many, the open Warnings few.
+        let mut by_claim: HashMap<(&ObjectRef, &str), Vec<&Unclaimed>> = HashMap::new();
+        for u in adopted {
+            by_claim.entry((&u.object, &u.subject)).or_default().push(u);
+        }
         let mut seeded = 0;
         for volume in current {
-            let Some(claim) = &volume.claim else {
+            let Some(claim) = volume.claim.as_deref() else {
                 continue;
             };
             let key = PvKey::of(volume);
-            let mine: Vec<Seed> = adopted
+            let subject = key.subject();
+            let Some(open) = by_claim.get(&(claim, subject.as_str())) else {
+                continue;
+            };
+            let mine: Vec<Seed> = open
                 .iter()
-                .filter(|u| &u.object == claim && u.subject == key.subject())
                 .map(|u| Seed {
                     entry: CsiEntry {
                         status: u.status,
@@ -198,13 +241,23 @@ impl PvHealth {
     /// (expired), and a new Warning for an old episode would be news to
     /// nobody. Returns how many were continued.
     pub fn seed_stored(&mut self, stored: &[Stored], current: &[MonitoredVolume]) -> usize {
+        let mut by_claim: HashMap<(&str, &str), Vec<&Stored>> = HashMap::new();
+        for s in stored {
+            by_claim
+                .entry((&s.namespace, &s.claim))
+                .or_default()
+                .push(s);
+        }
         let mut seeded = 0;
         for volume in current {
-            let Some(claim) = &volume.claim else {
+            let Some(claim) = volume.claim.as_deref() else {
                 continue;
             };
             let key = PvKey::of(volume);
-            let mine: Vec<Seed> = stored
+            let Some(about) = by_claim.get(&(claim.namespace.as_str(), claim.name.as_str())) else {
+                continue;
+            };
+            let mine: Vec<Seed> = about
                 .iter()
                 .filter(|s| s.is_about(claim, &volume.pv))
                 .map(|s| Seed {
@@ -398,7 +451,7 @@ mod tests {
         MonitoredVolume {
             pv: "pv-1".into(),
             handle: "h-1".into(),
-            claim: Some(claim()),
+            claim: Some(claim().into()),
         }
     }
 
@@ -421,6 +474,58 @@ mod tests {
             ]}
         }))
         .expect("a VolumeHealth")
+    }
+
+    #[test]
+    fn only_pvs_with_a_condition_have_state_and_a_healthy_move_is_followed() {
+        let mut pvs = PvHealth::new(ConditionConfig::default());
+        let mut recorder = Recorder::new(RecorderConfig::new("ctl"));
+        let pv = |n: u32, claim: &str| MonitoredVolume {
+            pv: format!("pv-{n}").into(),
+            handle: format!("h-{n}").into(),
+            claim: Some(Arc::new(ObjectRef {
+                name: claim.into(),
+                uid: format!("uid-{claim}"),
+                ..self::claim()
+            })),
+        };
+        let get =
+            |entries: Vec<CsiEntry>| Observation::CsiControllerGet(CsiReport::Health(entries));
+        let lost = || CsiEntry {
+            status: Status::Degraded,
+            reason: "ReplicaLost".into(),
+            message: "replica 2 of 3 lost".into(),
+        };
+        let volumes = [pv(1, "a"), pv(2, "b"), pv(3, "c")];
+        let all_healthy = || vec![get(vec![]), get(vec![]), get(vec![])];
+        pvs.apply(&volumes, all_healthy(), &volumes, &mut recorder, t(0));
+        assert_eq!(pvs.len(), 0, "healthy PVs hold no state");
+        assert!(recorder.is_empty());
+        // A failed probe of a healthy PV is no news and no state either.
+        let failed = || Observation::CsiControllerGet(CsiReport::ProbeFailed("timeout".into()));
+        pvs.apply(
+            &volumes,
+            vec![failed(), failed(), failed()],
+            &volumes,
+            &mut recorder,
+            t(1),
+        );
+        assert_eq!(pvs.len(), 0);
+        // PV 2 moved to claim "d" while healthy, then degraded: its
+        // condition goes to "d", the claim it has now.
+        let moved = [pv(1, "a"), pv(2, "d"), pv(3, "c")];
+        let one = vec![get(vec![]), get(vec![lost()]), get(vec![])];
+        pvs.apply(&moved, one, &moved, &mut recorder, t(2));
+        assert_eq!((pvs.len(), pvs.abnormal()), (1, 1));
+        let held = pvs.claim_conditions();
+        assert_eq!(held.len(), 1);
+        assert_eq!((held[0].0.name.as_str(), held[0].1.as_str()), ("d", "pv-2"));
+        assert_eq!(held[0].2[0].reason, "ReplicaLost");
+        assert!(!recorder.is_empty(), "the Warning is on its way");
+        // Healthy again: the state goes with its condition.
+        pvs.apply(&moved, all_healthy(), &moved, &mut recorder, t(3));
+        assert_eq!((pvs.len(), pvs.abnormal()), (0, 0));
+        assert!(pvs.claim_conditions().is_empty());
     }
 
     #[test]
@@ -474,7 +579,8 @@ mod tests {
         }]);
         let now = t(100);
         pvs.apply(
-            vec![(volume(), Observation::CsiControllerList(listed))],
+            &[volume()],
+            vec![Observation::CsiControllerList(listed)],
             &[volume()],
             &mut recorder,
             now,
@@ -484,13 +590,15 @@ mod tests {
         // A healthy Get: over at once.
         let healthy = Observation::CsiControllerGet(CsiReport::Health(vec![]));
         pvs.apply(
-            vec![(volume(), healthy)],
+            &[volume()],
+            vec![healthy],
             &[volume()],
             &mut recorder,
             now + Duration::from_secs(2),
         );
-        assert!(pvs.claim_conditions()[0].2.is_empty());
-        assert_eq!(pvs.abnormal(), 0);
+        // The state goes with its last condition.
+        assert!(pvs.claim_conditions().is_empty());
+        assert_eq!((pvs.abnormal(), pvs.len()), (0, 0));
         assert!(
             recorder.is_empty(),
             "no Warning was open: no recovery Event"

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use health_core::conditions::ConditionConfig;
-use health_kube::events::{ObjectKind, Recorder, RecorderConfig, Shared};
+use health_kube::events::{ObjectKind, ObjectRef, Recorder, RecorderConfig, Shared};
 use health_kube::observer::Observer;
 use health_kube::writer;
 use kube::Client;
@@ -32,12 +32,13 @@ const RECOVERY_WAITS_FOR_STATUS: Duration = Duration::from_secs(10);
 
 /// What the worker reads of the cluster; the reflectors in production.
 pub trait ClusterState: Send + Sync {
-    fn volumes(&self) -> Vec<MonitoredVolume>;
+    /// This driver's PVs, sorted by PV name.
+    fn volumes(&self) -> Arc<Vec<MonitoredVolume>>;
     fn nodes(&self) -> Vec<NodeState>;
 }
 
 impl ClusterState for Inventory {
-    fn volumes(&self) -> Vec<MonitoredVolume> {
+    fn volumes(&self) -> Arc<Vec<MonitoredVolume>> {
         Inventory::volumes(self)
     }
     fn nodes(&self) -> Vec<NodeState> {
@@ -107,7 +108,8 @@ impl Worker {
             // Warnings on claims no PV of ours has any more end without a
             // recovery; those on pods and NodeNotReady are the node
             // check's to end.
-            let claims: Vec<_> = volumes.iter().filter_map(|v| v.claim.clone()).collect();
+            let claims: std::collections::HashSet<&ObjectRef> =
+                volumes.iter().filter_map(|v| v.claim.as_deref()).collect();
             let dropped = r.drop_unclaimed(|o| o.kind == ObjectKind::Pod || claims.contains(o));
             tracing::info!(
                 open = adopted.len(),
@@ -173,7 +175,7 @@ impl Worker {
     /// Hands the status writer the conditions as they are now; `volumes`
     /// is the inventory the caller already holds (10,000 PVs are not
     /// copied again for this).
-    async fn sync_status(&mut self, volumes: &[MonitoredVolume]) {
+    async fn sync_status(&mut self, volumes: &Arc<Vec<MonitoredVolume>>) {
         let Some(status) = self.status.as_mut() else {
             return;
         };
@@ -197,14 +199,15 @@ impl Worker {
         let started = Instant::now();
         let volumes = cluster.volumes();
         let probed = self.prober.cycle(&volumes, &self.metrics).await;
-        drop(volumes);
         // PVs deleted while the calls ran are dropped with their state.
         let current = cluster.volumes();
         {
             let mut r = self.shared.lock();
+            let now = SystemTime::now();
             self.pvs
-                .apply(probed.observations, &current, &mut r, SystemTime::now());
+                .apply(&volumes, probed.observations, &current, &mut r, now);
         }
+        drop(volumes);
         // Counted once its changes are with the recorder: a reader that saw
         // the count move can expect the cycle's Events to be on their way.
         self.metrics.cycle(probed.result, started.elapsed());

@@ -9,7 +9,7 @@ use crate::status::types::{Claim, SourceEntry};
 pub trait Observer: Send + Sync {
     /// One API request: its verb, resource and HTTP status (`None`: no
     /// response). Called by the client's counting layer
-    /// (`crate::counted`) for every request, never at call sites.
+    /// (`crate::request_metrics`) for every request, never at call sites.
     fn api_request(&self, verb: &str, resource: &str, code: Option<u16>);
     /// An Event write the server accepted.
     fn event_written(&self, type_: &str, reason: &str);

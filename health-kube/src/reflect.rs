@@ -11,7 +11,7 @@ use tokio::sync::Notify;
 /// Drives one reflector's watch stream for its whole life: says when the
 /// first list is in (`ready`) and wakes `changed` (if any) on every event.
 /// The agent and the controller both run their reflectors this way; their
-/// clients count the list and watch requests (`crate::counted`).
+/// clients count the list and watch requests (`crate::request_metrics`).
 pub async fn drive<S, K>(
     stream: S,
     what: &'static str,

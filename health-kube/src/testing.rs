@@ -64,7 +64,7 @@ pub fn client() -> (kube::Client, MockHandle) {
 }
 
 /// [`client`] with the counting layer of the real clients
-/// (`crate::counted`): every request is reported to `observer`.
+/// (`crate::request_metrics`): every request is reported to `observer`.
 pub fn counted_client(observer: Arc<dyn crate::observer::Observer>) -> (kube::Client, MockHandle) {
     use tower::Layer as _;
     let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();

@@ -258,7 +258,7 @@ pub async fn perform(client: &Client, write: &Write, metrics: Option<&dyn Observ
             Outcome::Retry
         }
     };
-    // The request itself is counted by the client (`crate::counted`).
+    // The request itself is counted by the client (`crate::request_metrics`).
     if let (Some(m), Outcome::Done) = (metrics, &outcome) {
         let (type_, reason) = write.kind();
         m.event_written(type_.as_str(), reason);

@@ -24,6 +24,7 @@ use health_kube::status::{
 use kube::Client;
 use upstream::follow::Follower;
 
+use super::claim_index::ClaimIndex;
 use super::inventory::MonitoredVolume;
 
 /// The entries the controller writes.
@@ -42,6 +43,8 @@ pub struct StatusWriter {
     driver: String,
     upstream: Follower,
     listed: Option<Result<Vec<status::VolumeHealth>, PageError>>,
+    /// This driver's bound claims, rebuilt when the PV list changes.
+    claims: Arc<ClaimIndex>,
 }
 
 impl Drop for StatusWriter {
@@ -81,6 +84,7 @@ impl StatusWriter {
             driver: driver.to_string(),
             upstream: Follower::start(client, Some(metrics)),
             listed: Some(listed),
+            claims: Arc::default(),
         }
     }
 
@@ -97,9 +101,13 @@ impl StatusWriter {
         &mut self,
         pvs: Vec<(ObjectRef, String, Vec<Condition>)>,
         down: Vec<(ObjectRef, Condition)>,
-        volumes: &[MonitoredVolume],
+        volumes: &Arc<Vec<MonitoredVolume>>,
         now: SystemTime,
     ) {
+        if !self.claims.is_of(volumes) {
+            self.claims = Arc::new(ClaimIndex::new(Arc::clone(volumes)));
+        }
+        let claims = &self.claims;
         let mut by_claim: BTreeMap<Claim, (Vec<Condition>, Vec<Condition>)> = BTreeMap::new();
         for (claim, pv, conditions) in pvs {
             if let Some(c) = claim_of(&claim, Some(pv)) {
@@ -107,22 +115,17 @@ impl StatusWriter {
             }
         }
         for (claim, condition) in down {
-            let pv = volumes
-                .iter()
-                .find(|v| v.claim.as_ref() == Some(&claim))
-                .map(|v| v.pv.clone());
+            let pv = claims
+                .volume(&claim.namespace, &claim.name)
+                .filter(|v| v.claim.as_deref() == Some(&claim))
+                .map(|v| v.pv.to_string());
             if let Some(c) = claim_of(&claim, pv) {
                 by_claim.entry(c).or_default().1.push(condition);
             }
         }
         {
             let mut board = self.board.lock();
-            let bound: std::collections::HashSet<(&str, &str)> = volumes
-                .iter()
-                .filter_map(|v| v.claim.as_ref())
-                .map(|c| (c.namespace.as_str(), c.name.as_str()))
-                .collect();
-            let is_bound = |c: &Claim| bound.contains(&(c.namespace.as_str(), c.name.as_str()));
+            let is_bound = |c: &Claim| claims.contains(&c.namespace, &c.name);
             // Claims the board had entries for and that are still bound
             // keep them (emptied); the others are released.
             for claim in board.claims() {
@@ -148,10 +151,7 @@ impl StatusWriter {
             board.release_others(&keep);
         }
         self.board.wake();
-        self.upstream.set_claims(volumes.iter().filter_map(|v| {
-            let pv = Some(v.pv.clone());
-            v.claim.as_ref().and_then(|c| claim_of(c, pv))
-        }));
+        self.upstream.set_claims(&self.claims);
     }
 }
 

@@ -44,8 +44,8 @@ pub fn pvc(name: &str) -> ObjectRef {
 
 pub fn volume(n: u32) -> MonitoredVolume {
     MonitoredVolume {
-        pv: format!("pv-{n}"),
-        handle: format!("h-{n}"),
-        claim: Some(pvc(&format!("data-{n}"))),
+        pv: format!("pv-{n}").into(),
+        handle: format!("h-{n}").into(),
+        claim: Some(pvc(&format!("data-{n}")).into()),
     }
 }

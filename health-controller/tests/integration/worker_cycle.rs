@@ -32,11 +32,14 @@ struct Cluster {
 }
 
 impl ClusterState for Cluster {
-    fn volumes(&self) -> Vec<MonitoredVolume> {
-        if let Some(v) = self.script.lock().unwrap().pop_front() {
-            return v;
-        }
-        self.volumes.lock().unwrap().clone()
+    /// Sorted by PV name, as the inventory keeps them.
+    fn volumes(&self) -> Arc<Vec<MonitoredVolume>> {
+        let mut v = match self.script.lock().unwrap().pop_front() {
+            Some(v) => v,
+            None => self.volumes.lock().unwrap().clone(),
+        };
+        v.sort();
+        Arc::new(v)
     }
     fn nodes(&self) -> Vec<NodeState> {
         self.nodes.lock().unwrap().clone()
@@ -269,7 +272,7 @@ async fn without_a_health_list_each_volume_is_asked_once_per_cycle() {
     s.cluster.volumes.lock().unwrap().push(MonitoredVolume {
         pv: "pv-1-again".into(),
         handle: "h-1".into(),
-        claim: Some(pvc("data-1-again")),
+        claim: Some(pvc("data-1-again").into()),
     });
     for n in 1..=3 {
         s.driver.set_volume_health(&format!("h-{n}"), Vec::new());
@@ -412,7 +415,7 @@ async fn a_pv_bound_available_bound_stays_monitored() {
     s.cluster.volumes.lock().unwrap()[0].claim = None;
     assert_eq!(summary(&s.cycle().await), []);
     // Bound again to the same claim: nothing new to say...
-    s.cluster.volumes.lock().unwrap()[0].claim = Some(pvc("data-1"));
+    s.cluster.volumes.lock().unwrap()[0].claim = Some(pvc("data-1").into());
     assert_eq!(summary(&s.cycle().await), []);
     // ...and it is still watched: its recovery is reported.
     s.driver.set_volume_health("h-1", Vec::new());
@@ -429,7 +432,7 @@ async fn a_pv_bound_available_bound_stays_monitored() {
     // Bound to another claim while abnormal: the new claim hears it.
     s.driver.set_volume_health("h-1", degraded("bad again"));
     assert_eq!(summary(&s.cycle().await).len(), 1);
-    s.cluster.volumes.lock().unwrap()[0].claim = Some(pvc("other"));
+    s.cluster.volumes.lock().unwrap()[0].claim = Some(pvc("other").into());
     assert_eq!(
         summary(&s.cycle().await),
         [(

@@ -160,6 +160,16 @@ impl VolumeHealth {
             .min()
     }
 
+    /// Holds nothing that decides what a later observation does: no
+    /// condition of any source and no open kernel episode. Such a state
+    /// answers every observation as a new one would (the List absence run
+    /// only ends conditions, and the probe failures are a statistic), so a
+    /// holder of many volumes may drop it and keep state only for the
+    /// volumes that are unhealthy.
+    pub fn is_quiet(&self) -> bool {
+        self.owned.values().all(BTreeMap::is_empty) && self.kernel.is_empty()
+    }
+
     /// Whether a kernel condition of this kind is open (errors of that kind
     /// within the quiet window).
     pub fn kernel_active(&self, kind: KernelErrorKind) -> bool {
@@ -394,6 +404,51 @@ mod tests {
             assert!(healthy.tick(t(i)).is_empty());
         }
         assert_eq!(healthy.worst(), None);
+    }
+
+    #[test]
+    fn a_quiet_state_answers_as_a_new_one() {
+        let listed = |reason: &str| {
+            Observation::CsiControllerList(CsiListSighting::Listed(vec![CsiEntry {
+                status: Status::Degraded,
+                reason: reason.into(),
+                message: "m".into(),
+            }]))
+        };
+        let absent = || Observation::CsiControllerList(CsiListSighting::Absent);
+        // Raised, then cleared by two complete lists without it, with an
+        // absence run and failed probes left behind.
+        let mut old = VolumeHealth::default();
+        assert!(old.is_quiet());
+        assert_eq!(old.apply(t(0), listed("ReplicaLost")).len(), 1);
+        assert!(!old.is_quiet());
+        old.apply(t(1), absent());
+        assert!(!old.is_quiet(), "one absence does not clear");
+        old.apply(t(2), absent());
+        old.apply(t(3), absent());
+        old.apply(
+            t(4),
+            Observation::CsiControllerList(CsiListSighting::CycleFailed("down".into())),
+        );
+        assert!(old.is_quiet());
+        assert_eq!(old.worst(), None);
+        let mut new = VolumeHealth::default();
+        let then = [
+            absent(),
+            listed("ReplicaLost"),
+            absent(),
+            absent(),
+            Observation::CsiControllerGet(CsiReport::Health(vec![])),
+        ];
+        for (i, obs) in then.into_iter().enumerate() {
+            let at = t(10 + i as u64);
+            assert_eq!(old.apply(at, obs.clone()), new.apply(at, obs), "step {i}");
+            assert_eq!(old.conditions(), new.conditions(), "step {i}");
+        }
+        // An open kernel episode is not quiet.
+        let mut kernel = VolumeHealth::default();
+        kernel.apply(t(10), block_errors(1, 0, 5));
+        assert!(!kernel.is_quiet());
     }
 
     #[test]

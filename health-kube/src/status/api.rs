@@ -362,7 +362,7 @@ impl StatusApi {
     }
 
     /// One request: bounded in time, its error typed (the client counts
-    /// it: `crate::counted`).
+    /// it: `crate::request_metrics`).
     async fn call<T>(
         &self,
         verb: &'static str,

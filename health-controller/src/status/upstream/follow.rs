@@ -5,7 +5,6 @@
 //! the object: the two never tell different stories for longer than one
 //! watch event and one request.
 
-use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::SystemTime;
 
@@ -17,16 +16,15 @@ use kube::{Api, Client};
 use tokio::sync::Notify;
 
 use super::{shape, HealthStatusWriter};
+use crate::claim_index::ClaimIndex;
 use crate::metrics::ControllerMetrics;
-
-type Key = (String, String);
 
 /// This driver's bound claims, as the last cycle saw them.
 #[derive(Default)]
 struct Claims {
-    by_key: HashMap<Key, Claim>,
-    /// Claims added since the task last looked.
-    added: BTreeSet<Key>,
+    index: Arc<ClaimIndex>,
+    /// Claims bound since the task last looked.
+    added: Vec<Claim>,
 }
 
 #[derive(Default)]
@@ -62,22 +60,14 @@ impl Follower {
     }
 
     /// The claims bound to this driver's PVs now: only theirs are written.
-    pub fn set_claims(&self, claims: impl IntoIterator<Item = Claim>) {
+    pub fn set_claims(&self, index: &Arc<ClaimIndex>) {
         let mut c = self.shared.lock();
-        let now: HashMap<Key, Claim> = claims
-            .into_iter()
-            .map(|c| ((c.namespace.clone(), c.name.clone()), c))
-            .collect();
-        let added: Vec<Key> = now
-            .keys()
-            .filter(|k| !c.by_key.contains_key(*k))
-            .cloned()
-            .collect();
-        if added.is_empty() && now.len() == c.by_key.len() {
+        if Arc::ptr_eq(&c.index, index) {
             return;
         }
+        let added = index.added_since(&c.index);
         c.added.extend(added);
-        c.by_key = now;
+        c.index = Arc::clone(index);
         drop(c);
         self.shared.changed.notify_one();
     }
@@ -107,12 +97,13 @@ async fn run(client: Client, shared: Arc<Shared>, mut writer: HealthStatusWriter
             _ = shared.changed.notified() => {
                 let added = {
                     let mut c = shared.lock();
-                    let keep: BTreeSet<Key> = c.by_key.keys().cloned().collect();
-                    writer.retain(|ns, name| keep.contains(&(ns.to_string(), name.to_string())));
+                    let index = Arc::clone(&c.index);
+                    writer.retain(|ns, name| index.contains(ns, name));
                     std::mem::take(&mut c.added)
                 };
-                for (ns, name) in added {
-                    if let Some(o) = store.get(&ObjectRef::new(&name).within(&ns)) {
+                for claim in added {
+                    let at = ObjectRef::new(&claim.name).within(&claim.namespace);
+                    if let Some(o) = store.get(&at) {
                         write_one(&mut writer, &shared, &o).await;
                     }
                 }
@@ -126,12 +117,7 @@ async fn write_one(writer: &mut HealthStatusWriter, shared: &Shared, object: &Vo
     let (Some(ns), Some(name)) = (&object.metadata.namespace, &object.metadata.name) else {
         return;
     };
-    let Some(claim) = shared
-        .lock()
-        .by_key
-        .get(&(ns.clone(), name.clone()))
-        .cloned()
-    else {
+    let Some(claim) = shared.lock().index.claim(ns, name) else {
         return;
     };
     writer

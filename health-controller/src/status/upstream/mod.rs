@@ -297,7 +297,7 @@ impl HealthStatusWriter {
     }
 
     /// One request: bounded in time, its error typed (the client counts
-    /// it: `health_kube::counted`).
+    /// it: `health_kube::request_metrics`).
     async fn call<T>(
         &self,
         verb: &'static str,

@@ -336,7 +336,18 @@ async fn the_follower_writes_the_objects_union_for_this_drivers_claims_only() {
         (200, pvc)
     });
     let follower = follow::Follower::start(client, None);
-    follower.set_claims([claim("data")]);
+    let bound = crate::pv_store::MonitoredVolume {
+        pv: "pv-data".into(),
+        handle: "h-data".into(),
+        claim: Some(std::sync::Arc::new(health_kube::events::ObjectRef {
+            kind: health_kube::events::ObjectKind::PersistentVolumeClaim,
+            namespace: "shop".into(),
+            name: "data".into(),
+            uid: "uid-data".into(),
+        })),
+    };
+    let index = crate::claim_index::ClaimIndex::new(std::sync::Arc::new(vec![bound]));
+    follower.set_claims(&std::sync::Arc::new(index));
     let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
     let patches = loop {
         let patches: Vec<ApiRequest> = api

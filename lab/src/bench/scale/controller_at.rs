@@ -1,8 +1,9 @@
 //! The controller at N PVs: the release `health-controller` (as the
 //! controller benchmark runs it, behind a counting proxy) with
-//! `csi-test-driver` serving the N volumes' health list: how long its
-//! first list of every PV takes, its first and steady cycles, its memory,
-//! and its Node watch.
+//! `csi-test-driver` serving the N volumes' health list, every 100th
+//! volume `Degraded` (1 % unhealthy: Events, `VolumeHealth` objects and
+//! `healthStatus` writes for those): how long its first list of every PV
+//! takes, its first and steady cycles, its memory, and its Node watch.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -12,6 +13,7 @@ use health_tests::real_cluster::Cluster;
 
 use super::proxy::CountingProxy;
 use crate::bench::controller::audit::{AuditLog, Requests};
+use crate::bench::controller::cluster::handle;
 use crate::bench::controller::procs::{ControllerProc, DriverProc};
 use crate::bench::controller::scrape::{MetricsEndpoint, Samples};
 use crate::bench::controller::{Tools, CONTROLLER_USER, DRIVER};
@@ -22,9 +24,14 @@ const LEASE_NAMESPACE: &str = "bench";
 const INTERVAL: f64 = 5.0;
 const CYCLES: usize = 3;
 const FIRST_CYCLE_TIMEOUT: Duration = Duration::from_secs(600);
+/// One volume in this many is unhealthy.
+const UNHEALTHY_EVERY: usize = 100;
 
 pub struct ControllerAt {
     pub volumes: usize,
+    /// Volumes the driver says are `Degraded`, all seen abnormal by the
+    /// controller before its steady cycles were measured.
+    pub unhealthy: usize,
     /// Start -> first complete cycle over every volume.
     pub first_cycle: Duration,
     /// The PV list's pages (audit log) and from the first page asked to
@@ -98,7 +105,14 @@ pub fn run(
         let proxy = CountingProxy::start(upstream).await?;
         let kubeconfig =
             proxy.kubeconfig(cluster.server.kubeconfig(who), dir.join("controller.kubeconfig"))?;
-        let driver = DriverProc::start(&tools.driver, &dir, DRIVER, volumes, &[]).await?;
+        let mut driver = DriverProc::start(&tools.driver, &dir, DRIVER, volumes, &[]).await?;
+        let unhealthy = (0..volumes).step_by(UNHEALTHY_EVERY).count();
+        for i in (0..volumes).step_by(UNHEALTHY_EVERY) {
+            let h = handle(i);
+            driver
+                .command(&format!("health {h} Degraded ReplicaLost replica 2 of 3 of {h} lost"))
+                .await?;
+        }
         let args: Vec<String> = [
             "--csi-address",
             &driver.socket().display().to_string(),
@@ -128,7 +142,8 @@ pub fn run(
             if let Ok(s) = metrics.scrape().await {
                 let complete = s.sum("volume_health_controller_cycles_total", &[("result", "complete")]);
                 let monitored = s.sum("volume_health_controller_volumes_monitored", &[]);
-                if complete >= 1.0 && monitored as usize == volumes {
+                let abnormal = s.sum("volume_health_controller_volumes_abnormal", &[]);
+                if complete >= 1.0 && monitored as usize == volumes && abnormal as usize == unhealthy {
                     break s;
                 }
             }
@@ -172,6 +187,7 @@ pub fn run(
         drop(proxy);
         Ok(ControllerAt {
             volumes,
+            unhealthy,
             first_cycle,
             pv_pages,
             pv_list,
