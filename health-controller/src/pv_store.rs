@@ -61,11 +61,19 @@ impl PvStore {
 
     /// Applies one event of the PV watch.
     pub fn apply(&self, event: watcher::Event<SlimPv>) {
+        // Decoded before the lock is taken: the cycles' reads never wait
+        // for it.
+        let (name, ours) = match &event {
+            watcher::Event::Apply(pv) | watcher::Event::InitApply(pv) => {
+                (pv.name_any(), self.monitored(pv))
+            }
+            watcher::Event::Delete(pv) => (pv.name_any(), None),
+            watcher::Event::Init | watcher::Event::InitDone => (String::new(), None),
+        };
         let mut state = self.state.write().unwrap_or_else(PoisonError::into_inner);
         match event {
             watcher::Event::Init => state.relisting = Some(Vec::new()),
-            watcher::Event::InitApply(pv) => {
-                let ours = self.monitored(&pv);
+            watcher::Event::InitApply(_) => {
                 if let (Some(list), Some(v)) = (state.relisting.as_mut(), ours) {
                     list.push(v);
                 }
@@ -77,9 +85,7 @@ impl PvStore {
                     state.volumes = Arc::new(list);
                 }
             }
-            watcher::Event::Apply(pv) => {
-                let name = pv.name_any();
-                let ours = self.monitored(&pv);
+            watcher::Event::Apply(_) => {
                 // The list is copied (its pointers) only when it changes
                 // while a cycle holds it.
                 match (position(&state.volumes, &name), ours) {
@@ -91,8 +97,7 @@ impl PvStore {
                     (Err(i), Some(v)) => Arc::make_mut(&mut state.volumes).insert(i, v),
                 }
             }
-            watcher::Event::Delete(pv) => {
-                let name = pv.name_any();
+            watcher::Event::Delete(_) => {
                 if let Ok(i) = position(&state.volumes, &name) {
                     Arc::make_mut(&mut state.volumes).remove(i);
                 }

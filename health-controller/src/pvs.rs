@@ -126,47 +126,43 @@ impl PvHealth {
         now: SystemTime,
     ) {
         self.drop_deleted(current, recorder);
-        // A PV without state is observed on this one: quiet after it (a
-        // healthy volume's usual answer), it is as new again and serves the
-        // next; otherwise it becomes that PV's state.
-        let mut scratch = VolumeHealth::new(self.config.clone());
         for (volume, observation) in probed.iter().zip(observations) {
-            let Some(now_volume) = PvKey::of(volume).find(current) else {
+            let key = PvKey::of(volume);
+            let Some(now_volume) = key.find(current) else {
                 continue;
             };
-            let key = PvKey::of(now_volume);
-            let changes = match self.states.get_mut(&key) {
-                Some(state) => {
-                    follow_claim(&key, state, now_volume.claim.as_deref(), recorder, now);
-                    state.health.apply(now, observation)
+            let claim = now_volume.claim.as_deref();
+            let (state, changes) = match self.states.remove(&key) {
+                Some(mut state) => {
+                    follow_claim(&key, &mut state, claim, recorder, now);
+                    let changes = state.health.apply(now, observation);
+                    (state, changes)
                 }
                 None => {
-                    let changes = scratch.apply(now, observation);
-                    if changes.is_empty() && scratch.is_quiet() {
+                    // No state: no condition. A new machine costs no
+                    // allocation; quiet after the observation (a healthy
+                    // PV's usual answer), there is nothing to keep or tell.
+                    let mut health = VolumeHealth::new(self.config.clone());
+                    let changes = health.apply(now, observation);
+                    if health.is_quiet() {
                         continue;
                     }
-                    let health =
-                        std::mem::replace(&mut scratch, VolumeHealth::new(self.config.clone()));
-                    let reported_to = now_volume.claim.as_deref().cloned();
-                    self.states.insert(
-                        key.clone(),
+                    let reported_to = claim.cloned();
+                    (
                         PvState {
                             health,
                             reported_to,
                         },
-                    );
-                    changes
+                        changes,
+                    )
                 }
-            };
-            let Some(state) = self.states.get(&key) else {
-                continue;
             };
             if let Some(claim) = &state.reported_to {
                 let objects = std::slice::from_ref(claim);
                 recorder.observe_on(&key.contributor(), &key.subject(), objects, &changes, now);
             }
-            if state.health.is_quiet() {
-                self.states.remove(&key);
+            if !state.health.is_quiet() {
+                self.states.insert(key, state);
             }
         }
     }

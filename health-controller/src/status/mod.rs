@@ -24,7 +24,7 @@ use health_kube::status::{
 use kube::Client;
 use upstream::follow::Follower;
 
-use super::claim_index::ClaimIndex;
+use super::claim_index::{claim_of, ClaimIndex};
 use super::inventory::MonitoredVolume;
 
 /// The entries the controller writes.
@@ -153,15 +153,6 @@ impl StatusWriter {
         self.board.wake();
         self.upstream.set_claims(&self.claims);
     }
-}
-
-fn claim_of(o: &ObjectRef, pv: Option<String>) -> Option<Claim> {
-    (!o.uid.is_empty()).then(|| Claim {
-        namespace: o.namespace.clone(),
-        name: o.name.clone(),
-        uid: o.uid.clone(),
-        pv,
-    })
 }
 
 fn entry(

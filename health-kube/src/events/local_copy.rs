@@ -39,11 +39,12 @@ pub const MAX_EVENTS: usize = 10_000;
 /// The file's layout; another one is not read.
 const VERSION: u32 = 1;
 
-/// The file's contents.
+/// The file's contents: read as owned Events, written from borrowed ones
+/// (every accepted write rewrites the file; nothing is cloned for it).
 #[derive(Serialize, Deserialize)]
-struct File {
+struct File<E> {
     version: u32,
-    events: Vec<Event>,
+    events: Vec<E>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -99,7 +100,7 @@ impl LocalCopy {
                 })
             }
         };
-        let file: File =
+        let file: File<Event> =
             serde_json::from_slice(&bytes).map_err(|source| LocalCopyError::Parse {
                 path: path.to_path_buf(),
                 source,
@@ -216,7 +217,7 @@ impl LocalCopy {
         self.prune(now);
         let file = File {
             version: VERSION,
-            events: self.events.values().cloned().collect(),
+            events: self.events.values().collect(),
         };
         serde_json::to_vec(&file).expect("an Event serializes")
     }
