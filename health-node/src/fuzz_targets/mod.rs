@@ -17,6 +17,7 @@
 pub mod block_counters;
 pub mod csi;
 pub mod csi_proxy;
+pub mod events_copy;
 pub mod kubelet_dir;
 pub mod ringbuf;
 pub mod vol_data;
@@ -36,6 +37,7 @@ pub const TARGETS: &[(&str, Run)] = &[
     ("csi", csi::run),
     ("csi_proxy", csi_proxy::run),
     ("dm_status", dm_status::run),
+    ("events_copy", events_copy::run),
     ("kubelet_dir", kubelet_dir::run),
     ("mountinfo", mountinfo::run),
     ("mountstats", mountstats::run),
