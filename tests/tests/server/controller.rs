@@ -23,6 +23,7 @@ use health_csi::testing::{DriverMode, Rpc};
 use health_tests::controller::{
     key, rfc3339, tally, wait_for, whole_seconds_now, ControllerEnv, Replica,
 };
+use health_tests::envtest::Options;
 use support::{
     cycles, degraded, driver, ensure_released, events_when, just_after_a_cycle, lease, of_type,
     sleep_until, stop, Episode, DRIVER, LEASE_DURATION, PVC, SOON,
@@ -33,11 +34,36 @@ async fn one_warning_per_abnormal_pvc_patched_in_place_and_one_normal_on_recover
     let Some(env) = ControllerEnv::start().await else {
         return;
     };
-    let result = modern_episode(&env).await;
+    // This 1.37 server runs without the CSIVolumeHealth gate: it accepts
+    // pvc.status.healthStatus and drops it (apiserver_status.rs covers the
+    // gate on).
+    let result = modern_episode(
+        &env,
+        "drops pvc.status.healthStatus (feature gate CSIVolumeHealth off)",
+    )
+    .await;
     env.check(result);
 }
 
-async fn modern_episode(env: &ControllerEnv) -> Result<()> {
+/// The same on the oldest API server the README claims (1.26), which has
+/// no `pvc.status.healthStatus` at all: the PV store, the claim index and
+/// the condition machines of unhealthy PVs only, against that server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_the_oldest_api_server_one_warning_per_abnormal_pvc_and_one_normal_on_recovery() {
+    let Some(env) = ControllerEnv::start_with(Options::new().oldest()).await else {
+        return;
+    };
+    let result = modern_episode(
+        &env,
+        "this API server has no pvc.status.healthStatus (it came with Kubernetes 1.37)",
+    )
+    .await;
+    env.check(result);
+}
+
+/// One episode on one of two PVs; `field_said` is how the controller tells,
+/// once, that the server keeps no `pvc.status.healthStatus`.
+async fn modern_episode(env: &ControllerEnv, field_said: &str) -> Result<()> {
     let (_dir, driver) = driver(DriverMode::Modern).await?;
     env.claim("data-1", "pv-1", DRIVER, "h-1").await?;
     env.claim("data-2", "pv-2", DRIVER, "h-2").await?;
@@ -75,15 +101,10 @@ async fn modern_episode(env: &ControllerEnv) -> Result<()> {
         driver.calls(Rpc::ControllerGetVolumeHealth)
     );
     let log = stop(ctl)?;
-    // This 1.37 server runs without the CSIVolumeHealth gate: it accepts
-    // pvc.status.healthStatus and drops it; learnt from the first write,
-    // said once (apiserver_status.rs covers the gate on).
+    // Learnt from the first write, said once.
     let said = log
         .lines()
-        .filter(|l| {
-            l.contains(" INFO ")
-                && l.contains("drops pvc.status.healthStatus (feature gate CSIVolumeHealth off)")
-        })
+        .filter(|l| l.contains(" INFO ") && l.contains(field_said))
         .count();
     ensure!(said == 1, "the dropped field said {said} times:\n{log}");
     ensure_released(env).await
