@@ -191,30 +191,35 @@ pub fn assert_one_read_stalled(message: &str, device: &str, stall_after: &str) {
 }
 
 /// The `HighLatency` message of `line` (a raised line): writes on `device`
-/// over 2 s windows above a 50 ms limit, the p99 named by its bucket (65 ms,
-/// or 98 ms where the emulator adds its own delay), the limit that of the
-/// class of `disk` (the disk below, by its `queue/rotational`).
+/// over 2 s windows above a `limit_ms` limit, the limit that of the class
+/// of `disk` (the disk below, by its `queue/rotational`), and the p99 named
+/// by its bucket: the bucket of `slowest_held` (what every write was held
+/// at the least) or one above it, where an emulated guest adds its own
+/// delay to the slowest writes of a window. No bucket below it can be
+/// right: every write took that long.
 pub fn assert_slow_writes(
     run: &AgentRun,
     line: &str,
-    device: &str,
-    disk: &str,
-    pod: &str,
+    (device, disk, pod): (&str, &str, &str),
+    limit_ms: u64,
+    slowest_held: std::time::Duration,
 ) -> anyhow::Result<()> {
+    use health_common::{latency_bucket, latency_bucket_floor_us, LATENCY_BUCKETS};
     let rotational = crate::sys::read_sysfs(format!("/sys/block/{disk}/queue/rotational"))?;
     let class = match rotational.trim() {
         "1" => "rotational",
         _ => "ssd",
     };
     let message = message_of(run, line).unwrap_or_default();
-    let p99 = ["65ms", "98ms"]
-        .into_iter()
+    let least = latency_bucket(slowest_held.as_micros() as u64);
+    let p99 = (least..LATENCY_BUCKETS)
+        .map(|b| format!("{}ms", latency_bucket_floor_us(b) / 1000))
         .find(|p| message.contains(&format!(" at least {p} ")))
-        .unwrap_or("none");
+        .unwrap_or_else(|| "none".to_string());
     assert_eq!(
         message,
         format!(
-            "{device}: write latency p99 at least {p99} over 2s windows, above 50ms (the limit for {class})"
+            "{device}: write latency p99 at least {p99} over 2s windows, above {limit_ms}ms (the limit for {class})"
         ),
         "{}",
         volume_lines(run, pod)

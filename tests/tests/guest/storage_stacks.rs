@@ -1165,13 +1165,16 @@ fn thin_pool_full_in_error_mode_fails_writes_with_enospc() -> Result<()> {
 // ---------------------------------------------------------------------------------------
 // 4. A suspended device-mapper device: I/O queues in dm until it resumes.
 
-/// dm-delay holding every request of a mounted volume's device 70 ms
-/// (a slow disk, none stuck), written one write after the other with
-/// `--latency-window 2` and a 50 ms limit: HighLatency (Degraded) on the
-/// dm device after three slow windows, the p99 named by its bucket (65 ms
-/// and more; 98 ms where the emulator adds 28 ms to the slowest write of a
-/// window), no IOStalled (`--stall-after 10`); cleared three windows
-/// after the table is swapped for a linear one.
+/// dm-delay holding every request of a mounted volume's device 300 ms
+/// (a slow disk, none stuck), written by six writers one write after the
+/// other each (30-odd completions a window) with `--latency-window 2` and
+/// a 150 ms limit: HighLatency (Degraded) on the dm device after three
+/// slow windows, the p99 named by its bucket (262 ms, or above where the
+/// emulator adds its own delay), no IOStalled (`--stall-after 10`);
+/// cleared three windows after the table is swapped for a linear one.
+/// The limit is far above what the emulator itself costs a write (a
+/// loaded TCG guest's p99 reached 60 ms on dm-linear over a loop device,
+/// which a 50 ms limit could not tell from a slow disk).
 #[test]
 fn a_dm_delay_device_is_high_latency_not_stalled_until_it_is_fast() -> Result<()> {
     require_root()?;
@@ -1180,7 +1183,11 @@ fn a_dm_delay_device_is_high_latency_not_stalled_until_it_is_fast() -> Result<()
     let disk = FaultDisk::start(64 * 1024 * 1024)?;
     let lo = disk.attach_loop(false)?;
     let lo_path = lo.path().display().to_string();
-    let dm = DmDevice::create("latency-delay", &format!("0 131072 delay {lo_path} 0 70"))?;
+    let held = Duration::from_millis(300);
+    let dm = DmDevice::create(
+        "latency-delay",
+        &format!("0 131072 delay {lo_path} 0 {}", held.as_millis()),
+    )?;
     let mut kubelet = Kubelet::new()?;
     kubelet.fs_volume(POD_A, pv, &dm.mapper_path())?;
     let agent = start_agent(
@@ -1193,9 +1200,9 @@ fn a_dm_delay_device_is_high_latency_not_stalled_until_it_is_fast() -> Result<()
             "--latency-window",
             "2",
             "--latency-limit",
-            "rotational=50",
+            "rotational=150",
             "--latency-limit",
-            "ssd=50",
+            "ssd=150",
             "--latency-relative",
             "0",
         ],
@@ -1208,22 +1215,27 @@ fn a_dm_delay_device_is_high_latency_not_stalled_until_it_is_fast() -> Result<()
         "Degraded HighLatency",
         "check/latency",
     );
-    let writes = fs::Writes::start(&dm.mapper_path(), IO_BASE);
+    let writes: Vec<_> = (0..6)
+        .map(|i| fs::Writes::start(&dm.mapper_path(), IO_BASE + i * 4096))
+        .collect();
     let mut delays = Delays::default();
     let seen = delays.wait(&agent, "HighLatency while delayed", &raised, Instant::now());
     let fast = Instant::now();
     dm.replace_table(&format!("0 131072 linear {lo_path} 0"))?;
     let gone = delays.wait(&agent, "HighLatency cleared once fast", &cleared, fast);
-    let written = writes.stop()?;
+    let written = writes
+        .into_iter()
+        .map(fs::Writes::stop)
+        .sum::<std::io::Result<u64>>()?;
     let run = agent.stop_cleanly()?;
     delays.report();
-    eprintln!("dm-delay 70 ms: {written} writes");
+    eprintln!("dm-delay 300 ms, six writers: {written} writes");
     ensure!(
         seen && gone,
         "no raise or no clear:\n{}",
         volume_lines(&run, POD_A)
     );
-    assert_slow_writes(&run, &raised, &dm.dev.name, lo.name(), POD_A)?;
+    assert_slow_writes(&run, &raised, (&dm.dev.name, lo.name(), POD_A), 150, held)?;
     assert_eq!(
         raised_and_cleared(&run, POD_A, "Degraded HighLatency", "check/latency"),
         ["raised", "cleared"]
