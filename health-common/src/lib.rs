@@ -31,7 +31,7 @@ pub mod source {
     pub const BLOCK_BIO_ERROR: u8 = 8;
     /// A file operation returned an error to the application that called
     /// it (fexit on `vfs_read`, `vfs_write`, `vfs_readv`, `vfs_writev`,
-    /// `vfs_fsync_range`), counted for the file's filesystem, or for the
+    /// `vfs_fsync`), counted for the file's filesystem, or for the
     /// device itself where the file is a block device node. Only the
     /// errnos of [`super::returned_errno_counted`].
     pub const RETURNED_ERROR: u8 = 9;
@@ -60,7 +60,8 @@ pub mod op {
 /// says the storage failed it (EIO; ENOSPC and EDQUOT; EROFS; ESTALE of a
 /// network filesystem; ETIMEDOUT of a soft mount; ENOTCONN of a FUSE
 /// daemon gone; EHOSTDOWN of an SMB mount whose server's connection is
-/// down). Errors of the call itself (EBADF, EFAULT, EINVAL, EINTR,
+/// down; EACCES on a file already open, which only the storage refuses:
+/// failed opens are not seen). Errors of the call itself (EBADF, EFAULT, EINVAL, EINTR,
 /// EAGAIN) are the application's own and not counted. Numbers of
 /// include/uapi/asm-generic/errno-base.h and errno.h, the same on every
 /// architecture the agent runs on (x86-64, arm64).
@@ -70,7 +71,7 @@ pub fn returned_errno_counted(errno: u32) -> bool {
         errno,
         5 /* EIO */ | 28 /* ENOSPC */ | 122 /* EDQUOT */ | 30 /* EROFS */
             | 116 /* ESTALE */ | 110 /* ETIMEDOUT */ | 107 /* ENOTCONN */
-            | 112 /* EHOSTDOWN */
+            | 112 /* EHOSTDOWN */ | 13 /* EACCES */
     )
 }
 

@@ -44,6 +44,7 @@ fn returned_error_kind(errno: u32) -> Option<KernelErrorKind> {
         libc::ETIMEDOUT => KernelErrorKind::ReturnedTimeout,
         libc::ENOTCONN => KernelErrorKind::ReturnedNotConnected,
         libc::EHOSTDOWN => KernelErrorKind::ReturnedHostDown,
+        libc::EACCES => KernelErrorKind::ReturnedAccessDenied,
         _ => return None,
     })
 }
@@ -166,11 +167,15 @@ mod tests {
             returned(libc::EHOSTDOWN),
             Some((Status::Inaccessible, "HostDown"))
         );
+        assert_eq!(
+            returned(libc::EACCES),
+            Some((Status::Inaccessible, "AccessDenied"))
+        );
         // Counted and shown; the ReadOnlyRemount check says the rest.
         assert_eq!(returned(libc::EROFS), None);
         assert_eq!(returned(libc::EINTR), None);
         // The kernel side counts exactly these.
-        for e in [5, 28, 122, 30, 116, 110, 107, 112] {
+        for e in [5, 28, 122, 30, 116, 110, 107, 112, 13] {
             assert!(health_common::returned_errno_counted(e), "{e}");
         }
         for e in [
@@ -191,9 +196,10 @@ mod tests {
                 libc::ESTALE,
                 libc::ETIMEDOUT,
                 libc::ENOTCONN,
-                libc::EHOSTDOWN
+                libc::EHOSTDOWN,
+                libc::EACCES
             ],
-            [5, 28, 122, 30, 116, 110, 107, 112]
+            [5, 28, 122, 30, 116, 110, 107, 112, 13]
         );
     }
 

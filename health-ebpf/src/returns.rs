@@ -61,14 +61,15 @@ pub fn vfs_writev_exit(ctx: FExitContext) -> u32 {
     0
 }
 
-/// `int vfs_fsync_range(struct file *, loff_t, loff_t, int)`: fsync,
-/// fdatasync, msync, sync_file_range's wait. An `int`: only the low half
-/// of the return register is the value.
-#[fexit(function = "vfs_fsync_range")]
-pub fn vfs_fsync_range_exit(ctx: FExitContext) -> u32 {
-    let ret: i32 = ctx.arg(4);
+/// `int vfs_fsync(struct file *, int)`: fsync and fdatasync. Not
+/// `vfs_fsync_range`, which a write to an `O_SYNC` file or a `sync` mount
+/// calls inside `write()`: its error is the write's, counted there once.
+/// An `int`: only the low half of the return register is the value.
+#[fexit(function = "vfs_fsync")]
+pub fn vfs_fsync_exit(ctx: FExitContext) -> u32 {
+    let ret: i32 = ctx.arg(2);
     if ret < 0 {
-        let _ = returned(&ctx, ctx.arg(0), ret as i64, op::FSYNC, b"vfs_fsync_range");
+        let _ = returned(&ctx, ctx.arg(0), ret as i64, op::FSYNC, b"vfs_fsync");
     }
     0
 }

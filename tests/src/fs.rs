@@ -637,6 +637,39 @@ pub fn o_direct_read(path: &Path, offset: u64, len: usize) -> io::Result<Vec<u8>
     Ok(buf.as_slice()[..n].to_vec())
 }
 
+/// Writes `fill.bin` in `dir` until its filesystem has no block left (the
+/// server's side of a share or an export). In rounds: ext4 reserves
+/// blocks for the extent tree of every page it delays, and gives back
+/// what writeback did not use, so a filesystem that refused a write can
+/// take more after a sync.
+pub fn fill_until_full(dir: &Path) -> Result<()> {
+    use std::io::Write as _;
+    const MIB: usize = 1 << 20;
+    let mut file = File::create(dir.join("fill.bin"))?;
+    loop {
+        let mut wrote = 0u64;
+        for chunk in [MIB, 4096] {
+            let block = vec![0xa5u8; chunk];
+            loop {
+                match file.write(&block) {
+                    Ok(0) => break,
+                    Ok(n) => wrote += n as u64,
+                    Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => break,
+                    Err(e) => return Err(e).with_context(|| format!("filling {}", dir.display())),
+                }
+            }
+        }
+        match file.sync_all() {
+            Ok(()) => {}
+            Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => {}
+            Err(e) => return Err(e).with_context(|| format!("syncing {}", dir.display())),
+        }
+        if wrote == 0 {
+            return Ok(());
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -96,19 +96,34 @@ impl NfsServer {
         };
         server.spawn("rpcbind", "sbin/rpcbind", &["-f", "-w"])?;
         wait_for_port(RPCBIND_PORT)?;
-        std::fs::write(
-            "/etc/exports",
-            format!(
-                "{} 127.0.0.1(rw,fsid=0,no_root_squash,insecure,no_subtree_check,sync)\n",
-                server.export.display()
-            ),
-        )
-        .context("writing /etc/exports")?;
-        server.tool("usr/sbin/exportfs", &["-ra"])?;
+        server.export_to_root(true)?;
         server.spawn("rpc.mountd", "usr/sbin/rpc.mountd", &["-F"])?;
         server.spawn("nfsdcld", "usr/sbin/nfsdcld", &["-F"])?;
         server.resume()?;
         Ok(server)
+    }
+
+    /// Exports the directory read-write to 127.0.0.1 with the client's
+    /// root as root (`no_root_squash`) or, `false`, as nobody
+    /// (`root_squash`), and has the server forget what it decided for the
+    /// export before (`exportfs -ra` flushes its caches): an export changed
+    /// under its clients.
+    pub fn export_to_root(&self, root: bool) -> Result<()> {
+        let squash = if root {
+            "no_root_squash"
+        } else {
+            "root_squash"
+        };
+        std::fs::write(
+            "/etc/exports",
+            format!(
+                "{} 127.0.0.1(rw,fsid=0,{squash},insecure,no_subtree_check,sync)\n",
+                self.export.display()
+            ),
+        )
+        .context("writing /etc/exports")?;
+        self.tool("usr/sbin/exportfs", &["-ra"])?;
+        Ok(())
     }
 
     /// The exported directory, on the server's side.

@@ -58,6 +58,11 @@ pub enum KernelErrorKind {
     /// ... `EHOSTDOWN`: an SMB mount's connection to its server is down
     /// and the client gave up reconnecting for this call (soft mounts).
     ReturnedHostDown,
+    /// ... `EACCES` on a file the application already holds open: the
+    /// storage refused it (an NFS export changed to squash or drop the
+    /// client, a FUSE daemon's backend denying it); failed opens are not
+    /// seen.
+    ReturnedAccessDenied,
 }
 
 impl KernelErrorKind {
@@ -81,7 +86,8 @@ impl KernelErrorKind {
             | KernelErrorKind::ReturnedStale
             | KernelErrorKind::ReturnedTimeout
             | KernelErrorKind::ReturnedNotConnected
-            | KernelErrorKind::ReturnedHostDown => Status::Inaccessible,
+            | KernelErrorKind::ReturnedHostDown
+            | KernelErrorKind::ReturnedAccessDenied => Status::Inaccessible,
         }
     }
 
@@ -98,6 +104,7 @@ impl KernelErrorKind {
                 | KernelErrorKind::ReturnedTimeout
                 | KernelErrorKind::ReturnedNotConnected
                 | KernelErrorKind::ReturnedHostDown
+                | KernelErrorKind::ReturnedAccessDenied
         )
     }
 
@@ -122,6 +129,7 @@ impl KernelErrorKind {
             KernelErrorKind::ReturnedTimeout => "IOTimeouts",
             KernelErrorKind::ReturnedNotConnected => "NotConnected",
             KernelErrorKind::ReturnedHostDown => "HostDown",
+            KernelErrorKind::ReturnedAccessDenied => "AccessDenied",
         }
     }
 
@@ -160,6 +168,7 @@ impl KernelErrorKind {
             | KernelErrorKind::ReturnedTimeout
             | KernelErrorKind::ReturnedNotConnected
             | KernelErrorKind::ReturnedHostDown
+            | KernelErrorKind::ReturnedAccessDenied
                 if one =>
             {
                 "failed file operation"
@@ -169,7 +178,8 @@ impl KernelErrorKind {
             | KernelErrorKind::ReturnedStale
             | KernelErrorKind::ReturnedTimeout
             | KernelErrorKind::ReturnedNotConnected
-            | KernelErrorKind::ReturnedHostDown => "failed file operations",
+            | KernelErrorKind::ReturnedHostDown
+            | KernelErrorKind::ReturnedAccessDenied => "failed file operations",
         }
     }
 }

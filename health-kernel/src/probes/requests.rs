@@ -116,7 +116,7 @@ pub(super) const RETURNED_FUNCTIONS: [(&str, &str); 5] = [
     ("vfs_write", "vfs_write_exit"),
     ("vfs_readv", "vfs_readv_exit"),
     ("vfs_writev", "vfs_writev_exit"),
-    ("vfs_fsync_range", "vfs_fsync_range_exit"),
+    ("vfs_fsync", "vfs_fsync_exit"),
 ];
 
 /// The names the `tp_btf` and fentry loads look up.

@@ -2,7 +2,7 @@
 //! that succeeds.
 //!
 //! Its fexit programs on vfs_read, vfs_write, vfs_readv, vfs_writev and
-//! vfs_fsync_range run for every such call on the node and return at once
+//! vfs_fsync run for every such call on the node and return at once
 //! unless the call failed. A run times N 1-byte `pread`s, then N 1-byte
 //! `pwrite`s, of a file on a tmpfs (no device below, so the call is as cheap
 //! as a call gets and the trampoline as visible as it can be), each loop as
@@ -34,7 +34,7 @@ use super::{interrupt, say_progress, Tools};
 /// The programs, by their names in the object (the kernel keeps 15 bytes).
 #[rustfmt::skip]
 const PROGRAMS: [&str; 5] = [
-    "vfs_read_exit", "vfs_write_exit", "vfs_readv_exit", "vfs_writev_exit", "vfs_fsync_range_exit",
+    "vfs_read_exit", "vfs_write_exit", "vfs_readv_exit", "vfs_writev_exit", "vfs_fsync_exit",
 ];
 /// Calls per loop: a fraction of a second on hardware, a few under TCG.
 const CALLS: u64 = 200_000;

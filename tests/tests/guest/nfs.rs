@@ -14,7 +14,12 @@
 //! - on three volumes of one server, what applications were told, each
 //!   counted exactly on its own volume: ESTALE (a file deleted on the
 //!   server, NFSv3), the server's EIO (the export's disk failing) and
-//!   ETIMEDOUT (a soft mount, the server stopped).
+//!   ETIMEDOUT (a soft mount, the server stopped);
+//! - the export full under a `sync` mount: the writes refused with ENOSPC,
+//!   counted once each, said in the writeback errors' condition, and the
+//!   volume full by the capacity check;
+//! - the export changed to squash the client's root: reads of a file it
+//!   holds open refused with EACCES, `Inaccessible AccessDenied`.
 //!
 //! Every test runs the agent with `--returned-errors` and asserts the exact
 //! tally per (pod, disk, source, op, errno).
@@ -306,6 +311,156 @@ fn errors_returned_through_nfs_are_counted_on_their_own_volume() -> Result<()> {
     }
     drop(resume);
     drop((v3, v4, soft));
+    drop(server);
+    Ok(())
+}
+
+/// The export full (its ext4 filled on the server's side) under an
+/// NFSv4.2 mount with `sync` (each write reaches the server before
+/// `write()` returns, so the server's refusal is the application's
+/// answer): each of 4 writes that need a new block fails with ENOSPC,
+/// counted once on the volume with the writer's cgroup (the flush inside
+/// `write()` is not a second, fsync, error); the client keeps each refused
+/// write as the file's writeback error, so the volume's condition is
+/// `DataLoss WritebackErrors` with the application's ENOSPC said in it
+/// (one failure, one condition); the capacity check sees the volume full,
+/// `Degraded CapacityExhausted`.
+#[test]
+fn a_full_export_is_out_of_space_for_the_application() -> Result<()> {
+    require_root()?;
+    let _kernel = kernel_alone();
+    let disk = TmpfsLoop::new(64)?;
+    let server = NfsServer::start(&disk.dev.path)?;
+    let data = export_file(&server, "data.bin", MIB)?;
+    let kubelet = Kubelet::new()?;
+    let options = format!("{HARD},sync");
+    let mount = nfs_volume(&server, &kubelet, POD_A, PV_A, Version::V4_2, &options)?;
+    let dev = dev_of(mount.path())?;
+    let cgroup = TestCgroup::new(PV_A)?;
+    let mut writer = cgroup.writer(Path::new(READER), &mount.path().join(&data))?;
+    assert_eq!(writer.pwrite(0)?, None, "a healthy write on {PV_A}");
+    let mut agent = kubelet.agent_counting_returned_errors()?;
+
+    health_tests::fs::fill_until_full(server.export())?;
+    let answers = (0..4)
+        .map(|i| writer.pwrite(8 * MIB + i * MIB))
+        .collect::<Result<Vec<_>>>()?;
+    assert_eq!(
+        answers,
+        [Some(libc::ENOSPC); 4],
+        "the writes to a full export"
+    );
+    let filter = EventFilter::device(&dev).kind("returned_error");
+    agent.wait_for_count(&filter, 4, WAIT);
+    let told = format!(
+        "4 failed file operations (write, ENOSPC) returned to cgroup {}",
+        cgroup.path
+    );
+    agent.wait_for_log(&told, WAIT);
+    let full = raised(POD_A, PV_A, "Degraded CapacityExhausted", "check/capacity");
+    assert!(
+        agent.wait_for_log(&full, WAIT),
+        "{full:?} not within {WAIT:?}"
+    );
+    drop(writer);
+    let run = agent.stop_cleanly()?;
+
+    let on_volumes: Vec<_> = run
+        .events
+        .iter()
+        .filter(|e| e["pod_uid"].is_string())
+        .collect();
+    let got = tally(on_volumes);
+    let writeback = key(POD_A, "-", "filemap_set_wb_err", "write", "ENOSPC");
+    let kept = got.get(&writeback).copied().unwrap_or(0);
+    let mut want = Tally::new();
+    want.insert(key(POD_A, "-", SOURCE, "write", "ENOSPC"), 4);
+    want.insert(writeback, kept.max(1));
+    assert_eq!(got, want, "{}", show(&run));
+    let reason = "DataLoss WritebackErrors";
+    let message = last_message(&run, POD_A, PV_A, reason, KERNEL)
+        .with_context(|| format!("no {reason} line:\n{}", show(&run)))?;
+    let errors = match kept {
+        1 => "1 writeback error".to_string(),
+        n => format!("{n} writeback errors"),
+    };
+    let head = format!(
+        "{errors} (write, ENOSPC) on {dev} at {} ",
+        mount.path().display()
+    );
+    let tail = format!("; {told}");
+    assert!(
+        message.starts_with(&head) && message.ends_with(&tail),
+        "{message:?} is not {head:?}...{tail:?}"
+    );
+    let alone = raised(POD_A, PV_A, "Degraded OutOfSpace", KERNEL);
+    assert!(!run.stderr.contains(&alone), "{alone:?} beside {reason}");
+    eprintln!("{kept} writeback errors kept for 4 refused writes");
+    drop(mount);
+    drop(server);
+    Ok(())
+}
+
+/// The export changed under its client (`root_squash` where it was
+/// `no_root_squash`, the server's caches flushed): a file of mode 0600
+/// owned by root, which the application (root) holds open over NFSv3, is
+/// no longer the client's to read, and each of 3 reads fails with EACCES:
+/// counted exactly on the volume with the reader's cgroup, `Inaccessible
+/// AccessDenied`. The mount itself still answers (its root is readable by
+/// anyone): the probe raises nothing.
+#[test]
+fn an_export_changed_to_squash_the_client_is_access_denied() -> Result<()> {
+    use std::os::unix::fs::PermissionsExt as _;
+    require_root()?;
+    let _kernel = kernel_alone();
+    let disk = TmpfsLoop::new(64)?;
+    let server = NfsServer::start(&disk.dev.path)?;
+    let private = export_file(&server, "private.bin", 8 * MIB)?;
+    std::fs::set_permissions(
+        server.export().join(&private),
+        std::fs::Permissions::from_mode(0o600),
+    )?;
+    let kubelet = Kubelet::new()?;
+    let mut v3 = Volume::open(
+        &server,
+        &kubelet,
+        (POD_C, PV_C),
+        (Version::V3, HARD),
+        &private,
+    )?;
+    let mut agent = kubelet.agent_counting_returned_errors()?;
+
+    server.export_to_root(false)?;
+    v3.fail(3, libc::EACCES)?;
+    let filter = EventFilter::device(&v3.dev).kind("returned_error");
+    agent.wait_for_count(&filter, 3, WAIT);
+    agent.wait_for_log(&v3.told(3, "EACCES"), WAIT);
+    let run = agent.stop_cleanly()?;
+    server.export_to_root(true)?;
+
+    let want: Tally = [(key(POD_C, "-", SOURCE, "read", "EACCES"), 3)].into();
+    let on_volumes: Vec<_> = run
+        .events
+        .iter()
+        .filter(|e| e["pod_uid"].is_string())
+        .collect();
+    assert_eq!(tally(on_volumes), want, "{}", show(&run));
+    let reason = "Inaccessible AccessDenied";
+    let message = last_message(&run, POD_C, PV_C, reason, KERNEL)
+        .with_context(|| format!("no {reason} line:\n{}", show(&run)))?;
+    let head = format!(
+        "{} on {} at {} in ",
+        v3.told(3, "EACCES"),
+        v3.dev,
+        v3.mount.path().display()
+    );
+    assert!(
+        message.starts_with(&head),
+        "{message:?} does not start with {head:?}"
+    );
+    let probe = raised(POD_C, PV_C, "Inaccessible PathUnreachable", CHECK);
+    assert!(!run.stderr.contains(&probe), "{probe:?}:\n{}", show(&run));
+    drop(v3);
     drop(server);
     Ok(())
 }

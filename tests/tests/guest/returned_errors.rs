@@ -201,3 +201,84 @@ fn a_failed_read_on_a_block_volume_is_one_condition_saying_both() -> Result<()> 
     );
     Ok(())
 }
+
+/// ext4 shut down under a mounted volume (`EXT4_IOC_SHUTDOWN` without a
+/// log flush: what the kernel does itself when its journal aborts): every
+/// read returns EIO to the application although no block request failed,
+/// nor was one issued. The block layer has nothing to say, as of a
+/// dm-multipath read failed while its paths were reinstated; the
+/// application's own errors are the evidence: 3 failed reads counted
+/// exactly with the reader's cgroup, said in the shutdown's condition,
+/// `Inaccessible FilesystemShutdown` (one failure, one condition), and no
+/// block error counted anywhere.
+#[test]
+fn reads_failed_with_no_block_request_failing_are_counted() -> Result<()> {
+    require_root()?;
+    let _kernel = kernel_alone();
+    let disk = FaultDisk::start(64 * MIB)?;
+    let lo = disk.attach_loop(false)?;
+    let mut kubelet = Kubelet::new()?;
+    let pod_dir = kubelet.fs_volume(POD, PV, lo.path())?;
+    let file = pod_dir.join("data.bin");
+    std::fs::write(&file, vec![0x5a; 8 * MIB as usize])?;
+    fs::sync_fs(&pod_dir)?;
+    let mut agent = kubelet.agent_counting_returned_errors()?;
+    let cgroup = TestCgroup::new("returned")?;
+    let mut reader = cgroup.reader(Path::new(READER), &file)?;
+    assert_eq!(reader.pread(0)?, None, "a healthy read");
+    shut_down_ext4(&pod_dir)?;
+    for i in 0..3 {
+        assert_eq!(reader.pread(MIB + i * MIB)?, Some(libc::EIO), "read {i}");
+    }
+    let filter = EventFilter::device(lo.maj_min()).kind("returned_error");
+    agent.wait_for_count(&filter, 3, WAIT);
+    let told = format!(
+        "; 3 failed file operations (read, EIO) returned to cgroup {}",
+        cgroup.path
+    );
+    agent.wait_for_log(&told, WAIT);
+    drop(reader);
+    let run = agent.stop_cleanly()?;
+
+    let of_kind = |kind: &str| -> Vec<&serde_json::Value> {
+        run.events.iter().filter(|e| e["kind"] == kind).collect()
+    };
+    let want: Tally = [(key(POD, lo.name(), SOURCE, "read", "EIO"), 3)].into();
+    assert_eq!(tally(of_kind("returned_error")), want, "{}", show(&run));
+    assert_eq!(of_kind("block_io_error").len(), 0, "{}", show(&run));
+    let shutdowns: u64 = of_kind("fs_shutdown")
+        .iter()
+        .map(|e| e["count"].as_u64().unwrap_or(0))
+        .sum();
+    assert_eq!(shutdowns, 1, "{}", show(&run));
+    let reason = "Inaccessible FilesystemShutdown";
+    let message = last_message(&run, POD, PV, reason, KERNEL)
+        .with_context(|| format!("no {reason} line:\n{}", show(&run)))?;
+    assert!(
+        message.ends_with(&told),
+        "{message:?} does not end with {told:?}"
+    );
+    for alone in ["Degraded ApplicationIOErrors", "Degraded BlockIOErrors"] {
+        let line = raised(POD, PV, alone, KERNEL);
+        assert!(!run.stderr.contains(&line), "{line:?}:\n{}", show(&run));
+    }
+    eprintln!("{}", show(&run));
+    Ok(())
+}
+
+/// `EXT4_IOC_SHUTDOWN` (`_IOR('X', 125, __u32)`, fs/ext4/ext4.h) with
+/// `EXT4_GOING_FLAGS_NOLOGFLUSH` (0x2) on the filesystem of `dir`.
+fn shut_down_ext4(dir: &Path) -> Result<()> {
+    use std::os::fd::AsRawFd as _;
+    const EXT4_IOC_SHUTDOWN: libc::c_ulong = 0x8004_587d;
+    const EXT4_GOING_FLAGS_NOLOGFLUSH: u32 = 0x2;
+    let d = std::fs::File::open(dir).with_context(|| format!("opening {}", dir.display()))?;
+    let flags = EXT4_GOING_FLAGS_NOLOGFLUSH;
+    // SAFETY: the ioctl reads one u32 from the pointer, which outlives it.
+    let r = unsafe { libc::ioctl(d.as_raw_fd(), EXT4_IOC_SHUTDOWN, &flags as *const u32) };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error())
+            .with_context(|| format!("EXT4_IOC_SHUTDOWN on {}", dir.display()));
+    }
+    Ok(())
+}

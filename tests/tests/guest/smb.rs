@@ -243,7 +243,7 @@ fn a_full_share_is_out_of_space_for_the_application() -> Result<()> {
     assert_eq!(volume.reader.pwrite(0)?, None, "a healthy write on {PV}");
     let mut agent = kubelet.agent_counting_returned_errors()?;
 
-    fill(server.share())?;
+    health_tests::fs::fill_until_full(server.share())?;
     // What the application is told is the ground truth: the CIFS client
     // (6.12, cache=none) answered the first write the server refused
     // with 0 bytes written and the next with ENOSPC (measured); every
@@ -298,35 +298,4 @@ fn a_full_share_is_out_of_space_for_the_application() -> Result<()> {
     drop(volume);
     drop(server);
     Ok(())
-}
-
-/// Writes a file on the server's side of `share` until its filesystem has
-/// no block left. In rounds: ext4 reserves blocks for the extent tree of
-/// every page it delays, and gives back what writeback did not use, so a
-/// filesystem that refused a write can take more after a sync.
-fn fill(share: &Path) -> Result<()> {
-    use std::io::Write as _;
-    let mut file = std::fs::File::create(share.join("fill.bin"))?;
-    loop {
-        let mut wrote = 0u64;
-        for chunk in [MIB as usize, 4096] {
-            let block = vec![0xa5u8; chunk];
-            loop {
-                match file.write(&block) {
-                    Ok(0) => break,
-                    Ok(n) => wrote += n as u64,
-                    Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => break,
-                    Err(e) => return Err(e).context("filling the share"),
-                }
-            }
-        }
-        match file.sync_all() {
-            Ok(()) => {}
-            Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => {}
-            Err(e) => return Err(e).context("syncing the filled share"),
-        }
-        if wrote == 0 {
-            return Ok(());
-        }
-    }
 }
