@@ -259,3 +259,101 @@ fn stall_after_zero_follows_no_bio() -> Result<()> {
     assert_eq!(transitions(&run), Vec::<&str>::new(), "{}", run.stderr);
     Ok(())
 }
+
+/// A FUSE volume (the fault disk's own mount, bind mounted as a pod's
+/// local PV) whose daemon is stopped (SIGSTOP: a wedged or descheduled
+/// FUSE driver): a read of a file of it waits, and so does the agent's
+/// probe of the mount (statfs always goes to the daemon), so `Inaccessible
+/// PathHung` is raised once the probe has waited `--check-timeout`; once
+/// the daemon runs again (SIGCONT) the read returns its data and the
+/// condition clears. No block device is under the volume: nothing is
+/// followed or counted per request, and no IOStalled is raised; the hung
+/// probe is this volume's stall. Prints how long each took
+/// (docs/benchmarks.md, "Stalls").
+#[test]
+fn a_stopped_fuse_daemon_is_path_hung_until_it_runs_again() -> Result<()> {
+    use std::os::unix::fs::FileExt as _;
+    require_root()?;
+    let _kernel = kernel_alone();
+    const FUSE_POD: &str = "57a10000-0000-4000-8000-000000000002";
+    const FUSE_PV: &str = "pv-fuse-stopped";
+    let line = |verb: &str| {
+        format!(
+            "volume pod {FUSE_POD} pv {FUSE_PV}: {verb} Inaccessible PathHung [check/reachability]"
+        )
+    };
+    let disk = FaultDisk::start(16 * MIB)?;
+    let mut kubelet = Kubelet::new()?;
+    let pod_dir = kubelet.dir_volume(FUSE_POD, FUSE_PV, disk.mount_dir())?;
+    let name = disk.image_path().file_name().context("the image's name")?;
+    let file = std::fs::File::open(pod_dir.join(name)).context("opening the image")?;
+    let agent = kubelet.agent(&["--check-timeout", "2", "--stall-after", "2"])?;
+    // One passing check first: the condition below is the stop's.
+    std::thread::sleep(Duration::from_secs(2));
+
+    disk.stop_server()?;
+    let stopped = Instant::now();
+    let reader = std::thread::spawn(move || {
+        let mut buf = vec![0u8; 4096];
+        file.read_at(&mut buf, 4 * MIB).map(|n| (n, buf))
+    });
+    let raised = agent.wait_for_log(&line("raised"), WAIT);
+    let raised_after = stopped.elapsed();
+    let waiting = !reader.is_finished();
+    disk.cont()?;
+    let resumed = Instant::now();
+    let read = reader.join().expect("the reader thread");
+    let cleared = agent.wait_for_log(&line("cleared"), WAIT);
+    let cleared_after = resumed.elapsed();
+    let run = agent.stop_cleanly()?;
+    eprintln!(
+        "{}: FUSE daemon stopped: PathHung {:.2} s after SIGSTOP (--check-timeout 2, --check-interval 1), cleared {:.2} s after SIGCONT",
+        kernel_release(),
+        raised_after.as_secs_f64(),
+        cleared_after.as_secs_f64()
+    );
+    ensure!(
+        raised && cleared,
+        "PathHung raised {raised}, cleared {cleared}:\n{}",
+        run.stderr
+    );
+    ensure!(waiting, "the read returned while the daemon was stopped");
+    let (n, data) = read.context("the read once the daemon ran again")?;
+    assert_eq!(n, 4096);
+    assert!(data.iter().all(|b| *b == 0), "a fresh image reads zeros");
+    let ours: Vec<&str> = run
+        .stderr
+        .lines()
+        .filter(|l| l.starts_with(&format!("volume pod {FUSE_POD} pv {FUSE_PV}: ")))
+        .collect();
+    // The fault disk's statfs answers no free block or inode (its one
+    // image file is all it holds): the capacity check's conditions are
+    // true of it and not this test's.
+    let transitions: Vec<String> = ours
+        .iter()
+        .map(|l| l.split(": ").nth(1).unwrap_or_default().to_string())
+        .filter(|t| !t.starts_with("stack ") && !t.ends_with("[check/capacity]"))
+        .collect();
+    assert_eq!(
+        transitions,
+        [
+            "raised Inaccessible PathHung [check/reachability]",
+            "cleared Inaccessible PathHung [check/reachability]"
+        ],
+        "{}",
+        run.stderr
+    );
+    let message = ours
+        .iter()
+        .find(|l| l.starts_with(&line("raised")))
+        .and_then(|l| l.split_once("[check/reachability]: "))
+        .map(|(_, m)| m)
+        .unwrap_or_default()
+        .to_string();
+    let head = format!("statvfs of {} has not returned since ", pod_dir.display());
+    ensure!(
+        message.starts_with(&head) && message.ends_with(" (timeout 2s)"),
+        "{message:?}: not {head:?}... (timeout 2s)"
+    );
+    Ok(())
+}

@@ -285,6 +285,27 @@ impl FaultDisk {
         Ok(())
     }
 
+    /// Stops the server (SIGSTOP), as a wedged or descheduled FUSE daemon:
+    /// every request on the mount waits, and so does every call of this
+    /// handle until [`cont`](FaultDisk::cont).
+    pub fn stop_server(&self) -> Result<()> {
+        self.signal_server(nix::sys::signal::Signal::SIGSTOP)
+    }
+
+    /// Lets a stopped server run again (SIGCONT).
+    pub fn cont(&self) -> Result<()> {
+        self.signal_server(nix::sys::signal::Signal::SIGCONT)
+    }
+
+    fn signal_server(&self, signal: nix::sys::signal::Signal) -> Result<()> {
+        self.check_alive()?;
+        let guard = lock(&self.child);
+        let child = guard.as_ref().context("the faultdisk server has exited")?;
+        let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+        nix::sys::signal::kill(pid, signal)
+            .with_context(|| format!("sending {signal} to the faultdisk server {pid}"))
+    }
+
     /// Counters since start (or the last [`reset_stats`](FaultDisk::reset_stats)).
     pub fn stats(&self) -> Result<Stats> {
         self.call(&Request::Stats)

@@ -404,3 +404,41 @@ fn the_metrics_reference_lists_exactly_the_families_the_code_registers() {
     // 24 agent families and 11 controller families.
     assert_eq!(code.len(), 35, "{:?}", code.keys());
 }
+
+/// The README says the project is Apache-2.0: LICENSE is that license's
+/// text, and every package says so, but the kernel programs, which the
+/// kernel lets call its GPL-only helpers only under a GPL-compatible
+/// license (`MIT OR GPL-2.0-only`; the object's `license` section says
+/// `Dual MIT/GPL`).
+#[test]
+fn the_license_the_readme_names_is_shipped_and_every_package_declares_it() {
+    let root = repo_root();
+    let readme = read(&root.join("README.md"));
+    assert!(
+        readme.contains("Licensed under Apache-2.0 ([LICENSE](LICENSE))"),
+        "the README's license line"
+    );
+    let text = read(&root.join("LICENSE"));
+    let head: Vec<&str> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .take(2)
+        .collect();
+    assert_eq!(head, ["Apache License", "Version 2.0, January 2004"]);
+    let mut manifests = Vec::new();
+    files(&root, &["target", ".git", "node_modules"], &mut manifests);
+    manifests.retain(|p| p.file_name().is_some_and(|n| n == "Cargo.toml"));
+    assert!(manifests.len() >= 15, "{manifests:?}");
+    for manifest in manifests {
+        let text = read(&manifest);
+        let declared: Vec<&str> = text.lines().filter(|l| l.starts_with("license")).collect();
+        let own = manifest.strip_prefix(&root).unwrap().display().to_string();
+        let want = match own.as_str() {
+            "health-ebpf/Cargo.toml" => "license = \"MIT OR GPL-2.0-only\"",
+            "Cargo.toml" | "fuzz/Cargo.toml" => "license = \"Apache-2.0\"",
+            _ => "license.workspace = true",
+        };
+        assert_eq!(declared, [want], "{own}");
+    }
+}
