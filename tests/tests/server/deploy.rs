@@ -632,6 +632,9 @@ fn the_chart_defaults_are_the_values_of_deploy() {
         values["seccompProfile"],
         json(&c.security_context.as_ref().unwrap().seccomp_profile)
     );
-    assert_eq!(values["nodeSelector"], serde_json::json!({}));
-    assert!(pod.node_selector.is_none());
+    assert_eq!(values["nodeSelector"], json(&pod.node_selector));
+    assert_eq!(
+        values["nodeSelector"],
+        serde_json::json!({"kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64"})
+    );
 }

@@ -501,7 +501,18 @@ fn helm_values_change_what_they_claim_to() {
         "/data/kubelet"
     );
     let selector = pod_spec(ds).node_selector.clone().unwrap();
-    assert_eq!(selector.get("disk").map(String::as_str), Some("ssd"));
+    let selector: Vec<(&str, &str)> = selector
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    assert_eq!(
+        selector,
+        [
+            ("disk", "ssd"),
+            ("kubernetes.io/arch", "amd64"),
+            ("kubernetes.io/os", "linux")
+        ]
+    );
     assert_eq!(name(&d.namespace.metadata), "storage-watch");
     for ns in [
         namespace_of(&ds.metadata),
