@@ -442,3 +442,67 @@ fn the_license_the_readme_names_is_shipped_and_every_package_declares_it() {
         assert_eq!(declared, [want], "{own}");
     }
 }
+
+/// Every repository path a page names in backticks (`health-node/src/...`,
+/// `tests/tests/guest/nfs.rs`, `deploy/...`) exists: files move, and a
+/// page that sends a reader to one that is gone is wrong. A path is a code
+/// span that starts with one of the repository's top-level directories and
+/// holds no space, placeholder or pattern; a `:line` or `#anchor` suffix
+/// is dropped.
+#[test]
+fn every_repository_path_the_docs_name_exists() {
+    let root = repo_root();
+    let tops: Vec<String> = std::fs::read_dir(&root)
+        .unwrap()
+        .filter_map(Result::ok)
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n != "target" && n != ".git")
+        .collect();
+    let mut missing = Vec::new();
+    let mut named = 0;
+    for page in doc_pages() {
+        // Fenced blocks are commands and output, not references.
+        let mut fenced = false;
+        let text: String = read(&root.join(&page))
+            .lines()
+            .filter(|l| {
+                if l.trim_start().starts_with("```") {
+                    fenced = !fenced;
+                    return false;
+                }
+                !fenced
+            })
+            .collect::<Vec<_>>()
+            .join("\n");
+        for (i, span) in text.split('`').enumerate() {
+            if i % 2 == 0 || span.contains(char::is_whitespace) {
+                continue;
+            }
+            if span.contains(['<', '>', '*', '{', '}', '$', '…']) || span.contains("...") {
+                continue;
+            }
+            let Some((top, _)) = span.split_once('/') else {
+                continue;
+            };
+            if !tops.iter().any(|t| t == top) {
+                continue;
+            }
+            let path = span
+                .split(['#', ':'])
+                .next()
+                .unwrap_or(span)
+                .trim_end_matches('/');
+            named += 1;
+            if !root.join(path).exists() {
+                missing.push(format!("{}: `{span}`", page.display()));
+            }
+        }
+    }
+    assert!(named > 100, "only {named} paths found: the scan is broken");
+    assert!(
+        missing.is_empty(),
+        "paths that do not exist:\n{}",
+        missing.join("\n")
+    );
+}
