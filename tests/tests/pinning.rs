@@ -85,7 +85,7 @@ impl ErrorStream {
 }
 
 #[test]
-fn a_killed_agent_restarts_and_every_error_is_reported_exactly_once() -> Result<()> {
+fn a_killed_agent_restarts_and_loses_nothing_repeating_at_most_its_last_turn() -> Result<()> {
     require_root()?;
     // Alone: the program runs for every failed request of the machine, and
     // its run count tells the kernel's loss from ours (below).
@@ -126,11 +126,37 @@ fn a_killed_agent_restarts_and_every_error_is_reported_exactly_once() -> Result<
     // Nothing reported twice and nothing dropped by the agents: the lines
     // of both runs add up to the kernel's counter, as the last agent read it.
     let counted = final_total(&after.stderr, lo.maj_min())?;
-    assert_eq!(
-        before + after_sum,
-        counted,
-        "first run {before} + second run {after_sum} != the kernel's count {counted}:\n{}",
-        after.stderr
+    // Delivery is at-least-once (docs/how-it-works.md, "Restarts and
+    // pinned state"): what an agent reported is recorded in ACCOUNTED after
+    // the loop turn that printed it, so an agent killed between the two has
+    // that turn's lines reported again by the next one. Nothing lost: the
+    // lines of both runs add up to at least the kernel's counter, as the
+    // last agent read it; and what is over is exactly the first run's last
+    // lines (one turn's, so a sum of its last lines' counts).
+    let over = (before + after_sum).checked_sub(counted);
+    let mut suffix_sums = vec![0u64];
+    for e in killed.events.iter().rev().filter(|e| filter.matches(e)) {
+        let last = *suffix_sums.last().unwrap_or(&0);
+        suffix_sums.push(last + e["count"].as_u64().unwrap_or(0));
+    }
+    let tail: Vec<String> = killed
+        .events
+        .iter()
+        .rev()
+        .take(4)
+        .map(|e| e.to_string())
+        .collect();
+    let head: Vec<String> = after.events.iter().take(4).map(|e| e.to_string()).collect();
+    assert!(
+        over.is_some_and(|over| suffix_sums.contains(&over)),
+        "first run {before} + second run {after_sum} against the kernel's count {counted}:\n{}\nthe first run's last lines (last first):\n{}\nthe second's first:\n{}",
+        after.stderr,
+        tail.join("\n"),
+        head.join("\n")
+    );
+    eprintln!(
+        "reported again after the kill: {} (the first run's last turn)",
+        over.unwrap_or(0)
     );
     // And the kernel counted every error its program ran for, the gap
     // included; requests the kernel never ran the program for (a known,
