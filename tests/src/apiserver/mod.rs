@@ -220,6 +220,7 @@ impl FakeApiServer {
     fn start_on(rt: tokio::runtime::Runtime) -> Result<FakeApiServer> {
         let listener = std::net::TcpListener::bind("127.0.0.1:0")
             .context("fake apiserver: binding 127.0.0.1:0")?;
+        stamped::stamp_accepted(&listener);
         listener
             .set_nonblocking(true)
             .context("fake apiserver: making the listener non-blocking")?;

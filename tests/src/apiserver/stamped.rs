@@ -64,6 +64,17 @@ impl StampedStream {
     }
 }
 
+/// Asks the kernel to timestamp what connections accepted from `listener`
+/// receive: they inherit the option, so a request that arrived before the
+/// server accepted its connection (a loaded machine: seen once in a full
+/// suite run) carries a time too, which turning it on per connection,
+/// after the accept, misses. Refused: connections report no time.
+pub(super) fn stamp_accepted(listener: &std::net::TcpListener) {
+    if let Err(e) = setsockopt(listener, sockopt::ReceiveTimestampns, &true) {
+        eprintln!("fake apiserver: SO_TIMESTAMPNS refused on the listener ({e})");
+    }
+}
+
 /// One `recvmsg` into `dst`: the bytes read and the receive time of the
 /// last of them, if the kernel attached one.
 fn recv_stamped(fd: RawFd, dst: &mut [u8]) -> io::Result<(usize, Option<u64>)> {
