@@ -638,3 +638,71 @@ fn the_chart_defaults_are_the_values_of_deploy() {
         serde_json::json!({"kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64"})
     );
 }
+
+/// docs/install.md's "Chart values" table lists every value of values.yaml
+/// once, with its default: a value added to the chart and not documented,
+/// or documented with another default, fails here. A value is a leaf of
+/// values.yaml, but for maps given whole (resources, selectors, labels, a
+/// security context) and each alert's settings under `monitoring.rules`.
+#[test]
+fn the_install_guide_documents_every_chart_value_with_its_default() {
+    const WHOLE: [&str; 8] = [
+        "resources",
+        "nodeSelector",
+        "seccompProfile",
+        "securityContext",
+        "labels",
+        "annotations",
+        "additionalLabels",
+        "selector",
+    ];
+    fn walk(v: &Value, prefix: &str, out: &mut BTreeMap<String, Value>) {
+        let Some(map) = v.as_object() else { return };
+        for (k, val) in map {
+            let path = if prefix.is_empty() {
+                k.clone()
+            } else {
+                format!("{prefix}.{k}")
+            };
+            let whole = !val.is_object()
+                || WHOLE.contains(&k.as_str())
+                || val.as_object().is_some_and(|m| m.is_empty())
+                || prefix == "monitoring.rules";
+            if whole {
+                out.insert(path, val.clone());
+            } else {
+                walk(val, &path, out);
+            }
+        }
+    }
+    let mut values = BTreeMap::new();
+    walk(&chart_values(), "", &mut values);
+
+    let guide = read(&deploy_dir().join("../docs/install.md"));
+    let section = guide
+        .split("### Chart values\n")
+        .nth(1)
+        .expect("install.md has a Chart values section");
+    let mut documented = BTreeMap::new();
+    for line in section.lines().take_while(|l| !l.starts_with('#')) {
+        let Some(row) = line.strip_prefix("| `") else {
+            continue;
+        };
+        let cells: Vec<&str> = row.splitn(3, " | ").collect();
+        let path = cells[0].trim_end_matches('`').to_string();
+        let default = cells
+            .get(1)
+            .and_then(|d| d.strip_prefix('`'))
+            .and_then(|d| d.strip_suffix('`'))
+            .unwrap_or_else(|| panic!("no default for {path}: {line}"));
+        let default: Value = serde_json::from_str(default)
+            .unwrap_or_else(|e| panic!("{path}'s default {default:?}: {e}"));
+        assert!(
+            documented.insert(path.clone(), default).is_none(),
+            "{path} twice"
+        );
+    }
+    let names = |m: &BTreeMap<String, Value>| m.keys().cloned().collect::<Vec<_>>();
+    assert_eq!(names(&documented), names(&values), "the values documented");
+    assert_eq!(documented, values, "their defaults");
+}
