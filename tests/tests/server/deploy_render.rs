@@ -383,7 +383,9 @@ fn the_recursive_read_only_value_overrides_the_version() {
     );
     let refused = helm_template_refused(&["--set", "recursiveReadOnly=yes"]);
     assert!(
-        refused.contains(r#"recursiveReadOnly must be auto, enabled or disabled, not "yes""#),
+        refused.contains(
+            "at '/recursiveReadOnly': value must be one of 'auto', 'enabled', 'disabled'"
+        ),
         "{refused}"
     );
 }
@@ -597,5 +599,30 @@ fn helm_renders_the_flow_control_objects_in_the_clusters_api_version() {
         fs["spec"]["rules"][0]["subjects"],
         serde_json::json!([{"kind": "ServiceAccount",
             "serviceAccount": {"name": "volume-health", "namespace": "storage-watch"}}])
+    );
+}
+
+/// values.schema.json: a value the chart does not have, or one of the
+/// wrong type, fails the render with the value named, instead of being
+/// ignored (Helm validates values against the schema on install, upgrade,
+/// lint and template).
+#[test]
+fn an_unknown_or_mistyped_value_is_refused() {
+    let unknown = helm_template_refused(&["--set", "image.tagg=1.2.3"]);
+    assert!(
+        unknown.contains("at '/image': additional properties 'tagg' not allowed"),
+        "{unknown}"
+    );
+    let mistyped = helm_template_refused(&["--set", "metrics.port=nine"]);
+    assert!(
+        mistyped.contains("at '/metrics/port': got string, want integer"),
+        "{mistyped}"
+    );
+    let outside = helm_template_refused(&["--set", "image.pullPolicy=Sometimes"]);
+    assert!(
+        outside.contains(
+            "at '/image/pullPolicy': value must be one of 'Always', 'IfNotPresent', 'Never'"
+        ),
+        "{outside}"
     );
 }
