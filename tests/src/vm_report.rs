@@ -19,6 +19,12 @@ pub fn key(pod: &str, disk: &str, source: &str, op: &str, errno: &str) -> Key {
     (own(pod), own(disk), own(source), own(op), own(errno))
 }
 
+/// [`tally`] of the events that reached a pod's volume (those of devices
+/// or filesystems no pod uses left out).
+pub fn tally_on_volumes(run: &AgentRun) -> Tally {
+    tally(run.events.iter().filter(|e| e["pod_uid"].is_string()))
+}
+
 pub fn tally<'a>(events: impl IntoIterator<Item = &'a Value>) -> Tally {
     let mut out = Tally::new();
     for e in events {

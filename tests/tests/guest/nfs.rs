@@ -34,7 +34,9 @@ use health_tests::devices::{DmDevice, TmpfsLoop};
 use health_tests::fs::{dev_of, RemoteMount};
 use health_tests::kubelet_tree::Kubelet;
 use health_tests::nfs_server::{NfsServer, Version};
-use health_tests::vm_report::{cleared, key, last_message, raised, show, tally, Tally};
+use health_tests::vm_report::{
+    cleared, key, last_message, raised, show, tally, tally_on_volumes, Tally,
+};
 use health_tests::{kernel_alone, require_root};
 
 const MIB: u64 = 1 << 20;
@@ -190,6 +192,30 @@ impl Volume {
         Ok(())
     }
 
+    /// The last `status_reason` condition of the volume (from the kernel's
+    /// evidence) starts by saying the `n` reads that failed with `errno`,
+    /// on its device and mount.
+    fn assert_said(
+        &self,
+        run: &health_tests::agent::AgentRun,
+        (n, errno): (u64, &str),
+        status_reason: &str,
+    ) -> Result<()> {
+        let message = last_message(run, self.pod, self.pv, status_reason, KERNEL)
+            .with_context(|| format!("no {status_reason} line for {}:\n{}", self.pv, show(run)))?;
+        let head = format!(
+            "{} on {} at {} in ",
+            self.told(n, errno),
+            self.dev,
+            self.mount.path().display()
+        );
+        assert!(
+            message.starts_with(&head),
+            "{message:?} does not start with {head:?}"
+        );
+        Ok(())
+    }
+
     /// What the volume's condition says was returned.
     fn told(&self, n: u64, errno: &str) -> String {
         format!(
@@ -289,25 +315,9 @@ fn errors_returned_through_nfs_are_counted_on_their_own_volume() -> Result<()> {
     for (r, n, errno, _) in &expected {
         want.insert(key(r.pod, "-", SOURCE, "read", errno), *n);
     }
-    let on_volumes: Vec<_> = run
-        .events
-        .iter()
-        .filter(|e| e["pod_uid"].is_string())
-        .collect();
-    assert_eq!(tally(on_volumes), want, "{}", show(&run));
+    assert_eq!(tally_on_volumes(&run), want, "{}", show(&run));
     for (r, n, errno, status_reason) in &expected {
-        let message = last_message(&run, r.pod, r.pv, status_reason, KERNEL)
-            .with_context(|| format!("no {status_reason} line for {}:\n{}", r.pv, show(&run)))?;
-        let head = format!(
-            "{} on {} at {} in ",
-            r.told(*n, errno),
-            r.dev,
-            r.mount.path().display()
-        );
-        assert!(
-            message.starts_with(&head),
-            "{message:?} does not start with {head:?}"
-        );
+        r.assert_said(&run, (*n, errno), status_reason)?;
     }
     drop(resume);
     drop((v3, v4, soft));
@@ -365,12 +375,7 @@ fn a_full_export_is_out_of_space_for_the_application() -> Result<()> {
     drop(writer);
     let run = agent.stop_cleanly()?;
 
-    let on_volumes: Vec<_> = run
-        .events
-        .iter()
-        .filter(|e| e["pod_uid"].is_string())
-        .collect();
-    let got = tally(on_volumes);
+    let got = tally_on_volumes(&run);
     let writeback = key(POD_A, "-", "filemap_set_wb_err", "write", "ENOSPC");
     let kept = got.get(&writeback).copied().unwrap_or(0);
     let mut want = Tally::new();
@@ -439,25 +444,8 @@ fn an_export_changed_to_squash_the_client_is_access_denied() -> Result<()> {
     server.export_to_root(true)?;
 
     let want: Tally = [(key(POD_C, "-", SOURCE, "read", "EACCES"), 3)].into();
-    let on_volumes: Vec<_> = run
-        .events
-        .iter()
-        .filter(|e| e["pod_uid"].is_string())
-        .collect();
-    assert_eq!(tally(on_volumes), want, "{}", show(&run));
-    let reason = "Inaccessible AccessDenied";
-    let message = last_message(&run, POD_C, PV_C, reason, KERNEL)
-        .with_context(|| format!("no {reason} line:\n{}", show(&run)))?;
-    let head = format!(
-        "{} on {} at {} in ",
-        v3.told(3, "EACCES"),
-        v3.dev,
-        v3.mount.path().display()
-    );
-    assert!(
-        message.starts_with(&head),
-        "{message:?} does not start with {head:?}"
-    );
+    assert_eq!(tally_on_volumes(&run), want, "{}", show(&run));
+    v3.assert_said(&run, (3, "EACCES"), "Inaccessible AccessDenied")?;
     let probe = raised(POD_C, PV_C, "Inaccessible PathUnreachable", CHECK);
     assert!(!run.stderr.contains(&probe), "{probe:?}:\n{}", show(&run));
     drop(v3);

@@ -38,7 +38,7 @@ use health_tests::devices::TmpfsLoop;
 use health_tests::fs::{dev_of, RemoteMount};
 use health_tests::kubelet_tree::Kubelet;
 use health_tests::smb_server::SmbServer;
-use health_tests::vm_report::{cleared, key, last_message, raised, show, tally, Tally};
+use health_tests::vm_report::{cleared, key, last_message, raised, show, tally_on_volumes, Tally};
 use health_tests::{kernel_alone, require_root};
 
 const MIB: u64 = 1 << 20;
@@ -123,12 +123,7 @@ impl Volume {
     ) -> Result<()> {
         let mut want = Tally::new();
         want.insert(key(POD, "-", SOURCE, op, errno), n);
-        let on_volumes: Vec<_> = run
-            .events
-            .iter()
-            .filter(|e| e["pod_uid"].is_string())
-            .collect();
-        assert_eq!(tally(on_volumes), want, "{}", show(run));
+        assert_eq!(tally_on_volumes(run), want, "{}", show(run));
         let message = last_message(run, POD, PV, status_reason, KERNEL)
             .with_context(|| format!("no {status_reason} line:\n{}", show(run)))?;
         let head = format!(
@@ -273,12 +268,7 @@ fn a_full_share_is_out_of_space_for_the_application() -> Result<()> {
     let mut want = Tally::new();
     want.insert(key(POD, "-", SOURCE, "write", "ENOSPC"), refused);
     want.insert(key(POD, "-", "filemap_set_wb_err", "write", "ENOSPC"), 1);
-    let on_volumes: Vec<_> = run
-        .events
-        .iter()
-        .filter(|e| e["pod_uid"].is_string())
-        .collect();
-    assert_eq!(tally(on_volumes), want, "{}", show(&run));
+    assert_eq!(tally_on_volumes(&run), want, "{}", show(&run));
     let reason = "DataLoss WritebackErrors";
     let message = last_message(&run, POD, PV, reason, KERNEL)
         .with_context(|| format!("no {reason} line:\n{}", show(&run)))?;
