@@ -109,10 +109,36 @@ pub fn bind_fresh(socket: &Path) -> Result<UnixListener, ServeError> {
         })?;
     }
     remove_stale(socket)?;
-    UnixListener::bind(socket).map_err(|error| ServeError::Bind {
+    // bind(2) makes the file before listen(2) runs: a client that sees the
+    // file at once (the kubelet dials a driver's socket as soon as it is
+    // there, and a test waits for it) can be refused in between. So the
+    // listener is made under a name of its own and renamed into place: the
+    // path exists only once it accepts.
+    let staged = staging_name(socket);
+    remove_stale(&staged)?;
+    let listener = UnixListener::bind(&staged).map_err(|error| ServeError::Bind {
         path: socket.to_path_buf(),
         error,
-    })
+    })?;
+    std::fs::rename(&staged, socket).map_err(|error| {
+        if let Err(e) = std::fs::remove_file(&staged) {
+            tracing::warn!(socket = %staged.display(), error = %e, "removing a staged socket");
+        }
+        ServeError::Bind {
+            path: socket.to_path_buf(),
+            error,
+        }
+    })?;
+    Ok(listener)
+}
+
+/// A name beside `socket`, this process's own, and short: a socket's path
+/// must fit sun_path (108 bytes), and `.<pid>-<n>` is no longer than most
+/// socket names it stands in for.
+fn staging_name(socket: &Path) -> PathBuf {
+    static STAGED: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = STAGED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    socket.with_file_name(format!(".{}-{n}", std::process::id()))
 }
 
 fn remove_stale(socket: &Path) -> Result<(), ServeError> {
@@ -442,6 +468,41 @@ mod tests {
         assert!(path.exists());
         drop(served);
         assert!(!path.exists());
+    }
+
+    #[tokio::test]
+    async fn the_socket_appears_only_once_it_accepts() {
+        use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("csi.sock");
+        let watch = Inotify::init(InitFlags::IN_NONBLOCK).unwrap();
+        watch
+            .add_watch(
+                dir.path(),
+                AddWatchFlags::IN_CREATE | AddWatchFlags::IN_MOVED_TO,
+            )
+            .unwrap();
+        let listener = bind_fresh(&path).unwrap();
+        // Made elsewhere and moved in, never created at its name (bind
+        // creates the file before listen makes it accept).
+        let arrived: Vec<(String, AddWatchFlags)> = watch
+            .read_events()
+            .unwrap()
+            .into_iter()
+            .filter(|e| e.name.as_deref() == Some(std::ffi::OsStr::new("csi.sock")))
+            .map(|e| ("csi.sock".to_owned(), e.mask))
+            .collect();
+        assert_eq!(
+            arrived,
+            [("csi.sock".to_owned(), AddWatchFlags::IN_MOVED_TO)]
+        );
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, ["csi.sock"], "nothing staged is left beside it");
+        tokio::net::UnixStream::connect(&path).await.unwrap();
+        drop(listener);
     }
 
     #[tokio::test]

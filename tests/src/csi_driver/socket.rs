@@ -1,7 +1,6 @@
 //! Where the driver listens: `--endpoint` as CSI drivers take it
 //! (`unix:///path`, or a bare path), and binding a unix socket there.
 
-use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
@@ -24,24 +23,13 @@ pub fn endpoint_path(endpoint: &str) -> anyhow::Result<PathBuf> {
     Ok(PathBuf::from(path))
 }
 
-/// A listener on `socket`: its directory made when missing, a stale socket
-/// of an earlier run replaced; any other file there is an error, never
-/// removed.
+/// A listener on `socket`, as the agent's own sockets are made: its
+/// directory made when missing, a stale socket of an earlier run replaced,
+/// any other file there an error and kept, and the path there only once it
+/// accepts (the kubelet dials a registration socket the moment it appears).
 pub fn bind(socket: &Path) -> anyhow::Result<UnixListener> {
-    if let Some(dir) = socket.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    }
-    match std::fs::symlink_metadata(socket) {
-        Ok(m) if m.file_type().is_socket() => std::fs::remove_file(socket)
-            .with_context(|| format!("removing the stale socket {}", socket.display()))?,
-        Ok(_) => bail!(
-            "{} exists and is not a socket: not removing it to listen there",
-            socket.display()
-        ),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(e).with_context(|| format!("stat {}", socket.display())),
-    }
-    UnixListener::bind(socket).with_context(|| format!("listening on {}", socket.display()))
+    health_node::conditions_socket::bind_fresh(socket)
+        .with_context(|| format!("serving CSI on {}", socket.display()))
 }
 
 #[cfg(test)]
@@ -75,9 +63,9 @@ mod tests {
         let file = dir.path().join("file");
         std::fs::write(&file, b"keep").unwrap();
         assert_eq!(
-            bind(&file).unwrap_err().to_string(),
+            format!("{:#}", bind(&file).unwrap_err()),
             format!(
-                "{} exists and is not a socket: not removing it to listen there",
+                "serving CSI on {0}: {0} exists and is not a socket; not removing it",
                 file.display()
             )
         );
