@@ -177,6 +177,9 @@ fn memlock_capability_starts_only_where_the_node_can_grant_it() -> Result<()> {
         "install",
         agent::RELEASE,
         &chart.to_string_lossy(),
+        "-n",
+        agent::AGENT_NS,
+        "--create-namespace",
         "--set",
         "memlockCapability=true",
     ])?;
@@ -206,8 +209,9 @@ fn helm_chart_reports_a_shared_claim_across_a_restart_and_the_driver_and_a_block
     workload::fresh_namespace(cluster)?;
     let values = tempfile::tempdir()?;
     let pod = step("helm install", || {
-        agent::install_chart(cluster, values.path())?;
+        let notes = agent::install_chart(cluster, values.path())?;
         let pod = agent::wait_ready(cluster, None, Duration::from_secs(90))?;
+        agent::run_the_notes_checks(cluster, &notes)?;
         eprintln!("helm: {}", agent::startup(&pod));
         let name = pod.metadata.name.clone().context("a pod name")?;
         let (image, args, _) = agent::container(&pod)?;

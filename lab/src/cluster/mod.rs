@@ -170,7 +170,7 @@ fn print_usage(state: &State) {
     let kubeconfig = state.kubeconfig();
     println!(
         "\nThe cluster is up. To use it:\n  export KUBECONFIG={k}\n  kubectl get nodes\n  \
-         helm install volume-health deploy/helm/volume-health   # helm, kubectl: cargo xtask tools\n\
+         helm install volume-health deploy/helm/volume-health -n volume-health --create-namespace   # helm, kubectl: cargo xtask tools\n\
          Images are imported, never pulled: pods use imagePullPolicy IfNotPresent or Never \
          ({agent}, {busybox}).\n\
          State: {dir}; stop and clean up: cargo xtask cluster down",

@@ -39,11 +39,19 @@ pub fn extra_args() -> Vec<String> {
 /// Removes whatever installs the agent: the Helm release and the objects of
 /// deploy/, and waits until its namespace and pods are gone.
 pub fn remove(cluster: &NodeCluster) -> Result<()> {
-    let status = cluster.tools.helm_output(&["status", RELEASE])?;
+    let status = cluster
+        .tools
+        .helm_output(&["status", RELEASE, "-n", AGENT_NS])?;
     if status.status.success() {
-        cluster
-            .tools
-            .helm(&["uninstall", RELEASE, "--wait", "--timeout", "60s"])?;
+        cluster.tools.helm(&[
+            "uninstall",
+            RELEASE,
+            "-n",
+            AGENT_NS,
+            "--wait",
+            "--timeout",
+            "60s",
+        ])?;
     }
     let deploy = repo_root().join("deploy");
     cluster.tools.kubectl(&[
@@ -81,9 +89,10 @@ pub fn delete_kustomization(cluster: &NodeCluster) -> Result<()> {
     remove(cluster)
 }
 
-/// `helm install volume-health deploy/helm/volume-health` with its
-/// defaults and [`extra_args`] only.
-pub fn install_chart(cluster: &NodeCluster, dir: &std::path::Path) -> Result<()> {
+/// `helm install volume-health deploy/helm/volume-health -n volume-health
+/// --create-namespace` with its defaults and [`extra_args`] only.
+/// Returns what helm printed (its NOTES among it).
+pub fn install_chart(cluster: &NodeCluster, dir: &std::path::Path) -> Result<String> {
     install_chart_with(cluster, dir, &[])
 }
 
@@ -92,7 +101,7 @@ pub fn install_chart_with(
     cluster: &NodeCluster,
     dir: &std::path::Path,
     sets: &[&str],
-) -> Result<()> {
+) -> Result<String> {
     let values = dir.join("values.yaml");
     let args: Vec<String> = extra_args()
         .iter()
@@ -102,11 +111,55 @@ pub fn install_chart_with(
     let chart = repo_root().join("deploy/helm/volume-health");
     let chart = chart.to_string_lossy();
     let values = values.to_string_lossy();
-    let mut args = vec!["install", RELEASE, &chart, "-f", &values];
+    let mut args = vec![
+        "install",
+        RELEASE,
+        &chart,
+        "-n",
+        AGENT_NS,
+        "--create-namespace",
+        "-f",
+        &values,
+    ];
     for set in sets {
         args.extend(["--set", set]);
     }
-    cluster.tools.helm(&args)?;
+    cluster.tools.helm(&args)
+}
+
+/// Runs the commands the chart's NOTES give to check the install (each
+/// `kubectl ...` line), as a user would; each must succeed, and the last
+/// (`health-agent volumes` in an agent's container) must print the node's
+/// volumes.
+pub fn run_the_notes_checks(cluster: &NodeCluster, printed: &str) -> Result<()> {
+    let checks: Vec<Vec<&str>> = printed
+        .lines()
+        .filter_map(|l| l.trim_start().strip_prefix("kubectl "))
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    ensure!(
+        checks.len() == 3,
+        "the NOTES give {} kubectl commands, not 3:\n{printed}",
+        checks.len()
+    );
+    let mut last = String::new();
+    for check in &checks {
+        last = cluster
+            .tools
+            .kubectl(check)
+            .with_context(|| format!("the NOTES' check kubectl {}", check.join(" ")))?;
+    }
+    // Its node's pod volumes, one line each (conditions indented below),
+    // or that there are none yet.
+    ensure!(
+        last == "no pod volumes found\n"
+            || last
+                .lines()
+                .next()
+                .is_some_and(|l| l.starts_with("pod ") && l.contains(" pv ")),
+        "health-agent volumes in the agent's container printed:\n{last}"
+    );
+    eprintln!("the NOTES' checks passed; health-agent volumes:\n{last}");
     Ok(())
 }
 

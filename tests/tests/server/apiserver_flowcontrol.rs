@@ -196,7 +196,7 @@ fn start() -> Option<RealApiServer> {
         .service_account(CONTROLLER_NS, CONTROLLER_SA)
         // Same name, another namespace: not the agents.
         .service_account("default", AGENT_SA)
-        // The agents installed into kube-system (the chart's namespace.name).
+        // The agents installed into kube-system (`helm install -n kube-system`).
         .service_account("kube-system", AGENT_SA)
         .require()
 }
@@ -364,7 +364,7 @@ async fn check_seats(admin: &Client, installed: &Installed) -> Result<()> {
     Ok(())
 }
 
-/// Installed into kube-system (the chart's namespace.name), the agents
+/// Installed into kube-system (`helm install -n kube-system`), the agents
 /// still get their level: 850 wins over kube-system-service-accounts' 900.
 async fn check_kube_system(
     server: &RealApiServer,

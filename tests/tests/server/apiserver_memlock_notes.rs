@@ -85,8 +85,18 @@ fn notes(server: &RealApiServer, home: &Path, values: &[&str]) -> Result<String>
         .to_string())
 }
 
-const FIRST_LINE: &str =
-    "volume-health node agent: DaemonSet volume-health-agent in namespace volume-health.\n";
+/// The NOTES' lines before anything about kernels (for the release's
+/// namespace, here helm's default).
+const FIRST_LINE: &str = concat!(
+    "volume-health node agent: DaemonSet volume-health-agent in namespace default.\n",
+    "\n",
+    "Check it: every node's agent ready (attached to the kernel, its pod and PV\n",
+    "lists read), and what one of them sees on its node:\n",
+    "\n",
+    "  kubectl -n default rollout status daemonset/volume-health-agent\n",
+    "  kubectl -n default get pods -l app.kubernetes.io/name=volume-health -o wide\n",
+    "  kubectl -n default exec daemonset/volume-health-agent -- health-agent volumes\n",
+);
 
 #[test]
 fn the_notes_name_the_nodes_with_kernels_before_5_11() -> Result<()> {

@@ -136,8 +136,9 @@ fn the_cluster_role_grants_exactly_api_access() {
 #[test]
 fn the_binding_gives_the_role_to_the_service_account() {
     let d = deploy();
-    assert_eq!(name(&d.namespace.metadata), NAMESPACE);
-    let labels = d.namespace.metadata.labels.clone().unwrap_or_default();
+    let namespace = d.namespace.expect("deploy/ has its namespace");
+    assert_eq!(name(&namespace.metadata), NAMESPACE);
+    let labels = namespace.metadata.labels.clone().unwrap_or_default();
     assert_eq!(
         labels
             .get("pod-security.kubernetes.io/enforce")
@@ -528,13 +529,16 @@ fn the_chart_templates_name_every_object_and_the_fixed_fields() {
             // In crds/, not templates/: deploy_status.rs checks it is the same file.
             continue;
         }
-        assert!(has(&format!("kind: {kind}\n")), "no {kind} in the chart");
-        if kind != "Namespace" {
-            assert!(
-                has(&format!("  name: {name}\n")),
-                "no {kind} {name} in the chart"
-            );
+        if kind == "Namespace" {
+            // The release's namespace, which Helm makes (--create-namespace).
+            assert!(!has("kind: Namespace\n"), "a Namespace in the chart");
+            continue;
         }
+        assert!(has(&format!("kind: {kind}\n")), "no {kind} in the chart");
+        assert!(
+            has(&format!("  name: {name}\n")),
+            "no {kind} {name} in the chart"
+        );
     }
     let chart_rules = rules_block(&read(&chart_dir().join("templates/clusterrole.yaml")));
     assert_eq!(
@@ -611,8 +615,8 @@ fn the_chart_defaults_are_the_values_of_deploy() {
         values["image"]["pullPolicy"].as_str(),
         c.image_pull_policy.as_deref()
     );
-    assert_eq!(values["namespace"]["name"], NAMESPACE);
-    assert_eq!(values["namespace"]["create"], true);
+    // The namespace is the release's (helm install -n), no value.
+    assert_eq!(values.get("namespace"), None);
     assert_eq!(values["metrics"]["port"], metrics_port());
     assert_eq!(values["metrics"]["service"], true);
     assert_eq!(values["kubeletRoot"], env_value(c, "HEALTH_KUBELET_ROOT"));

@@ -17,7 +17,9 @@ use crate::deploy_common;
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use deploy_common::agent_objects::{by_key, deploy_objects, parse_documents, Parsed, DAEMON_SET};
+use deploy_common::agent_objects::{
+    by_key, deploy_objects, parse_documents, without_namespace, Parsed, DAEMON_SET,
+};
 use deploy_common::{chart_dir, deploy_dir, read, run_tool, tool, typed, yaml_documents};
 use health_node::conditions_socket::DEFAULT_SOCKET;
 use k8s_openapi::api::apps::v1::StatefulSet;
@@ -53,7 +55,7 @@ fn kustomize_with_component() -> Objects {
         &[&component_dir()],
     )
     .unwrap_or_else(|e| panic!("{e:#}"));
-    by_key(&kustomize(user.path()), "deploy/ + csi-proxy")
+    without_namespace(by_key(&kustomize(user.path()), "deploy/ + csi-proxy"))
 }
 
 fn daemon_set_key() -> (String, String, String) {
@@ -83,7 +85,7 @@ fn with_socket(mut ds: Value, dir: &str) -> Value {
 
 #[test]
 fn the_component_gives_the_agent_its_socket_and_changes_nothing_else() {
-    let files = by_key(&deploy_objects(), "deploy/");
+    let files = without_namespace(by_key(&deploy_objects(), "deploy/"));
     let rendered = kustomize_with_component();
     let mut want = files.clone();
     let ds = want.remove(&daemon_set_key()).unwrap();
@@ -107,6 +109,8 @@ fn helm_template(values: &[&str]) -> Objects {
         "volume-health",
         chart.to_str().unwrap(),
         "--include-crds",
+        "--namespace",
+        "volume-health",
         "--kube-version",
         "1.30.0",
         "--set",
@@ -135,7 +139,10 @@ fn helm_renders_the_component_on_request() {
         helm_template(&["csiProxy.enabled=true"]),
         kustomize_with_component()
     );
-    assert_eq!(helm_template(&[]), by_key(&deploy_objects(), "deploy/"));
+    assert_eq!(
+        helm_template(&[]),
+        without_namespace(by_key(&deploy_objects(), "deploy/"))
+    );
     let moved = helm_template(&["csiProxy.enabled=true", "csiProxy.socketDir=/var/run/vh"]);
     let ds = by_key(&deploy_objects(), "deploy/")
         .remove(&daemon_set_key())

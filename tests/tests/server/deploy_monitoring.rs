@@ -40,6 +40,11 @@ const ALL_ON: [&str; 3] = [
     "monitoring.serviceMonitor.enabled=true",
 ];
 
+/// The rules without the chart's ServiceMonitor: the user says the agents
+/// are scraped otherwise (else the chart refuses, see
+/// `rules_without_a_scrape_are_refused`).
+const RULES_ALONE: &str = "monitoring.rules.enabled=true,monitoring.rules.scrapedOtherwise=true";
+
 /// The alerts issue 12 asks for by name, and the others the chart has.
 const VOLUME_ALERTS: [&str; 6] = [
     "VolumeInaccessible",
@@ -68,9 +73,16 @@ const CONTROLLER_ALERTS: [&str; 3] = [
 
 fn helm_args(values: &[&str]) -> Vec<String> {
     let chart = chart_dir();
-    let mut args: Vec<String> = ["template", "volume-health", chart.to_str().unwrap()]
-        .map(String::from)
-        .into();
+    // In deploy/'s namespace, as the agent's objects the monitors select.
+    let mut args: Vec<String> = [
+        "template",
+        "volume-health",
+        chart.to_str().unwrap(),
+        "--namespace",
+        "volume-health",
+    ]
+    .map(String::from)
+    .into();
     for v in values {
         args.extend(["--set".to_string(), v.to_string()]);
     }
@@ -143,7 +155,7 @@ fn each_switch_renders_exactly_its_objects() {
         [key("ConfigMap", "volume-health", "volume-health-dashboard")]
     );
     assert_eq!(
-        keys(&render(&[ALL_ON[1]])),
+        keys(&render(&[RULES_ALONE])),
         [key("PrometheusRule", "volume-health", "volume-health")]
     );
     assert_eq!(
@@ -163,6 +175,33 @@ fn each_switch_renders_exactly_its_objects() {
         [
             key("ConfigMap", "volume-health", "volume-health-dashboard"),
             key("PodMonitor", "kube-system", "volume-health-controller"),
+            key("PrometheusRule", "volume-health", "volume-health"),
+            key("ServiceMonitor", "volume-health", "volume-health-agent"),
+        ]
+    );
+}
+
+/// Alerts on series nobody scrapes never fire, VolumeHealthAgentDown
+/// included: the rules come with the ServiceMonitor or with the user's word
+/// that Prometheus scrapes the agents by other means.
+#[test]
+fn rules_without_a_scrape_are_refused() {
+    let home = tempfile::tempdir().unwrap();
+    let args = helm_args(&["monitoring.rules.enabled=true"]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let err = try_run_tool(&tool("HELM_BIN", "helm"), &args, home.path()).unwrap_err();
+    assert!(
+        err.contains(
+            "monitoring.rules.enabled needs monitoring.serviceMonitor.enabled, or \
+             monitoring.rules.scrapedOtherwise=true where Prometheus scrapes the agents \
+             by other means: the alerts would see no series and none would fire, \
+             VolumeHealthAgentDown included"
+        ),
+        "{err}"
+    );
+    assert_eq!(
+        keys(&render(&["monitoring.rules.enabled=true", ALL_ON[2]])),
+        [
             key("PrometheusRule", "volume-health", "volume-health"),
             key("ServiceMonitor", "volume-health", "volume-health-agent"),
         ]
@@ -432,7 +471,7 @@ fn every_dashboard_query_selects_exported_series_and_their_labels() {
 
 #[test]
 fn every_alert_selects_exported_series_and_names_only_its_labels() {
-    let r = rules(&[ALL_ON[1], "controller.enabled=true"]);
+    let r = rules(&[RULES_ALONE, "controller.enabled=true"]);
     assert_eq!(r.metadata.namespace.as_deref(), Some("volume-health"));
     let groups: Vec<(&str, Vec<&str>)> = r
         .spec
@@ -479,7 +518,7 @@ fn every_alert_selects_exported_series_and_names_only_its_labels() {
     }
     c.assert_clean();
     // Without the controller, no controller group.
-    let r = rules(&[ALL_ON[1]]);
+    let r = rules(&[RULES_ALONE]);
     let names: Vec<&str> = r.spec.groups.iter().map(|g| g.name.as_str()).collect();
     assert_eq!(names, ["volume-health.volumes", "volume-health.agent"]);
 }
@@ -487,7 +526,7 @@ fn every_alert_selects_exported_series_and_names_only_its_labels() {
 #[test]
 fn rule_values_set_thresholds_durations_and_labels() {
     let r = rules(&[
-        ALL_ON[1],
+        RULES_ALONE,
         "controller.enabled=true",
         "monitoring.rules.labels.release=kps",
         "monitoring.rules.additionalLabels.team=storage",
@@ -558,7 +597,7 @@ fn rule_file(dir: &std::path::Path, values: &[&str]) -> std::path::PathBuf {
 #[test]
 fn promtool_accepts_the_rules() {
     let dir = tempfile::tempdir().unwrap();
-    let file = rule_file(dir.path(), &[ALL_ON[1], "controller.enabled=true"]);
+    let file = rule_file(dir.path(), &[RULES_ALONE, "controller.enabled=true"]);
     let out = run_tool(
         &tool("PROMTOOL_BIN", "promtool"),
         &["check", "rules", file.to_str().unwrap()],
@@ -570,7 +609,7 @@ fn promtool_accepts_the_rules() {
 #[test]
 fn promtool_fires_the_volume_alerts_for_their_series() {
     let dir = tempfile::tempdir().unwrap();
-    rule_file(dir.path(), &[ALL_ON[1]]);
+    rule_file(dir.path(), &[RULES_ALONE]);
     let tests = dir.path().join("tests.yaml");
     std::fs::write(&tests, include_str!("monitoring/rules_test.yaml")).unwrap();
     let out = run_tool(
@@ -583,7 +622,7 @@ fn promtool_fires_the_volume_alerts_for_their_series() {
 
 /// The chart's alerts with the controller's, in the chart's order.
 fn all_alerts() -> Vec<Rule> {
-    let r = rules(&[ALL_ON[1], "controller.enabled=true"]);
+    let r = rules(&[RULES_ALONE, "controller.enabled=true"]);
     r.spec.groups.into_iter().flat_map(|g| g.rules).collect()
 }
 
@@ -615,7 +654,7 @@ fn every_alert_has_its_runbook_page_and_every_page_an_alert() {
     }
     assert_eq!(pages, alerts, "docs/runbooks/ against the chart's alerts");
     // The README counts them.
-    let without_controller: usize = rules(&[ALL_ON[1]])
+    let without_controller: usize = rules(&[RULES_ALONE])
         .spec
         .groups
         .iter()

@@ -36,8 +36,9 @@ use std::path::Path;
 use crate::deploy_common;
 
 use deploy_common::agent_objects::{
-    agent, by_key, deploy_objects, env_value, mount_path_of_host_path, name, namespace_of,
-    parse_documents, pod_spec, split, Parsed, FLOW_CONTROL_V1, FLOW_CONTROL_V1BETA3, MOUNTS,
+    agent, by_key, deploy_objects, env_value, mount_path_of_host_path, namespace_of,
+    parse_documents, pod_spec, split, without_namespace, Parsed, FLOW_CONTROL_V1,
+    FLOW_CONTROL_V1BETA3, MOUNTS,
 };
 use deploy_common::{chart_dir, deploy_dir, read, run_tool, tool};
 use serde_json::Value;
@@ -89,11 +90,24 @@ fn helm_template_all(extra: &[&str]) -> Vec<Parsed> {
     let home = tempfile::tempdir().unwrap();
     let chart = chart_dir();
     let chart = chart.to_str().unwrap();
-    // crds/ too: the CRD is part of what deploy/ holds.
-    let mut args = vec!["template", "volume-health", chart, "--include-crds"];
+    // crds/ too: the CRD is part of what deploy/ holds; in deploy/'s
+    // namespace unless the caller names another (a later --namespace wins).
+    let mut args = vec![
+        "template",
+        "volume-health",
+        chart,
+        "--include-crds",
+        "--namespace",
+        "volume-health",
+    ];
     args.extend_from_slice(extra);
     let text = run_tool(&tool("HELM_BIN", "helm"), &args, home.path());
-    parse_documents(&text, &format!("helm template {extra:?}"))
+    let objects = parse_documents(&text, &format!("helm template {extra:?}"));
+    assert!(
+        !objects.iter().any(|p| p.json["kind"] == "Namespace"),
+        "helm template {extra:?} makes a Namespace"
+    );
+    objects
 }
 
 /// `helm template` that must fail: its stderr.
@@ -224,8 +238,12 @@ fn assert_new(objects: &[Parsed], origin: &str) {
     assert_objects(&rest, origin);
 }
 
+/// deploy/'s objects, its Namespace aside: the chart leaves that to Helm
+/// (the release's namespace; [`helm_template_all`] checks it makes none).
 fn assert_objects(rendered: &Objects, origin: &str) {
-    let files = files();
+    let files = without_namespace(files());
+    let mut rendered = rendered.clone();
+    rendered.remove(&("Namespace".into(), String::new(), "volume-health".into()));
     assert_eq!(
         rendered.keys().collect::<Vec<_>>(),
         files.keys().collect::<Vec<_>>(),
@@ -439,7 +457,7 @@ fn each_capability_option_adds_exactly_its_capability() {
         let kustomized = kustomize_components(&[component]);
         assert_eq!(added_capabilities(&kustomized, &origin), with);
         // Nothing else changes, and the value and the Component agree.
-        let rendered = take_recursive(&kustomized, &origin).1;
+        let rendered = without_namespace(take_recursive(&kustomized, &origin).1);
         let differing: Vec<_> = rendered
             .iter()
             .filter(|(k, v)| files.get(*k) != Some(*v))
@@ -472,8 +490,8 @@ fn helm_values_change_what_they_claim_to() {
         "privileged=true",
         "--set",
         "extraArgs={--flush-errors,--event-writes-per-minute=10}",
-        "--set",
-        "namespace.name=storage-watch",
+        "--namespace",
+        "storage-watch",
         "--set",
         "metrics.port=9900",
         "--set",
@@ -515,7 +533,7 @@ fn helm_values_change_what_they_claim_to() {
             ("kubernetes.io/os", "linux")
         ]
     );
-    assert_eq!(name(&d.namespace.metadata), "storage-watch");
+    assert!(d.namespace.is_none(), "the chart makes no Namespace");
     for ns in [
         namespace_of(&ds.metadata),
         namespace_of(&d.service_account.metadata),
@@ -527,8 +545,8 @@ fn helm_values_change_what_they_claim_to() {
     ] {
         assert_eq!(ns, "storage-watch");
     }
-    // Without the namespace and the Service, the rest stays.
-    let fewer = helm_template(&["--set", "namespace.create=false,metrics.service=false"]);
+    // Without the Service, the rest stays.
+    let fewer = helm_template(&["--set", "metrics.service=false"]);
     let kinds: BTreeSet<String> = fewer.iter().map(|p| p.key().0).collect();
     let expected: BTreeSet<String> = [
         "ClusterRole",
@@ -592,8 +610,8 @@ fn helm_renders_the_flow_control_objects_in_the_clusters_api_version() {
     let fs = flow_schema(&helm_template_all(&[
         "--kube-version",
         "1.29.0",
-        "--set",
-        "namespace.name=storage-watch",
+        "--namespace",
+        "storage-watch",
     ]));
     assert_eq!(
         fs["spec"]["rules"][0]["subjects"],

@@ -91,7 +91,14 @@ fn the_admission_policy_component_names_the_agents_service_account() {
 fn the_chart_renders_the_components_policies_on_request_only() {
     let chart = chart_dir();
     let helm = |extra: &[&str]| {
-        let mut args = vec!["template", "volume-health", chart.to_str().unwrap()];
+        // deploy/'s namespace, unless a later --namespace says another.
+        let mut args = vec![
+            "template",
+            "volume-health",
+            chart.to_str().unwrap(),
+            "--namespace",
+            "volume-health",
+        ];
         args.extend_from_slice(extra);
         deploy_common::try_run_tool(
             &tool("HELM_BIN", "helm"),
@@ -144,8 +151,8 @@ fn the_chart_renders_the_components_policies_on_request_only() {
         "1.33.0",
         "--set",
         "admissionPolicy.enabled=true",
-        "--set",
-        "namespace.name=storage-watch",
+        "--namespace",
+        "storage-watch",
     ])
     .expect("renders");
     assert!(other.contains("system:serviceaccount:storage-watch:volume-health"));

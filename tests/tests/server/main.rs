@@ -11,6 +11,7 @@
 
 mod apiserver_deploy;
 mod apiserver_flowcontrol;
+mod apiserver_helm_release;
 mod apiserver_memlock_notes;
 mod apiserver_rbac;
 mod apiserver_selftest;

@@ -197,8 +197,20 @@ pub fn by_key(objects: &[Parsed], origin: &str) -> BTreeMap<(String, String, Str
     map
 }
 
+/// `objects` without deploy/'s Namespace, which it must have: the chart
+/// leaves the namespace to Helm (the release's).
+pub fn without_namespace(
+    mut objects: BTreeMap<(String, String, String), Value>,
+) -> BTreeMap<(String, String, String), Value> {
+    let key = ("Namespace".into(), String::new(), "volume-health".into());
+    assert!(objects.remove(&key).is_some(), "no Namespace volume-health");
+    objects
+}
+
 pub struct Deploy {
-    pub namespace: Namespace,
+    /// deploy/ has one; the chart none (the release's namespace is the
+    /// user's, made by `helm install --create-namespace` or before).
+    pub namespace: Option<Namespace>,
     pub service_account: ServiceAccount,
     pub role: ClusterRole,
     pub binding: ClusterRoleBinding,
@@ -236,7 +248,10 @@ pub fn split(objects: &[Parsed], origin: &str) -> Deploy {
         }
     }
     Deploy {
-        namespace: one(&ns, "Namespace", origin),
+        namespace: match ns.len() {
+            0 => None,
+            _ => Some(one(&ns, "Namespace", origin)),
+        },
         service_account: one(&sa, "ServiceAccount", origin),
         role: one(&role, "ClusterRole", origin),
         binding: one(&binding, "ClusterRoleBinding", origin),
