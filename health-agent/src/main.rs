@@ -17,10 +17,11 @@ use health_csi::DriverOverride;
 use health_kernel::probes::{self, pins, BioErrors, BlockAttach, ProbeError, ProbeOptions};
 use health_kube::events::EventArgs;
 use health_node::agent::{self, AgentOptions, EventPriority};
+use health_node::cluster::ConditionsSocket;
 use health_node::report::watch::View;
 use health_node::volumes::checks::CheckConfig;
 use health_node::volumes::kubelet::DEFAULT_KUBELET_ROOT;
-use health_node::volumes::{self, one_shot, LiveVolumesConfig};
+use health_node::volumes::{self, one_shot, running_agent, LiveVolumesConfig};
 use health_topology::HostPaths;
 
 /// The kernel programs (`health-ebpf`): the committed object (build.rs).
@@ -106,8 +107,9 @@ struct RunArgs {
     volume: VolumeArgs,
     #[command(flatten)]
     intervals: IntervalArgs,
-    /// Answer `health-agent csi-proxy` sidecars with this node's conditions
-    /// per CSI volume on this unix socket (docs/controller.md, "CSI proxy").
+    /// Answer `health-agent csi-proxy` sidecars with this node's conditions per CSI volume,
+    /// and `health-agent volumes` with every pod volume's, on this unix socket
+    /// (docs/controller.md, "CSI proxy"); by default conditions.sock in --state-dir.
     #[arg(long, value_name = "PATH", env = "HEALTH_VOLUME_HEALTH_SOCKET")]
     volume_health_socket: Option<PathBuf>,
 }
@@ -309,6 +311,20 @@ struct VolumesArgs {
     /// A JSON array, one object per pod volume (schema in docs/reference/json-schema.md).
     #[arg(long)]
     json: bool,
+    /// Show the conditions of the agent running on this node, asked on its conditions
+    /// socket (its --volume-health-socket; by default conditions.sock in --state-dir);
+    /// where none answers, this command judges alone and says so.
+    #[arg(long, value_name = "PATH", env = "HEALTH_VOLUME_HEALTH_SOCKET")]
+    agent_socket: Option<PathBuf>,
+    /// The running agent's state directory (its --state-dir), where its conditions
+    /// socket is by default.
+    #[arg(
+        long,
+        value_name = "DIR",
+        env = "HEALTH_STATE_DIR",
+        default_value = DEFAULT_STATE_DIR
+    )]
+    state_dir: PathBuf,
     #[command(flatten)]
     pins: PinArgs,
     #[command(flatten)]
@@ -336,6 +352,13 @@ struct WatchArgs {
     #[command(flatten)]
     intervals: IntervalArgs,
 }
+
+/// The agent's conditions socket in its state directory, unless
+/// `--volume-health-socket` puts it elsewhere (beside a CSI driver's, for
+/// its csi-proxy).
+const AGENT_SOCKET_NAME: &str = "conditions.sock";
+/// Where the DaemonSet keeps the agent's state (deploy/daemonset.yaml).
+const DEFAULT_STATE_DIR: &str = "/var/lib/volume-health";
 
 fn seconds(name: &str, v: f64) -> Result<Duration, String> {
     Duration::try_from_secs_f64(v)
@@ -450,7 +473,12 @@ fn run_options(args: RunArgs, host: HostPaths) -> anyhow::Result<health_node::cl
         kubeconfig: args.kubeconfig,
         metrics_addr: args.metrics_addr,
         events,
-        volume_health_socket: args.volume_health_socket,
+        // Always served: `health-agent volumes` asks it too (in the
+        // DaemonSet's container, by the state directory both know).
+        volume_health_socket: match args.volume_health_socket {
+            Some(path) => ConditionsSocket::Required(path),
+            None => ConditionsSocket::Default(args.state_dir.join(AGENT_SOCKET_NAME)),
+        },
         state_dir: args.state_dir,
     })
 }
@@ -649,15 +677,28 @@ fn volumes_command(args: VolumesArgs, host: HostPaths) -> anyhow::Result<()> {
         check,
         csi_overrides: args.volume.csi_sockets,
     };
-    let (views, evidence) = block_on(Runtime::TwoWorkers, one_shot::collect(&opts))??;
+    let socket = args
+        .agent_socket
+        .unwrap_or_else(|| args.state_dir.join(AGENT_SOCKET_NAME));
+    let (views, evidence, judged) = block_on(Runtime::TwoWorkers, async {
+        let (mut views, evidence) = one_shot::collect(&opts).await?;
+        let judged = running_agent::adopt_running_agents(&mut views, &socket).await;
+        Ok::<_, one_shot::ViewError>((views, evidence, judged))
+    })??;
     if let one_shot::KernelEvidence::Unavailable(why) = &evidence {
         eprintln!("volume-health: {why}");
     }
     let mut out = std::io::stdout().lock();
     if args.json {
+        // Each volume's `conditions_from` says whose; stderr says why not
+        // the agent's.
+        if let running_agent::Judged::Alone(_) = &judged {
+            eprint!("volume-health: {}", judged.line());
+        }
         serde_json::to_writer_pretty(&mut out, &views)?;
         writeln!(out)?;
     } else {
+        out.write_all(judged.line().as_bytes())?;
         out.write_all(one_shot::human(&views).as_bytes())?;
     }
     out.flush()?;

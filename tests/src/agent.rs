@@ -379,6 +379,12 @@ pub fn no_pins() -> String {
 /// Runs `health-agent volumes --json` and returns its array, bounded by a
 /// generous deadline so that a hang fails the test instead of stalling it.
 /// Without `--pin-dir` in `extra` it reads [`no_pins`].
+/// Where [`volumes_json`] asks for a running agent unless told otherwise:
+/// a path nothing serves.
+pub fn no_agent_socket() -> PathBuf {
+    std::env::temp_dir().join("volume-health-no-agent.sock")
+}
+
 pub fn volumes_json(root: &str, extra: &[&str]) -> Result<(Vec<Value>, Duration, String)> {
     let started = Instant::now();
     let no_pins = no_pins();
@@ -387,10 +393,19 @@ pub fn volumes_json(root: &str, extra: &[&str]) -> Result<(Vec<Value>, Duration,
     } else {
         &["--pin-dir", &no_pins]
     };
+    // Never an agent that happens to run on this host (its default socket).
+    let no_agent = no_agent_socket();
+    let no_agent = no_agent.to_string_lossy();
+    let socket: &[&str] = if extra.contains(&"--agent-socket") {
+        &[]
+    } else {
+        &["--agent-socket", &no_agent]
+    };
     let mut child = agent_command(&agent_bin()?)
         .args(["volumes", "--json", "--kubelet-root", root])
         .args(extra)
         .args(pins)
+        .args(socket)
         .env("HEALTH_LOG", "warn")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())

@@ -42,6 +42,10 @@ const ROOTFS_AMD64: &[&str] = &[
     "d 755 usr/local/bin",
     "f 755 usr/local/bin/health-agent",
     "f 755 usr/local/bin/health-controller",
+    "d 755 usr/share",
+    "d 755 usr/share/doc",
+    "d 755 usr/share/doc/volume-health",
+    "f 644 usr/share/doc/volume-health/sbom.cdx.json",
 ];
 
 /// The xtask binary: `HEALTH_XTASK_BIN` (`cargo xtask test` sets it to
@@ -287,6 +291,114 @@ fn skopeo_and_umoci_read_the_labels_config_and_files() -> Result<()> {
             "debug sections left in {binary}:\n{sections}"
         );
     }
+    Ok(())
+}
+
+/// The versions Cargo.lock pins, per crate name.
+fn locked_versions() -> Result<BTreeMap<String, Vec<String>>> {
+    let lock = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../Cargo.lock"))?;
+    let mut versions: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let mut name = None;
+    for line in lock.lines() {
+        if let Some(n) = line.strip_prefix("name = \"") {
+            name = Some(n.trim_end_matches('"').to_string());
+        } else if let (Some(v), Some(n)) = (line.strip_prefix("version = \""), name.take()) {
+            versions
+                .entry(n)
+                .or_default()
+                .push(v.trim_end_matches('"').to_string());
+        }
+    }
+    Ok(versions)
+}
+
+/// The SBOM in the image (and the same bytes beside the archive) lists the
+/// crates compiled into the binaries at the versions Cargo.lock pins, not
+/// the tests' or the proc-macros', and the Debian packages of the copied
+/// libraries at the versions dpkg has installed.
+#[test]
+fn the_sbom_lists_the_binaries_crates_and_the_libraries_packages() -> Result<()> {
+    let built = built()?;
+    let inside = std::fs::read(
+        built
+            .rootfs
+            .join("usr/share/doc/volume-health/sbom.cdx.json"),
+    )?;
+    let beside = std::fs::read(built.archive.with_file_name("first.cdx.json"))?;
+    assert!(
+        inside == beside,
+        "the SBOM beside the archive is not the image's"
+    );
+    let doc = json(&String::from_utf8(inside)?)?;
+    assert_eq!(doc["bomFormat"], "CycloneDX");
+    assert_eq!(doc["specVersion"], "1.5");
+    assert_eq!(doc["metadata"]["component"]["name"], "volume-health-agent");
+    assert_eq!(built.inspect["Created"], doc["metadata"]["timestamp"]);
+    let components = doc["components"].as_array().context("no components")?;
+    let by_name: BTreeMap<&str, &Value> = components
+        .iter()
+        .map(|c| (c["name"].as_str().unwrap_or_default(), c))
+        .collect();
+    for compiled in [
+        "aya",
+        "tokio",
+        "kube-client",
+        "tonic",
+        "prometheus-client",
+        "health-agent",
+        "health-controller",
+        "health-kernel",
+    ] {
+        assert!(by_name.contains_key(compiled), "{compiled} is not listed");
+    }
+    // Tests' crates and proc-macros are in no binary.
+    for absent in [
+        "promql-parser",
+        "fuser",
+        "serde_derive",
+        "thiserror-impl",
+        "tokio-macros",
+    ] {
+        assert!(!by_name.contains_key(absent), "{absent} is listed");
+    }
+    let locked = locked_versions()?;
+    for c in components.iter().filter(|c| {
+        c["purl"]
+            .as_str()
+            .is_some_and(|p| p.starts_with("pkg:cargo/"))
+    }) {
+        let (name, version) = (c["name"].as_str().unwrap(), c["version"].as_str().unwrap());
+        assert!(
+            locked
+                .get(name)
+                .is_some_and(|v| v.iter().any(|l| l == version)),
+            "{name} {version} is not what Cargo.lock pins: {:?}",
+            locked.get(name)
+        );
+        assert_eq!(c["purl"], format!("pkg:cargo/{name}@{version}"));
+    }
+    assert_eq!(
+        by_name["health-agent"]["licenses"],
+        serde_json::json!([{"expression": "Apache-2.0"}])
+    );
+    assert_eq!(by_name["health-agent"].get("purl"), None);
+    for package in ["libc6", "libgcc-s1"] {
+        let installed = cmd::run(
+            "dpkg-query",
+            &["--show", "--showformat", "${Version}", package],
+        )?;
+        assert_eq!(
+            by_name[package]["version"],
+            installed.stdout.trim(),
+            "{package}"
+        );
+    }
+    let debian: Vec<&str> = components
+        .iter()
+        .filter_map(|c| c["purl"].as_str())
+        .filter(|p| p.starts_with("pkg:deb/"))
+        .collect();
+    assert_eq!(debian.len(), 2, "libc6 and libgcc-s1 only: {debian:?}");
     Ok(())
 }
 

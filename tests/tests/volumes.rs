@@ -484,8 +484,10 @@ fn volumes_shows_the_kernel_evidence_of_the_running_watch() -> Result<()> {
     assert_eq!(
         stderr,
         format!(
-            "volume-health: no agent state pinned at {}: kernel errors are not shown (no agent ran here, it ran with --no-pin, or it was uninstalled)\n",
-            empty.pin_dir_arg()
+            "volume-health: no agent state pinned at {}: kernel errors are not shown (no agent ran here, it ran with --no-pin, or it was uninstalled)\n\
+             volume-health: conditions: judged by this command alone, no agent answered (connecting to {}: No such file or directory (os error 2)); what only history shows (paths removed, errors within the quiet window) may be missing\n",
+            empty.pin_dir_arg(),
+            health_tests::agent::no_agent_socket().display()
         )
     );
     let v = find(&vols, POD_A);
@@ -1062,6 +1064,113 @@ fn one_shot_view_spreads_storage_health_over_the_drivers_volumes() -> Result<()>
     assert_eq!(storage.calls(Rpc::NodeGetStorageHealth), 3);
 
     drop(drivers);
+    rt.shutdown_timeout(Duration::from_secs(1));
+    Ok(())
+}
+
+/// Beside a running agent, `volumes` shows the agent's conditions (what its
+/// Events say, every source), asked on the agent's conditions socket: here
+/// one the agent's own server serves in-process, holding a path the
+/// agent saw removed, which a fresh process cannot see. With no agent
+/// there, its own judgement, and it says so.
+#[test]
+fn volumes_shows_the_running_agents_conditions_and_says_when_it_judged_alone() -> Result<()> {
+    use health_core::conditions::{CheckKind, Condition, Source, Status};
+    use health_node::conditions_socket;
+    use health_node::volumes::kubelet::VolumeMode;
+    use health_node::volumes::VolumeKey;
+
+    require_env(&[])?;
+    let mut tree = Tree::new()?;
+    tree.tmpfs_volume(POD_A, "pv-a", "vol-a", DRIVER)?;
+    tree.tmpfs_volume(POD_B, "pv-b", "vol-b", DRIVER)?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()?;
+    let socket = tree.root().join("run/conditions.sock");
+    let socket_arg = socket.to_str().context("UTF-8")?.to_string();
+    let served = rt.block_on(conditions_socket::serve(&socket))?;
+    let since = std::time::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+    let key = VolumeKey {
+        pod_uid: POD_A.into(),
+        name: "pv-a".into(),
+        mode: VolumeMode::Filesystem,
+    };
+    let removed = "no path of dm-3 is up (down: nvme1c2n1 removed)";
+    served.board().set_pod_volumes([(
+        &key,
+        vec![Condition {
+            source: Source::Check(CheckKind::Stack),
+            status: Status::Inaccessible,
+            reason: "AllPathsDown".into(),
+            message: removed.into(),
+            since,
+            last_probe: since + Duration::from_secs(30),
+            occurrences: None,
+        }],
+    )]);
+
+    let (vols, _, stderr) = volumes_json(tree.root_arg(), &["--agent-socket", &socket_arg])?;
+    let a = find(&vols, POD_A);
+    assert_eq!(a["conditions_from"], "agent", "{a:#}");
+    assert_eq!(
+        reasons(a),
+        [r("Inaccessible", "AllPathsDown", "check/stack")]
+    );
+    assert_eq!(a["conditions"][0]["message"], removed);
+    assert_eq!(a["conditions"][0]["since"], "2023-11-14T22:13:20Z");
+    assert_eq!(a["conditions"][0]["last_probe"], "2023-11-14T22:13:50Z");
+    assert_eq!(a["worst"], "Inaccessible");
+    let b = find(&vols, POD_B);
+    assert_eq!(b["conditions_from"], "agent", "{b:#}");
+    assert_eq!(reasons(b), []);
+    assert_eq!(b["worst"], Value::Null);
+    assert!(!stderr.contains("judged by this command alone"), "{stderr}");
+
+    let human = |socket: &str| -> Result<String> {
+        let out = Command::new(agent_bin()?)
+            .args(["volumes", "--kubelet-root", tree.root_arg()])
+            .args(["--check-timeout", "1", "--pin-dir", &no_pins()])
+            .args(["--agent-socket", socket])
+            .env("HEALTH_LOG", "error")
+            .output()?;
+        assert!(out.status.success(), "{out:?}");
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    };
+    let text = human(&socket_arg)?;
+    assert_eq!(
+        text.lines().next(),
+        Some(format!("conditions: the running agent's (asked at {socket_arg})").as_str()),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("pod {POD_A} pv pv-a ({DRIVER}, Filesystem) "))
+            && text.contains(&format!(
+            "\n  Inaccessible AllPathsDown since 2023-11-14T22:13:20Z [check/stack]: {removed}\n"
+        )),
+        "{text}"
+    );
+
+    // The agent gone: the command's own judgement (the tmpfs volumes are
+    // healthy to it), said on stderr with why.
+    drop(served);
+    let (vols, _, stderr) = volumes_json(tree.root_arg(), &["--agent-socket", &socket_arg])?;
+    for pod in [POD_A, POD_B] {
+        let v = find(&vols, pod);
+        assert_eq!(v["conditions_from"], "command", "{v:#}");
+        assert_eq!(reasons(v), [], "{v:#}");
+    }
+    assert!(
+        stderr.contains(&format!(
+            "volume-health: conditions: judged by this command alone, no agent answered \
+             (connecting to {socket_arg}: No such file or directory (os error 2)); \
+             what only history shows (paths removed, errors within the quiet window) may be missing\n"
+        )),
+        "{stderr}"
+    );
+    assert!(human(&socket_arg)?
+        .starts_with("conditions: judged by this command alone, no agent answered"));
     rt.shutdown_timeout(Duration::from_secs(1));
     Ok(())
 }

@@ -82,6 +82,17 @@ use health_kube::{config, events, request_metrics, status, writer, ApiAccess};
 use crate::agent::{self, AgentOptions};
 use crate::report::metrics::Metrics;
 
+/// Where the conditions socket is, and whether the agent can do without it.
+#[derive(Clone, Debug)]
+pub enum ConditionsSocket {
+    /// Asked for (`--volume-health-socket`): a CSI proxy depends on it, so
+    /// not serving it is an error.
+    Required(PathBuf),
+    /// The default, in the state directory, for `health-agent volumes`:
+    /// not serving it is logged and the agent goes on.
+    Default(PathBuf),
+}
+
 #[derive(Clone, Debug)]
 pub struct RunOptions {
     pub agent: AgentOptions,
@@ -90,9 +101,9 @@ pub struct RunOptions {
     pub kubeconfig: Option<PathBuf>,
     pub metrics_addr: SocketAddr,
     pub events: events::RecorderConfig,
-    /// Where the agent answers `health-agent csi-proxy` with its conditions
-    /// per volume (`crate::conditions_socket`); `None`: not served.
-    pub volume_health_socket: Option<PathBuf>,
+    /// Where the agent answers `health-agent csi-proxy` and `health-agent
+    /// volumes` with its conditions (`crate::conditions_socket`).
+    pub volume_health_socket: ConditionsSocket,
     /// A directory on the node that outlives the agent's container: the
     /// copy of this node's Events ([`EVENTS_FILE`]) is kept there.
     pub state_dir: PathBuf,
@@ -132,12 +143,22 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
     let health = Health::new(STALE_AFTER);
     let listener = http::bind(opts.metrics_addr).await?;
     let served = match &opts.volume_health_socket {
-        Some(path) => Some(
+        ConditionsSocket::Required(path) => Some(
             crate::conditions_socket::serve(path)
                 .await
                 .context("serving the conditions socket (--volume-health-socket)")?,
         ),
-        None => None,
+        ConditionsSocket::Default(path) => match crate::conditions_socket::serve(path).await {
+            Ok(served) => Some(served),
+            Err(e) => {
+                tracing::error!(
+                    socket = %path.display(),
+                    error = %format!("{:#}", anyhow::Error::from(e)),
+                    "not serving the conditions socket: `health-agent volumes` on this node judges alone"
+                );
+                None
+            }
+        },
     };
     let server = tokio::spawn(http::serve(listener, metrics.clone(), health.clone()));
 

@@ -14,10 +14,15 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper_util::rt::TokioIo;
 use tokio::net::UnixStream;
 
-use super::{Answer, Question, StorageQuestion, PATH, STORAGE_PATH};
+use super::{
+    Answer, PodVolumesAnswer, PodVolumesQuestion, Question, StorageQuestion, PATH,
+    POD_VOLUMES_PATH, STORAGE_PATH,
+};
 
-/// An answer is at most a few dozen conditions.
-const MAX_ANSWER: usize = 1 << 20;
+/// A volume's answer is a few dozen conditions; the node's pod volumes
+/// (`volumes`) a few hundred volumes with a condition each at most, each
+/// message cut at 4 KiB.
+const MAX_ANSWER: usize = 16 << 20;
 
 #[derive(Debug, thiserror::Error)]
 pub enum AskError {
@@ -45,7 +50,8 @@ pub enum AskError {
     Decode(#[source] serde_json::Error),
 }
 
-/// The agent's conditions socket, as `health-agent csi-proxy` asks it.
+/// The agent's conditions socket, as `health-agent csi-proxy` and
+/// `health-agent volumes` ask it.
 #[derive(Clone, Debug)]
 pub struct AgentSocket {
     socket: PathBuf,
@@ -68,11 +74,18 @@ impl AgentSocket {
         self.exchange(STORAGE_PATH, question).await
     }
 
-    async fn exchange(
+    /// The agent's conditions of every pod volume on its node (what
+    /// `health-agent volumes` shows when an agent answers).
+    pub async fn ask_pod_volumes(&self) -> Result<PodVolumesAnswer, AskError> {
+        self.exchange(POD_VOLUMES_PATH, &PodVolumesQuestion {})
+            .await
+    }
+
+    async fn exchange<A: serde::de::DeserializeOwned>(
         &self,
         path: &'static str,
         question: &impl serde::Serialize,
-    ) -> Result<Answer, AskError> {
+    ) -> Result<A, AskError> {
         let stream =
             UnixStream::connect(&self.socket)
                 .await

@@ -23,12 +23,18 @@
 //! answers the kubelet's NodeGetStorageHealth with (and so
 //! `CSINode.status.storageHealth`).
 //!
+//! And it keeps every pod volume's conditions, all sources, for
+//! `health-agent volumes` ([`pod_volumes`]): what the Events say, which a
+//! fresh process cannot always judge alone.
+//!
 //! The protocol is HTTP/1.1 with JSON, so that `curl --unix-socket` can ask
 //! it too: `POST /v1/volume-conditions` with [`Question`], and `POST
 //! /v1/storage-conditions` with [`StorageQuestion`], each answered with
-//! [`Answer`].
+//! [`Answer`]; `POST /v1/pod-volume-conditions` with
+//! [`PodVolumesQuestion`], answered with [`PodVolumesAnswer`].
 
 mod client;
+pub mod pod_volumes;
 mod server;
 
 use std::collections::BTreeMap;
@@ -42,6 +48,7 @@ use health_topology::{InputErrors, Topology};
 use serde::{Deserialize, Serialize};
 
 pub use client::{AgentSocket, AskError};
+pub use pod_volumes::{PodVolumesAnswer, PodVolumesQuestion, POD_VOLUMES_PATH};
 pub use server::{bind_fresh, serve, ServeError, Served};
 
 use crate::report::Reporter;
@@ -101,6 +108,7 @@ type ByDriver = BTreeMap<String, Vec<AnsweredCondition>>;
 pub struct Answers {
     volumes: Arc<RwLock<ByVolume>>,
     storage: Arc<RwLock<ByDriver>>,
+    pod_volumes: Arc<RwLock<pod_volumes::ByPodVolume>>,
 }
 
 impl Answers {
@@ -134,8 +142,36 @@ impl Answers {
         }
     }
 
+    /// Every pod volume's conditions the agent holds.
+    pub fn answer_pod_volumes(&self) -> PodVolumesAnswer {
+        let board = self.pod_volumes.read().unwrap_or_else(|p| p.into_inner());
+        pod_volumes::answer(&board)
+    }
+
+    /// Rebuilds the pod-volume part of the board (what `volumes` asks).
+    pub fn publish_pod_volumes(&self, volumes: &LiveVolumes) {
+        self.set_pod_volumes(volumes.index().volumes().iter().map(|v| {
+            let conditions = volumes
+                .health(&v.key)
+                .map(|h| h.conditions())
+                .unwrap_or_default();
+            (&v.key, conditions)
+        }));
+    }
+
+    /// Replaces the pod-volume part of the board: (volume, its conditions)
+    /// each, every source kept.
+    pub fn set_pod_volumes<'a>(
+        &self,
+        volumes: impl IntoIterator<Item = (&'a crate::volumes::VolumeKey, Vec<Condition>)>,
+    ) {
+        let board = pod_volumes::by_pod_volume(volumes);
+        *self.pod_volumes.write().unwrap_or_else(|p| p.into_inner()) = board;
+    }
+
     /// Rebuilds the board from the volumes' current conditions.
     pub fn publish(&self, volumes: &LiveVolumes) {
+        self.publish_pod_volumes(volumes);
         self.set(volumes.index().volumes().iter().map(|v| {
             let conditions = volumes
                 .health(&v.key)
@@ -265,9 +301,10 @@ impl<R: Reporter> Reporter for Publishing<R> {
 
     fn changes(&mut self, handled: &Handled, gone: &[VolumeKey], volumes: &LiveVolumes) {
         self.inner.changes(handled, gone, volumes);
-        // Rebuilt only when a CSI volume's conditions changed (or a volume
-        // went): an error flood on a local PV, or a CSI round that changed
-        // nothing, costs no rebuild.
+        // The CSI part rebuilt only when a CSI volume's conditions changed
+        // (or a volume went): an error flood on a local PV, or a CSI round
+        // that changed nothing, costs it nothing. The pod-volume part
+        // follows every change (one entry per volume with a condition).
         let csi_changed = || {
             handled.changes.iter().any(|c| {
                 volumes
@@ -279,6 +316,8 @@ impl<R: Reporter> Reporter for Publishing<R> {
         if let Some(board) = &self.board {
             if !gone.is_empty() || csi_changed() {
                 board.publish(volumes);
+            } else if !handled.changes.is_empty() {
+                board.publish_pod_volumes(volumes);
             }
         }
     }

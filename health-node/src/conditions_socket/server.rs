@@ -23,7 +23,10 @@ use tokio::net::UnixListener;
 use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 
-use super::{Answer, Answers, Question, StorageQuestion, PATH, STORAGE_PATH};
+use super::{
+    Answer, Answers, PodVolumesQuestion, Question, StorageQuestion, PATH, POD_VOLUMES_PATH,
+    STORAGE_PATH,
+};
 
 /// Connections served at once: one proxy per CSI driver on the node asks.
 const MAX_CONNECTIONS: usize = 32;
@@ -192,17 +195,25 @@ async fn accept(listener: UnixListener, board: Answers) {
     }
 }
 
+/// The three questions the socket answers.
+enum Route {
+    Volume,
+    Storage,
+    PodVolumes,
+}
+
 async fn answer(
     board: Answers,
     request: Request<Incoming>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
-    let storage = match request.uri().path() {
-        PATH => false,
-        STORAGE_PATH => true,
+    let route = match request.uri().path() {
+        PATH => Route::Volume,
+        STORAGE_PATH => Route::Storage,
+        POD_VOLUMES_PATH => Route::PodVolumes,
         _ => {
             return Ok(text(
                 StatusCode::NOT_FOUND,
-                format!("only {PATH} and {STORAGE_PATH} are served\n"),
+                format!("only {PATH}, {STORAGE_PATH} and {POD_VOLUMES_PATH} are served\n"),
             ))
         }
     };
@@ -225,22 +236,23 @@ async fn answer(
             ))
         }
     };
-    let answer: Result<Answer, serde_json::Error> = match storage {
-        false => serde_json::from_slice::<Question>(&body).map(|q| board.answer(&q)),
-        true => serde_json::from_slice::<StorageQuestion>(&body).map(|q| board.answer_storage(&q)),
+    let answer = match route {
+        Route::Volume => serde_json::from_slice::<Question>(&body)
+            .map(|q| serde_json::to_vec::<Answer>(&board.answer(&q))),
+        Route::Storage => serde_json::from_slice::<StorageQuestion>(&body)
+            .map(|q| serde_json::to_vec::<Answer>(&board.answer_storage(&q))),
+        Route::PodVolumes => serde_json::from_slice::<PodVolumesQuestion>(&body)
+            .map(|_| serde_json::to_vec(&board.answer_pod_volumes())),
     };
-    let answer = match answer {
-        Ok(answer) => answer,
+    let json = match answer {
+        Ok(Ok(json)) => json,
         Err(e) => {
             return Ok(text(
                 StatusCode::BAD_REQUEST,
                 format!("not a question: {e}\n"),
             ))
         }
-    };
-    let json = match serde_json::to_vec(&answer) {
-        Ok(json) => json,
-        Err(e) => {
+        Ok(Err(e)) => {
             return Ok(text(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 format!("encoding the answer: {e}\n"),
@@ -426,7 +438,7 @@ mod tests {
             raw(&path, Method::POST, "/elsewhere", "").await,
             (
                 404,
-                "only /v1/volume-conditions and /v1/storage-conditions are served\n".to_string()
+                "only /v1/volume-conditions, /v1/storage-conditions and /v1/pod-volume-conditions are served\n".to_string()
             )
         );
         assert_eq!(
@@ -449,6 +461,52 @@ mod tests {
             .await,
             (200, r#"{"conditions":[]}"#.to_string())
         );
+        assert_eq!(
+            raw(&path, Method::POST, POD_VOLUMES_PATH, "{}").await,
+            (200, r#"{"volumes":[]}"#.to_string())
+        );
+        let (status, body) = raw(&path, Method::POST, POD_VOLUMES_PATH, "[").await;
+        assert_eq!(status, 400);
+        assert!(body.starts_with("not a question: "), "{body}");
+    }
+
+    #[tokio::test]
+    async fn volumes_gets_every_pod_volumes_conditions_the_agent_holds() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("conditions.sock");
+        let served = serve(&path).await.unwrap();
+        let key = crate::volumes::VolumeKey {
+            pod_uid: "p1".into(),
+            name: "pv-a".into(),
+            mode: health_core::volume::VolumeMode::Block,
+        };
+        served.board().set_pod_volumes([(
+            &key,
+            vec![condition(
+                Source::CsiNode,
+                Status::Degraded,
+                "DriverSaysSo",
+                "the driver says so",
+            )],
+        )]);
+        let answer = AgentSocket::new(&path).ask_pod_volumes().await.unwrap();
+        assert_eq!(answer, served.board().answer_pod_volumes());
+        let held: Vec<(&str, &str, bool, &str, &str)> = answer
+            .volumes
+            .iter()
+            .flat_map(|v| {
+                v.conditions.iter().map(move |c| {
+                    (
+                        v.pod_uid.as_str(),
+                        v.name.as_str(),
+                        v.block,
+                        c.reason.as_str(),
+                        c.source.as_str(),
+                    )
+                })
+            })
+            .collect();
+        assert_eq!(held, [("p1", "pv-a", true, "DriverSaysSo", "csi-node")]);
     }
 
     #[tokio::test]

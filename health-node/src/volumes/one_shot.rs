@@ -75,6 +75,16 @@ pub struct ConditionView {
     pub source: String,
 }
 
+/// Whose conditions a [`VolumeView`] holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ConditionsFrom {
+    /// The agent running on this node: what its Events say.
+    Agent,
+    /// This command alone (no agent answered).
+    Command,
+}
+
 /// A probe that could not tell: not a condition, and not health either.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct ProbeFailure {
@@ -128,6 +138,10 @@ pub struct VolumeView {
     pub worst: Option<Status>,
     /// Worst first.
     pub conditions: Vec<ConditionView>,
+    /// Whose conditions these are: the agent running on this node, or this
+    /// command's own judgement when none answered
+    /// ([`super::running_agent`]).
+    pub conditions_from: ConditionsFrom,
     pub probe_failures: Vec<ProbeFailure>,
     /// The CSI node plugin's answer; null for volumes without a CSI driver.
     pub csi: Option<CsiOutcome>,
@@ -304,6 +318,7 @@ pub async fn collect(opts: &ViewOptions) -> Result<(Vec<VolumeView>, KernelEvide
             fs_type: mount.map(|m| m.fs_type.clone()),
             worst: conditions.first().map(|c| c.status),
             conditions,
+            conditions_from: ConditionsFrom::Command,
             probe_failures: failures
                 .iter()
                 .filter(|(k, _)| *k == v.key)

@@ -149,14 +149,19 @@ pub fn run_the_notes_checks(cluster: &NodeCluster, printed: &str) -> Result<()> 
             .kubectl(check)
             .with_context(|| format!("the NOTES' check kubectl {}", check.join(" ")))?;
     }
-    // Its node's pod volumes, one line each (conditions indented below),
-    // or that there are none yet.
+    // The running agent's conditions (asked on its socket in the state
+    // directory, which the container's environment names), then its
+    // node's pod volumes, one line each (conditions indented below), or
+    // that there are none yet.
+    let mut lines = last.lines();
     ensure!(
-        last == "no pod volumes found\n"
-            || last
-                .lines()
-                .next()
-                .is_some_and(|l| l.starts_with("pod ") && l.contains(" pv ")),
+        lines.next()
+            == Some(
+                "conditions: the running agent's (asked at /var/lib/volume-health/conditions.sock)"
+            )
+            && lines.next().is_some_and(|l| {
+                l == "no pod volumes found" || (l.starts_with("pod ") && l.contains(" pv "))
+            }),
         "health-agent volumes in the agent's container printed:\n{last}"
     );
     eprintln!("the NOTES' checks passed; health-agent volumes:\n{last}");

@@ -506,3 +506,103 @@ fn every_repository_path_the_docs_name_exists() {
         missing.join("\n")
     );
 }
+
+/// The quoted value of `const NAME: &str = "..."` in a source file.
+fn str_const(path: &str, name: &str) -> String {
+    let text = read(&repo_root().join(path));
+    let start = format!("const {name}: &str = \"");
+    let at = text
+        .find(&start)
+        .unwrap_or_else(|| panic!("{path} has no {start}"));
+    let rest = &text[at + start.len()..];
+    rest[..rest.find('"').unwrap()].to_string()
+}
+
+/// The row of the compatibility table whose first cell is `first`.
+fn compatibility_row(page: &str, first: &str) -> String {
+    page.lines()
+        .find(|l| l.starts_with(&format!("| {first} |")))
+        .unwrap_or_else(|| panic!("docs/compatibility.md has no row {first:?}"))
+        .to_string()
+}
+
+/// docs/compatibility.md names the versions the project builds, boots and
+/// ships: the API servers and kubelet `cargo xtask components` builds, the
+/// kernels `cargo xtask vm` boots, the architecture the DaemonSet selects,
+/// and one version number for the crates, the chart and the image.
+#[test]
+fn the_compatibility_table_names_what_the_project_tests_and_ships() {
+    let page = read(&repo_root().join("docs/compatibility.md"));
+    let newest = str_const("xtask/src/components/mod.rs", "KUBERNETES");
+    let oldest = str_const("xtask/src/components/mod.rs", "KUBERNETES_OLDEST");
+    let servers = compatibility_row(&page, "Kubernetes API server");
+    assert!(
+        servers.contains(&format!("{oldest} and {newest}")),
+        "{servers}"
+    );
+    let minor = |v: &str| {
+        v.trim_start_matches('v')
+            .rsplit_once('.')
+            .unwrap()
+            .0
+            .to_string()
+    };
+    assert!(
+        servers.contains(&format!("| {} and newer |", minor(&oldest))),
+        "{servers}"
+    );
+    let chart = read(&repo_root().join("deploy/helm/volume-health/Chart.yaml"));
+    assert!(
+        chart.contains(&format!("kubeVersion: \">={}.0-0\"", minor(&oldest))),
+        "the chart's kubeVersion is not the oldest tested"
+    );
+    let kubelet = compatibility_row(&page, "kubelet");
+    assert!(kubelet.contains(&format!("| {newest} (")), "{kubelet}");
+
+    let kernels_rs = read(&repo_root().join("xtask/src/vm/kernels.rs"));
+    let booted: Vec<&str> = kernels_rs
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("#[value(name = \""))
+        .map(|l| l.trim_end_matches("\")]"))
+        .collect();
+    assert_eq!(booted, ["5.10", "6.1", "6.12"]);
+    let kernels = compatibility_row(&page, "Linux kernel");
+    assert!(
+        kernels.contains("| 5.10, 6.1, 6.12 (Debian's, in QEMU guests"),
+        "{kernels}"
+    );
+
+    let daemon_set = read(&repo_root().join("deploy/daemonset.yaml"));
+    let arch = daemon_set
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("kubernetes.io/arch: "))
+        .expect("the DaemonSet selects an architecture");
+    let architecture = compatibility_row(&page, "architecture");
+    assert!(
+        architecture.starts_with(&format!("| architecture | {arch} | {arch} (")),
+        "{architecture}"
+    );
+
+    // One version: the workspace's (every crate's), the chart's, its
+    // appVersion and the image tag it installs.
+    let cargo = read(&repo_root().join("Cargo.toml"));
+    let version = cargo
+        .lines()
+        .find_map(|l| l.strip_prefix("version = \""))
+        .map(|v| v.trim_end_matches('"'))
+        .expect("the workspace's version");
+    let values = read(&repo_root().join("deploy/helm/volume-health/values.yaml"));
+    for (what, line) in [
+        ("Chart.yaml version", format!("\nversion: {version}\n")),
+        (
+            "Chart.yaml appVersion",
+            format!("\nappVersion: \"{version}\"\n"),
+        ),
+    ] {
+        assert!(chart.contains(&line), "{what} is not {version}");
+    }
+    assert!(
+        values.contains(&format!("  tag: \"{version}\"\n")),
+        "values.yaml's image.tag is not {version}"
+    );
+}

@@ -22,6 +22,7 @@
 //! The libraries come from the build host, so the image runs where that
 //! glibc runs: build on Debian bookworm (the README's build host). It is
 //! the project's only image builder: no Dockerfile is kept in step with it.
+//! Its SBOM ([`sbom`]) goes in the image and beside the archive.
 //!
 //! Reproducible: the same commit gives the same bytes ([`oci`] says how).
 //! Every time in it is the commit's (`SOURCE_DATE_EPOCH` when set, else
@@ -31,6 +32,7 @@
 
 pub mod oci;
 pub mod rootfs;
+pub mod sbom;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -151,6 +153,7 @@ pub fn build(args: &ImageArgs) -> anyhow::Result<Image> {
     ));
     let mut fs = Rootfs::default();
     let mut architecture = None;
+    let mut libraries = Vec::new();
     for (binary, path) in [(&agent, AGENT_PATH), (&controller, CONTROLLER_PATH)] {
         let stripped = strip(binary)?;
         let arch = elf_architecture(&stripped)
@@ -171,9 +174,29 @@ pub fn build(args: &ImageArgs) -> anyhow::Result<Image> {
         )?;
         for library in rootfs::linked_libraries(binary)? {
             fs.copy_host_path(&library)?;
+            libraries.push(library);
         }
     }
     let architecture = architecture.context("no binary in the image")?;
+    let created = commit.rfc3339()?;
+
+    // What the files are made of: in the image and beside the archive.
+    let bom = sbom::document(
+        repository,
+        version,
+        &created,
+        &sbom::crates(&workspace_root(), &["health-agent", "health-controller"])?,
+        &sbom::debian_packages(&libraries)?,
+    )?;
+    fs.add(
+        sbom::PATH,
+        Entry::File {
+            data: bom.clone(),
+            executable: false,
+        },
+    )?;
+    let bom_path = sbom_path(&path);
+    std::fs::write(&bom_path, &bom).with_context(|| format!("writing {}", bom_path.display()))?;
 
     // --source, else the checkout's `origin`, else the workspace's
     // `repository`: the label is always set.
@@ -182,7 +205,6 @@ pub fn build(args: &ImageArgs) -> anyhow::Result<Image> {
         .clone()
         .or_else(|| origin_url(&workspace_root()))
         .unwrap_or_else(|| env!("CARGO_PKG_REPOSITORY").to_string());
-    let created = commit.rfc3339()?;
     let config = oci::ImageConfig {
         architecture: architecture.to_string(),
         entrypoint: ENTRYPOINT.iter().map(|s| s.to_string()).collect(),
@@ -201,6 +223,16 @@ pub fn build(args: &ImageArgs) -> anyhow::Result<Image> {
         full_name,
         written,
     })
+}
+
+/// The SBOM beside the archive: `NAME.oci.tar` → `NAME.cdx.json`.
+pub fn sbom_path(archive: &Path) -> PathBuf {
+    let name = archive
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let base = name.strip_suffix(".oci.tar").unwrap_or(&name);
+    archive.with_file_name(format!("{base}.cdx.json"))
 }
 
 fn labels(version: &str, revision: &str, created: &str, source: &str) -> BTreeMap<String, String> {
