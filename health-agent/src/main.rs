@@ -18,10 +18,11 @@ use health_kernel::probes::{self, pins, BioErrors, BlockAttach, ProbeError, Prob
 use health_kube::events::EventArgs;
 use health_node::agent::{self, AgentOptions, EventPriority};
 use health_node::cluster::ConditionsSocket;
+use health_node::conditions_socket::volumes_command;
 use health_node::report::watch::View;
 use health_node::volumes::checks::CheckConfig;
 use health_node::volumes::kubelet::DEFAULT_KUBELET_ROOT;
-use health_node::volumes::{self, one_shot, running_agent, LiveVolumesConfig};
+use health_node::volumes::{self, one_shot, LiveVolumesConfig};
 use health_topology::HostPaths;
 
 /// The kernel programs (`health-ebpf`): the committed object (build.rs).
@@ -682,7 +683,7 @@ fn volumes_command(args: VolumesArgs, host: HostPaths) -> anyhow::Result<()> {
         .unwrap_or_else(|| args.state_dir.join(AGENT_SOCKET_NAME));
     let (views, evidence, judged) = block_on(Runtime::TwoWorkers, async {
         let (mut views, evidence) = one_shot::collect(&opts).await?;
-        let judged = running_agent::adopt_running_agents(&mut views, &socket).await;
+        let judged = volumes_command::adopt_running_agents(&mut views, &socket).await;
         Ok::<_, one_shot::ViewError>((views, evidence, judged))
     })??;
     if let one_shot::KernelEvidence::Unavailable(why) = &evidence {
@@ -692,7 +693,7 @@ fn volumes_command(args: VolumesArgs, host: HostPaths) -> anyhow::Result<()> {
     if args.json {
         // Each volume's `conditions_from` says whose; stderr says why not
         // the agent's.
-        if let running_agent::Judged::Alone(_) = &judged {
+        if let volumes_command::Judged::Alone(_) = &judged {
             eprint!("volume-health: {}", judged.line());
         }
         serde_json::to_writer_pretty(&mut out, &views)?;

@@ -36,6 +36,7 @@
 mod client;
 pub mod pod_volumes;
 mod server;
+pub mod volumes_command;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};

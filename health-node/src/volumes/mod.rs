@@ -37,7 +37,6 @@ pub mod latency;
 mod live;
 mod monitor;
 pub mod one_shot;
-pub mod running_agent;
 mod schedule;
 pub mod stalls;
 mod storage;

@@ -140,7 +140,7 @@ pub struct VolumeView {
     pub conditions: Vec<ConditionView>,
     /// Whose conditions these are: the agent running on this node, or this
     /// command's own judgement when none answered
-    /// ([`super::running_agent`]).
+    /// ([`crate::conditions_socket::volumes_command`]).
     pub conditions_from: ConditionsFrom,
     pub probe_failures: Vec<ProbeFailure>,
     /// The CSI node plugin's answer; null for volumes without a CSI driver.

@@ -583,6 +583,19 @@ fn the_compatibility_table_names_what_the_project_tests_and_ships() {
         "{architecture}"
     );
 
+    let helm =
+        std::process::Command::new(health_tests::k8s_tools::find("HELM_BIN", "helm").unwrap())
+            .args(["version", "--short"])
+            .output()
+            .unwrap();
+    let helm = String::from_utf8_lossy(&helm.stdout);
+    let helm = helm.trim().split('+').next().unwrap();
+    let row = compatibility_row(&page, "Helm");
+    assert!(
+        row.contains(&format!("| {helm}, the `helm` of")),
+        "{row} (helm {helm})"
+    );
+
     // One version: the workspace's (every crate's), the chart's, its
     // appVersion and the image tag it installs.
     let cargo = read(&repo_root().join("Cargo.toml"));

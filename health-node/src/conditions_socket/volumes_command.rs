@@ -9,8 +9,8 @@
 
 use std::path::Path;
 
-use crate::conditions_socket::pod_volumes::HeldCondition;
-use crate::conditions_socket::{AgentSocket, AskError, PodVolumesAnswer};
+use super::pod_volumes::HeldCondition;
+use super::{AgentSocket, AskError, PodVolumesAnswer};
 use crate::volumes::kubelet::VolumeMode;
 use crate::volumes::one_shot::{ConditionView, ConditionsFrom, VolumeView};
 
