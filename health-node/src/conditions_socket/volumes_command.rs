@@ -10,7 +10,7 @@
 use std::path::Path;
 
 use super::pod_volumes::HeldCondition;
-use super::{AgentSocket, AskError, PodVolumesAnswer};
+use super::{AgentSocket, PodVolumesAnswer};
 use crate::volumes::kubelet::VolumeMode;
 use crate::volumes::one_shot::{ConditionView, ConditionsFrom, VolumeView};
 
@@ -20,7 +20,7 @@ pub enum Judged {
     /// The agent answered on this socket.
     ByAgent(std::path::PathBuf),
     /// None did: why, with the socket asked.
-    Alone(AskError),
+    Alone(anyhow::Error),
 }
 
 impl Judged {
@@ -31,24 +31,11 @@ impl Judged {
                 socket.display()
             ),
             Judged::Alone(why) => format!(
-                "conditions: judged by this command alone, no agent answered ({}); \
-                 what only history shows (paths removed, errors within the quiet window) may be missing\n",
-                chain(why)
+                "conditions: judged by this command alone, no agent answered ({why:#}); \
+                 what only history shows (paths removed, errors within the quiet window) may be missing\n"
             ),
         }
     }
-}
-
-/// The error and its causes on one line.
-fn chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut out = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
-        source = s.source();
-    }
-    out
 }
 
 /// Asks the agent at `socket` and, when it answers, puts its conditions in
@@ -59,7 +46,7 @@ pub async fn adopt_running_agents(views: &mut [VolumeView], socket: &Path) -> Ju
             adopt(views, &answer);
             Judged::ByAgent(socket.to_path_buf())
         }
-        Err(why) => Judged::Alone(why),
+        Err(why) => Judged::Alone(why.into()),
     }
 }
 
