@@ -134,7 +134,15 @@ pub struct CounterKey {
     pub source: u8,
     /// One of [`op`].
     pub op: u8,
-    pub _pad: [u8; 2],
+    pub _pad: [u8; 6],
+    /// The failing disk's sequence number (`gendisk.diskseq`, Linux 5.15+),
+    /// which the kernel never reuses while it runs, where the source has
+    /// the disk at hand (the `tp_btf` request programs); 0 where it has
+    /// not. A device number is reused (a loop device bound to another
+    /// file, dm, md and NVMe numbers taken lowest-free), so errors counted
+    /// while no agent ran are told for the device that failed them, not
+    /// for the number's next holder.
+    pub diskseq: u64,
 }
 
 impl CounterKey {
@@ -145,8 +153,16 @@ impl CounterKey {
             errno,
             source,
             op,
-            _pad: [0; 2],
+            _pad: [0; 6],
+            diskseq: 0,
         }
+    }
+
+    /// The same key, for the disk of sequence number `diskseq`.
+    #[inline(always)]
+    pub const fn of_disk(mut self, diskseq: u64) -> Self {
+        self.diskseq = diskseq;
+        self
     }
 }
 
@@ -160,8 +176,6 @@ impl CounterKey {
 #[derive(Clone, Copy, Debug)]
 pub struct ErrorSample {
     pub key: CounterKey,
-    /// CPU the program ran on (the per-CPU counter `seq` belongs to).
-    pub cpu: u32,
     pub seq: u64,
     /// `bpf_ktime_get_ns()`: CLOCK_MONOTONIC at the tracepoint.
     pub mono_ns: u64,
@@ -174,6 +188,8 @@ pub struct ErrorSample {
     /// errors (whose task is the application's); 0 for the others, whose
     /// task is whoever completed the request.
     pub cgroup: u64,
+    /// CPU the program ran on (the per-CPU counter `seq` belongs to).
+    pub cpu: u32,
     /// Device exactly as the tracepoint reported it (the whole disk for
     /// block sources; `0:N` for the block-device inode case).
     pub raw_dev: u32,
@@ -188,6 +204,7 @@ pub struct ErrorSample {
     /// NUL-padded text: rwbs (block), function (ext4_error), source file
     /// (xfs shutdown), tracepoint name (xfs corruption).
     pub detail: [u8; DETAIL_LEN],
+    pub _pad: u32,
 }
 
 pub const DETAIL_LEN: usize = 32;
@@ -541,7 +558,9 @@ pub mod rq {
     pub const BIT_RQF_QUIET: usize = 16;
     /// `gendisk.disk_name`, for `DISK_NAMES`.
     pub const DISK_NAME: usize = 17;
-    pub const COUNT: usize = 18;
+    /// `gendisk.diskseq` (Linux 5.15+), for [`super::CounterKey::diskseq`].
+    pub const DISK_SEQ: usize = 18;
+    pub const COUNT: usize = 19;
     pub const ABSENT: u32 = u32::MAX;
     /// Entries of the kernel global `STATUS_ERRNO` (errno per `blk_status_t`).
     pub const STATUS_COUNT: usize = 32;
@@ -766,8 +785,8 @@ mod tests {
 
     #[test]
     fn record_layouts_are_stable() {
-        assert_eq!(core::mem::size_of::<CounterKey>(), 12);
-        assert_eq!(core::mem::size_of::<ErrorSample>(), 120);
+        assert_eq!(core::mem::size_of::<CounterKey>(), 24);
+        assert_eq!(core::mem::size_of::<ErrorSample>(), 136);
         assert_eq!(core::mem::size_of::<ErrorTimes>(), 16);
         assert_eq!(core::mem::size_of::<Waiting>(), 24);
         assert_eq!(core::mem::size_of::<LatencyKey>(), 8);

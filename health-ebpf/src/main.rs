@@ -383,18 +383,19 @@ fn record<C: EbpfContext>(
     };
     entry.write(ErrorSample {
         key,
-        cpu: unsafe { bpf_get_smp_processor_id() },
         seq,
         mono_ns: now,
         sector: d.sector,
         ino: d.ino,
         cgroup: 0,
+        cpu: unsafe { bpf_get_smp_processor_id() },
         raw_dev: d.raw_dev,
         nr_sectors: d.nr_sectors,
         flags: d.flags,
         pid: (bpf_get_current_pid_tgid() >> 32) as u32,
         comm: bpf_get_current_comm().unwrap_or([0; 16]),
         detail: [0; DETAIL_LEN],
+        _pad: 0,
     });
     Some(entry)
 }
@@ -428,6 +429,7 @@ fn block_error(
         opcode: op_from_rwbs(&rwbs),
         errno: error.unsigned_abs(),
         rwbs,
+        diskseq: 0,
     };
     failed_request(ctx, src, failed, flush_only)
 }
@@ -480,6 +482,9 @@ struct FailedBlock {
     opcode: u8,
     errno: u32,
     rwbs: [u8; RWBS_LEN],
+    /// The disk's sequence number where the program has the disk (the
+    /// `tp_btf` request programs), else 0 (see `CounterKey::diskseq`).
+    diskseq: u64,
 }
 
 /// Resolves the partition, remembers a failed write's errno for writeback
@@ -492,7 +497,7 @@ fn count_block_error<C: EbpfContext>(ctx: &C, src: u8, f: FailedBlock) -> Option
         Some(table) => table.resolve(f.disk, f.sector),
         None => f.disk,
     };
-    let key = CounterKey::new(dev, src, f.opcode, f.errno);
+    let key = CounterKey::new(dev, src, f.opcode, f.errno).of_disk(f.diskseq);
     if f.opcode == op::WRITE {
         let last = LastWriteError {
             mono_ns: unsafe { bpf_ktime_get_ns() },
@@ -629,6 +634,7 @@ fn try_block_bio_complete(ctx: &TracePointContext) -> Option<()> {
         opcode: op_from_rwbs(&rwbs),
         errno: error.unsigned_abs(),
         rwbs,
+        diskseq: 0,
     };
     count_block_error(ctx, source::BLOCK_BIO_ERROR, failed)
 }

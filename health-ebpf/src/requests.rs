@@ -228,6 +228,7 @@ fn request_error(ctx: &BtfTracePointContext, src: u8, flush_only: bool) -> Optio
         opcode: op_from_opf(opf),
         errno,
         rwbs: rwbs_from_opf(opf),
+        diskseq: kread(request_disk(req), rq::DISK_SEQ).unwrap_or(0),
     };
     failed_request(ctx, src, failed, flush_only)
 }

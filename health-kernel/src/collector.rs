@@ -103,8 +103,9 @@ pub struct Collector {
     persisted: Option<(PerCpuHashMap<MapData, CounterKey, u64>, usize)>,
     /// Keys whose `accounted` changed since the last [`Collector::persist`].
     dirty: HashSet<CounterKey>,
-    /// Devices absent from the previous topology (see [`Collector::prune`]).
-    absent: HashSet<u32>,
+    /// Devices (number, sequence number) absent from the previous topology
+    /// (see [`Collector::prune`]).
+    absent: HashSet<(u32, u64)>,
     /// Counter values seen at the previous reconcile tick.
     settled: HashMap<Slot, u64>,
     late_samples: u64,
@@ -300,15 +301,16 @@ impl Collector {
     }
 
     /// Removes the keys of devices gone from the topology (`is_gone` says
-    /// which: devices the topology knew and no longer does) from the kernel
-    /// maps, after emitting what they still held. A device must be gone in
-    /// two scans in a row: one attached after a scan has its first errors counted before
-    /// the next scan sees it. A gone device fails no more I/O, so nothing
+    /// which: devices the topology knew and no longer does, and earlier
+    /// holders of a number another device holds now) from the kernel maps,
+    /// after emitting what they still held. A key must be gone in two
+    /// scans in a row: a device attached after a scan has its first errors
+    /// counted before the next scan sees it. A gone device fails no more I/O, so nothing
     /// is counted between the read and the removal. Returns how many keys
     /// went.
     pub fn prune(
         &mut self,
-        is_gone: impl Fn(u32) -> bool,
+        is_gone: impl Fn(&CounterKey) -> bool,
         out: &mut Vec<KernelError>,
     ) -> Result<usize, CollectorError> {
         let mut gone = Vec::new();
@@ -318,11 +320,12 @@ impl Collector {
                 map: "COUNTS",
                 error,
             })?;
-            if key.dev == 0 || !is_gone(key.dev) {
+            if key.dev == 0 || !is_gone(&key) {
                 continue;
             }
-            absent.insert(key.dev);
-            if self.absent.contains(&key.dev) {
+            let device = (key.dev, key.diskseq);
+            absent.insert(device);
+            if self.absent.contains(&device) {
                 gone.push((key, per_cpu.iter().copied().collect::<Vec<u64>>()));
             }
         }
@@ -532,6 +535,7 @@ mod tests {
             pid: 0,
             comm: [0; 16],
             detail: [0; 32],
+            _pad: 0,
         }
     }
 

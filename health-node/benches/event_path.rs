@@ -48,6 +48,7 @@ fn devices() -> Vec<BlockDevice> {
             holders: vec![],
             slaves: vec![],
             read_only: false,
+            diskseq: None,
         });
         for p in 0..PARTS_PER_DISK {
             out.push(BlockDevice {
@@ -64,6 +65,7 @@ fn devices() -> Vec<BlockDevice> {
                 holders: vec![],
                 slaves: vec![],
                 read_only: false,
+                diskseq: None,
             });
         }
     }
@@ -154,6 +156,7 @@ fn block_error() -> KernelError {
         pid: 4242,
         comm,
         detail,
+        _pad: 0,
     };
     KernelError {
         key,

@@ -97,6 +97,7 @@ fn block(dev: Dev, name: String) -> BlockDevice {
         holders: vec![],
         slaves: vec![],
         read_only: false,
+        diskseq: None,
     }
 }
 

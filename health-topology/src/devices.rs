@@ -10,6 +10,29 @@ impl Topology {
         self.by_dev.get(&dev).map(|&i| &self.devices[i])
     }
 
+    /// Whether errors counted on `dev` while its disk had sequence number
+    /// `diskseq` (0: the kernel side recorded none) belong to the device
+    /// holding that number now. Device numbers are reused (loop devices
+    /// rebound, dm, md and NVMe numbers taken lowest-free), sequence
+    /// numbers never are while the kernel runs.
+    pub fn incarnation(&self, dev: Dev, diskseq: u64) -> Incarnation {
+        let now = self.device(dev).and_then(|d| d.diskseq);
+        match now {
+            _ if diskseq == 0 => Incarnation::Unknown,
+            None => Incarnation::Unknown,
+            Some(now) if now == diskseq => Incarnation::Current,
+            Some(now) if diskseq < now => Incarnation::Earlier { now },
+            Some(_) => Incarnation::Later,
+        }
+    }
+
+    /// Whether errors of `dev` at sequence number `diskseq` are of a
+    /// device gone, an earlier holder of the number (see
+    /// [`Topology::incarnation`]).
+    pub fn is_earlier(&self, dev: Dev, diskseq: u64) -> bool {
+        matches!(self.incarnation(dev, diskseq), Incarnation::Earlier { .. })
+    }
+
     pub fn is_block_device(&self, dev: Dev) -> bool {
         self.by_dev.contains_key(&dev)
     }
@@ -53,6 +76,23 @@ impl Topology {
     }
 }
 
+/// Which device an error's number and sequence number name, against this
+/// topology (see [`Topology::incarnation`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Incarnation {
+    /// The device holding the number now.
+    Current,
+    /// A device that held the number before the current one (sequence
+    /// number `now`): gone, whatever holds the number now.
+    Earlier { now: u64 },
+    /// A device newer than this topology's scan: rescan.
+    Later,
+    /// No sequence number on one side (a kernel before 5.15, a source
+    /// that records none, a device the topology does not list): the
+    /// number is all there is, as before sequence numbers.
+    Unknown,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -94,5 +134,27 @@ mod tests {
         assert_eq!(disks, [SDA]);
         assert!(t.is_block_device(SDA2));
         assert!(!t.is_block_device(Dev::new(0, 39)));
+    }
+
+    /// An error's sequence number against the device holding its number.
+    #[test]
+    fn errors_are_of_the_current_an_earlier_or_a_later_holder() {
+        let mut loop0 = disk(Dev::new(7, 0), "loop0", 8);
+        loop0.diskseq = Some(13);
+        let mut old_kernel = disk(Dev::new(8, 0), "sda", 8);
+        old_kernel.diskseq = None;
+        let topo = Topology::from_parts(vec![loop0, old_kernel], vec![]);
+        let loop0 = Dev::new(7, 0);
+        assert_eq!(topo.incarnation(loop0, 13), Incarnation::Current);
+        assert_eq!(
+            topo.incarnation(loop0, 11),
+            Incarnation::Earlier { now: 13 }
+        );
+        assert!(topo.is_earlier(loop0, 11));
+        assert_eq!(topo.incarnation(loop0, 15), Incarnation::Later);
+        assert_eq!(topo.incarnation(loop0, 0), Incarnation::Unknown);
+        assert!(!topo.is_earlier(loop0, 0));
+        assert_eq!(topo.incarnation(Dev::new(8, 0), 4), Incarnation::Unknown);
+        assert_eq!(topo.incarnation(Dev::new(9, 0), 4), Incarnation::Unknown);
     }
 }

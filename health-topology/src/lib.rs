@@ -49,6 +49,7 @@ pub use btrfs::BtrfsFilesystem;
 // The bounded btrfs probe, for tests/tests/topology.rs's hung mount point test.
 #[doc(hidden)]
 pub use btrfs::{discover_bounded, probe_mount, MountProbe, ProbeBound};
+pub use devices::Incarnation;
 use health_core::dev::Dev;
 pub use mount_table::{parse_mountinfo, read_mounts};
 use mount_tree::{find_root_mount, normalize};
@@ -369,6 +370,7 @@ mod tests {
             holders: vec![],
             slaves: vec![],
             read_only: false,
+            diskseq: None,
         }
     }
 

@@ -222,6 +222,7 @@ garbage
             holders: vec![],
             slaves: vec![],
             read_only: false,
+            diskseq: None,
         };
         let (p0, p1, head, other) = (
             Dev::new(259, 0),

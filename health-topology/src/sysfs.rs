@@ -70,6 +70,12 @@ pub struct BlockDevice {
     /// Devices this one is built from.
     pub slaves: Vec<Dev>,
     pub read_only: bool,
+    /// The disk's sequence number (`diskseq`, Linux 5.15+): never reused
+    /// while the kernel runs, so it tells a device from an earlier one that
+    /// held the same number (a loop device bound to another file, a dm or
+    /// NVMe number reused). A partition has its disk's. `None` on kernels
+    /// without it.
+    pub diskseq: Option<u64>,
 }
 
 /// Longest attribute file read: sysfs prints at most a page.
@@ -101,7 +107,35 @@ pub(crate) fn scan_block_devices(
         }
     }
     scan.devices.sort_by_key(|d| d.dev);
+    inherit_diskseq(&mut scan.devices);
     Ok(scan)
+}
+
+/// `diskseq` of a whole disk; partitions have no such file (see
+/// [`inherit_diskseq`]), nor has any device before Linux 5.15.
+fn read_diskseq(dir: &Path, name: &str, bad: &mut usize) -> Option<u64> {
+    match read_u64(&dir.join("diskseq")) {
+        Ok(seq) => Some(seq),
+        Err(DeviceError::Io { error, .. }) if error.kind() == io::ErrorKind::NotFound => None,
+        Err(e) => {
+            note(bad, name, &e, "ignoring the disk sequence number");
+            None
+        }
+    }
+}
+
+/// A partition is its disk's incarnation: the kernel gives partitions no
+/// sequence number of their own and re-creates them when the disk changes.
+fn inherit_diskseq(devices: &mut [BlockDevice]) {
+    let seqs: HashMap<Dev, u64> = devices
+        .iter()
+        .filter_map(|d| Some((d.dev, d.diskseq?)))
+        .collect();
+    for d in devices.iter_mut() {
+        if let Some(disk) = d.whole_disk {
+            d.diskseq = seqs.get(&disk).copied();
+        }
+    }
 }
 
 /// Logs why a value was not used, and counts it when it was there but did
@@ -250,6 +284,7 @@ fn read_device(
         holders: read_links(&dir.join("holders"), name),
         slaves: read_links(&dir.join("slaves"), name),
         read_only,
+        diskseq: read_diskseq(dir, name, bad),
     })
 }
 
@@ -506,6 +541,28 @@ mod tests {
         assert!(!p.read_only);
         assert!(by_name("loop0p2").read_only);
         assert_eq!(by_name("dm-0").slaves, vec![Dev::new(259, 0)]);
+    }
+
+    /// Disks carry their sequence number, partitions their disk's; a
+    /// kernel before 5.15 has none, and a garbled one is counted.
+    #[test]
+    fn disks_and_their_partitions_carry_the_disk_sequence_number() {
+        let tmp = tempfile::tempdir().unwrap();
+        let sys = FakeSys::new(tmp.path());
+        let loop0 = sys.disk("loop0", "7:0", 131072);
+        fs::write(loop0.join("diskseq"), "13\n").unwrap();
+        sys.partition(&loop0, "loop0p1", "259:0", 1, 2048, 40960);
+        sys.disk("vda", "254:0", 100);
+        let bad = sys.disk("vdb", "254:16", 100);
+        fs::write(bad.join("diskseq"), "thirteen\n").unwrap();
+
+        let scan = scan_block_devices(tmp.path(), &HashMap::new()).unwrap();
+        let seq = |n: &str| scan.devices.iter().find(|d| d.name == n).unwrap().diskseq;
+        assert_eq!(seq("loop0"), Some(13));
+        assert_eq!(seq("loop0p1"), Some(13));
+        assert_eq!(seq("vda"), None);
+        assert_eq!(seq("vdb"), None);
+        assert_eq!(scan.bad_values, 1);
     }
 
     #[test]

@@ -43,6 +43,12 @@ fn running_kernel_request_layout() {
     assert_eq!(layout[rq::BIT_RQF_QUIET], 7, "__RQF_QUIET on 6.18");
     assert!(layout[rq::RQ_BIO] > layout[rq::CMD_FLAGS]);
     assert!(layout[rq::DISK_STATE] > 0 && layout[rq::DISK_STATE] < 1024);
+    // 5.15 gave disks a sequence number, which failed requests carry.
+    assert!(
+        layout[rq::DISK_SEQ] > 0 && layout[rq::DISK_SEQ] < 2048,
+        "gendisk.diskseq at {}",
+        layout[rq::DISK_SEQ]
+    );
 }
 
 /// The running kernel's BTF as the `WAITING` programs read a bio: 6.x

@@ -15,6 +15,7 @@ use aya::programs::{loaded_programs, ProgramInfo};
 use health_common::{stat, CounterKey, ErrorTimes};
 use health_tests::agent::{agent_bin, agent_output, Agent, EventFilter};
 use health_tests::bpffs::Bpffs;
+use health_tests::faultdisk::LoopOptions;
 use health_tests::mount_ns::PrivateMounts;
 use health_tests::program_runs::{check_against_runs, witness_figures, ProgramRuns};
 use health_tests::{fs, kernel_alone, require_root, shared_kernel, FaultDisk, Op, Rule};
@@ -429,6 +430,118 @@ fn pins_are_adopted_replaced_on_a_new_layout_and_uninstalled() -> Result<()> {
     let (code, stdout, _) = agent_output(&["uninstall", "--pin-dir", &pin])?;
     assert_eq!(code, 0);
     assert_eq!(stdout, format!("nothing pinned at {pin}\n"));
+    Ok(())
+}
+
+/// The disk sequence number sysfs shows for a loop device now.
+fn diskseq(name: &str) -> Result<u64> {
+    let path = format!("/sys/block/{name}/diskseq");
+    let text = std::fs::read_to_string(&path).with_context(|| path.clone())?;
+    text.trim()
+        .parse()
+        .with_context(|| format!("{path}: {text:?}"))
+}
+
+/// A device number reused while no agent runs (`cargo xtask run`, then
+/// the tests' loop devices failing, then `watch` on a new loop device of
+/// the same number): the pinned programs counted 5 failed writes of the
+/// loop device that held the number; it is detached and another bound at
+/// the same number before the next agent starts. Failed requests carry
+/// their disk's sequence number, which the kernel never reuses, so the 5
+/// stay the earlier device's: counted and shown by number (no name, no
+/// backing file), said once, in the final totals as a device gone; the
+/// new device's 3 failed writes are its own.
+#[test]
+fn errors_of_a_device_gone_are_not_told_to_the_next_holder_of_its_number() -> Result<()> {
+    require_root()?;
+    // Alone: the number must stay free between the detach and the attach.
+    let _kernel = kernel_alone();
+    let bpffs = Bpffs::mount()?;
+    let pin = bpffs.pin_dir_arg();
+    let gone_disk = FaultDisk::start(64 * MIB)?;
+    let gone = gone_disk.attach_loop(false)?;
+    let maj_min = gone.maj_min().to_string();
+    let name = gone.name().to_string();
+    let number: u32 = name.trim_start_matches("loop").parse()?;
+    let gone_seq = diskseq(&name)?;
+    let args = ["--device", maj_min.as_str(), "--pin-dir", pin.as_str()];
+    let filter = EventFilter::device(&maj_min);
+    // An agent pins its programs and stops; they go on counting.
+    let pinned = Agent::start(&args)?.stop_cleanly()?;
+    assert_eq!(filter.sum(&pinned.events), 0);
+
+    gone_disk.add_rule(Rule::new(Op::Write, EIO).range(8 * MIB, 64 * 1024))?;
+    for i in 0..5 {
+        let err = fs::o_direct_write(gone.path(), 8 * MIB + i * 4096, &[1; 4096]).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(EIO));
+    }
+    gone.detach()?;
+    let next_disk = FaultDisk::start(64 * MIB)?;
+    let next = next_disk.attach_loop_with(LoopOptions {
+        at: Some(number),
+        ..LoopOptions::default()
+    })?;
+    assert_eq!(next.maj_min(), maj_min);
+    let next_seq = diskseq(&name)?;
+    assert!(next_seq > gone_seq, "{next_seq} after {gone_seq}");
+
+    let mut agent = Agent::start(&args)?;
+    assert_eq!(agent.wait_for_count(&filter, 5, WAIT), 5);
+    next_disk.add_rule(Rule::new(Op::Write, EIO).range(8 * MIB, 64 * 1024))?;
+    for i in 0..3 {
+        let err = fs::o_direct_write(next.path(), 8 * MIB + i * 4096, &[1; 4096]).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(EIO));
+    }
+    assert_eq!(agent.wait_for_count(&filter, 8, WAIT), 8);
+    let run = agent.stop_cleanly()?;
+
+    let named = |disk: Option<&str>| -> Vec<&serde_json::Value> {
+        run.events
+            .iter()
+            .filter(|e| filter.matches(e) && e["disk"].as_str() == disk)
+            .collect()
+    };
+    let sum = |lines: &[&serde_json::Value]| -> u64 {
+        lines.iter().map(|e| e["count"].as_u64().unwrap_or(0)).sum()
+    };
+    let earlier = named(None);
+    assert_eq!(sum(&earlier), 5, "{:?}", run.events);
+    for e in &earlier {
+        assert!(e["backing_file"].is_null(), "{e}");
+        assert!(e["mount"].is_null(), "{e}");
+    }
+    let own = named(Some(&name));
+    assert_eq!(sum(&own), 3, "{:?}", run.events);
+    assert!(own
+        .iter()
+        .all(|e| e["backing_file"].as_str() == Some(&*next_disk.image_path().to_string_lossy())));
+    let said = "errors of a device that is gone (an earlier holder of this number)";
+    assert_eq!(run.stderr.matches(said).count(), 1, "{}", run.stderr);
+    assert!(
+        run.stderr.contains(&format!("diskseq={gone_seq}"))
+            && run.stderr.contains(&format!("now_diskseq={next_seq}")),
+        "{}",
+        run.stderr
+    );
+    let totals = run
+        .stderr
+        .rsplit_once("totals:\n")
+        .context("no final totals")?
+        .1;
+    let line = |prefix: String| {
+        totals
+            .lines()
+            .find(|l| l.trim_start().starts_with(&prefix))
+            .map(str::to_string)
+    };
+    let gone_line = line(format!(
+        "{maj_min} (a device gone, disk sequence {gone_seq}): "
+    ))
+    .with_context(|| format!("no total of the device gone in:\n{totals}"))?;
+    assert!(gone_line.ends_with(" 5"), "{gone_line}");
+    let own_line = line(format!("{maj_min} {name}"))
+        .with_context(|| format!("no total of {name} in:\n{totals}"))?;
+    assert!(own_line.ends_with(" 3"), "{own_line}");
     Ok(())
 }
 

@@ -349,6 +349,11 @@ pub fn request_layout(btf: &KernelBtf) -> Result<[u32; rq::COUNT], BtfError> {
     if let Some(off) = btf.member_offset("gendisk", "disk_name") {
         layout[rq::DISK_NAME] = off;
     }
+    // Optional (Linux 5.15+): without it errors carry no disk identity,
+    // and a reused device number cannot be told from the one before.
+    if let Some(off) = btf.member_offset("gendisk", "diskseq") {
+        layout[rq::DISK_SEQ] = off;
+    }
     // The disk moved from the request to its queue in 5.16-5.19.
     match btf.member_offset("request", "rq_disk") {
         Some(off) => layout[rq::RQ_DISK] = off,

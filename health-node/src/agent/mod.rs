@@ -18,6 +18,7 @@ use tokio::signal::unix::{signal, SignalKind};
 use crate::report::Reporter;
 use crate::volumes::{self, LiveVolumesConfig};
 
+mod earlier_devices;
 mod kernel_maps;
 pub mod priority;
 mod state;

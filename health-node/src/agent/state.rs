@@ -14,8 +14,9 @@ use health_kernel::device_maps::KernelMapsRest;
 use health_kernel::latency::LatencyWindows;
 use health_kernel::probes::{self, SourceState};
 use health_kernel::tracer_count::TracerCount;
-use health_topology::{HostPaths, MountWatcher, Topology};
+use health_topology::{HostPaths, Incarnation, MountWatcher, Topology};
 
+use super::earlier_devices::{self, Said};
 use super::priority::EventThread;
 use super::{kernel_maps, tracer_count, AgentOptions, MIN_RESCAN_GAP};
 use crate::report::Reporter;
@@ -55,6 +56,8 @@ pub(super) struct Agent<R> {
     ever_known: HashSet<u32>,
     /// Devices whose errors could not be placed, warned about once.
     unplaced: HashSet<Dev>,
+    /// Earlier holders of a device number whose errors were seen, said once.
+    earlier: Said,
     /// Numbers of disks sysfs lists without one, learned from the kernel
     /// side's record of failed requests (5.10's hidden NVMe path disks),
     /// by name; every scan uses them.
@@ -152,6 +155,7 @@ impl<R: Reporter> Agent<R> {
             pruned_at: now,
             ever_known: HashSet::new(),
             unplaced: HashSet::new(),
+            earlier: Said::default(),
             learned_numbers: HashMap::new(),
             named: HashSet::new(),
             waiters,
@@ -290,8 +294,12 @@ impl<R: Reporter> Agent<R> {
             let known = &mut self.ever_known;
             known.extend(live.iter().copied());
             known.extend(self.topo.devices().iter().map(|d| d.dev.to_kernel()));
+            let topo = &self.topo;
             let pruned = self.collector.prune(
-                |dev| known.contains(&dev) && !live.contains(&dev),
+                |key| {
+                    (known.contains(&key.dev) && !live.contains(&key.dev))
+                        || topo.is_earlier(Dev::from_kernel(key.dev), key.diskseq)
+                },
                 &mut self.batch,
             )?;
             if pruned > 0 {
@@ -318,6 +326,7 @@ impl<R: Reporter> Agent<R> {
             }
             self.warn_unplaced(&unknown);
         }
+        self.earlier.say(&self.topo, &self.batch);
         self.deliver()?;
         self.collector.persist()?;
         Ok(())
@@ -399,6 +408,7 @@ impl<R: Reporter> Agent<R> {
             mut handled,
             mut misses,
             mut waiters,
+            mut earlier,
             ..
         } = self;
         let program_misses = misses.read(&attached);
@@ -409,6 +419,7 @@ impl<R: Reporter> Agent<R> {
             drop(attached);
         }
         collector.reconcile(true, &mut batch)?;
+        earlier.say(&topo, &batch);
         deliver(
             &mut reporter,
             &mut vols,
@@ -439,6 +450,7 @@ fn deliver<R: Reporter>(
     topo: &Topology,
     clock: &Clock,
 ) -> anyhow::Result<()> {
+    let earlier = earlier_devices::take(topo, batch);
     if let Some(v) = vols.as_mut() {
         handled.changes.extend(v.take_inherited());
         let names = reporter.pod_names();
@@ -448,6 +460,10 @@ fn deliver<R: Reporter>(
     }
     reporter.errors(batch, topo, clock, vols.as_ref().map(LiveVolumes::index))?;
     batch.clear();
+    if !earlier.is_empty() {
+        // By number only: the topology's device of that number is another.
+        reporter.errors(&earlier, &Topology::default(), clock, None)?;
+    }
     if let Some(v) = vols.as_mut() {
         let gone = v.take_gone();
         if !handled.changes.is_empty()
@@ -491,12 +507,14 @@ impl Misses {
 }
 
 /// A block device the topology has not seen yet (attached after the last
-/// scan). Anonymous devices (btrfs, the block-device pseudo filesystem) are
+/// scan, or bound again: its sequence number is newer than the scan's). Anonymous devices (btrfs, the block-device pseudo filesystem) are
 /// never in sysfs, so they must not trigger a rescan: a btrfs error flood
 /// would otherwise rescan the whole host every second.
 fn is_unknown_block_device(topo: &Topology, e: &KernelError) -> bool {
     let dev = Dev::from_kernel(e.key.dev);
-    !dev.is_anonymous() && topo.device(dev).is_none()
+    !dev.is_anonymous()
+        && (topo.device(dev).is_none()
+            || topo.incarnation(dev, e.key.diskseq) == Incarnation::Later)
 }
 
 /// Every device number an error key can carry that the topology still

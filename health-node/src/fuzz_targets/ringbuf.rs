@@ -70,6 +70,7 @@ fn topology() -> Topology {
         holders: vec![],
         slaves: vec![],
         read_only: false,
+        diskseq: None,
     };
     let part = BlockDevice {
         dev: Dev::new(8, 1),

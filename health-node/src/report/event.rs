@@ -258,6 +258,7 @@ mod tests {
             holders: vec![],
             slaves: vec![],
             read_only: false,
+            diskseq: None,
         };
         let part = BlockDevice {
             dev: Dev::new(259, 1),
@@ -273,6 +274,7 @@ mod tests {
             holders: vec![],
             slaves: vec![],
             read_only: false,
+            diskseq: None,
         };
         let mount = MountEntry {
             mount_id: 100,
@@ -307,6 +309,7 @@ mod tests {
             pid: 42,
             comm,
             detail,
+            _pad: 0,
         }
     }
 

@@ -127,9 +127,12 @@ impl View {
     }
 
     fn totals_lines(&self, totals: &BTreeMap<CounterKey, u64>, topo: &Topology) -> Vec<String> {
-        let mut per_dev: BTreeMap<Dev, Vec<String>> = BTreeMap::new();
+        // An earlier holder of a number is a device of its own, shown by
+        // number and sequence number (see `Topology::incarnation`).
+        let mut per_dev: BTreeMap<(Dev, Option<u64>), Vec<String>> = BTreeMap::new();
         for (key, n) in totals {
             let dev = Dev::from_kernel(key.dev);
+            let earlier = topo.is_earlier(dev, key.diskseq).then_some(key.diskseq);
             if !self.wanted(dev) {
                 continue;
             }
@@ -143,11 +146,17 @@ impl View {
                 what.push_str(&errno_name(key.errno as i32));
             }
             what.push_str(&format!(" ({}) {n}", source_name(key.source)));
-            per_dev.entry(dev).or_default().push(what);
+            per_dev.entry((dev, earlier)).or_default().push(what);
         }
         per_dev
             .into_iter()
-            .map(|(dev, items)| {
+            .map(|((dev, earlier), items)| {
+                if let Some(seq) = earlier {
+                    return format!(
+                        "  {dev} (a device gone, disk sequence {seq}): {}",
+                        items.join(", ")
+                    );
+                }
                 let name = topo
                     .device(dev)
                     .map_or_else(|| "?".to_string(), |d| d.name.clone());

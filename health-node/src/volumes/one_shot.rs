@@ -258,7 +258,12 @@ pub async fn collect(opts: &ViewOptions) -> Result<(Vec<VolumeView>, KernelEvide
     if let KernelEvidence::Pinned(counts) = &evidence {
         let clock = Clock::new();
         let wall = |ns: u64| if ns == 0 { now } else { clock.wall_time(ns) };
-        for c in counts {
+        // Errors of an earlier holder of a volume's device number are not
+        // the volume's (see `Topology::incarnation`).
+        for c in counts
+            .iter()
+            .filter(|c| !topo.is_earlier(Dev::from_kernel(c.key.dev), c.key.diskseq))
+        {
             let e = KernelError {
                 key: c.key,
                 count: c.count,

@@ -23,6 +23,7 @@ pub fn device(dev: Dev, name: &str, slaves: Vec<Dev>) -> BlockDevice {
         holders: Vec::new(),
         slaves,
         read_only: false,
+        diskseq: None,
     }
 }
 

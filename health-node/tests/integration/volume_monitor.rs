@@ -38,6 +38,7 @@ fn disk(dev: Dev, name: &str) -> BlockDevice {
         holders: vec![],
         slaves: vec![],
         read_only: false,
+        diskseq: None,
     }
 }
 

@@ -557,6 +557,7 @@ mod tests {
             holders: Vec::new(),
             slaves: slaves.to_vec(),
             read_only: false,
+            diskseq: None,
         }
     }
 

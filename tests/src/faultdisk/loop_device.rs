@@ -28,7 +28,11 @@ impl FaultDisk {
         self.check_alive()?;
         cmd::require_tools(&["losetup"])?;
         let image = self.image.to_string_lossy().into_owned();
-        let mut args = vec!["-f", "--show", "--direct-io=on"];
+        let at = opts.at.map(|n| format!("/dev/loop{n}"));
+        let mut args = vec!["--show", "--direct-io=on"];
+        if at.is_none() {
+            args.push("-f");
+        }
         if opts.partscan {
             args.push("-P");
         }
@@ -38,9 +42,13 @@ impl FaultDisk {
             args.push("--sector-size");
             args.push(&ss);
         }
+        if let Some(at) = &at {
+            args.push(at);
+        }
         args.push(&image);
         let out = cmd::run("losetup", &args)?;
-        let dev = out.stdout.trim().to_string();
+        // `--show` prints the device only where `-f` chose it.
+        let dev = at.unwrap_or_else(|| out.stdout.trim().to_string());
         let name = dev
             .strip_prefix("/dev/")
             .filter(|n| n.starts_with("loop"))
@@ -102,6 +110,9 @@ pub struct LoopOptions {
     pub fit_fuse_requests: bool,
     /// `losetup --sector-size`: logical block size (default 512).
     pub sector_size: Option<u32>,
+    /// Attach at `/dev/loop<N>` instead of the first free one (a number
+    /// another device held before).
+    pub at: Option<u32>,
 }
 
 impl Default for LoopOptions {
@@ -110,6 +121,7 @@ impl Default for LoopOptions {
             partscan: false,
             fit_fuse_requests: true,
             sector_size: None,
+            at: None,
         }
     }
 }
