@@ -113,6 +113,25 @@ struct RunArgs {
     /// (docs/controller.md, "CSI proxy"); by default conditions.sock in --state-dir.
     #[arg(long, value_name = "PATH", env = "HEALTH_VOLUME_HEALTH_SOCKET")]
     volume_health_socket: Option<PathBuf>,
+    /// The DaemonSet this agent runs in: when the agent stops and it is gone or being
+    /// deleted (an uninstall), the agent removes the kernel state it pinned on the node
+    /// (docs/install.md, "Uninstall"). Without it the pins always stay for the next agent.
+    #[arg(long, value_name = "NAMESPACE/NAME", env = "HEALTH_DAEMONSET", value_parser = daemonset_ref)]
+    daemonset: Option<health_node::cluster::DaemonSetRef>,
+}
+
+fn daemonset_ref(s: &str) -> Result<health_node::cluster::DaemonSetRef, String> {
+    match s.split_once('/') {
+        Some((namespace, name))
+            if !namespace.is_empty() && !name.is_empty() && !name.contains('/') =>
+        {
+            Ok(health_node::cluster::DaemonSetRef {
+                namespace: namespace.to_string(),
+                name: name.to_string(),
+            })
+        }
+        _ => Err(format!("must be NAMESPACE/NAME, got {s:?}")),
+    }
 }
 
 /// What the kernel side catches; shared by `watch` and `run`.
@@ -481,6 +500,7 @@ fn run_options(args: RunArgs, host: HostPaths) -> anyhow::Result<health_node::cl
             None => ConditionsSocket::Default(args.state_dir.join(AGENT_SOCKET_NAME)),
         },
         state_dir: args.state_dir,
+        daemonset: args.daemonset,
     })
 }
 
@@ -619,14 +639,8 @@ fn check_config(args: &VolumeArgs, host: &HostPaths) -> anyhow::Result<CheckConf
 }
 
 fn uninstall(root: &std::path::Path, sys_root: &std::path::Path) -> anyhow::Result<()> {
-    // The tracer witness is kept with the pins, named for their STATS map.
-    // Not finding the map here is not an error of its own: the uninstall
-    // below reports what is wrong with the pin directory.
-    let stats_id = pins::committed_layout(root)
-        .ok()
-        .flatten()
-        .and_then(|layout| pins::stats_map_id(&layout).ok());
-    match pins::uninstall(root)? {
+    let done = health_kernel::uninstall::uninstall(root, sys_root)?;
+    match done.removed {
         None => println!("nothing pinned at {}", root.display()),
         Some(r) => println!(
             "removed {}: {} links detached, {} programs and {} maps unpinned",
@@ -636,27 +650,16 @@ fn uninstall(root: &std::path::Path, sys_root: &std::path::Path) -> anyhow::Resu
             r.maps
         ),
     }
-    if let Some(id) = stats_id {
-        remove_pinned_witness(sys_root, id);
-    }
-    Ok(())
-}
-
-/// Removes the tracer witness kept with uninstalled pins; one that cannot
-/// be removed is said, not fatal (the pins are gone, and the next agent
-/// removes it as stale).
-fn remove_pinned_witness(sys_root: &std::path::Path, stats_id: u32) {
-    use health_kernel::{tracefs::Tracefs, tracer_count};
-    let removed = Tracefs::locate(sys_root)
-        .map_err(anyhow::Error::from)
-        .and_then(|t| Ok(tracer_count::remove_pinned(t.root(), stats_id)?));
-    match removed {
+    // One that cannot be removed is said, not fatal: the pins are gone, and
+    // the next agent removes it as stale.
+    match done.witness {
         Ok(true) => println!("removed the tracer witness kept with them"),
         Ok(false) => {}
         Err(e) => eprintln!(
-            "health-agent: the tracer witness kept with the pins may remain (the next agent removes it): {e:#}"
+            "health-agent: the tracer witness kept with the pins may remain (the next agent removes it): {e}"
         ),
     }
+    Ok(())
 }
 
 fn volumes_command(args: VolumesArgs, host: HostPaths) -> anyhow::Result<()> {

@@ -22,41 +22,49 @@ pub const API_ACCESS: &[ApiAccess] = &[
         group: "",
         resource: "persistentvolumes",
         verbs: &["list", "watch"],
+        names: &[],
     },
     ApiAccess {
         group: "",
         resource: "nodes",
         verbs: &["list", "watch"],
+        names: &[],
     },
     ApiAccess {
         group: "",
         resource: "pods",
         verbs: &["list"],
+        names: &[],
     },
     ApiAccess {
         group: "",
         resource: "events",
         verbs: &["create", "patch", "list"],
+        names: &[],
     },
     ApiAccess {
         group: "",
         resource: "persistentvolumeclaims",
         verbs: &["get", "patch"],
+        names: &[],
     },
     ApiAccess {
         group: "",
         resource: "persistentvolumeclaims/status",
         verbs: &["patch"],
+        names: &[],
     },
     ApiAccess {
         group: health_kube::status::types::GROUP,
         resource: "volumehealths",
         verbs: &["get", "list", "watch", "create", "patch"],
+        names: &[],
     },
     ApiAccess {
         group: health_kube::status::types::GROUP,
         resource: "volumehealths/status",
         verbs: &["patch"],
+        names: &[],
     },
 ];
 
@@ -67,4 +75,5 @@ pub const LEASE_ACCESS: &[ApiAccess] = &[ApiAccess {
     group: "coordination.k8s.io",
     resource: "leases",
     verbs: &["get", "create", "patch"],
+    names: &[],
 }];

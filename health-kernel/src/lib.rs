@@ -3,7 +3,8 @@
 //! [`tracefs`]), and their counters and samples turned into exact records
 //! ([`collector`]); [`device_maps`] gives the programs the device topology. [`tracer_count`] keeps the kernel tracer's own count of
 //! failed requests, so that failures the kernel ran no program for are
-//! reported, not hidden. [`pinned`] reads what a pinned agent counted;
+//! reported, not hidden. [`pinned`] reads what a pinned agent counted, and [`uninstall`] removes
+//! it;
 //! [`names`] and [`clock`] give the records' numbers and times their
 //! meaning. [`waiting`] reads the bios waiting now, per device, for stalls.
 //!
@@ -25,6 +26,7 @@ pub mod pinned;
 pub mod probes;
 pub mod tracefs;
 pub mod tracer_count;
+pub mod uninstall;
 pub mod waiting;
 
 /// Embeds a file 8-byte aligned, as the ELF parser of the loader needs.

@@ -8,6 +8,8 @@
 //! - [`reflect`], [`paged_list`], [`pv`]: watching, paged listing, slim PVs;
 //! - [`node_label`]: the label that finds a node's own Events and
 //!   `VolumeHealth` objects;
+//! - [`uninstalled`]: whether the agent's DaemonSet was removed, asked as
+//!   it stops;
 //! - [`metrics`]: the API traffic families, whose requests [`request_metrics`]
 //!   counts inside the client; [`http`]: `/metrics`,
 //!   `/healthz` and `/readyz`;
@@ -31,6 +33,7 @@ pub mod request_metrics;
 pub mod status;
 #[cfg(feature = "testing")]
 pub mod testing;
+pub mod uninstalled;
 pub mod writer;
 
 use anyhow::Context as _;
@@ -45,6 +48,8 @@ pub struct ApiAccess {
     pub group: &'static str,
     pub resource: &'static str,
     pub verbs: &'static [&'static str],
+    /// Only these objects, by name (RBAC's `resourceNames`); empty: any.
+    pub names: &'static [&'static str],
 }
 
 /// The client configuration: from `kubeconfig` when given, else in-cluster

@@ -44,7 +44,7 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context, Result};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 
-pub use self::access::{attributes, may, wait_allowed};
+pub use self::access::{attributes, may, wait_allowed, wait_granted};
 pub use self::identity::{service_account_user, Identity};
 pub use self::impersonate::{Impersonation, NODE_NAME_EXTRA};
 use self::process::{exited, free_port, kill_group, Keeper};

@@ -17,7 +17,7 @@ use serde_json::{json, Value};
 use tokio::runtime::Runtime;
 
 use crate::bpffs::Bpffs;
-use crate::envtest::{wait_allowed, RealApiServer};
+use crate::envtest::{wait_granted, RealApiServer};
 use crate::kubelet::http_get;
 use crate::manifests::{apply_all, manifests, repo_root};
 use crate::multi_thread_runtime;
@@ -67,9 +67,7 @@ impl Cluster {
                 .service_account(AGENT_NS, AGENT_SA)
                 .context("the agent's identity")?;
             for a in access {
-                for verb in a.verbs {
-                    wait_allowed(admin, agent, (a.group, a.resource, verb), None).await?;
-                }
+                wait_granted(admin, agent, a, None).await?;
             }
             create(
                 admin,

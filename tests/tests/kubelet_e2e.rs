@@ -157,6 +157,8 @@ fn kustomize_manifests_as_shipped_run_ready_and_serve_metrics() -> Result<()> {
     agent::check_probes(cluster, &name)?;
     let text = agent::metrics(cluster, &name)?;
     agent::check_families(&text)?;
+    agent::check_pinned()?;
+    // The agent removes its pins as it stops: its DaemonSet is gone.
     agent::delete_kustomization(cluster)?;
     eprintln!("kustomize: DaemonSet pod Ready {ready:.1?} after apply; removed");
     Ok(())
@@ -212,6 +214,7 @@ fn helm_chart_reports_a_shared_claim_across_a_restart_and_the_driver_and_a_block
         let notes = agent::install_chart(cluster, values.path())?;
         let pod = agent::wait_ready(cluster, None, Duration::from_secs(90))?;
         agent::run_the_notes_checks(cluster, &notes)?;
+        agent::check_pinned()?;
         eprintln!("helm: {}", agent::startup(&pod));
         let name = pod.metadata.name.clone().context("a pod name")?;
         let (image, args, _) = agent::container(&pod)?;

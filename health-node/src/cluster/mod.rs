@@ -32,43 +32,59 @@
 ///   once at start by that label to continue this node's entries;
 ///   volumehealths/status: this node's entries by server-side apply;
 /// - persistentvolumeclaims: patch, for the label `volume-health.io/health`
-///   only (the admission policy in deploy/ holds the agent to that).
+///   only (the admission policy in deploy/ holds the agent to that);
+/// - daemonsets (apps): get, of the agent's own DaemonSet only (RBAC's
+///   resourceNames), once as it stops: removed means uninstalled.
 pub const API_ACCESS: &[ApiAccess] = &[
     ApiAccess {
         group: "",
         resource: "pods",
         verbs: &["list", "watch"],
+        names: &[],
     },
     ApiAccess {
         group: "",
         resource: "persistentvolumes",
         verbs: &["get"],
+        names: &[],
     },
     ApiAccess {
         group: "",
         resource: "events",
         verbs: &["create", "patch"],
+        names: &[],
     },
     ApiAccess {
         group: "",
         resource: "persistentvolumeclaims",
         verbs: &["patch"],
+        names: &[],
     },
     ApiAccess {
         group: status::types::GROUP,
         resource: "volumehealths",
         verbs: &["get", "list", "create", "patch"],
+        names: &[],
     },
     ApiAccess {
         group: status::types::GROUP,
         resource: "volumehealths/status",
         verbs: &["patch"],
+        names: &[],
+    },
+    // Its own DaemonSet only (resourceNames), once as it stops ([`uninstall`]).
+    ApiAccess {
+        group: "apps",
+        resource: "daemonsets",
+        verbs: &["get"],
+        names: &[DAEMONSET_NAME],
     },
 ];
 
 pub mod pod_volumes;
 pub mod pvs;
 pub mod report;
+mod uninstall;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -107,6 +123,20 @@ pub struct RunOptions {
     /// A directory on the node that outlives the agent's container: the
     /// copy of this node's Events ([`EVENTS_FILE`]) is kept there.
     pub state_dir: PathBuf,
+    /// The DaemonSet the agent runs in: asked about as the agent stops,
+    /// whose removal (an uninstall) removes the pins ([`uninstall`]).
+    pub daemonset: Option<DaemonSetRef>,
+}
+
+/// The name of the agents' DaemonSet in deploy/ and the chart, the one
+/// object of its kind they may read.
+pub const DAEMONSET_NAME: &str = "volume-health-agent";
+
+/// A DaemonSet by namespace and name (`--daemonset NAMESPACE/NAME`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DaemonSetRef {
+    pub namespace: String,
+    pub name: String,
 }
 
 /// The file in `--state-dir` that holds this node's Events as the API
@@ -206,8 +236,14 @@ pub async fn run(opts: RunOptions) -> anyhow::Result<()> {
         report::ClusterReporter::new(view, Arc::clone(&shared), metrics, health, Some(sink));
     let reporter =
         crate::conditions_socket::Publishing::new(reporter, served.as_ref().map(|s| s.board()));
+    let pin_root = opts.agent.probes.pin_root.clone();
+    let sys_root = opts.agent.host.sys_root.clone();
     let result = agent::run(opts.agent, reporter, Some(companion)).await;
     drop(served);
+    // After the programs' last reader is gone (the pins' lock with it).
+    if let (Ok(()), Some(ds), Some(root)) = (&result, &opts.daemonset, &pin_root) {
+        uninstall::unpin_if_uninstalled(client.clone(), ds, root, &sys_root).await;
+    }
 
     status_writer.abort();
     server.abort();

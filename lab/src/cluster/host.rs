@@ -54,9 +54,9 @@ const KERNEL_FILESYSTEMS: &[(&str, &str)] =
     &[("/sys/fs/bpf", "bpf"), ("/sys/kernel/tracing", "tracefs")];
 
 /// Where the DaemonSet's agents pin their programs (the agent's default
-/// `--pin-dir`). Deleting the DaemonSet leaves them attached, by design
-/// (a restart must lose no error); `down` detaches them with the agent's
-/// own `uninstall` when they were not there before `up`.
+/// `--pin-dir`). Agents remove them as they stop once their DaemonSet is
+/// deleted; what a killed agent left, `down` detaches with the agent's own
+/// `uninstall` when the directory was not there before `up`.
 const AGENT_PIN_DIR: &str = "/sys/fs/bpf/volume-health";
 
 /// Detaches what the cluster's agents left pinned (and their tracefs

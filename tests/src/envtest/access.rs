@@ -41,6 +41,27 @@ pub async fn may(admin: &Client, who: &Identity, attributes: ResourceAttributes)
     Ok(answer.status.map(|s| s.allowed).unwrap_or(false))
 }
 
+/// [`wait_allowed`] for every verb of `access`, on each object it names
+/// (a grant by name allows nothing unnamed).
+pub async fn wait_granted(
+    admin: &Client,
+    who: &Identity,
+    access: &health_kube::ApiAccess,
+    ns: Option<&str>,
+) -> Result<()> {
+    for verb in access.verbs {
+        if access.names.is_empty() {
+            wait_allowed(admin, who, (access.group, access.resource, verb), ns).await?;
+        }
+        for name in access.names {
+            let mut asked = attributes(access.group, access.resource, verb, ns.or(Some("default")));
+            asked.name = Some(name.to_string());
+            wait_until(admin, who, asked).await?;
+        }
+    }
+    Ok(())
+}
+
 /// RBAC reads bindings through an informer: waits (up to 5 s) until `who`
 /// may `verb` `group/resource` in `ns`.
 pub async fn wait_allowed(
@@ -49,11 +70,21 @@ pub async fn wait_allowed(
     (group, resource, verb): (&str, &str, &str),
     ns: Option<&str>,
 ) -> Result<()> {
+    wait_until(admin, who, attributes(group, resource, verb, ns)).await
+}
+
+async fn wait_until(admin: &Client, who: &Identity, asked: ResourceAttributes) -> Result<()> {
     for _ in 0..100 {
-        if may(admin, who, attributes(group, resource, verb, ns)).await? {
+        if may(admin, who, asked.clone()).await? {
             return Ok(());
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    bail!("{} still may not {verb} {resource} after 5 s", who.user)
+    bail!(
+        "{} still may not {} {} {:?} after 5 s",
+        who.user,
+        asked.verb.unwrap_or_default(),
+        asked.resource.unwrap_or_default(),
+        asked.name
+    )
 }

@@ -36,9 +36,18 @@ pub fn extra_args() -> Vec<String> {
     ]
 }
 
+/// Where the DaemonSet's agents pin (the agent's default `--pin-dir`).
+const PIN_DIR: &str = "/sys/fs/bpf/volume-health";
+
 /// Removes whatever installs the agent: the Helm release and the objects of
-/// deploy/, and waits until its namespace and pods are gone.
+/// deploy/, and waits until its namespace and pods are gone. An agent that
+/// ran removes the kernel state it pinned on the node as it stops (its
+/// DaemonSet is gone): nothing may stay pinned.
 pub fn remove(cluster: &NodeCluster) -> Result<()> {
+    let daemon_sets = Api::<DaemonSet>::namespaced(cluster.admin.clone(), AGENT_NS);
+    let installed = cluster.block_on(daemon_sets.get_opt(DAEMON_SET))?.is_some();
+    // An agent that never started (a capability refused) pinned nothing.
+    let pinned_before = installed && pinned().is_some();
     let status = cluster
         .tools
         .helm_output(&["status", RELEASE, "-n", AGENT_NS])?;
@@ -72,7 +81,38 @@ pub fn remove(cluster: &NodeCluster) -> Result<()> {
                 Some(ns) => Err(format!("{:?}", ns.status)),
             })
         },
-    )
+    )?;
+    if pinned_before {
+        poll(
+            "the agents to remove what they pinned",
+            Duration::from_secs(30),
+            || {
+                Ok(pinned()
+                    .map(|left| Err(format!("{left:?} under {PIN_DIR}")))
+                    .unwrap_or(Ok(())))
+            },
+        )?;
+    }
+    Ok(())
+}
+
+/// The running agent pinned its programs on the node (what [`remove`]
+/// then finds removed).
+pub fn check_pinned() -> Result<()> {
+    let layouts =
+        pinned().with_context(|| format!("the running agent pinned nothing under {PIN_DIR}"))?;
+    ensure!(layouts.len() == 1, "pinned under {PIN_DIR}: {layouts:?}");
+    Ok(())
+}
+
+/// What is pinned under [`PIN_DIR`], if anything.
+fn pinned() -> Option<Vec<String>> {
+    let entries: Vec<String> = std::fs::read_dir(PIN_DIR)
+        .ok()?
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    (!entries.is_empty()).then_some(entries)
 }
 
 /// `kubectl apply -k deploy/`, the manifests as they ship.

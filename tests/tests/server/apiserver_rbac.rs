@@ -53,13 +53,26 @@ async fn check_exact(
     let mut wrong = Vec::new();
     for a in access {
         let granted: BTreeSet<&str> = a.verbs.iter().copied().collect();
+        // Named grants hold for those objects only: any other, or none
+        // named (a list), is refused.
+        let mut objects: Vec<(Option<&str>, bool)> =
+            a.names.iter().map(|n| (Some(*n), true)).collect();
+        if a.names.is_empty() {
+            objects.push((None, true));
+        } else {
+            objects.extend([(None, false), (Some("another"), false)]);
+        }
         for verb in VERBS {
-            let allowed = may(admin, who, attributes(a.group, a.resource, verb, ns)).await?;
-            if allowed != granted.contains(verb) {
-                wrong.push(format!(
-                    "{verb} {}/{} in {ns:?}: allowed={allowed}",
-                    a.group, a.resource
-                ));
+            for &(name, named) in &objects {
+                let mut asked = attributes(a.group, a.resource, verb, ns);
+                asked.name = name.map(str::to_string);
+                let allowed = may(admin, who, asked).await?;
+                if allowed != (named && granted.contains(verb)) {
+                    wrong.push(format!(
+                        "{verb} {}/{} {name:?} in {ns:?}: allowed={allowed}",
+                        a.group, a.resource
+                    ));
+                }
             }
         }
     }

@@ -105,8 +105,8 @@ fn the_cluster_role_grants_exactly_api_access() {
     assert_eq!(name(&d.role.metadata), CLUSTER_ROLE);
     assert!(d.role.aggregation_rule.is_none());
     let mut granted: BTreeMap<(String, String), BTreeSet<String>> = BTreeMap::new();
+    let mut named: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
     for rule in d.role.rules.iter().flatten() {
-        assert!(rule.resource_names.is_none(), "{rule:?}");
         assert!(rule.non_resource_urls.is_none(), "{rule:?}");
         let groups = rule.api_groups.clone().unwrap_or_default();
         let resources = rule.resources.clone().unwrap_or_default();
@@ -118,6 +118,9 @@ fn the_cluster_role_grants_exactly_api_access() {
                 let verbs = granted.entry((g.clone(), r.clone())).or_default();
                 assert!(verbs.is_empty(), "{g}/{r} granted by two rules");
                 verbs.extend(rule.verbs.iter().cloned());
+                if let Some(names) = &rule.resource_names {
+                    named.insert((g.clone(), r.clone()), names.clone());
+                }
             }
         }
     }
@@ -129,6 +132,16 @@ fn the_cluster_role_grants_exactly_api_access() {
         })
         .collect();
     assert_eq!(granted, needed);
+    // Restricted to the same objects by name (the agent's own DaemonSet).
+    let needed_names: BTreeMap<(String, String), Vec<String>> = API_ACCESS
+        .iter()
+        .filter(|a| !a.names.is_empty())
+        .map(|a| {
+            let names = a.names.iter().map(|n| n.to_string()).collect();
+            ((a.group.to_string(), a.resource.to_string()), names)
+        })
+        .collect();
+    assert_eq!(named, needed_names);
     // One rule per API_ACCESS entry, so the manifest reads like the code.
     assert_eq!(d.role.rules.as_ref().map_or(0, Vec::len), API_ACCESS.len());
 }
@@ -253,11 +266,29 @@ fn env_names_the_node_and_the_mounted_host_paths() {
     assert_eq!(mount_of(STATE_DIR), STATE_DIR);
     assert_eq!(env_value(c, "HEALTH_METRICS_ADDR"), DEFAULT_METRICS_ADDR);
     assert_eq!(env_value(c, "HEALTH_LOG"), "info");
+    // Its own DaemonSet, by its namespace (the downward API, which
+    // kubectl's and kustomize's namespace changes follow) and name.
+    let namespace = c
+        .env
+        .iter()
+        .flatten()
+        .find(|e| e.name == "POD_NAMESPACE")
+        .and_then(|e| e.value_from.as_ref())
+        .and_then(|v| v.field_ref.as_ref())
+        .expect("POD_NAMESPACE comes from a fieldRef");
+    assert_eq!(namespace.field_path, "metadata.namespace");
+    assert_eq!(
+        env_value(c, "HEALTH_DAEMONSET"),
+        format!("$(POD_NAMESPACE)/{}", health_node::cluster::DAEMONSET_NAME)
+    );
+    assert_eq!(name(&ds.metadata), health_node::cluster::DAEMONSET_NAME);
     let names: Vec<&str> = c.env.iter().flatten().map(|e| e.name.as_str()).collect();
     assert_eq!(
         names,
         [
             "NODE_NAME",
+            "POD_NAMESPACE",
+            "HEALTH_DAEMONSET",
             "HEALTH_HOST_PROC",
             "HEALTH_HOST_SYS",
             "HEALTH_HOST_CGROUP",
@@ -451,6 +482,7 @@ fn agent_help(args: &[&str]) -> String {
         .env_remove("HEALTH_STATE_DIR")
         .env_remove("HEALTH_METRICS_ADDR")
         .env_remove("NODE_NAME")
+        .env_remove("HEALTH_DAEMONSET")
         .output()
         .expect("running health-agent --help");
     assert!(out.status.success(), "health-agent {args:?} --help failed");
@@ -484,6 +516,7 @@ fn the_run_command_reads_node_name_the_state_dir_and_the_metrics_address() {
     let help = agent_help(&["run"]);
     assert!(help.contains("[env: NODE_NAME="), "{help}");
     assert!(help.contains("[env: HEALTH_STATE_DIR="), "{help}");
+    assert!(help.contains("[env: HEALTH_DAEMONSET="), "{help}");
     assert!(help.contains("[env: HEALTH_METRICS_ADDR="), "{help}");
     assert!(
         help.contains(&format!("[default: {DEFAULT_METRICS_ADDR}]")),
@@ -578,6 +611,8 @@ fn the_chart_templates_name_every_object_and_the_fixed_fields() {
     );
     for env in [
         "NODE_NAME",
+        "POD_NAMESPACE",
+        "HEALTH_DAEMONSET",
         "HEALTH_HOST_PROC",
         "HEALTH_HOST_SYS",
         "HEALTH_HOST_CGROUP",
