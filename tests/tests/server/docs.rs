@@ -10,7 +10,9 @@
 //!   which `cargo xtask test` builds: HEALTH_AGENT_BIN, HEALTH_CONTROLLER_BIN);
 //! - the metrics reference lists exactly the families the code registers,
 //!   with their types and labels (the registries encoded, as
-//!   deploy_monitoring.rs reads them).
+//!   deploy_monitoring.rs reads them);
+//! - every path a page names exists, and every measured figure it states
+//!   is one docs/benchmarks.md shows (doc_pages::figures).
 //!
 //! The runbook pages are checked against the chart's alerts with the other
 //! monitoring checks, in deploy_monitoring.rs. Here, beside the other tests
@@ -24,6 +26,7 @@ use crate::doc_pages;
 use crate::monitoring::exported;
 
 use doc_pages::citations::{citations, fold};
+use doc_pages::figures::figures;
 use doc_pages::help::{commands, help, long_flags};
 use doc_pages::markdown::{self, Page};
 use health_tests::agent::{agent_bin, controller_bin};
@@ -504,6 +507,49 @@ fn every_repository_path_the_docs_name_exists() {
         missing.is_empty(),
         "paths that do not exist:\n{}",
         missing.join("\n")
+    );
+}
+
+/// Every measured figure a page states (doc_pages::figures: a number with
+/// `ns`, `µs`, `MB`, `KB` or `CPU-s`, in prose) is one docs/benchmarks.md
+/// shows, rounded as the page writes it: a figure nobody measured, or one
+/// measured again and changed, fails here until the page says what the
+/// benchmarks do.
+#[test]
+fn every_measured_figure_in_the_docs_is_one_the_benchmarks_show() {
+    let root = repo_root();
+    let bench = PathBuf::from("docs/benchmarks.md");
+    let shown = figures(&read(&root.join(&bench)));
+    assert!(
+        shown.len() > 300,
+        "only {} figures in {}",
+        shown.len(),
+        bench.display()
+    );
+    let mut stated = 0;
+    let mut unbacked = Vec::new();
+    for page in doc_pages().into_iter().filter(|p| *p != bench) {
+        for f in figures(&read(&root.join(&page))) {
+            stated += 1;
+            if !shown.iter().any(|s| f.is(s)) {
+                unbacked.push(format!(
+                    "{}: {} {} in \"{}\"",
+                    page.display(),
+                    f.number,
+                    f.unit,
+                    f.context
+                ));
+            }
+        }
+    }
+    assert!(
+        stated >= 30,
+        "only {stated} figures found: the scan is broken"
+    );
+    assert!(
+        unbacked.is_empty(),
+        "figures docs/benchmarks.md does not show:\n{}",
+        unbacked.join("\n")
     );
 }
 
