@@ -57,3 +57,52 @@ impl Said {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use health_common::{op, source};
+
+    use health_topology::BlockDevice;
+
+    use super::*;
+
+    fn error(dev: Dev, diskseq: u64, count: u64) -> KernelError {
+        let key =
+            CounterKey::new(dev.to_kernel(), source::BLOCK_RQ_ERROR, op::WRITE, 5).of_disk(diskseq);
+        KernelError {
+            key,
+            count,
+            sample: None,
+        }
+    }
+
+    /// Only the errors of an earlier holder leave the batch; the current
+    /// holder's, and those without a sequence number, stay in order.
+    #[test]
+    fn the_earlier_holders_errors_are_taken_out_of_the_batch() {
+        let loop0 = Dev::new(7, 0);
+        let now = BlockDevice {
+            dev: loop0,
+            name: "loop0".into(),
+            whole_disk: None,
+            partition: None,
+            size_sectors: 8,
+            loop_backing_file: None,
+            holders: vec![],
+            slaves: vec![],
+            read_only: false,
+            diskseq: Some(13),
+        };
+        let topo = Topology::from_parts(vec![now], vec![]);
+        let mut batch = vec![error(loop0, 13, 3), error(loop0, 11, 5), error(loop0, 0, 2)];
+        let earlier = take(&topo, &mut batch);
+        let counts = |b: &[KernelError]| -> Vec<(u64, u64)> {
+            b.iter().map(|e| (e.key.diskseq, e.count)).collect()
+        };
+        assert_eq!(counts(&earlier), [(11, 5)]);
+        assert_eq!(counts(&batch), [(13, 3), (0, 2)]);
+        let mut none = vec![error(loop0, 13, 1)];
+        assert!(take(&topo, &mut none).is_empty());
+        assert_eq!(none.len(), 1);
+    }
+}
