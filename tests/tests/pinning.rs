@@ -545,6 +545,63 @@ fn errors_of_a_device_gone_are_not_told_to_the_next_holder_of_its_number() -> Re
     Ok(())
 }
 
+/// A loop number bound to another file while the agent runs, failing at
+/// once: the failed requests carry the new disk's sequence number, newer
+/// than the agent's last scan, so the agent looks again before it tells
+/// them, and each line names the new device's backing file; the old
+/// device's failures, told before, keep its own.
+#[test]
+fn a_number_bound_again_while_the_agent_runs_is_told_as_the_new_device() -> Result<()> {
+    require_root()?;
+    // Alone: the number must stay free between the detach and the attach.
+    let _kernel = kernel_alone();
+    let bpffs = Bpffs::mount()?;
+    let pin = bpffs.pin_dir_arg();
+    let old_disk = FaultDisk::start(64 * MIB)?;
+    let old = old_disk.attach_loop(false)?;
+    let maj_min = old.maj_min().to_string();
+    let number: u32 = old.name().trim_start_matches("loop").parse()?;
+    let filter = EventFilter::device(&maj_min);
+    let mut agent = Agent::start(&["--device", maj_min.as_str(), "--pin-dir", pin.as_str()])?;
+    old_disk.add_rule(Rule::new(Op::Write, EIO).range(8 * MIB, 64 * 1024))?;
+    for i in 0..2 {
+        let err = fs::o_direct_write(old.path(), 8 * MIB + i * 4096, &[1; 4096]).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(EIO));
+    }
+    assert_eq!(agent.wait_for_count(&filter, 2, WAIT), 2);
+    old.detach()?;
+    let new_disk = FaultDisk::start(64 * MIB)?;
+    new_disk.add_rule(Rule::new(Op::Write, EIO).range(8 * MIB, 64 * 1024))?;
+    let new = new_disk.attach_loop_with(LoopOptions {
+        at: Some(number),
+        ..LoopOptions::default()
+    })?;
+    assert_eq!(new.maj_min(), maj_min);
+    for i in 0..3 {
+        let err = fs::o_direct_write(new.path(), 8 * MIB + i * 4096, &[1; 4096]).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(EIO));
+    }
+    assert_eq!(agent.wait_for_count(&filter, 5, WAIT), 5);
+    let run = agent.stop_cleanly()?;
+    let told_with = |image: &FaultDisk| -> u64 {
+        let path = image.image_path().to_string_lossy().into_owned();
+        run.events
+            .iter()
+            .filter(|e| filter.matches(e) && e["backing_file"].as_str() == Some(path.as_str()))
+            .map(|e| e["count"].as_u64().unwrap_or(0))
+            .sum()
+    };
+    assert_eq!(told_with(&old_disk), 2, "{:?}", run.events);
+    assert_eq!(told_with(&new_disk), 3, "{:?}", run.events);
+    // Nobody's device is gone here: nothing is told as an earlier holder's.
+    assert!(
+        !run.stderr.contains("errors of a device that is gone"),
+        "{}",
+        run.stderr
+    );
+    Ok(())
+}
+
 fn pinned_keys<V: aya::Pod>(layout: &Path, map: &str) -> Result<Vec<CounterKey>> {
     let data = MapData::from_pin(layout.join("maps").join(map))?;
     let map: PerCpuHashMap<MapData, CounterKey, V> =

@@ -58,6 +58,9 @@ pub(super) struct Agent<R> {
     unplaced: HashSet<Dev>,
     /// Earlier holders of a device number whose errors were seen, said once.
     earlier: Said,
+    /// Devices bound again since a scan, by number and sequence number,
+    /// that made the agent rescan ([`Agent::rebound_since_the_scan`]).
+    rebound: HashSet<(u32, u64)>,
     /// Numbers of disks sysfs lists without one, learned from the kernel
     /// side's record of failed requests (5.10's hidden NVMe path disks),
     /// by name; every scan uses them.
@@ -156,6 +159,7 @@ impl<R: Reporter> Agent<R> {
             ever_known: HashSet::new(),
             unplaced: HashSet::new(),
             earlier: Said::default(),
+            rebound: HashSet::new(),
             learned_numbers: HashMap::new(),
             named: HashSet::new(),
             waiters,
@@ -320,7 +324,8 @@ impl<R: Reporter> Agent<R> {
             unknown.sort_unstable();
             unknown.dedup();
             let learned = self.learn_numbers(&unknown);
-            if learned || self.last_rescan.elapsed() >= MIN_RESCAN_GAP {
+            let rebound = self.rebound_since_the_scan();
+            if learned || rebound || self.last_rescan.elapsed() >= MIN_RESCAN_GAP {
                 let _rescan = prio.bulk();
                 self.rescan(Then::TopologyChanged);
             }
@@ -330,6 +335,29 @@ impl<R: Reporter> Agent<R> {
         self.deliver()?;
         self.collector.persist()?;
         Ok(())
+    }
+
+    /// Whether a turn's errors name a device bound again since the last
+    /// scan (a sequence number newer than the scan's: a loop device given
+    /// another file, a number taken by a new disk) not seen before: the
+    /// topology is then rescanned at once, whatever the gap, so that these
+    /// very errors are told for the new device rather than the one the
+    /// scan saw. Once per number and sequence number (bounded: forgotten
+    /// past 1024), so a flood on a device sysfs shows otherwise cannot
+    /// rescan every turn.
+    fn rebound_since_the_scan(&mut self) -> bool {
+        let mut any = false;
+        for e in &self.batch {
+            let dev = Dev::from_kernel(e.key.dev);
+            if self.topo.incarnation(dev, e.key.diskseq) != Incarnation::Later {
+                continue;
+            }
+            if self.rebound.len() >= 1024 {
+                self.rebound.clear();
+            }
+            any |= self.rebound.insert((e.key.dev, e.key.diskseq));
+        }
+        any
     }
 
     /// For errors on a device the topology does not know, the disk's name
