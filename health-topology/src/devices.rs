@@ -16,14 +16,7 @@ impl Topology {
     /// rebound, dm, md and NVMe numbers taken lowest-free), sequence
     /// numbers never are while the kernel runs.
     pub fn incarnation(&self, dev: Dev, diskseq: u64) -> Incarnation {
-        let now = self.device(dev).and_then(|d| d.diskseq);
-        match now {
-            _ if diskseq == 0 => Incarnation::Unknown,
-            None => Incarnation::Unknown,
-            Some(now) if now == diskseq => Incarnation::Current,
-            Some(now) if diskseq < now => Incarnation::Earlier { now },
-            Some(_) => Incarnation::Later,
-        }
+        Incarnation::of(self.device(dev), diskseq)
     }
 
     /// Whether errors of `dev` at sequence number `diskseq` are of a
@@ -91,6 +84,20 @@ pub enum Incarnation {
     /// that records none, a device the topology does not list): the
     /// number is all there is, as before sequence numbers.
     Unknown,
+}
+
+impl Incarnation {
+    /// [`Topology::incarnation`] for the device a lookup already found
+    /// (`None`: the topology lists none of that number).
+    pub fn of(device: Option<&BlockDevice>, diskseq: u64) -> Incarnation {
+        match device.and_then(|d| d.diskseq) {
+            _ if diskseq == 0 => Incarnation::Unknown,
+            None => Incarnation::Unknown,
+            Some(now) if now == diskseq => Incarnation::Current,
+            Some(now) if diskseq < now => Incarnation::Earlier { now },
+            Some(_) => Incarnation::Later,
+        }
+    }
 }
 
 #[cfg(test)]

@@ -15,7 +15,7 @@ use aya::programs::{loaded_programs, ProgramInfo};
 use health_common::{stat, CounterKey, ErrorTimes};
 use health_tests::agent::{agent_bin, agent_output, Agent, EventFilter};
 use health_tests::bpffs::Bpffs;
-use health_tests::faultdisk::LoopOptions;
+use health_tests::faultdisk::{LoopDevice, LoopOptions};
 use health_tests::mount_ns::PrivateMounts;
 use health_tests::program_runs::{check_against_runs, witness_figures, ProgramRuns};
 use health_tests::{fs, kernel_alone, require_root, shared_kernel, FaultDisk, Op, Rule};
@@ -433,6 +433,32 @@ fn pins_are_adopted_replaced_on_a_new_layout_and_uninstalled() -> Result<()> {
     Ok(())
 }
 
+/// Makes `disk` fail the writes [`fail_writes`] makes: 64 KiB from 8 MiB.
+fn fail_writes_on(disk: &FaultDisk) -> Result<()> {
+    disk.add_rule(Rule::new(Op::Write, EIO).range(8 * MIB, 64 * 1024))?;
+    Ok(())
+}
+
+/// `n` O_DIRECT writes of 4 KiB from 8 MiB on `dev`, each refused with EIO.
+fn fail_writes(dev: &Path, n: u64) {
+    for i in 0..n {
+        let err = fs::o_direct_write(dev, 8 * MIB + i * 4096, &[1; 4096]).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(EIO));
+    }
+}
+
+/// A new fault disk attached at `/dev/loop<number>`, the number
+/// `maj_min` another loop device held before.
+fn rebind(number: u32, maj_min: &str) -> Result<(FaultDisk, LoopDevice)> {
+    let disk = FaultDisk::start(64 * MIB)?;
+    let lo = disk.attach_loop_with(LoopOptions {
+        at: Some(number),
+        ..LoopOptions::default()
+    })?;
+    assert_eq!(lo.maj_min(), maj_min);
+    Ok((disk, lo))
+}
+
 /// The disk sequence number sysfs shows for a loop device now.
 fn diskseq(name: &str) -> Result<u64> {
     let path = format!("/sys/block/{name}/diskseq");
@@ -470,28 +496,17 @@ fn errors_of_a_device_gone_are_not_told_to_the_next_holder_of_its_number() -> Re
     let pinned = Agent::start(&args)?.stop_cleanly()?;
     assert_eq!(filter.sum(&pinned.events), 0);
 
-    gone_disk.add_rule(Rule::new(Op::Write, EIO).range(8 * MIB, 64 * 1024))?;
-    for i in 0..5 {
-        let err = fs::o_direct_write(gone.path(), 8 * MIB + i * 4096, &[1; 4096]).unwrap_err();
-        assert_eq!(err.raw_os_error(), Some(EIO));
-    }
+    fail_writes_on(&gone_disk)?;
+    fail_writes(gone.path(), 5);
     gone.detach()?;
-    let next_disk = FaultDisk::start(64 * MIB)?;
-    let next = next_disk.attach_loop_with(LoopOptions {
-        at: Some(number),
-        ..LoopOptions::default()
-    })?;
-    assert_eq!(next.maj_min(), maj_min);
+    let (next_disk, next) = rebind(number, &maj_min)?;
     let next_seq = diskseq(&name)?;
     assert!(next_seq > gone_seq, "{next_seq} after {gone_seq}");
 
     let mut agent = Agent::start(&args)?;
     assert_eq!(agent.wait_for_count(&filter, 5, WAIT), 5);
-    next_disk.add_rule(Rule::new(Op::Write, EIO).range(8 * MIB, 64 * 1024))?;
-    for i in 0..3 {
-        let err = fs::o_direct_write(next.path(), 8 * MIB + i * 4096, &[1; 4096]).unwrap_err();
-        assert_eq!(err.raw_os_error(), Some(EIO));
-    }
+    fail_writes_on(&next_disk)?;
+    fail_writes(next.path(), 3);
     assert_eq!(agent.wait_for_count(&filter, 8, WAIT), 8);
     let run = agent.stop_cleanly()?;
 
@@ -563,24 +578,14 @@ fn a_number_bound_again_while_the_agent_runs_is_told_as_the_new_device() -> Resu
     let number: u32 = old.name().trim_start_matches("loop").parse()?;
     let filter = EventFilter::device(&maj_min);
     let mut agent = Agent::start(&["--device", maj_min.as_str(), "--pin-dir", pin.as_str()])?;
-    old_disk.add_rule(Rule::new(Op::Write, EIO).range(8 * MIB, 64 * 1024))?;
-    for i in 0..2 {
-        let err = fs::o_direct_write(old.path(), 8 * MIB + i * 4096, &[1; 4096]).unwrap_err();
-        assert_eq!(err.raw_os_error(), Some(EIO));
-    }
+    fail_writes_on(&old_disk)?;
+    fail_writes(old.path(), 2);
     assert_eq!(agent.wait_for_count(&filter, 2, WAIT), 2);
     old.detach()?;
-    let new_disk = FaultDisk::start(64 * MIB)?;
-    new_disk.add_rule(Rule::new(Op::Write, EIO).range(8 * MIB, 64 * 1024))?;
-    let new = new_disk.attach_loop_with(LoopOptions {
-        at: Some(number),
-        ..LoopOptions::default()
-    })?;
-    assert_eq!(new.maj_min(), maj_min);
-    for i in 0..3 {
-        let err = fs::o_direct_write(new.path(), 8 * MIB + i * 4096, &[1; 4096]).unwrap_err();
-        assert_eq!(err.raw_os_error(), Some(EIO));
-    }
+    let (new_disk, new) = rebind(number, &maj_min)?;
+    // Failing before the first write: the agent has no scan of it yet.
+    fail_writes_on(&new_disk)?;
+    fail_writes(new.path(), 3);
     assert_eq!(agent.wait_for_count(&filter, 5, WAIT), 5);
     let run = agent.stop_cleanly()?;
     let told_with = |image: &FaultDisk| -> u64 {
@@ -630,11 +635,8 @@ fn the_counters_of_a_detached_loop_device_are_pruned() -> Result<()> {
     let dev = (lo.major() << 20) | lo.minor();
     let maj_min = lo.maj_min().to_string();
     let mut agent = Agent::start(&["--device", &maj_min, "--pin-dir", &pin])?;
-    disk.add_rule(Rule::new(Op::Write, EIO).range(8 * MIB, 64 * 1024))?;
-    for i in 0..5 {
-        let err = fs::o_direct_write(lo.path(), 8 * MIB + i * 4096, &[1; 4096]).unwrap_err();
-        assert_eq!(err.raw_os_error(), Some(EIO));
-    }
+    fail_writes_on(&disk)?;
+    fail_writes(lo.path(), 5);
     let filter = EventFilter::device(&maj_min);
     assert_eq!(agent.wait_for_count(&filter, 5, WAIT), 5);
     let layout = bpffs.pin_dir().join(&bpffs.entries("")[0]);

@@ -12,23 +12,27 @@ use std::collections::HashSet;
 
 use health_common::CounterKey;
 use health_core::dev::Dev;
+use health_kernel::clock::Clock;
 use health_kernel::collector::KernelError;
 use health_topology::{Incarnation, Topology};
+
+use crate::report::Reporter;
 
 fn is_earlier(topo: &Topology, key: &CounterKey) -> bool {
     topo.is_earlier(Dev::from_kernel(key.dev), key.diskseq)
 }
 
-/// Moves the errors of earlier devices out of `batch`.
-pub(super) fn take(topo: &Topology, batch: &mut Vec<KernelError>) -> Vec<KernelError> {
-    if batch.iter().all(|e| !is_earlier(topo, &e.key)) {
-        return Vec::new();
+/// Reports an earlier holder's errors by number only (the topology's
+/// device of that number is another), to no volume.
+pub(super) fn report<R: Reporter>(
+    reporter: &mut R,
+    earlier: &[KernelError],
+    clock: &Clock,
+) -> anyhow::Result<()> {
+    if earlier.is_empty() {
+        return Ok(());
     }
-    let (earlier, current) = std::mem::take(batch)
-        .into_iter()
-        .partition(|e| is_earlier(topo, &e.key));
-    *batch = current;
-    earlier
+    reporter.errors(earlier, &Topology::default(), clock, None)
 }
 
 /// The earlier devices already said, by number and sequence number.
@@ -36,25 +40,43 @@ pub(super) fn take(topo: &Topology, batch: &mut Vec<KernelError>) -> Vec<KernelE
 pub(super) struct Said(HashSet<(u32, u64)>);
 
 impl Said {
-    /// Says once per earlier device that its errors reach no volume.
-    pub(super) fn say(&mut self, topo: &Topology, batch: &[KernelError]) {
-        for e in batch {
-            let dev = Dev::from_kernel(e.key.dev);
-            let Incarnation::Earlier { now } = topo.incarnation(dev, e.key.diskseq) else {
-                continue;
-            };
-            if !self.0.insert((e.key.dev, e.key.diskseq)) {
-                continue;
-            }
-            let holder = topo.device(dev).map_or("?", |d| d.name.as_str());
-            tracing::warn!(
-                device = %dev,
-                diskseq = e.key.diskseq,
-                now_held_by = %holder,
-                now_diskseq = now,
-                "errors of a device that is gone (an earlier holder of this number): counted and shown by number, attributed to no volume"
-            );
+    /// Moves the errors of earlier devices out of `batch`, and says once
+    /// per earlier device that its errors reach no volume. One lookup per
+    /// error when there are none, as almost always.
+    pub(super) fn take(
+        &mut self,
+        topo: &Topology,
+        batch: &mut Vec<KernelError>,
+    ) -> Vec<KernelError> {
+        if batch.iter().all(|e| !is_earlier(topo, &e.key)) {
+            return Vec::new();
         }
+        let (earlier, current): (Vec<KernelError>, Vec<KernelError>) = std::mem::take(batch)
+            .into_iter()
+            .partition(|e| is_earlier(topo, &e.key));
+        *batch = current;
+        for e in &earlier {
+            self.say(topo, &e.key);
+        }
+        earlier
+    }
+
+    fn say(&mut self, topo: &Topology, key: &CounterKey) {
+        let dev = Dev::from_kernel(key.dev);
+        let Incarnation::Earlier { now } = topo.incarnation(dev, key.diskseq) else {
+            return;
+        };
+        if !self.0.insert((key.dev, key.diskseq)) {
+            return;
+        }
+        let holder = topo.device(dev).map_or("?", |d| d.name.as_str());
+        tracing::warn!(
+            device = %dev,
+            diskseq = key.diskseq,
+            now_held_by = %holder,
+            now_diskseq = now,
+            "errors of a device that is gone (an earlier holder of this number): counted and shown by number, attributed to no volume"
+        );
     }
 }
 
@@ -62,9 +84,8 @@ impl Said {
 mod tests {
     use health_common::{op, source};
 
-    use health_topology::BlockDevice;
-
     use super::*;
+    use crate::volumes::testing::device;
 
     fn error(dev: Dev, diskseq: u64, count: u64) -> KernelError {
         let key =
@@ -81,28 +102,24 @@ mod tests {
     #[test]
     fn the_earlier_holders_errors_are_taken_out_of_the_batch() {
         let loop0 = Dev::new(7, 0);
-        let now = BlockDevice {
-            dev: loop0,
-            name: "loop0".into(),
-            whole_disk: None,
-            partition: None,
-            size_sectors: 8,
-            loop_backing_file: None,
-            holders: vec![],
-            slaves: vec![],
-            read_only: false,
-            diskseq: Some(13),
-        };
+        let mut now = device(loop0, "loop0", vec![]);
+        now.diskseq = Some(13);
         let topo = Topology::from_parts(vec![now], vec![]);
         let mut batch = vec![error(loop0, 13, 3), error(loop0, 11, 5), error(loop0, 0, 2)];
-        let earlier = take(&topo, &mut batch);
+        let mut said = Said::default();
+        let earlier = said.take(&topo, &mut batch);
         let counts = |b: &[KernelError]| -> Vec<(u64, u64)> {
             b.iter().map(|e| (e.key.diskseq, e.count)).collect()
         };
         assert_eq!(counts(&earlier), [(11, 5)]);
         assert_eq!(counts(&batch), [(13, 3), (0, 2)]);
+        // Said once: a second turn with the same device adds nothing.
+        assert_eq!(said.0.len(), 1);
+        let mut again = vec![error(loop0, 11, 1)];
+        assert_eq!(counts(&said.take(&topo, &mut again)), [(11, 1)]);
+        assert_eq!(said.0.len(), 1);
         let mut none = vec![error(loop0, 13, 1)];
-        assert!(take(&topo, &mut none).is_empty());
+        assert!(said.take(&topo, &mut none).is_empty());
         assert_eq!(none.len(), 1);
     }
 }

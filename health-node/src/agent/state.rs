@@ -331,8 +331,9 @@ impl<R: Reporter> Agent<R> {
             }
             self.warn_unplaced(&unknown);
         }
-        self.earlier.say(&self.topo, &self.batch);
+        let earlier = self.earlier.take(&self.topo, &mut self.batch);
         self.deliver()?;
+        earlier_devices::report(&mut self.reporter, &earlier, &self.clock)?;
         self.collector.persist()?;
         Ok(())
     }
@@ -436,7 +437,7 @@ impl<R: Reporter> Agent<R> {
             mut handled,
             mut misses,
             mut waiters,
-            mut earlier,
+            earlier: mut said,
             ..
         } = self;
         let program_misses = misses.read(&attached);
@@ -447,7 +448,7 @@ impl<R: Reporter> Agent<R> {
             drop(attached);
         }
         collector.reconcile(true, &mut batch)?;
-        earlier.say(&topo, &batch);
+        let earlier = said.take(&topo, &mut batch);
         deliver(
             &mut reporter,
             &mut vols,
@@ -457,6 +458,7 @@ impl<R: Reporter> Agent<R> {
             &topo,
             &clock,
         )?;
+        earlier_devices::report(&mut reporter, &earlier, &clock)?;
         collector.persist()?;
         let mut stats = collector.kernel_stats()?;
         stats.program_misses = program_misses;
@@ -478,7 +480,6 @@ fn deliver<R: Reporter>(
     topo: &Topology,
     clock: &Clock,
 ) -> anyhow::Result<()> {
-    let earlier = earlier_devices::take(topo, batch);
     if let Some(v) = vols.as_mut() {
         handled.changes.extend(v.take_inherited());
         let names = reporter.pod_names();
@@ -488,10 +489,6 @@ fn deliver<R: Reporter>(
     }
     reporter.errors(batch, topo, clock, vols.as_ref().map(LiveVolumes::index))?;
     batch.clear();
-    if !earlier.is_empty() {
-        // By number only: the topology's device of that number is another.
-        reporter.errors(&earlier, &Topology::default(), clock, None)?;
-    }
     if let Some(v) = vols.as_mut() {
         let gone = v.take_gone();
         if !handled.changes.is_empty()
@@ -540,9 +537,13 @@ impl Misses {
 /// would otherwise rescan the whole host every second.
 fn is_unknown_block_device(topo: &Topology, e: &KernelError) -> bool {
     let dev = Dev::from_kernel(e.key.dev);
-    !dev.is_anonymous()
-        && (topo.device(dev).is_none()
-            || topo.incarnation(dev, e.key.diskseq) == Incarnation::Later)
+    if dev.is_anonymous() {
+        return false;
+    }
+    match topo.device(dev) {
+        None => true,
+        found => Incarnation::of(found, e.key.diskseq) == Incarnation::Later,
+    }
 }
 
 /// Every device number an error key can carry that the topology still

@@ -41,7 +41,7 @@ mod schedule;
 pub mod stalls;
 mod storage;
 #[cfg(test)]
-mod testing;
+pub(crate) mod testing;
 pub mod waiters;
 
 use std::path::{Path, PathBuf};
