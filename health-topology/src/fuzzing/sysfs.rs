@@ -5,13 +5,14 @@
 //!
 //! Input: attribute values separated by NUL bytes, in this order: disk
 //! `dev`, `size`, `ro`; partition `dev`, `size`, `partition`, `start`;
-//! `loop/backing_file`; md `md/level`. A value the input does not reach is
-//! a missing file.
+//! `loop/backing_file`; md `md/level`; disk `diskseq`. A value the input
+//! does not reach is a missing file.
 //!
 //! Properties: no panic and no failed scan (bad values are skipped or
 //! defaulted); a partition is attached to the disk it sits in; no more
 //! values counted as bad than were written, plus the devices left without
-//! a `dev` (which cannot be placed).
+//! a `dev` (which cannot be placed); a partition has its disk's sequence
+//! number, whatever `diskseq` held.
 
 use std::fs;
 use std::os::unix::fs::symlink;
@@ -49,6 +50,7 @@ pub fn run(data: &[u8]) {
     fs::write(md0.join("dev"), "9:0\n").expect("writing the fake sysfs");
     fs::create_dir_all(md0.join("md")).expect("creating the fake sysfs");
     attr(&md0, "md/level");
+    attr(&sda, "diskseq");
     symlink(&sda1, md0.join("slaves/sda1")).expect("linking the fake sysfs");
     symlink(&md0, sda1.join("holders/md0")).expect("linking the fake sysfs");
 
@@ -69,6 +71,7 @@ pub fn run(data: &[u8]) {
     if let Some(part) = scan.devices.iter().find(|d| d.name == "sda1") {
         if part.partition.is_some() {
             assert_eq!(part.whole_disk, disk.map(|d| d.dev));
+            assert_eq!(part.diskseq, disk.and_then(|d| d.diskseq));
         }
     }
     let _ = redundant_arrays(&root, &scan.devices);
