@@ -136,6 +136,56 @@ async fn page_limit_marks_incomplete() {
     assert_eq!(driver.calls(Rpc::ControllerListVolumeHealth), 2);
 }
 
+/// Without explicit pages the driver pages its volumes itself: 1,001
+/// volumes in pages of 100 are 11 pages, each unhealthy volume listed once
+/// (each token names the page's last volume, `testing::AFTER`).
+#[tokio::test]
+async fn the_drivers_own_pages_list_each_unhealthy_volume_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (driver, client) = setup(dir.path(), DriverMode::Modern).await;
+    let slow = HealthEntry::new(HealthStatus::Degraded, "Slow", "p99 3s");
+    let ids: Vec<String> = (0..1001).map(|i| format!("vol-{i:06}")).collect();
+    for (i, id) in ids.iter().enumerate() {
+        let health = if i % 100 == 7 {
+            vec![slow.clone()]
+        } else {
+            vec![]
+        };
+        driver.set_volume_health(id, health);
+    }
+
+    let list = client.list_volume_health(100, 20).await.expect("list");
+    assert!(list.complete);
+    assert_eq!(list.pages, 11);
+    assert_eq!(driver.calls(Rpc::ControllerListVolumeHealth), 11);
+    assert_eq!(driver.list_max_entries(), vec![100; 11]);
+    // The list names the unhealthy volumes only (one on each page here).
+    let listed: Vec<&str> = list.volumes.keys().map(String::as_str).collect();
+    let want: Vec<&str> = ids
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| i % 100 == 7)
+        .map(|(_, id)| id.as_str())
+        .collect();
+    assert_eq!(listed, want);
+    assert!(list
+        .volumes
+        .values()
+        .all(|h| h.as_deref() == Some(&[slow.clone()][..])));
+
+    // Exactly 100: the page is full and nothing follows, so no token.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (driver, client) = setup(dir.path(), DriverMode::Modern).await;
+    for id in &ids[..100] {
+        driver.set_volume_health(id, vec![slow.clone()]);
+    }
+    let list = client.list_volume_health(100, 20).await.expect("list");
+    assert_eq!(
+        (list.complete, list.pages, list.volumes.len()),
+        (true, 1, 100)
+    );
+}
+
 #[tokio::test]
 async fn legacy_list_is_list_volumes_only() {
     let dir = tempfile::tempdir().expect("tempdir");
