@@ -42,12 +42,20 @@ const PACKAGES: &[(&str, &str)] = &[
     ("chroot", "coreutils"),
     ("timeout", "coreutils"),
     ("readelf", "binutils"),
+    ("qemu-aarch64", "qemu-user"),
 ];
 
 /// What tests/tests/image.rs drives: the OCI image read by skopeo and umoci,
 /// the agent run from its root filesystem (`cargo xtask test` installs them).
-pub const IMAGE_TEST_TOOLS: &[&str] =
-    &["skopeo", "umoci", "unshare", "chroot", "timeout", "readelf"];
+pub const IMAGE_TEST_TOOLS: &[&str] = &[
+    "skopeo",
+    "umoci",
+    "unshare",
+    "chroot",
+    "timeout",
+    "readelf",
+    "qemu-aarch64",
+];
 
 /// Debian package that ships `tool`, if the harness knows it.
 pub fn package_of(tool: &str) -> Option<&'static str> {

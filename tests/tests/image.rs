@@ -1,7 +1,10 @@
 //! `cargo xtask image` as independent tools see its archive: skopeo reads
-//! it, umoci unpacks it, the agent runs from the unpacked root filesystem
-//! alone (chroot, mounts as the DaemonSet has them) and attaches its
-//! programs; two builds of one commit are the same bytes.
+//! both platforms of its image index, umoci unpacks each, the agent runs
+//! from the unpacked amd64 root filesystem alone (chroot, mounts as the
+//! DaemonSet has them) and attaches its programs, the arm64 binaries start
+//! from the arm64 root filesystem's own loader and libraries (under
+//! qemu-user: this host runs no arm64 code itself); two builds of one commit
+//! are the same bytes.
 //!
 //! Root and the real tools are required (`cargo xtask test` installs
 //! skopeo and umoci); a missing one fails the test with its package named.
@@ -38,6 +41,28 @@ const ROOTFS_AMD64: &[&str] = &[
     "f 644 usr/lib/x86_64-linux-gnu/libm.so.6",
     "d 755 usr/lib64",
     "l 777 usr/lib64/ld-linux-x86-64.so.2 -> /lib/x86_64-linux-gnu/ld-linux-x86-64.so.2",
+    "d 755 usr/local",
+    "d 755 usr/local/bin",
+    "f 755 usr/local/bin/health-agent",
+    "f 755 usr/local/bin/health-controller",
+    "d 755 usr/share",
+    "d 755 usr/share/doc",
+    "d 755 usr/share/doc/volume-health",
+    "f 644 usr/share/doc/volume-health/sbom.cdx.json",
+];
+
+/// The arm64 root filesystem: the same binaries cross-built, and what their
+/// loader needs from Debian bookworm's arm64 packages (not usr-merged in
+/// the packages themselves).
+const ROOTFS_ARM64: &[&str] = &[
+    "d 755 lib",
+    "d 755 lib/aarch64-linux-gnu",
+    "f 755 lib/aarch64-linux-gnu/ld-linux-aarch64.so.1",
+    "f 755 lib/aarch64-linux-gnu/libc.so.6",
+    "f 644 lib/aarch64-linux-gnu/libgcc_s.so.1",
+    "f 644 lib/aarch64-linux-gnu/libm.so.6",
+    "l 777 lib/ld-linux-aarch64.so.1 -> aarch64-linux-gnu/ld-linux-aarch64.so.1",
+    "d 755 usr",
     "d 755 usr/local",
     "d 755 usr/local/bin",
     "f 755 usr/local/bin/health-agent",
@@ -87,11 +112,22 @@ fn build_image(agent: &Path, out: &Path) -> Result<()> {
     Ok(())
 }
 
-/// What every test shares: the archive, and what skopeo and umoci made of it.
+/// What every test shares: the archive, and what skopeo and umoci made of
+/// each platform (`amd64`: this host's, `arm64`).
 struct Built {
     archive: PathBuf,
-    /// `skopeo inspect` and `skopeo inspect --config`.
+    amd64: Unpacked,
+    arm64: Unpacked,
+}
+
+/// One platform of the image as skopeo and umoci see it.
+struct Unpacked {
+    /// `skopeo inspect` and `skopeo inspect --config` (its `Digest` is the
+    /// image index's, the name's target, whichever platform is chosen).
     inspect: Value,
+    /// The platform's own manifest, as skopeo chose it from the index (the
+    /// one its copy to a layout of its own names).
+    manifest_digest: String,
     config: Value,
     /// The unpacked root filesystem and its listing taken right after
     /// unpacking (a later test adds mount points to it).
@@ -117,12 +153,31 @@ fn build_and_unpack() -> Result<Built> {
     std::fs::create_dir_all(&dir)?;
     let archive = dir.join("first.oci.tar");
     build_image(&agent()?, &archive)?;
-    // Selected by the tag (org.opencontainers.image.ref.name).
+    Ok(Built {
+        amd64: unpack(&archive, "amd64")?,
+        arm64: unpack(&archive, "arm64")?,
+        archive,
+    })
+}
+
+/// `arch`'s image from the archive's index, selected by the tag
+/// (org.opencontainers.image.ref.name) and skopeo's `--override-arch`,
+/// copied to a layout of its own and unpacked there by umoci.
+fn unpack(archive: &Path, arch: &str) -> Result<Unpacked> {
+    let dir = scratch().join(arch);
+    std::fs::create_dir_all(&dir)?;
     let reference = format!("oci-archive:{}:{TAG}", archive.display());
-    let inspect = json(&cmd::run("skopeo", &["inspect", &reference])?.stdout)?;
-    let config = json(&cmd::run("skopeo", &["inspect", "--config", &reference])?.stdout)?;
+    let skopeo =
+        |args: &[&str]| cmd::run("skopeo", &[&["--override-arch", arch][..], args].concat());
+    let inspect = json(&skopeo(&["inspect", &reference])?.stdout)?;
+    let config = json(&skopeo(&["inspect", "--config", &reference])?.stdout)?;
     let layout = format!("oci:{}:{TAG}", dir.join("layout").display());
-    cmd::run("skopeo", &["copy", "--quiet", &reference, &layout])?;
+    skopeo(&["copy", "--quiet", &reference, &layout])?;
+    let copied = json(&std::fs::read_to_string(dir.join("layout/index.json"))?)?;
+    let manifest_digest = copied["manifests"][0]["digest"]
+        .as_str()
+        .context("the copy's index.json names no manifest")?
+        .to_string();
     let bundle = dir.join("bundle");
     let image = format!("{}:{TAG}", dir.join("layout").display());
     cmd::run(
@@ -131,9 +186,9 @@ fn build_and_unpack() -> Result<Built> {
     )?;
     let rootfs = bundle.join("rootfs");
     let listing = list(&rootfs)?;
-    Ok(Built {
-        archive,
+    Ok(Unpacked {
         inspect,
+        manifest_digest,
         config,
         rootfs,
         listing,
@@ -192,7 +247,6 @@ fn git(args: &[&str]) -> Result<String> {
 #[test]
 fn skopeo_and_umoci_read_the_labels_config_and_files() -> Result<()> {
     let built = built()?;
-    let labels = &built.inspect["Labels"];
     let mut revision = git(&["rev-parse", "HEAD"])?;
     if !git(&["status", "--porcelain", "--untracked-files=no"])?.is_empty() {
         revision.push_str("-dirty");
@@ -215,50 +269,95 @@ fn skopeo_and_umoci_read_the_labels_config_and_files() -> Result<()> {
         ("org.opencontainers.image.title", "volume-health-agent"),
         ("org.opencontainers.image.version", env!("CARGO_PKG_VERSION")),
     ]);
-    let got: BTreeMap<&str, &str> = labels
-        .as_object()
-        .context("no labels")?
-        .iter()
-        .map(|(k, v)| (k.as_str(), v.as_str().unwrap_or("(not a string)")))
-        .collect();
-    assert_eq!(got, expected);
-    assert_eq!(built.inspect["Architecture"], "amd64");
-    assert_eq!(built.inspect["Os"], "linux");
-    assert_eq!(built.inspect["Created"], created.as_str());
-    assert_eq!(built.inspect["Layers"].as_array().map(Vec::len), Some(1));
-    let config = &built.config["config"];
-    assert_eq!(
-        config["Entrypoint"],
-        serde_json::json!(["/usr/local/bin/health-agent"])
-    );
-    assert_eq!(config["Cmd"], serde_json::json!(["run"]));
-    assert_eq!(built.config["os"], "linux");
+    for (arch, unpacked, files) in [
+        ("amd64", &built.amd64, ROOTFS_AMD64),
+        ("arm64", &built.arm64, ROOTFS_ARM64),
+    ] {
+        let got: BTreeMap<&str, &str> = unpacked.inspect["Labels"]
+            .as_object()
+            .context("no labels")?
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str().unwrap_or("(not a string)")))
+            .collect();
+        assert_eq!(got, expected, "{arch}");
+        assert_eq!(unpacked.inspect["Architecture"], arch);
+        assert_eq!(unpacked.inspect["Os"], "linux");
+        assert_eq!(unpacked.inspect["Created"], created.as_str());
+        assert_eq!(unpacked.inspect["Layers"].as_array().map(Vec::len), Some(1));
+        let config = &unpacked.config["config"];
+        assert_eq!(
+            config["Entrypoint"],
+            serde_json::json!(["/usr/local/bin/health-agent"])
+        );
+        assert_eq!(config["Cmd"], serde_json::json!(["run"]));
+        assert_eq!(unpacked.config["os"], "linux");
+        assert_eq!(unpacked.config["architecture"], arch);
+        assert_eq!(
+            unpacked.listing, files,
+            "the image's files for {arch} (expected: the list for {arch} built on Debian bookworm)"
+        );
+        for binary in ["health-agent", "health-controller"] {
+            let path = unpacked.rootfs.join("usr/local/bin").join(binary);
+            let path = path.to_string_lossy();
+            let header = cmd::run("readelf", &["-h", "-W", &path])?.stdout;
+            let machine = if arch == "amd64" {
+                "Advanced Micro Devices X86-64"
+            } else {
+                "AArch64"
+            };
+            assert!(header.contains(machine), "{arch} {binary}: {header}");
+            let sections = cmd::run("readelf", &["-S", "-W", &path])?.stdout;
+            assert!(sections.contains(" .text "), "{binary}: {sections}");
+            // (.debug_gdb_scripts, 34 bytes that are loaded, stays.)
+            assert!(
+                !sections.contains(".debug_info") && !sections.contains(".debug_line"),
+                "debug sections left in {arch} {binary}:\n{sections}"
+            );
+        }
+    }
+    // The two are different builds, not one binary twice.
+    assert_ne!(built.amd64.manifest_digest, built.arm64.manifest_digest);
 
-    // index.json names the image for containerd, podman and Docker.
-    let index = json(
-        &cmd::run(
-            "tar",
-            &["-xOf", &built.archive.to_string_lossy(), "index.json"],
-        )?
-        .stdout,
-    )?;
-    let manifest = &index["manifests"][0];
-    assert_eq!(index["manifests"].as_array().map(Vec::len), Some(1));
-    assert_eq!(manifest["digest"], built.inspect["Digest"]);
+    // index.json names the image index for containerd, podman and Docker;
+    // the index lists one manifest per platform, those skopeo chose.
+    let read = |name: &str| -> Result<Value> {
+        json(&cmd::run("tar", &["-xOf", &built.archive.to_string_lossy(), name])?.stdout)
+    };
+    let layout = read("index.json")?;
+    assert_eq!(layout["manifests"].as_array().map(Vec::len), Some(1));
+    let named = &layout["manifests"][0];
     assert_eq!(
-        manifest["annotations"]["io.containerd.image.name"],
-        FULL_NAME
+        named["mediaType"],
+        "application/vnd.oci.image.index.v1+json"
     );
+    assert_eq!(named["annotations"]["io.containerd.image.name"], FULL_NAME);
     assert_eq!(
-        manifest["annotations"]["org.opencontainers.image.ref.name"],
+        named["annotations"]["org.opencontainers.image.ref.name"],
         TAG
     );
-
+    let digest = named["digest"].as_str().context("no digest")?;
+    assert_eq!(built.amd64.inspect["Digest"], digest);
+    let index = read(&format!("blobs/{}", digest.replace(':', "/")))?;
+    let platforms: Vec<(&str, &str)> = index["manifests"]
+        .as_array()
+        .context("no manifests")?
+        .iter()
+        .map(|m| {
+            (
+                m["platform"]["architecture"].as_str().unwrap_or_default(),
+                m["digest"].as_str().unwrap_or_default(),
+            )
+        })
+        .collect();
     assert_eq!(
-        built.listing, ROOTFS_AMD64,
-        "the image's files (expected: the list for amd64 on Debian bookworm)"
+        platforms,
+        [
+            ("amd64", built.amd64.manifest_digest.as_str()),
+            ("arm64", built.arm64.manifest_digest.as_str()),
+        ]
     );
-    // The libraries are the host's very files; the agent has no debug info.
+
+    // The amd64 libraries are the host's very files.
     for line in ROOTFS_AMD64
         .iter()
         .filter(|l| l.starts_with('f') && l.contains(".so"))
@@ -266,29 +365,35 @@ fn skopeo_and_umoci_read_the_labels_config_and_files() -> Result<()> {
         let rel = line.rsplit(' ').next().unwrap_or_default();
         let host = std::fs::read(Path::new("/").join(rel))?;
         assert!(
-            std::fs::read(built.rootfs.join(rel))? == host,
+            std::fs::read(built.amd64.rootfs.join(rel))? == host,
             "{rel} differs from the host's"
         );
     }
-    for binary in ["health-agent", "health-controller"] {
-        let sections = cmd::run(
-            "readelf",
-            &[
-                "-S",
-                "-W",
-                &built
-                    .rootfs
-                    .join("usr/local/bin")
-                    .join(binary)
-                    .to_string_lossy(),
-            ],
-        )?
-        .stdout;
-        assert!(sections.contains(" .text "), "{binary}: {sections}");
-        // (.debug_gdb_scripts, 34 bytes that are loaded, stays.)
-        assert!(
-            !sections.contains(".debug_info") && !sections.contains(".debug_line"),
-            "debug sections left in {binary}:\n{sections}"
+    Ok(())
+}
+
+/// The arm64 binaries start with nothing but the arm64 image's files: its
+/// ELF interpreter and libraries (`qemu-aarch64 -L ROOTFS` resolves every
+/// absolute path the program opens there first), so the image's loader
+/// finds every library each binary links.
+#[test]
+fn the_arm64_binaries_start_from_the_arm64_files_alone() -> Result<()> {
+    let built = built()?;
+    let root = built.arm64.rootfs.to_string_lossy().into_owned();
+    for (binary, name) in [
+        ("usr/local/bin/health-controller", "health-controller"),
+        ("usr/local/bin/health-agent", "health-agent"),
+    ] {
+        let path = built.arm64.rootfs.join(binary);
+        let out = cmd::run(
+            "qemu-aarch64",
+            &["-L", &root, &path.to_string_lossy(), "--version"],
+        )?;
+        assert_eq!(
+            out.stdout,
+            format!("{name} {}\n", env!("CARGO_PKG_VERSION")),
+            "{binary}: {}",
+            out.stderr
         );
     }
     Ok(())
@@ -312,19 +417,27 @@ fn locked_versions() -> Result<BTreeMap<String, Vec<String>>> {
     Ok(versions)
 }
 
-/// The SBOM in the image (and the same bytes beside the archive) lists the
-/// crates compiled into the binaries at the versions Cargo.lock pins, not
-/// the tests' or the proc-macros', and the Debian packages of the copied
-/// libraries at the versions dpkg has installed.
+/// Each platform's SBOM in the image (and the same bytes beside the
+/// archive) lists the crates compiled into its binaries at the versions
+/// Cargo.lock pins, not the tests' or the proc-macros', and the Debian
+/// packages of the copied libraries: for amd64 at the versions dpkg has
+/// installed here, for arm64 Debian's arm64 packages of the same release.
 #[test]
 fn the_sbom_lists_the_binaries_crates_and_the_libraries_packages() -> Result<()> {
     let built = built()?;
+    for (arch, unpacked) in [("amd64", &built.amd64), ("arm64", &built.arm64)] {
+        check_sbom(&built.archive, arch, unpacked).with_context(|| format!("the {arch} SBOM"))?;
+    }
+    Ok(())
+}
+
+fn check_sbom(archive: &Path, arch: &str, built: &Unpacked) -> Result<()> {
     let inside = std::fs::read(
         built
             .rootfs
             .join("usr/share/doc/volume-health/sbom.cdx.json"),
     )?;
-    let beside = std::fs::read(built.archive.with_file_name("first.cdx.json"))?;
+    let beside = std::fs::read(archive.with_file_name(format!("first.{arch}.cdx.json")))?;
     assert!(
         inside == beside,
         "the SBOM beside the archive is not the image's"
@@ -387,11 +500,26 @@ fn the_sbom_lists_the_binaries_crates_and_the_libraries_packages() -> Result<()>
             "dpkg-query",
             &["--show", "--showformat", "${Version}", package],
         )?;
+        let installed = installed.stdout.trim();
+        let listed = by_name[package]["version"].as_str().unwrap_or_default();
         assert_eq!(
-            by_name[package]["version"],
-            installed.stdout.trim(),
+            by_name[package]["purl"],
+            format!(
+                "pkg:deb/debian/{package}@{}?arch={arch}",
+                listed.replace('+', "%2B")
+            ),
             "{package}"
         );
+        match arch {
+            "amd64" => assert_eq!(listed, installed, "{package}"),
+            // Fetched today: at least as new as this host's, of the same
+            // upstream version (bookworm's).
+            _ => assert_eq!(
+                listed.split('-').next(),
+                installed.split('-').next(),
+                "{package}: arm64 {listed}, host {installed}"
+            ),
+        }
     }
     let debian: Vec<&str> = components
         .iter()
@@ -431,7 +559,7 @@ echo "agent exit status: $status"
 fn the_agent_runs_from_the_unpacked_image_alone_and_attaches() -> Result<()> {
     let built = built()?;
     let _kernel = health_tests::shared_kernel();
-    let rootfs = built.rootfs.to_string_lossy().into_owned();
+    let rootfs = built.amd64.rootfs.to_string_lossy().into_owned();
     let out = cmd::run(
         "unshare",
         &[
@@ -489,7 +617,7 @@ fn the_controller_runs_from_the_unpacked_image_alone() -> Result<()> {
     let out = cmd::run(
         "chroot",
         &[
-            &built.rootfs.to_string_lossy(),
+            &built.amd64.rootfs.to_string_lossy(),
             "/usr/local/bin/health-controller",
             "--version",
         ],
@@ -514,7 +642,7 @@ fn two_builds_of_one_commit_are_the_same_bytes() -> Result<()> {
     std::fs::remove_file(&copy)?;
     let reference = format!("oci-archive:{}", second.display());
     let inspect = json(&cmd::run("skopeo", &["inspect", &reference])?.stdout)?;
-    assert_eq!(inspect["Digest"], built.inspect["Digest"]);
+    assert_eq!(inspect["Digest"], built.amd64.inspect["Digest"]);
     let (one, two) = (std::fs::read(&built.archive)?, std::fs::read(&second)?);
     assert!(
         one == two,
@@ -523,9 +651,11 @@ fn two_builds_of_one_commit_are_the_same_bytes() -> Result<()> {
         second.display()
     );
     eprintln!(
-        "image: {} bytes, manifest {}",
+        "image: {} bytes, index {}, amd64 manifest {}, arm64 manifest {}",
         one.len(),
-        built.inspect["Digest"].as_str().unwrap_or_default()
+        built.amd64.inspect["Digest"].as_str().unwrap_or_default(),
+        built.amd64.manifest_digest,
+        built.arm64.manifest_digest
     );
     Ok(())
 }

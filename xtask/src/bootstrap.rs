@@ -26,6 +26,7 @@ pub const IMAGE_TEST_TOOLS: &[(&str, &str)] = &[
     ("chroot", "coreutils"),
     ("timeout", "coreutils"),
     ("readelf", "binutils"),
+    ("qemu-aarch64", "qemu-user"),
 ];
 
 pub const DEBIAN_RUSTC: &str = "/usr/bin/rustc";

@@ -5,7 +5,8 @@
 //! when they change ([`ebpf`]), installing that toolchain and the test tools
 //! ([`bootstrap`]), building the agent with the object embedded ([`build`]),
 //! running the tests (as a user without root, too: [`as_user`]), writing
-//! the agent's image without an engine ([`image`]), VMs with other kernels
+//! the agent's image without an engine, for amd64 and arm64 ([`image`],
+//! [`cross`]), VMs with other kernels
 //! ([`vm`]), fuzzing ([`fuzz`]), the manifest tools ([`k8s_tools`],
 //! [`promtool`]) and the Kubernetes and CSI components built from Go
 //! modules ([`components`]).
@@ -25,6 +26,7 @@ pub mod as_user;
 pub mod bootstrap;
 pub mod build;
 pub mod components;
+pub mod cross;
 pub mod ebpf;
 pub mod fuzz;
 pub mod image;

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::Context;
-use xtask::image::oci::{self, ImageConfig, ImageNames};
+use xtask::image::oci::{self, ImageConfig, ImageNames, Platform};
 use xtask::image::rootfs::{Entry, Rootfs};
 use xtask::util::{output, run as run_cmd, say};
 
@@ -54,9 +54,14 @@ pub(super) fn build(state: &State, agent_archive: Option<&Path>) -> anyhow::Resu
                 "building the agent's image {AGENT_IMAGE} (cargo xtask image)"
             ));
             let (repository, tag) = AGENT_IMAGE.split_once(':').expect("a tag");
+            // The node's architecture only: the cluster is this machine.
+            // The other's cross build is `cargo xtask image`'s and the
+            // image test's.
+            let host = xtask::cross::host()?;
             xtask::image::build(&xtask::image::ImageArgs {
                 repository: Some(repository.into()),
                 tag: Some(tag.into()),
+                platforms: vec![host.name.to_string()],
                 ..Default::default()
             })
             .context("building the agent's image")?
@@ -138,7 +143,7 @@ fn build_pause(dir: &Path, out: &Path) -> anyhow::Result<()> {
             executable: true,
         },
     )?;
-    write(&fs, PAUSE_IMAGE, vec!["/pause".into()], Vec::new(), out)
+    write(fs, PAUSE_IMAGE, vec!["/pause".into()], Vec::new(), out)
 }
 
 fn build_busybox(out: &Path) -> anyhow::Result<()> {
@@ -161,18 +166,18 @@ fn build_busybox(out: &Path) -> anyhow::Result<()> {
     for dir in ["tmp", "etc", "root", "var"] {
         fs.add(dir, Entry::Dir)?;
     }
-    write(&fs, BUSYBOX_IMAGE, Vec::new(), vec!["sh".into()], out)
+    write(fs, BUSYBOX_IMAGE, Vec::new(), vec!["sh".into()], out)
 }
 
 fn write(
-    fs: &Rootfs,
+    fs: Rootfs,
     name: &str,
     entrypoint: Vec<String>,
     cmd: Vec<String>,
     out: &Path,
 ) -> anyhow::Result<()> {
     let config = ImageConfig {
-        architecture: oci_architecture().into(),
+        architecture: xtask::cross::host()?.name.into(),
         entrypoint,
         cmd,
         env: vec!["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into()],
@@ -183,7 +188,8 @@ fn write(
         full: full_name(name),
         tag: name.rsplit_once(':').map_or("latest", |(_, t)| t).into(),
     };
-    oci::write_archive(fs, &config, &names, 0, out)
+    let platform = Platform { rootfs: fs, config };
+    oci::write_archive(&[platform], &names, 0, out)
         .with_context(|| format!("writing {}", out.display()))?;
     Ok(())
 }
@@ -195,13 +201,6 @@ pub(super) fn full_name(name: &str) -> String {
         true if first.contains('.') || first.contains(':') || first == "localhost" => name.into(),
         true => format!("docker.io/{name}"),
         false => format!("docker.io/library/{name}"),
-    }
-}
-
-fn oci_architecture() -> &'static str {
-    match std::env::consts::ARCH {
-        "aarch64" => "arm64",
-        _ => "amd64",
     }
 }
 

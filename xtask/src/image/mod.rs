@@ -2,7 +2,10 @@
 //! engine, as an OCI image layout in one tar archive
 //! (`target/image/volume-health-agent-<tag>.oci.tar`) that `kind load
 //! image-archive`, `ctr images import`, `podman load`, `docker load` and
-//! `skopeo copy oci-archive:FILE ...` accept.
+//! `skopeo copy oci-archive:FILE ...` accept. One image index holds linux/amd64
+//! and linux/arm64 ([`oci`]); the architecture the build host is not is
+//! cross-compiled ([`crate::cross`]), its libraries are Debian's packages of
+//! that architecture ([`foreign`]).
 //!
 //! What the image holds, and why: the release agent (kernel programs
 //! embedded) with its debug info stripped (`objcopy --strip-debug`: the
@@ -19,8 +22,9 @@
 //! root filesystem is read-only). The container runtime creates the mount
 //! points (/proc, /sys, /dev, /host/proc, /var/lib/kubelet) itself.
 //!
-//! The libraries come from the build host, so the image runs where that
-//! glibc runs: build on Debian bookworm (the README's build host). It is
+//! The host architecture's libraries come from the build host, the other's
+//! from Debian bookworm's packages at the host's versions, so the image runs
+//! where that glibc runs: build on Debian bookworm (the README's build host). It is
 //! the project's only image builder: no Dockerfile is kept in step with it.
 //! Its SBOM ([`sbom`]) goes in the image and beside the archive.
 //!
@@ -30,7 +34,9 @@
 //! the same checkout path and toolchain: it carries absolute source paths
 //! (the kernel object's BTF, generated code, the cargo registry).
 
+pub mod foreign;
 pub mod oci;
+pub mod platform;
 pub mod rootfs;
 pub mod sbom;
 
@@ -39,9 +45,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{bail, Context};
-use rootfs::{Entry, Rootfs};
 
 use crate::build;
+use crate::cross::{self, Arch};
 use crate::util::{output, say, workspace_root};
 
 /// Where the agent is in the image; the entrypoint.
@@ -55,8 +61,14 @@ pub const CMD: &[&str] = &["run"];
 /// The repository deploy/daemonset.yaml and the chart's values name.
 pub const REPOSITORY: &str = "volume-health-agent";
 /// What building the image runs (command, Debian package).
-const BUILD_TOOLS: &[(&str, &str)] =
-    &[("objcopy", "binutils"), ("ldd", "libc-bin"), ("git", "git")];
+const BUILD_TOOLS: &[(&str, &str)] = &[
+    ("objcopy", "binutils"),
+    ("readelf", "binutils"),
+    ("ldd", "libc-bin"),
+    ("git", "git"),
+    ("dpkg-deb", "dpkg"),
+    ("apt-get", "apt"),
+];
 
 #[derive(clap::Args, Default)]
 pub struct ImageArgs {
@@ -64,12 +76,18 @@ pub struct ImageArgs {
     #[arg(long, value_name = "FILE")]
     pub output: Option<PathBuf>,
     /// Put this agent binary in the image as it is instead of building one
-    /// (it must have been built with its kernel programs embedded).
+    /// (it must have been built with its kernel programs embedded), for the
+    /// build host's architecture; another architecture's is always built.
     #[arg(long, value_name = "FILE")]
     pub agent: Option<PathBuf>,
-    /// Put this controller binary in the image as it is instead of building one.
+    /// Put this controller binary in the image as it is instead of building
+    /// one, for the build host's architecture.
     #[arg(long, value_name = "FILE")]
     pub controller: Option<PathBuf>,
+    /// The architectures the image holds [default: amd64,arm64; the local
+    /// cluster's image: the host's only].
+    #[arg(long = "platform", value_name = "ARCH", value_delimiter = ',')]
+    pub platforms: Vec<String>,
     /// Image repository: the name without the tag [default: volume-health-agent, as deploy/ and the chart].
     #[arg(long)]
     pub repository: Option<String>,
@@ -93,23 +111,123 @@ pub struct Image {
 /// `cargo xtask image`: writes the archive and says what it holds.
 pub fn run(args: &ImageArgs) -> anyhow::Result<()> {
     let image = build(args)?;
-    say(format!(
-        "wrote {} ({} bytes)\n  name     {}\n  manifest {}\n  layer    {} ({} bytes; uncompressed {})",
+    let mut said = format!(
+        "wrote {} ({} bytes)\n  name     {}\n  index    {}",
         image.path.display(),
         image.written.archive_size,
         image.full_name,
-        image.written.manifest_digest,
-        image.written.layer_digest,
-        image.written.layer_size,
-        image.written.diff_id,
-    ));
+        image.written.index_digest,
+    );
+    for m in &image.written.manifests {
+        said.push_str(&format!(
+            "\n  {:<8} manifest {}\n           layer    {} ({} bytes; uncompressed {})",
+            m.architecture, m.manifest_digest, m.layer_digest, m.layer_size, m.diff_id
+        ));
+    }
+    say(said);
     Ok(())
 }
 
 pub fn build(args: &ImageArgs) -> anyhow::Result<Image> {
     crate::bootstrap::ensure_commands(BUILD_TOOLS)?;
-    // Both binaries in one cargo run, as `cargo xtask build` builds them:
-    // after it, nothing compiles again.
+    let architectures = architectures(&args.platforms)?;
+    let commit = Commit::read(&workspace_root())?;
+    let repository = args.repository.as_deref().unwrap_or(REPOSITORY);
+    let version = env!("CARGO_PKG_VERSION");
+    let tag = args.tag.as_deref().unwrap_or(version);
+    let full_name = full_reference(repository, tag)?;
+    let path = match &args.output {
+        Some(path) => path.clone(),
+        None => {
+            let base = repository.rsplit('/').next().unwrap_or(repository);
+            crate::util::target_dir()
+                .join("image")
+                .join(format!("{base}-{tag}.oci.tar"))
+        }
+    };
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let created = commit.rfc3339()?;
+    // --source, else the checkout's `origin`, else the workspace's
+    // `repository`: the label is always set.
+    let source = args
+        .source
+        .clone()
+        .or_else(|| origin_url(&workspace_root()))
+        .unwrap_or_else(|| env!("CARGO_PKG_REPOSITORY").to_string());
+    let about = platform::About {
+        repository,
+        version,
+        created: &created,
+    };
+
+    let mut platforms = Vec::new();
+    for arch in architectures {
+        let (agent, controller) = binaries(arch, args)?;
+        say(format!(
+            "image {full_name}, {}: agent {}, controller {}",
+            arch.name,
+            agent.display(),
+            controller.display()
+        ));
+        let assembled = platform::assemble(arch, &agent, &controller, &about)?;
+        // What the files are made of: in the image and beside the archive.
+        let bom_path = sbom_path(&path, arch.name);
+        std::fs::write(&bom_path, &assembled.sbom)
+            .with_context(|| format!("writing {}", bom_path.display()))?;
+        platforms.push(oci::Platform {
+            rootfs: assembled.rootfs,
+            config: oci::ImageConfig {
+                architecture: arch.name.to_string(),
+                entrypoint: ENTRYPOINT.iter().map(|s| s.to_string()).collect(),
+                cmd: CMD.iter().map(|s| s.to_string()).collect(),
+                env: vec![
+                    "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into(),
+                ],
+                labels: labels(version, &commit.revision, &created, &source),
+                created: created.clone(),
+            },
+        });
+    }
+    let names = oci::ImageNames {
+        full: full_name.clone(),
+        tag: tag.to_string(),
+    };
+    let written = oci::write_archive(&platforms, &names, commit.time, &path)?;
+    Ok(Image {
+        path,
+        full_name,
+        written,
+    })
+}
+
+/// `--platform`'s architectures, each once, in the image's order; none
+/// given: every one.
+fn architectures(names: &[String]) -> anyhow::Result<Vec<&'static Arch>> {
+    if names.is_empty() {
+        return Ok(cross::ALL.to_vec());
+    }
+    let mut wanted = Vec::new();
+    for name in names {
+        wanted.push(cross::by_name(name.trim())?);
+    }
+    Ok(cross::ALL
+        .into_iter()
+        .filter(|a| wanted.contains(a))
+        .collect())
+}
+
+/// The agent and the controller of `arch`: the given ones or the host's
+/// release build for the host's architecture (both in one cargo run, as
+/// `cargo xtask build` builds them: after it, nothing compiles again), a
+/// cross build for the other.
+fn binaries(arch: &Arch, args: &ImageArgs) -> anyhow::Result<(PathBuf, PathBuf)> {
+    if !arch.is_host() {
+        let built = cross::build(arch)?;
+        let controller = built.controller.context("the cross build makes both")?;
+        return Ok((built.agent, controller));
+    }
     let built = match (&args.agent, &args.controller) {
         (Some(_), Some(_)) => None,
         _ => Some(build::binaries(&build::Wanted {
@@ -128,111 +246,18 @@ pub fn build(args: &ImageArgs) -> anyhow::Result<Image> {
             .and_then(|b| b.controller.clone())
             .context("built above")?,
     };
-    let commit = Commit::read(&workspace_root())?;
-    let repository = args.repository.as_deref().unwrap_or(REPOSITORY);
-    let version = env!("CARGO_PKG_VERSION");
-    let tag = args.tag.as_deref().unwrap_or(version);
-    let full_name = full_reference(repository, tag)?;
-    let path = match &args.output {
-        Some(path) => path.clone(),
-        None => {
-            let base = repository.rsplit('/').next().unwrap_or(repository);
-            crate::util::target_dir()
-                .join("image")
-                .join(format!("{base}-{tag}.oci.tar"))
-        }
-    };
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    }
-
-    say(format!(
-        "image {full_name}: agent {}, controller {}",
-        agent.display(),
-        controller.display()
-    ));
-    let mut fs = Rootfs::default();
-    let mut architecture = None;
-    let mut libraries = Vec::new();
-    for (binary, path) in [(&agent, AGENT_PATH), (&controller, CONTROLLER_PATH)] {
-        let stripped = strip(binary)?;
-        let arch = elf_architecture(&stripped)
-            .with_context(|| format!("reading the ELF header of {}", binary.display()))?;
-        if architecture.is_some_and(|a| a != arch) {
-            bail!(
-                "{} is built for {arch}, the agent for another architecture",
-                binary.display()
-            );
-        }
-        architecture = Some(arch);
-        fs.add(
-            path.trim_start_matches('/'),
-            Entry::File {
-                data: stripped,
-                executable: true,
-            },
-        )?;
-        for library in rootfs::linked_libraries(binary)? {
-            fs.copy_host_path(&library)?;
-            libraries.push(library);
-        }
-    }
-    let architecture = architecture.context("no binary in the image")?;
-    let created = commit.rfc3339()?;
-
-    // What the files are made of: in the image and beside the archive.
-    let bom = sbom::document(
-        repository,
-        version,
-        &created,
-        &sbom::crates(&workspace_root(), &["health-agent", "health-controller"])?,
-        &sbom::debian_packages(&libraries)?,
-    )?;
-    fs.add(
-        sbom::PATH,
-        Entry::File {
-            data: bom.clone(),
-            executable: false,
-        },
-    )?;
-    let bom_path = sbom_path(&path);
-    std::fs::write(&bom_path, &bom).with_context(|| format!("writing {}", bom_path.display()))?;
-
-    // --source, else the checkout's `origin`, else the workspace's
-    // `repository`: the label is always set.
-    let source = args
-        .source
-        .clone()
-        .or_else(|| origin_url(&workspace_root()))
-        .unwrap_or_else(|| env!("CARGO_PKG_REPOSITORY").to_string());
-    let config = oci::ImageConfig {
-        architecture: architecture.to_string(),
-        entrypoint: ENTRYPOINT.iter().map(|s| s.to_string()).collect(),
-        cmd: CMD.iter().map(|s| s.to_string()).collect(),
-        env: vec!["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into()],
-        labels: labels(version, &commit.revision, &created, &source),
-        created,
-    };
-    let names = oci::ImageNames {
-        full: full_name.clone(),
-        tag: tag.to_string(),
-    };
-    let written = oci::write_archive(&fs, &config, &names, commit.time, &path)?;
-    Ok(Image {
-        path,
-        full_name,
-        written,
-    })
+    Ok((agent, controller))
 }
 
-/// The SBOM beside the archive: `NAME.oci.tar` → `NAME.cdx.json`.
-pub fn sbom_path(archive: &Path) -> PathBuf {
+/// An architecture's SBOM beside the archive: `NAME.oci.tar` →
+/// `NAME.ARCH.cdx.json`.
+pub fn sbom_path(archive: &Path, arch: &str) -> PathBuf {
     let name = archive
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
     let base = name.strip_suffix(".oci.tar").unwrap_or(&name);
-    archive.with_file_name(format!("{base}.cdx.json"))
+    archive.with_file_name(format!("{base}.{arch}.cdx.json"))
 }
 
 fn labels(version: &str, revision: &str, created: &str, source: &str) -> BTreeMap<String, String> {
@@ -251,35 +276,6 @@ fn labels(version: &str, revision: &str, created: &str, source: &str) -> BTreeMa
     set("licenses", env!("CARGO_PKG_LICENSE"));
     set("source", source);
     labels
-}
-
-/// A binary without debug info, as `objcopy --strip-debug` leaves it (the
-/// same input gives the same output).
-fn strip(binary: &Path) -> anyhow::Result<Vec<u8>> {
-    let dir = tempfile::tempdir()?;
-    let out = dir.path().join("stripped");
-    output(
-        Command::new("objcopy")
-            .arg("--strip-debug")
-            .arg(binary)
-            .arg(&out),
-    )?;
-    std::fs::read(&out).with_context(|| format!("reading {}", out.display()))
-}
-
-/// The OCI architecture of a 64-bit little-endian ELF executable.
-fn elf_architecture(elf: &[u8]) -> anyhow::Result<&'static str> {
-    if elf.len() < 20 || &elf[..4] != b"\x7fELF" {
-        bail!("not an ELF file");
-    }
-    if elf[4] != 2 || elf[5] != 1 {
-        bail!("not a 64-bit little-endian ELF file");
-    }
-    match u16::from_le_bytes([elf[18], elf[19]]) {
-        62 => Ok("amd64"),
-        183 => Ok("arm64"),
-        other => bail!("ELF machine {other} has no OCI architecture here"),
-    }
 }
 
 /// The reference containerd stores for `repository:tag`, normalized the way
@@ -430,22 +426,6 @@ mod tests {
         );
         assert_eq!(public_url("git@github.com:acme/volume-health.git"), None);
         assert_eq!(public_url("/srv/git/volume-health"), None);
-    }
-
-    #[test]
-    fn the_architecture_comes_from_the_elf_header() {
-        let mut elf = vec![0u8; 64];
-        elf[..6].copy_from_slice(b"\x7fELF\x02\x01");
-        elf[18] = 62;
-        assert_eq!(elf_architecture(&elf).unwrap(), "amd64");
-        elf[18] = 183;
-        assert_eq!(elf_architecture(&elf).unwrap(), "arm64");
-        elf[18] = 3;
-        assert_eq!(
-            elf_architecture(&elf).unwrap_err().to_string(),
-            "ELF machine 3 has no OCI architecture here"
-        );
-        assert!(elf_architecture(b"#!/bin/sh\n").is_err());
     }
 
     #[test]

@@ -95,11 +95,24 @@ impl Rootfs {
     /// the same symlink in the image (with the same target text), and its
     /// target is followed and copied too.
     pub fn copy_host_path(&mut self, host: &Path) -> anyhow::Result<()> {
-        self.copy_resolving(host, 0)
-            .with_context(|| format!("copying {} into the image", host.display()))
+        self.copy_from(Path::new("/"), host)
     }
 
-    fn copy_resolving(&mut self, host: &Path, followed: usize) -> anyhow::Result<()> {
+    /// [`Rootfs::copy_host_path`] from another root: `path` as it is under
+    /// `root` (an unpacked foreign architecture's packages,
+    /// [`super::foreign`]), symlinks resolved inside `root`.
+    pub fn copy_from(&mut self, root: &Path, path: &Path) -> anyhow::Result<()> {
+        self.copy_resolving(root, path, 0).with_context(|| {
+            format!(
+                "copying {} of {} into the image",
+                path.display(),
+                root.display()
+            )
+        })
+    }
+
+    /// `host`: the path in the image, found at the same path under `root`.
+    fn copy_resolving(&mut self, root: &Path, host: &Path, followed: usize) -> anyhow::Result<()> {
         if !host.is_absolute() {
             bail!("{} is not an absolute path", host.display());
         }
@@ -117,18 +130,19 @@ impl Rootfs {
             };
             let next = current.join(name);
             let last = i == parts.len() - 1;
-            let meta = std::fs::symlink_metadata(&next)
-                .with_context(|| format!("reading {}", next.display()))?;
             let rel = relative(&next)?;
+            let on_disk = root.join(&rel);
+            let meta = std::fs::symlink_metadata(&on_disk)
+                .with_context(|| format!("reading {}", on_disk.display()))?;
             if meta.file_type().is_symlink() {
                 if followed >= MAX_SYMLINKS {
                     bail!("too many symlinks resolving {}", host.display());
                 }
-                let target = std::fs::read_link(&next)
-                    .with_context(|| format!("reading the link {}", next.display()))?;
+                let target = std::fs::read_link(&on_disk)
+                    .with_context(|| format!("reading the link {}", on_disk.display()))?;
                 let text = target
                     .to_str()
-                    .with_context(|| format!("{} links to a non-UTF-8 path", next.display()))?;
+                    .with_context(|| format!("{} links to a non-UTF-8 path", on_disk.display()))?;
                 self.add(&rel, Entry::Symlink(text.to_string()))?;
                 let mut resolved = if target.is_absolute() {
                     target.clone()
@@ -138,19 +152,19 @@ impl Rootfs {
                 for rest in &parts[i + 1..] {
                     resolved.push(rest.as_os_str());
                 }
-                return self.copy_resolving(&resolved, followed + 1);
+                return self.copy_resolving(root, &resolved, followed + 1);
             }
             if last {
                 if !meta.is_file() {
-                    bail!("{} is not a regular file", next.display());
+                    bail!("{} is not a regular file", on_disk.display());
                 }
-                let data =
-                    std::fs::read(&next).with_context(|| format!("reading {}", next.display()))?;
+                let data = std::fs::read(&on_disk)
+                    .with_context(|| format!("reading {}", on_disk.display()))?;
                 let executable = meta.permissions().mode() & 0o111 != 0;
                 return self.add(&rel, Entry::File { data, executable });
             }
             if !meta.is_dir() {
-                bail!("{} is not a directory", next.display());
+                bail!("{} is not a directory", on_disk.display());
             }
             self.add(&rel, Entry::Dir)?;
             current = next;

@@ -3,13 +3,14 @@
 //! library). It lists what the image's files are made of:
 //!
 //! - every crate compiled into the two binaries: `cargo tree` over their
-//!   normal dependencies for this host, proc-macros left out (they run in
+//!   normal dependencies for the image's architecture, proc-macros left out (they run in
 //!   the compiler, nothing of them is in a binary), with the version
 //!   Cargo.lock pins, the license each manifest declares and a
 //!   `pkg:cargo` purl for those from crates.io (the workspace's own crates
 //!   have none: they are not published);
-//! - the Debian package of every library copied from the build host, as
-//!   dpkg knows it (`pkg:deb/debian/NAME@VERSION?arch=ARCH`).
+//! - the Debian package of every library copied into the image, as dpkg
+//!   knows it (`pkg:deb/debian/NAME@VERSION?arch=ARCH`): the build host's
+//!   for its architecture, the downloaded packages for the other.
 //!
 //! Reproducible like the rest of the image: no serial number, the commit's
 //! time as the timestamp, components sorted.
@@ -50,12 +51,14 @@ pub struct DebianPackage {
     pub architecture: String,
 }
 
-/// The crates compiled into `packages` (workspace members), each once.
-pub fn crates(workspace: &Path, packages: &[&str]) -> anyhow::Result<Vec<Crate>> {
+/// The crates compiled into `packages` (workspace members) for the Rust
+/// `target`, each once.
+pub fn crates(workspace: &Path, packages: &[&str], target: &str) -> anyhow::Result<Vec<Crate>> {
     let mut cargo = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
     cargo
         .current_dir(workspace)
         .args(["tree", "--locked", "--edges", "normal,no-proc-macro"])
+        .args(["--target", target])
         .args(["--prefix", "none", "--format", "{p}\t{l}"]);
     for package in packages {
         cargo.args(["--package", package]);
