@@ -45,6 +45,8 @@ pub fn sysroot(arch: &Arch) -> anyhow::Result<Sysroot> {
     if apt.lists_are_old() {
         say(format!("apt-get update (the {} package lists)", arch.name));
         run_apt(apt.command().args(["update", "-qq"]))?;
+        fs::write(&apt.updated, b"")
+            .with_context(|| format!("writing {}", apt.updated.display()))?;
     }
     let work = tempfile::Builder::new()
         .prefix(".debs-")
@@ -113,6 +115,9 @@ struct AptFor {
     arch: String,
     lists: PathBuf,
     cache: PathBuf,
+    /// Touched after each update: apt dates its lists by the server's
+    /// files, not by when they were fetched.
+    updated: PathBuf,
 }
 
 impl AptFor {
@@ -126,6 +131,7 @@ impl AptFor {
             arch: arch.to_string(),
             lists,
             cache,
+            updated: base.join("apt/updated"),
         })
     }
 
@@ -146,16 +152,10 @@ impl AptFor {
         apt
     }
 
-    /// No list yet, or the newest older than [`LISTS_MAX_AGE`].
+    /// Never updated, or last longer ago than [`LISTS_MAX_AGE`].
     fn lists_are_old(&self) -> bool {
-        let newest = fs::read_dir(&self.lists)
-            .into_iter()
-            .flatten()
-            .filter_map(|e| e.ok())
-            .filter(|e| e.file_name().to_string_lossy().ends_with("_Packages"))
-            .filter_map(|e| e.metadata().ok()?.modified().ok())
-            .max();
-        newest.is_none_or(|t| {
+        let updated = fs::metadata(&self.updated).and_then(|m| m.modified());
+        updated.map_or(true, |t| {
             SystemTime::now()
                 .duration_since(t)
                 .is_ok_and(|age| age > LISTS_MAX_AGE)
