@@ -7,7 +7,6 @@
 //! 64-bit argument arrays (tracepoints, BTF tracepoints, fentry and fexit),
 //! never through an architecture's registers.
 
-use std::path::PathBuf;
 use std::process::Command;
 
 use anyhow::{bail, Context};
@@ -153,12 +152,4 @@ fn ensure_rust_target(target: &str) -> anyhow::Result<()> {
     }
     say(format!("rustup target add {target}"));
     run(Command::new("rustup").args(["target", "add", target]))
-}
-
-/// Where a binary of `arch` built by [`build`] or the host's build is.
-pub fn release_dir(arch: &Arch) -> PathBuf {
-    match arch.is_host() {
-        true => target_dir().join("release"),
-        false => target_dir().join(arch.rust_target).join("release"),
-    }
 }
