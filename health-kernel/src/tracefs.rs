@@ -114,6 +114,12 @@ impl Tracefs {
         &self.root
     }
 
+    /// Whether any tracepoint of `group` exists: a module's group appears
+    /// when it is loaded.
+    pub fn has_group(&self, group: &str) -> bool {
+        self.root.join("events").join(group).is_dir()
+    }
+
     /// The format of `group:name`, or `None` when this kernel has no such
     /// tracepoint (the module is not loaded, or the kernel predates it).
     pub fn event_format(

@@ -34,7 +34,7 @@ const PACKAGES: &[(&str, &str)] = &[
     ("blkid", "util-linux"),
     ("etcd", "etcd-server"),
     ("openssl", "openssl"),
-    // tests/tests/image.rs: the OCI image read by independent tools, the
+    // tests/tests/image/: the OCI image read by independent tools, the
     // agent run from its root filesystem.
     ("skopeo", "skopeo"),
     ("umoci", "umoci"),
@@ -43,10 +43,15 @@ const PACKAGES: &[(&str, &str)] = &[
     ("timeout", "coreutils"),
     ("readelf", "binutils"),
     ("qemu-aarch64", "qemu-user"),
+    ("qemu-system-aarch64", "qemu-system-arm"),
+    ("cpio", "cpio"),
+    ("xz", "xz-utils"),
+    ("debugfs", "e2fsprogs"),
 ];
 
-/// What tests/tests/image.rs drives: the OCI image read by skopeo and umoci,
-/// the agent run from its root filesystem (`cargo xtask test` installs them).
+/// What tests/tests/image/ drives: the OCI image read by skopeo and umoci,
+/// the agent run from its root filesystem, the arm64 one under qemu-user
+/// and in aarch64 guests (`cargo xtask test` installs them).
 pub const IMAGE_TEST_TOOLS: &[&str] = &[
     "skopeo",
     "umoci",
@@ -55,6 +60,10 @@ pub const IMAGE_TEST_TOOLS: &[&str] = &[
     "timeout",
     "readelf",
     "qemu-aarch64",
+    "qemu-system-aarch64",
+    "cpio",
+    "xz",
+    "debugfs",
 ];
 
 /// Debian package that ships `tool`, if the harness knows it.

@@ -27,6 +27,10 @@ pub const IMAGE_TEST_TOOLS: &[(&str, &str)] = &[
     ("timeout", "coreutils"),
     ("readelf", "binutils"),
     ("qemu-aarch64", "qemu-user"),
+    ("qemu-system-aarch64", "qemu-system-arm"),
+    ("cpio", "cpio"),
+    ("xz", "xz-utils"),
+    ("debugfs", "e2fsprogs"),
 ];
 
 pub const DEBIAN_RUSTC: &str = "/usr/bin/rustc";

@@ -272,8 +272,10 @@ pub fn test(args: &[String]) -> anyhow::Result<()> {
     // tests/tests/server/deploy.rs renders the chart and the kustomization;
     // deploy_monitoring.rs also runs promtool on the chart's rules.
     let k8s = crate::k8s_tools::ensure()?;
-    // tests/tests/image.rs reads the image with skopeo and umoci.
+    // tests/tests/image/ reads the image with skopeo and umoci, and boots
+    // its arm64 files on Debian's arm64 kernels.
     bootstrap::ensure_commands(bootstrap::IMAGE_TEST_TOOLS)?;
+    let arm64_guests = crate::vm::arm64_guests::ensure(false)?;
     // The agent and the controller the suites run come from the workspace
     // build (HEALTH_AGENT_BIN), not from a build of their own package: that
     // one unifies fewer features and would compile tokio, hyper, kube,
@@ -293,7 +295,8 @@ pub fn test(args: &[String]) -> anyhow::Result<()> {
             )
             .env("HELM_BIN", &k8s.helm)
             .env("KUBECTL_BIN", &k8s.kubectl)
-            .env("PROMTOOL_BIN", &k8s.promtool);
+            .env("PROMTOOL_BIN", &k8s.promtool)
+            .env(crate::vm::arm64_guests::ENV, &arm64_guests);
         cargo
     };
     // A failed build is told at once; the Go builds it leaves go on
@@ -304,7 +307,7 @@ pub fn test(args: &[String]) -> anyhow::Result<()> {
     let mut cargo = suite();
     components.apply(&mut cargo);
     run(cargo
-        // tests/image.rs runs `xtask image`: this very binary.
+        // tests/image/ runs `xtask image`: this very binary.
         .env("HEALTH_XTASK_BIN", std::env::current_exe()?)
         .arg("--")
         .args(args))

@@ -20,8 +20,8 @@ use crate::deploy_common;
 
 use deploy_common::agent_objects::{
     agent, by_key, deploy, deploy_objects, env_value, manifest_files, mount_path_of_host_path,
-    name, namespace_of, parse_documents, pod_spec, CLUSTER_ROLE, DAEMON_SET, IMAGE,
-    METRICS_SERVICE, MOUNTS, NAMESPACE, SERVICE_ACCOUNT, STATE_DIR,
+    name, namespace_of, parse_documents, pod_spec, required_architectures, CLUSTER_ROLE,
+    DAEMON_SET, IMAGE, METRICS_SERVICE, MOUNTS, NAMESPACE, SERVICE_ACCOUNT, STATE_DIR,
 };
 use deploy_common::{chart_dir, deploy_dir, json, read};
 use health_node::cluster::API_ACCESS;
@@ -674,8 +674,13 @@ fn the_chart_defaults_are_the_values_of_deploy() {
     assert_eq!(values["nodeSelector"], json(&pod.node_selector));
     assert_eq!(
         values["nodeSelector"],
-        serde_json::json!({"kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64"})
+        serde_json::json!({"kubernetes.io/os": "linux"})
     );
+    assert_eq!(
+        values["architectures"],
+        serde_json::json!(required_architectures(pod))
+    );
+    assert_eq!(required_architectures(pod), ["amd64", "arm64"]);
 }
 
 /// docs/install.md's "Chart values" table lists every value of values.yaml

@@ -37,8 +37,8 @@ use crate::deploy_common;
 
 use deploy_common::agent_objects::{
     agent, by_key, deploy_objects, env_value, mount_path_of_host_path, namespace_of,
-    parse_documents, pod_spec, split, without_namespace, Parsed, FLOW_CONTROL_V1,
-    FLOW_CONTROL_V1BETA3, MOUNTS,
+    parse_documents, pod_spec, required_architectures, split, without_namespace, Parsed,
+    FLOW_CONTROL_V1, FLOW_CONTROL_V1BETA3, MOUNTS,
 };
 use deploy_common::{chart_dir, deploy_dir, read, run_tool, tool};
 use serde_json::Value;
@@ -525,14 +525,8 @@ fn helm_values_change_what_they_claim_to() {
         .iter()
         .map(|(k, v)| (k.as_str(), v.as_str()))
         .collect();
-    assert_eq!(
-        selector,
-        [
-            ("disk", "ssd"),
-            ("kubernetes.io/arch", "amd64"),
-            ("kubernetes.io/os", "linux")
-        ]
-    );
+    assert_eq!(selector, [("disk", "ssd"), ("kubernetes.io/os", "linux")]);
+    assert_eq!(required_architectures(pod_spec(ds)), ["amd64", "arm64"]);
     assert!(d.namespace.is_none(), "the chart makes no Namespace");
     for ns in [
         namespace_of(&ds.metadata),
@@ -643,4 +637,28 @@ fn an_unknown_or_mistyped_value_is_refused() {
         ),
         "{outside}"
     );
+    let arch = helm_template_refused(&["--set", "architectures={amd64,riscv64}"]);
+    assert!(
+        arch.contains("at '/architectures/1': value must be one of 'amd64', 'arm64'"),
+        "{arch}"
+    );
+    let none = helm_template_refused(&["--set", "architectures=null"]);
+    assert!(
+        none.contains("architectures: the node architectures the agent runs on (amd64, arm64)"),
+        "{none}"
+    );
+    // `{}` is Helm's list of one empty string.
+    let empty = helm_template_refused(&["--set", "architectures={}"]);
+    assert!(
+        empty.contains("at '/architectures/0': value must be one of 'amd64', 'arm64'"),
+        "{empty}"
+    );
+}
+
+/// `architectures` keeps the agent off the nodes it leaves out.
+#[test]
+fn the_architectures_value_is_the_pods_required_node_affinity() {
+    let objects = helm_template_all(&["--set", "architectures={arm64}"]);
+    let d = split(&objects, "helm template --set architectures={arm64}");
+    assert_eq!(required_architectures(pod_spec(&d.daemon_set)), ["arm64"]);
 }

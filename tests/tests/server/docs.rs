@@ -574,7 +574,7 @@ fn compatibility_row(page: &str, first: &str) -> String {
 
 /// docs/compatibility.md names the versions the project builds, boots and
 /// ships: the API servers and kubelet `cargo xtask components` builds, the
-/// kernels `cargo xtask vm` boots, the architecture the DaemonSet selects,
+/// kernels `cargo xtask vm` boots, the architectures the DaemonSet selects,
 /// and one version number for the crates, the chart and the image.
 #[test]
 fn the_compatibility_table_names_what_the_project_tests_and_ships() {
@@ -621,8 +621,11 @@ fn the_compatibility_table_names_what_the_project_tests_and_ships() {
     let daemon_set = read(&repo_root().join("deploy/daemonset.yaml"));
     let arch = daemon_set
         .lines()
-        .find_map(|l| l.trim().strip_prefix("kubernetes.io/arch: "))
-        .expect("the DaemonSet selects an architecture");
+        .skip_while(|l| !l.contains("key: kubernetes.io/arch"))
+        .find_map(|l| l.trim().strip_prefix("values: ["))
+        .and_then(|l| l.strip_suffix(']'))
+        .expect("the DaemonSet selects its architectures");
+    assert_eq!(arch, "amd64, arm64");
     let architecture = compatibility_row(&page, "architecture");
     assert!(
         architecture.starts_with(&format!("| architecture | {arch} | {arch} (")),

@@ -66,6 +66,13 @@ enum Command {
     Image(image::ImageArgs),
     /// Run a command (default: the kernel test binaries) on Debian's 5.10, 6.1 or 6.12 under QEMU, or on `host`.
     Vm(vm::VmArgs),
+    /// Fetch Debian's arm64 kernels (5.10, 6.1, 6.12) and static busybox for the image test's
+    /// aarch64 guests (once), and print where they are (HEALTH_ARM64_GUESTS).
+    Arm64Guests {
+        /// Look up the newest kernel of each series again instead of the cached choice.
+        #[arg(long)]
+        refresh: bool,
+    },
 }
 
 fn main() -> ExitCode {
@@ -101,6 +108,9 @@ fn main() -> ExitCode {
         }),
         Command::Image(args) => image::run(&args),
         Command::Vm(args) => vm::run(&args),
+        Command::Arm64Guests { refresh } => vm::arm64_guests::ensure(refresh).map(|dir| {
+            println!("{}={}", vm::arm64_guests::ENV, dir.display());
+        }),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

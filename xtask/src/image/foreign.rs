@@ -41,13 +41,7 @@ pub struct Sysroot {
 /// `<tools cache>/debian-<arch>/root` (replaced whole each time).
 pub fn sysroot(arch: &Arch) -> anyhow::Result<Sysroot> {
     let base = cache_dir().join(format!("debian-{}", arch.name));
-    let apt = AptFor::new(arch.name, &base)?;
-    if apt.lists_are_old() {
-        say(format!("apt-get update (the {} package lists)", arch.name));
-        run_apt(apt.command().args(["update", "-qq"]))?;
-        fs::write(&apt.updated, b"")
-            .with_context(|| format!("writing {}", apt.updated.display()))?;
-    }
+    let apt = AptFor::current(arch.name, &base)?;
     let work = tempfile::Builder::new()
         .prefix(".debs-")
         .tempdir_in(&base)
@@ -92,6 +86,40 @@ pub fn sysroot(arch: &Arch) -> anyhow::Result<Sysroot> {
     Ok(Sysroot { root, packages })
 }
 
+/// One package of `arch` unpacked into a root of its own,
+/// `<tools cache>/debian-<arch>/packages/<package>`: fetched the first
+/// time, reused after (the image test's aarch64 guests take their busybox
+/// from here).
+pub fn unpacked(arch: &Arch, package: &str) -> anyhow::Result<PathBuf> {
+    let base = cache_dir().join(format!("debian-{}", arch.name));
+    let root = base.join("packages").join(package);
+    // Written last: the unpacked tree is complete.
+    let done = root.join(".unpacked");
+    if done.exists() {
+        return Ok(root);
+    }
+    let apt = AptFor::current(arch.name, &base)?;
+    let work = tempfile::Builder::new()
+        .prefix(".debs-")
+        .tempdir_in(&base)
+        .context("creating a work dir in the tools cache")?;
+    run_apt(
+        apt.command()
+            .args(["download", "-qq", &format!("{package}:{}", arch.name)])
+            .current_dir(work.path()),
+    )?;
+    if root.exists() {
+        fs::remove_dir_all(&root).with_context(|| format!("removing {}", root.display()))?;
+    }
+    fs::create_dir_all(&root).with_context(|| format!("creating {}", root.display()))?;
+    for entry in fs::read_dir(work.path())? {
+        let deb = entry?.path();
+        run(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&root))?;
+    }
+    fs::write(&done, b"").with_context(|| format!("writing {}", done.display()))?;
+    Ok(root)
+}
+
 /// `dpkg-deb -f DEB Package Version Architecture`.
 fn package_of(fields: &str) -> anyhow::Result<DebianPackage> {
     let field = |name: &str| {
@@ -133,6 +161,18 @@ impl AptFor {
             cache,
             updated: base.join("apt/updated"),
         })
+    }
+
+    /// [`AptFor::new`], with its package lists fetched again when old.
+    fn current(arch: &str, base: &Path) -> anyhow::Result<AptFor> {
+        let apt = AptFor::new(arch, base)?;
+        if apt.lists_are_old() {
+            say(format!("apt-get update (the {arch} package lists)"));
+            run_apt(apt.command().args(["update", "-qq"]))?;
+            fs::write(&apt.updated, b"")
+                .with_context(|| format!("writing {}", apt.updated.display()))?;
+        }
+        Ok(apt)
     }
 
     fn command(&self) -> Command {

@@ -25,12 +25,19 @@ pub enum Archive {
 
 pub struct PrivateApt {
     dir: PathBuf,
+    /// Another architecture than the host's, whose packages the lists
+    /// then hold instead (Debian's name: `arm64`).
+    arch: Option<&'static str>,
 }
 
 impl PrivateApt {
     /// Writes a sources list for `suites` into `dir` and runs
-    /// `apt-get update` on it.
-    pub fn update(dir: &Path, suites: &[(Archive, &str)]) -> anyhow::Result<PrivateApt> {
+    /// `apt-get update` on it, for the host's architecture or `arch`.
+    pub fn update(
+        dir: &Path,
+        suites: &[(Archive, &str)],
+        arch: Option<&'static str>,
+    ) -> anyhow::Result<PrivateApt> {
         for sub in ["lists/partial", "cache/archives/partial"] {
             fs::create_dir_all(dir.join(sub))
                 .with_context(|| format!("creating {}", dir.join(sub).display()))?;
@@ -50,6 +57,7 @@ impl PrivateApt {
         fs::write(&list, sources).with_context(|| format!("writing {}", list.display()))?;
         let apt = PrivateApt {
             dir: dir.to_path_buf(),
+            arch,
         };
         let names: Vec<&str> = suites.iter().map(|(_, s)| *s).collect();
         say(format!(
@@ -88,6 +96,10 @@ impl PrivateApt {
             ("APT::Sandbox::User", PathBuf::from("root")),
         ] {
             cmd.arg("-o").arg(format!("{key}={}", value.display()));
+        }
+        if let Some(arch) = self.arch {
+            cmd.arg("-o").arg(format!("APT::Architecture={arch}"));
+            cmd.arg("-o").arg(format!("APT::Architectures::={arch}"));
         }
         cmd
     }

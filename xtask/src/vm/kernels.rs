@@ -6,7 +6,10 @@
 //!
 //! The generic `-amd64-unsigned` flavour is used: it has BTF and ships loop,
 //! fuse, xfs, btrfs, scsi_debug, dm-flakey and null_blk as modules (the
-//! `cloud` flavour lacks some of them).
+//! `cloud` flavour lacks some of them). The same flavour of arm64
+//! (`-arm64-unsigned`) serves the image test's aarch64 guests
+//! (`arm64_guests`): its modules stay in the cache, under a root of
+//! their own, where the guests' initramfs takes them from.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -15,6 +18,7 @@ use std::process::Command;
 use anyhow::{bail, Context};
 
 use super::apt::{Archive, PrivateApt};
+use crate::cross::Arch;
 use crate::util::{output, run, say};
 
 /// A kernel series the VM can boot, and the Debian suites that carry it.
@@ -29,6 +33,9 @@ pub enum Series {
 }
 
 impl Series {
+    /// Every series, oldest first.
+    pub const ALL: [Series; 3] = [Series::V5_10, Series::V6_1, Series::V6_12];
+
     pub fn name(self) -> &'static str {
         match self {
             Series::V5_10 => "5.10",
@@ -54,7 +61,8 @@ impl Series {
     }
 }
 
-/// A kernel ready to boot: its image here, its modules in /lib/modules.
+/// A kernel ready to boot: its image here, its modules in /lib/modules
+/// (the host's architecture) or in `modules_root` (another's).
 pub struct Kernel {
     /// `uname -r` inside the guest, e.g. `6.1.0-50-amd64`.
     pub release: String,
@@ -63,13 +71,20 @@ pub struct Kernel {
     /// The Debian version of that package, e.g. `6.1.176-1`.
     pub version: String,
     pub vmlinuz: PathBuf,
+    /// The directory the image and the package record are in.
+    pub dir: PathBuf,
 }
 
-/// Makes `series` bootable, downloading only what is not cached yet.
-/// Without `refresh`, the package chosen the first time is reused, so a
-/// second run does no network access at all.
-pub fn ensure(cache: &Path, series: Series, refresh: bool) -> anyhow::Result<Kernel> {
-    let chosen = cache.join(format!("kernels/current-{}", series.name()));
+/// Makes `series` of `arch` bootable, downloading only what is not cached
+/// yet. Without `refresh`, the package chosen the first time is reused, so
+/// a second run does no network access at all.
+pub fn ensure(
+    cache: &Path,
+    series: Series,
+    arch: &'static Arch,
+    refresh: bool,
+) -> anyhow::Result<Kernel> {
+    let chosen = cache.join(format!("kernels/current-{}{}", series.name(), suffix(arch)));
     let remembered = fs::read_to_string(&chosen)
         .ok()
         .map(|p| p.trim().to_string())
@@ -79,8 +94,8 @@ pub fn ensure(cache: &Path, series: Series, refresh: bool) -> anyhow::Result<Ker
     let package = match remembered {
         Some(package) => package,
         None => {
-            let a = private_apt(cache, series)?;
-            let package = newest_image(&a, series)?;
+            let a = private_apt(cache, series, arch)?;
+            let package = newest_served(&a, cache, series, arch)?;
             apt = Some(a);
             fs::create_dir_all(cache.join("kernels")).context("creating the kernel cache")?;
             fs::write(&chosen, &package)
@@ -89,7 +104,7 @@ pub fn ensure(cache: &Path, series: Series, refresh: bool) -> anyhow::Result<Ker
         }
     };
     if let Ok(kernel) = load(cache, &package) {
-        if modules_installed(&kernel.release) {
+        if modules_installed(&kernel, arch) {
             return Ok(kernel);
         }
     }
@@ -100,34 +115,88 @@ pub fn ensure(cache: &Path, series: Series, refresh: bool) -> anyhow::Result<Ker
         None => {
             let apt = match apt {
                 Some(apt) => apt,
-                None => private_apt(cache, series)?,
+                None => private_apt(cache, series, arch)?,
             };
             download(&apt, cache, &package)?
         }
     };
-    install(cache, &package, &deb)?;
+    install(cache, &package, &deb, arch)?;
     load(cache, &package)
 }
 
-fn private_apt(cache: &Path, series: Series) -> anyhow::Result<PrivateApt> {
-    PrivateApt::update(&cache.join("apt").join(series.name()), series.suites())
-        .with_context(|| format!("looking up Debian's {} kernels", series.name()))
+/// What names another architecture's cache entries: `-arm64`; nothing
+/// for the host's.
+fn suffix(arch: &Arch) -> String {
+    match arch.is_host() {
+        true => String::new(),
+        false => format!("-{}", arch.name),
+    }
 }
 
-/// The newest generic image of `series` in the suites.
-fn newest_image(apt: &PrivateApt, series: Series) -> anyhow::Result<String> {
+fn private_apt(cache: &Path, series: Series, arch: &'static Arch) -> anyhow::Result<PrivateApt> {
+    let dir = cache
+        .join("apt")
+        .join(format!("{}{}", series.name(), suffix(arch)));
+    let foreign = (!arch.is_host()).then_some(arch.name);
+    PrivateApt::update(&dir, series.suites(), foreign).with_context(|| {
+        format!(
+            "looking up Debian's {} {} kernels",
+            series.name(),
+            arch.name
+        )
+    })
+}
+
+/// The newest generic image of `series` for `arch` in the suites that the
+/// archive serves, downloaded. An older one is taken, saying so, where the
+/// newer ones' files are refused: the package registry of the development
+/// machines lists bullseye's arm64 security updates (Debian's LTS) but
+/// answers 404 for each (2026-12-02), and serves bullseye's last point
+/// release.
+fn newest_served(
+    apt: &PrivateApt,
+    cache: &Path,
+    series: Series,
+    arch: &Arch,
+) -> anyhow::Result<String> {
     let suites: Vec<&str> = series.suites().iter().map(|(_, s)| *s).collect();
-    apt.package_names("linux-image-")?
+    let mut images: Vec<String> = apt
+        .package_names("linux-image-")?
         .into_iter()
-        .filter(|n| is_generic_image(n, series))
-        .max_by_key(|n| release_key(n))
-        .with_context(|| {
-            format!(
-                "no linux-image-{}.*-amd64-unsigned package in {}",
-                series.name(),
-                suites.join(", ")
-            )
-        })
+        .filter(|n| is_generic_image(n, series, arch.name))
+        .collect();
+    images.sort_by_key(|n| std::cmp::Reverse(release_key(n)));
+    let mut refused = Vec::new();
+    for package in images {
+        if cached_deb(cache, &package).is_some() {
+            return Ok(package);
+        }
+        match download(apt, cache, &package) {
+            Ok(_) => {
+                if !refused.is_empty() {
+                    say(format!(
+                        "{package} instead of the newer {}: the archive refused their files",
+                        refused.join(", ")
+                    ));
+                }
+                return Ok(package);
+            }
+            Err(e) => {
+                say(format!("{package} is listed but not served: {e:#}"));
+                refused.push(package);
+            }
+        }
+    }
+    bail!(
+        "no linux-image-{}.*-{}-unsigned package in {} could be downloaded{}",
+        series.name(),
+        arch.name,
+        suites.join(", "),
+        match refused.is_empty() {
+            true => String::new(),
+            false => format!(" (refused: {})", refused.join(", ")),
+        }
+    )
 }
 
 /// `linux-image-6.1.0-50-amd64-unsigned` -> `6.1.0-50-amd64`.
@@ -138,13 +207,13 @@ fn release_of(package: &str) -> anyhow::Result<&str> {
         .with_context(|| format!("{package} is not a linux-image-*-unsigned package name"))
 }
 
-/// Whether `name` is the generic amd64 image of `series`: the release is
-/// digits, dots, dashes and a `+debNN` tag only, which leaves out the
-/// `cloud`, `rt` and `dbg` flavours.
-fn is_generic_image(name: &str, series: Series) -> bool {
+/// Whether `name` is the generic image of `series` for `arch` (`amd64`,
+/// `arm64`): the release is digits, dots, dashes and a `+debNN` tag only,
+/// which leaves out the `cloud`, `rt`, `16k` and `dbg` flavours.
+fn is_generic_image(name: &str, series: Series, arch: &str) -> bool {
     let Some(release) = name
         .strip_prefix("linux-image-")
-        .and_then(|r| r.strip_suffix("-amd64-unsigned"))
+        .and_then(|r| r.strip_suffix(&format!("-{arch}-unsigned")))
     else {
         return false;
     };
@@ -198,8 +267,10 @@ fn download(apt: &PrivateApt, cache: &Path, package: &str) -> anyhow::Result<Pat
 
 /// Unpacks the .deb: the image and config go to the cache, the module tree
 /// to /lib/modules/<release> (where virtme-ng and modprobe in the guest
-/// look, since the guest's root is the host's), then depmod.
-fn install(cache: &Path, package: &str, deb: &Path) -> anyhow::Result<()> {
+/// look, since the guest's root is the host's), then depmod. Another
+/// architecture's modules go to the cache ([`modules_root`]): nothing on
+/// the host could load them.
+fn install(cache: &Path, package: &str, deb: &Path, arch: &Arch) -> anyhow::Result<()> {
     let release = release_of(package)?;
     let dir = cache.join("kernels").join(release);
     let staging = cache.join("kernels").join(format!(".{release}.unpack"));
@@ -221,18 +292,23 @@ fn install(cache: &Path, package: &str, deb: &Path) -> anyhow::Result<()> {
         .map(|d| staging.join(d).join(release))
         .find(|p| p.is_dir())
         .with_context(|| format!("{} has no modules for {release}", deb.display()))?;
-    let target = Path::new("/lib/modules").join(release);
+    let root = match arch.is_host() {
+        true => PathBuf::from("/"),
+        false => modules_root(&dir),
+    };
+    let target = root.join("lib/modules").join(release);
     if target.exists() {
         fs::remove_dir_all(&target)
             .with_context(|| format!("removing the incomplete {}", target.display()))?;
     }
-    fs::create_dir_all("/lib/modules").context("creating /lib/modules")?;
+    let parent = root.join("lib/modules");
+    fs::create_dir_all(&parent).with_context(|| format!("creating {}", parent.display()))?;
     // Same filesystem in the usual layout (cache under /root); copy otherwise.
     if fs::rename(&modules, &target).is_err() {
         run(Command::new("cp").arg("-a").arg(&modules).arg(&target))
             .with_context(|| format!("copying the modules of {release} to {}", target.display()))?;
     }
-    run(Command::new("depmod").arg(release))
+    run(Command::new("depmod").arg("-b").arg(&root).arg(release))
         .with_context(|| format!("depmod {release} (package kmod)"))?;
 
     fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -266,11 +342,22 @@ fn load(cache: &Path, package: &str) -> anyhow::Result<Kernel> {
         package: package.to_string(),
         version,
         vmlinuz,
+        dir,
     })
 }
 
-fn modules_installed(release: &str) -> bool {
-    let dir = Path::new("/lib/modules").join(release);
+/// Where another architecture's kernel in `dir` keeps its modules:
+/// `lib/modules/<release>` under it, as on that kernel's root.
+pub fn modules_root(dir: &Path) -> PathBuf {
+    dir.join("root")
+}
+
+fn modules_installed(kernel: &Kernel, arch: &Arch) -> bool {
+    let root = match arch.is_host() {
+        true => PathBuf::from("/"),
+        false => modules_root(&kernel.dir),
+    };
+    let dir = root.join("lib/modules").join(&kernel.release);
     dir.join("modules.dep").is_file() && dir.join("kernel").is_dir()
 }
 
@@ -280,34 +367,71 @@ mod tests {
 
     #[test]
     fn generic_images_only() {
-        assert!(is_generic_image(
+        use Series::{V5_10, V6_1, V6_12};
+        let generic = |name, series, arch| is_generic_image(name, series, arch);
+        assert!(generic(
             "linux-image-5.10.0-46-amd64-unsigned",
-            Series::V5_10
+            V5_10,
+            "amd64"
         ));
-        assert!(is_generic_image(
+        assert!(generic(
             "linux-image-6.1.0-50-amd64-unsigned",
-            Series::V6_1
+            V6_1,
+            "amd64"
         ));
-        assert!(is_generic_image(
+        assert!(generic(
             "linux-image-6.12.117+deb13-amd64-unsigned",
-            Series::V6_12
+            V6_12,
+            "amd64"
         ));
-        assert!(!is_generic_image(
+        assert!(!generic(
             "linux-image-6.12.117+deb13-amd64-unsigned",
-            Series::V6_1
+            V6_1,
+            "amd64"
         ));
-        assert!(!is_generic_image(
+        assert!(!generic(
             "linux-image-6.12.117+deb13-cloud-amd64-unsigned",
-            Series::V6_12
+            V6_12,
+            "amd64"
         ));
-        assert!(!is_generic_image(
+        assert!(!generic(
             "linux-image-6.12.117+deb13-rt-amd64-unsigned",
-            Series::V6_12
+            V6_12,
+            "amd64"
         ));
-        assert!(!is_generic_image(
-            "linux-image-6.1.0-50-amd64",
-            Series::V6_1
+        assert!(!generic("linux-image-6.1.0-50-amd64", V6_1, "amd64"));
+        // arm64's names, as bookworm and trixie list them.
+        assert!(generic(
+            "linux-image-6.12.118+deb13-arm64-unsigned",
+            V6_12,
+            "arm64"
         ));
+        assert!(generic(
+            "linux-image-6.12.115+deb13.1-arm64-unsigned",
+            V6_12,
+            "arm64"
+        ));
+        assert!(!generic(
+            "linux-image-6.12.118+deb13-arm64-unsigned",
+            V6_12,
+            "amd64"
+        ));
+        assert!(!generic(
+            "linux-image-6.12.118+deb13-amd64-unsigned",
+            V6_12,
+            "arm64"
+        ));
+        assert!(!generic(
+            "linux-image-6.12.118+deb13-arm64-16k-unsigned",
+            V6_12,
+            "arm64"
+        ));
+        assert!(!generic(
+            "linux-image-6.12.118+deb13-cloud-arm64-unsigned",
+            V6_12,
+            "arm64"
+        ));
+        assert!(!generic("linux-image-6.12.96+deb13-arm64", V6_12, "arm64"));
     }
 
     #[test]

@@ -34,6 +34,7 @@
 //! is cached beside the eBPF toolchain, so only the first run downloads.
 
 mod apt;
+pub mod arm64_guests;
 mod binaries;
 mod devices;
 mod file_servers;
@@ -292,7 +293,7 @@ pub fn run(args: &VmArgs) -> anyhow::Result<()> {
             file_servers =
                 Some(file_servers::ensure(&cache).context("preparing the file servers' programs")?);
         }
-        let kernel = kernels::ensure(&cache, series, args.refresh)
+        let kernel = kernels::ensure(&cache, series, crate::cross::host()?, args.refresh)
             .with_context(|| format!("preparing Debian's {} kernel", series.name()))?;
         prepared.push((series, tools, kernel));
     }

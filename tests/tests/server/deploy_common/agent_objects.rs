@@ -269,6 +269,27 @@ pub fn pod_spec(ds: &DaemonSet) -> &PodSpec {
         .expect("the DaemonSet has a pod spec")
 }
 
+/// The `kubernetes.io/arch` values of the pod's one required node affinity
+/// term (the architectures it may run on).
+pub fn required_architectures(pod: &PodSpec) -> Vec<String> {
+    let terms = &pod
+        .affinity
+        .as_ref()
+        .and_then(|a| a.node_affinity.as_ref())
+        .and_then(|n| {
+            n.required_during_scheduling_ignored_during_execution
+                .as_ref()
+        })
+        .expect("a required node affinity")
+        .node_selector_terms;
+    assert_eq!(terms.len(), 1, "{terms:?}");
+    let expressions = terms[0].match_expressions.as_deref().unwrap_or_default();
+    assert_eq!(expressions.len(), 1, "{expressions:?}");
+    assert_eq!(expressions[0].key, "kubernetes.io/arch");
+    assert_eq!(expressions[0].operator, "In");
+    expressions[0].values.clone().unwrap_or_default()
+}
+
 pub fn agent(ds: &DaemonSet) -> &Container {
     let containers = &pod_spec(ds).containers;
     assert_eq!(containers.len(), 1, "one container, the agent");

@@ -3,8 +3,9 @@
 //! from the unpacked amd64 root filesystem alone (chroot, mounts as the
 //! DaemonSet has them) and attaches its programs, the arm64 binaries start
 //! from the arm64 root filesystem's own loader and libraries (under
-//! qemu-user: this host runs no arm64 code itself); two builds of one commit
-//! are the same bytes.
+//! qemu-user: this host runs no arm64 code itself) and the arm64 agent
+//! counts faults on Debian's arm64 kernels (`arm64_guest`, under
+//! qemu-system-aarch64); two builds of one commit are the same bytes.
 //!
 //! Root and the real tools are required (`cargo xtask test` installs
 //! skopeo and umoci); a missing one fails the test with its package named.
@@ -21,6 +22,8 @@ use std::sync::OnceLock;
 use anyhow::{anyhow, bail, ensure, Context, Result};
 use health_tests::cmd;
 use serde_json::Value;
+
+mod arm64_guest;
 
 const SOURCE: &str = "https://example.org/volume-health";
 const TAG: &str = "image-test";
