@@ -286,7 +286,7 @@ fn remove_stale(instances: &Path) {
 
 /// Whether the kernel has no map of id `id` any more. Any other answer
 /// (no privilege, an old kernel) keeps the instance.
-// Public for tests/tests/tracefs.rs (waits for its own map to go).
+// Public for tests/tests/host/tracefs.rs (waits for its own map to go).
 #[doc(hidden)]
 pub fn map_is_gone(id: u32) -> bool {
     use aya::maps::MapError;

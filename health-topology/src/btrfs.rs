@@ -83,7 +83,7 @@ pub const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 static IN_FLIGHT: LazyLock<InFlight> = LazyLock::new(InFlight::default);
 
 /// The bound on mount point probes: the in-flight set and the timeout.
-// Public for tests/tests/topology.rs (a hung mount point, with a short bound).
+// Public for tests/tests/host/topology.rs (a hung mount point, with a short bound).
 #[doc(hidden)]
 #[derive(Clone, Debug)]
 pub struct ProbeBound {
@@ -110,7 +110,7 @@ pub(crate) fn discover(
     discover_bounded(mounts, host_root, sys_root, &ProbeBound::default())
 }
 
-// Public for tests/tests/topology.rs (a hung mount point, with a short bound).
+// Public for tests/tests/host/topology.rs (a hung mount point, with a short bound).
 #[doc(hidden)]
 pub fn discover_bounded(
     mounts: &[MountEntry],
@@ -193,7 +193,7 @@ pub fn discover_bounded(
 }
 
 /// What the bounded probe of one mount point found.
-// Public for tests/tests/topology.rs (a hung mount point is remembered).
+// Public for tests/tests/host/topology.rs (a hung mount point is remembered).
 #[doc(hidden)]
 #[derive(Debug, PartialEq)]
 pub enum MountProbe {
@@ -213,7 +213,7 @@ pub enum MountProbe {
 
 /// [`reach_mount`] and, with `want_fsid`, [`fs_info_fsid`] on a thread of
 /// their own, bounded by `bound`.
-// Public for tests/tests/topology.rs (a hung mount point is remembered).
+// Public for tests/tests/host/topology.rs (a hung mount point is remembered).
 #[doc(hidden)]
 pub fn probe_mount(
     bound: &ProbeBound,

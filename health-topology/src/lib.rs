@@ -46,7 +46,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 pub use btrfs::BtrfsFilesystem;
-// The bounded btrfs probe, for tests/tests/topology.rs's hung mount point test.
+// The bounded btrfs probe, for tests/tests/host/topology.rs's hung mount point test.
 #[doc(hidden)]
 pub use btrfs::{discover_bounded, probe_mount, MountProbe, ProbeBound};
 pub use devices::Incarnation;

@@ -51,7 +51,7 @@ use std::time::{Duration, Instant};
 pub use agent::AgentProc;
 use anyhow::{bail, Context, Result};
 use xtask::build;
-pub use xtask::lab_cli::bench::{BenchArgs, Part};
+pub use xtask::lab_cli::bench::{BenchArgs, Kubernetes, Part};
 use xtask::util::{is_root, output, say, workspace_root};
 
 /// The binaries the measurements run.
@@ -212,7 +212,7 @@ pub fn run_bench(args: &BenchArgs) -> Result<()> {
         if args.no_write {
             println!("\n{body}");
         } else {
-            report::update(&file, m.id, &body)?;
+            report::update(&file, &block_id(part, m.id, args.kubernetes), &body)?;
         }
         headlines.push(m.headline);
     }
@@ -225,6 +225,15 @@ pub fn run_bench(args: &BenchArgs) -> Result<()> {
         bail!("the agent's totals under the flood did not match what was injected, and the difference was not reported (see above)");
     }
     Ok(())
+}
+
+/// The block of docs/benchmarks.md a part's results replace: the oldest
+/// Kubernetes's figures beside the newest's, not over them.
+fn block_id(part: Part, id: &str, version: Kubernetes) -> String {
+    match (part.starts_kubernetes(), version) {
+        (true, Kubernetes::Oldest) => format!("{id}-kubernetes-oldest"),
+        _ => id.to_string(),
+    }
 }
 
 /// `--only`'s parts, or all of them in the order docs/benchmarks.md has.
@@ -262,4 +271,27 @@ fn prepare_for(parts: &[Part], args: &BenchArgs) -> Result<parts::Prepared> {
         false => None,
     };
     Ok(parts::Prepared { kernel, controller })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_oldest_kubernetes_figures_go_beside_the_newest() {
+        assert_eq!(block_id(Part::Scale, "scale", Kubernetes::Newest), "scale");
+        assert_eq!(
+            block_id(Part::Scale, "scale", Kubernetes::Oldest),
+            "scale-kubernetes-oldest"
+        );
+        assert_eq!(
+            block_id(Part::Controller, "controller", Kubernetes::Oldest),
+            "controller-kubernetes-oldest"
+        );
+        // A part without an API server is the same on either.
+        assert_eq!(
+            block_id(Part::Latency, "latency", Kubernetes::Oldest),
+            "latency"
+        );
+    }
 }

@@ -34,7 +34,7 @@ const PACKAGES: &[(&str, &str)] = &[
     ("blkid", "util-linux"),
     ("etcd", "etcd-server"),
     ("openssl", "openssl"),
-    // tests/tests/image/: the OCI image read by independent tools, the
+    // tests/tests/host/image.rs: the OCI image read by independent tools, the
     // agent run from its root filesystem.
     ("skopeo", "skopeo"),
     ("umoci", "umoci"),
@@ -49,7 +49,7 @@ const PACKAGES: &[(&str, &str)] = &[
     ("debugfs", "e2fsprogs"),
 ];
 
-/// What tests/tests/image/ drives: the OCI image read by skopeo and umoci,
+/// What tests/tests/host/image.rs drives: the OCI image read by skopeo and umoci,
 /// the agent run from its root filesystem, the arm64 one under qemu-user
 /// and in aarch64 guests (`cargo xtask test` installs them).
 pub const IMAGE_TEST_TOOLS: &[&str] = &[

@@ -5,8 +5,8 @@
 //! PV and bind-published into each pod's volume directory, as kubelet does
 //! for a PVC used by several pods on one node. Failed O_DIRECT writes to the
 //! disk are block I/O errors the kernel reports on that device. Used by the
-//! cluster tests against the fake API server (`tests/cluster.rs`) and against
-//! the real one (`tests/cluster_real_api.rs`).
+//! cluster tests against the fake API server (`tests/host/cluster.rs`) and against
+//! the real one (`tests/host/cluster_real_api.rs`).
 
 use std::io::{Read as _, Write as _};
 use std::net::{SocketAddr, TcpListener, TcpStream};

@@ -75,7 +75,7 @@ pub use hung_fuse::HungFuse;
 pub use protocol::{ByteRange, Injection, Op, Rule, ServerInfo, Stats, TracedRequest};
 pub use sys::{require_root, BlockStat, MountInfo};
 
-/// Real-kernel tests of one binary run one at a time. Two reasons, both
+/// Real-kernel tests run one at a time. Two reasons, both
 /// measured: while any BPF tracing program runs on a CPU, an interrupt there
 /// that fails a request skips the tracefs programs on `block_rq_error` (a
 /// flood, or `block_rq_complete` attached for all completions, keeps
@@ -84,7 +84,9 @@ pub use sys::{require_root, BlockStat, MountInfo};
 /// which the kernel was seen not to run a running agent's program at all
 /// (8 of 16 failed writes of one test never reached its program, with no
 /// recursion miss counted). In production one agent runs per node.
-/// Test binaries run one after another, so a lock per process is enough.
+/// The real-kernel suites are modules of one binary (tests/tests/host/, and
+/// tests/tests/guest/ in the guests), so a lock per process covers them
+/// all.
 static KERNEL: Mutex<()> = Mutex::new(());
 
 /// A test's hold on the kernel's error path; released on drop.

@@ -1,7 +1,7 @@
 //! A cluster on the real kube-apiserver (`envtest`) as node-1's agent sees
 //! it: deploy/ applied as it ships, a PVC shared by two pods on node-1 (and
 //! one pod on node-2), and the reads that check what the agent wrote. Used
-//! by `tests/cluster_real_api.rs` and the Event latency benchmark.
+//! by `tests/host/cluster_real_api.rs` and the Event latency benchmark.
 
 use std::net::SocketAddr;
 use std::path::Path;

@@ -272,7 +272,7 @@ pub fn test(args: &[String]) -> anyhow::Result<()> {
     // tests/tests/server/deploy.rs renders the chart and the kustomization;
     // deploy_monitoring.rs also runs promtool on the chart's rules.
     let k8s = crate::k8s_tools::ensure()?;
-    // tests/tests/image/ reads the image with skopeo and umoci, and boots
+    // tests/tests/host/image.rs reads the image with skopeo and umoci, and boots
     // its arm64 files on Debian's arm64 kernels.
     bootstrap::ensure_commands(bootstrap::IMAGE_TEST_TOOLS)?;
     let arm64_guests = crate::vm::arm64_guests::ensure(false)?;
@@ -307,7 +307,7 @@ pub fn test(args: &[String]) -> anyhow::Result<()> {
     let mut cargo = suite();
     components.apply(&mut cargo);
     run(cargo
-        // tests/image/ runs `xtask image`: this very binary.
+        // tests/host/image.rs runs `xtask image`: this very binary.
         .env("HEALTH_XTASK_BIN", std::env::current_exe()?)
         .arg("--")
         .args(args))

@@ -41,7 +41,7 @@ use health_common::{
 };
 pub use layout::block_tracepoints;
 pub use memlock::MemlockShortfall;
-// For tests/tests/tracefs.rs: a live BPF map, whose id a pinned witness is named for.
+// For tests/tests/host/tracefs.rs: a live BPF map, whose id a pinned witness is named for.
 #[doc(hidden)]
 pub use preflight::tiny_array_map;
 

@@ -91,7 +91,7 @@ pub(super) fn check_bpf(proc_root: &Path) -> Result<(), ProbeError> {
 
 /// A one-entry array map of our own, freed when the descriptor closes.
 /// Written here because no crate offers a map without an object to load.
-// Public for tests/tests/tracefs.rs (a live map id for a pinned witness).
+// Public for tests/tests/host/tracefs.rs (a live map id for a pinned witness).
 #[doc(hidden)]
 pub fn tiny_array_map() -> io::Result<OwnedFd> {
     #[repr(C)]

@@ -6,8 +6,8 @@
 //! them took more of a fresh build than the agent, docs/benchmarks.md,
 //! "CI"). Their tests share no process state, so they run side by side
 //! as the tests of one suite always did; the suites that drive the kernel
-//! stay binaries of their own, each run alone (tests/src/lib.rs,
-//! `KERNEL`).
+//! are the host binary's (tests/tests/host/), which holds the kernel one
+//! test at a time (tests/src/lib.rs, `KERNEL`).
 
 mod apiserver_deploy;
 mod apiserver_flowcontrol;

@@ -4,6 +4,7 @@
 
 use std::process::Command;
 
+use xtask::lab_cli::bench::Kubernetes;
 use xtask::lab_cli::{cluster, LabCommand};
 use xtask::util::{run_foreground, target_dir};
 
@@ -15,6 +16,11 @@ pub struct Exited(pub u8);
 
 /// Builds the lab (release) and runs `health-lab COMMAND ARGS`.
 pub fn run(command: &str, args: &[String]) -> anyhow::Result<()> {
+    run_on(command, args, Kubernetes::default())
+}
+
+/// [`run`], with the API server of `version` where the command starts one.
+fn run_on(command: &str, args: &[String], version: Kubernetes) -> anyhow::Result<()> {
     // The lab, the fault disk server and the CSI driver it starts come from
     // the one workspace build (`cargo xtask test` leaves it done).
     xtask::build::workspace(&[])?;
@@ -22,7 +28,7 @@ pub fn run(command: &str, args: &[String]) -> anyhow::Result<()> {
     let mut lab = Command::new(&bin);
     // The Kubernetes of the local cluster and of the benchmarks' real API
     // server, built first if needed.
-    xtask::components::for_lab(command, args)?.apply(&mut lab);
+    xtask::components::for_lab(command, args, version)?.apply(&mut lab);
     // After Ctrl-C the lab cleans up its disks and mounts and exits 130.
     let status = run_foreground(lab.arg(command).args(args))?;
     match status.code() {
@@ -49,7 +55,11 @@ pub fn run_command(command: &LabCommand, args: &[String]) -> anyhow::Result<()> 
             return crate::cluster_test::run(filter);
         }
     }
-    run(command.name(), args)
+    let version = match command {
+        LabCommand::Bench(bench) => bench.kubernetes,
+        _ => Kubernetes::default(),
+    };
+    run_on(command.name(), args, version)
 }
 
 /// The words after the subcommand of this process's command line

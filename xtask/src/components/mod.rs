@@ -125,15 +125,25 @@ pub fn ensure(parts: &[Part]) -> anyhow::Result<Assets> {
 
 /// What the lab's `command` runs against: `cluster up` and the benchmarks
 /// start Kubernetes; nothing else needs a component.
-pub fn for_lab(command: &str, args: &[String]) -> anyhow::Result<Assets> {
+pub fn for_lab(
+    command: &str,
+    args: &[String],
+    version: crate::lab_cli::bench::Kubernetes,
+) -> anyhow::Result<Assets> {
+    use crate::lab_cli::bench::Kubernetes;
     let starts_kubernetes = match command {
         "cluster" => args.iter().any(|a| a == "up"),
         "bench" => !args.iter().any(|a| a == "--help" || a == "-h"),
         _ => false,
     };
-    match starts_kubernetes {
-        true => ensure(&[Part::Kubernetes]),
-        false => Ok(Assets::default()),
+    match (starts_kubernetes, version) {
+        (true, Kubernetes::Newest) => ensure(&[Part::Kubernetes]),
+        // The lab starts whatever HEALTH_K8S_ASSETS names.
+        (true, Kubernetes::Oldest) => ensure(&[Part::KubernetesOldest]).map(|a| Assets {
+            kubernetes: a.kubernetes_oldest,
+            ..Assets::default()
+        }),
+        (false, _) => Ok(Assets::default()),
     }
 }
 

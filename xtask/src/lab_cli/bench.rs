@@ -16,6 +16,24 @@ pub enum Part {
     Scale,
 }
 
+impl Part {
+    /// Whether the part starts a real kube-apiserver (HEALTH_K8S_ASSETS),
+    /// whose version `--kubernetes` chooses.
+    pub fn starts_kubernetes(self) -> bool {
+        matches!(self, Part::EventWatch | Part::Controller | Part::Scale)
+    }
+}
+
+/// Which supported Kubernetes the parts with a real API server start.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Kubernetes {
+    /// The newest supported version (`xtask::components::KUBERNETES`).
+    #[default]
+    Newest,
+    /// The oldest supported version (`xtask::components::KUBERNETES_OLDEST`).
+    Oldest,
+}
+
 #[derive(clap::Args, Debug)]
 pub struct BenchArgs {
     /// Run only these parts (comma-separated); all by default.
@@ -118,6 +136,12 @@ pub struct BenchArgs {
     /// issue 29 (HEALTH_AGENT_BIN), which deploy/'s RBAC no longer fits.
     #[arg(long)]
     pub scale_grant_pv_list: bool,
+    /// The Kubernetes whose kube-apiserver the event-watch, controller and
+    /// scale parts start, built from its Go modules: the newest supported
+    /// version or the oldest. The oldest's results go to blocks of their own
+    /// in docs/benchmarks.md (`scale-kubernetes-oldest`, ...).
+    #[arg(long, value_enum, default_value_t)]
+    pub kubernetes: Kubernetes,
     /// Print the results but leave docs/benchmarks.md alone.
     #[arg(long)]
     pub no_write: bool,

@@ -90,6 +90,7 @@ mod tests {
             (&["cluster", "upp"], ErrorKind::InvalidSubcommand),
             (&["bench", "--only", "latencyy"], ErrorKind::InvalidValue),
             (&["bench", "--rounds", "many"], ErrorKind::ValueValidation),
+            (&["bench", "--kubernetes", "1.30"], ErrorKind::InvalidValue),
             (
                 &["cluster", "fault", "add", "--errno", "EWHATEVER"],
                 ErrorKind::ValueValidation,
@@ -106,6 +107,19 @@ mod tests {
                 .unwrap_or_else(|| panic!("{words:?} parsed"));
             assert_eq!(err.kind(), *kind, "{words:?}: {}", err.render());
         }
+    }
+
+    #[test]
+    fn the_bench_starts_the_newest_kubernetes_unless_told_the_oldest() {
+        let version = |words: &[&str]| match parse(words).unwrap() {
+            LabCommand::Bench(b) => b.kubernetes,
+            _ => panic!("not bench"),
+        };
+        assert_eq!(version(&["bench"]), bench::Kubernetes::Newest);
+        assert_eq!(
+            version(&["bench", "--only", "scale", "--kubernetes", "oldest"]),
+            bench::Kubernetes::Oldest
+        );
     }
 
     #[test]

@@ -1,4 +1,4 @@
-//! What the image test's aarch64 guests boot (`tests/tests/image/arm64_guest.rs`):
+//! What the image test's aarch64 guests boot (`tests/tests/host/image/arm64_guest.rs`):
 //! Debian's arm64 kernels of every series the amd64 guests run, their
 //! modules in a root of their own, and Debian's static busybox for arm64
 //! (the guests' shell and tools). The test builds each guest's initramfs

@@ -60,8 +60,9 @@ use crate::util::{cargo, is_root, say, workspace_root};
 /// The suite run when `--tests` is not given: `kernel_errors` drives the
 /// real kernel through the agent and counts exactly, for every kernel
 /// source (block, ext4, xfs, writeback, partitions, errnos, floods, flush).
-/// `--tests` names others: integration test binaries under tests/tests/,
-/// or the guest-only suites (the modules of tests/tests/guest/).
+/// `--tests` names others: the suites of the host's real-kernel tests (the
+/// modules of tests/tests/host/), the guest-only suites (the modules of
+/// tests/tests/guest/), or whole integration test binaries.
 const DEFAULT_TESTS: &str = "kernel_errors";
 
 #[derive(clap::Args)]
@@ -72,10 +73,10 @@ pub struct VmArgs {
     /// Guests running at the same time when several kernels are given.
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..))]
     jobs: u32,
-    /// Suites to run when no COMMAND is given, comma-separated: integration
-    /// test binaries (kernel_errors, volumes, stalls...) or guest-only suites
-    /// (device_faults, storage_stacks, nvme_multipath, iscsi, qemu_devices,
-    /// returned_errors, nfs...). `name@K` or `name@K+K...` (K: 5.10, 6.1,
+    /// Suites to run when no COMMAND is given, comma-separated: the host's
+    /// real-kernel suites (kernel_errors, volumes, stalls...), guest-only
+    /// suites (device_faults, storage_stacks, nvme_multipath, iscsi,
+    /// qemu_devices, returned_errors, nfs...) or whole test binaries (host). `name@K` or `name@K+K...` (K: 5.10, 6.1,
     /// 6.12, each also in --kernel) runs a suite only on those kernels, e.g.
     /// `nfs,smb@6.12`; with `--kernel host` such a suite is not run.
     #[arg(long, value_delimiter = ',', value_parser = parse_suite, default_value = DEFAULT_TESTS)]
@@ -650,21 +651,24 @@ fn default_tests(args: &VmArgs, suites: &[Suite]) -> anyhow::Result<(Vec<Step>, 
         .map(|(key, name)| (key.to_string(), release.join(name).display().to_string()))
         .collect();
     let binaries = test_binaries(&env)?;
-    // The guest-only suites are modules of one binary with `test = false`
-    // (drivers the host lacks), which `cargo test` leaves out: built by
-    // name, and its tests listed, when a suite is not a binary of its own.
+    // A suite that is no binary is a module of the host's or the guest's
+    // binary, each listed once. The guest's has `test = false` (drivers
+    // the host lacks), which `cargo test` leaves out: built by name.
     let is_binary = |suite: &Suite| binaries.iter().any(|t| t.name == suite.name);
-    let guest = match suites.iter().all(is_binary) {
-        true => None,
-        false => {
-            let guest = named_test_binaries(&env, &[GUEST_BINARY])?
-                .into_iter()
-                .find(|t| t.name == GUEST_BINARY)
-                .context("cargo test --no-run did not report the guest binary")?;
-            let tests = list_tests(&guest)?;
-            Some((guest, tests))
+    let mut modules: Vec<(TestBinary, Vec<String>)> = Vec::new();
+    if !suites.iter().all(is_binary) {
+        for name in SUITE_BINARIES {
+            let binary = match binaries.iter().find(|t| t.name == name) {
+                Some(t) => t.clone(),
+                None => named_test_binaries(&env, &[name])?
+                    .into_iter()
+                    .find(|t| t.name == name)
+                    .with_context(|| format!("cargo test --no-run did not report {name}"))?,
+            };
+            let tests = list_tests(&binary)?;
+            modules.push((binary, tests));
         }
-    };
+    }
     let mut steps = Vec::new();
     for suite in suites {
         let name = &suite.name;
@@ -674,29 +678,36 @@ fn default_tests(args: &VmArgs, suites: &[Suite]) -> anyhow::Result<(Vec<Step>, 
             steps.push(step(suite, test, argv));
             continue;
         }
-        let (guest, all) = guest.as_ref().expect("listed when a suite is no binary");
-        let Some(names) = suite_tests(all, name, args.filter.as_deref()) else {
+        let found = modules.iter().find_map(|(binary, all)| {
+            suite_tests(all, name, args.filter.as_deref()).map(|names| (binary, names))
+        });
+        let Some((binary, names)) = found else {
             let known: Vec<&str> = binaries.iter().map(|t| t.name.as_str()).collect();
+            let suites: Vec<&str> = modules
+                .iter()
+                .flat_map(|(_, all)| suite_names(all))
+                .collect();
             bail!(
-                "no test binary or guest suite named {name:?}; the binaries: {}; the guest suites: {}",
-                known.join(", "),
-                suite_names(all).join(", ")
+                "no suite or test binary named {name:?}; the suites: {}; the binaries: {}",
+                suites.join(", "),
+                known.join(", ")
             );
         };
         if names.is_empty() {
             say(format!("{name}: no test matches the filter; not run"));
             continue;
         }
-        let mut argv = vec![guest.exe.display().to_string(), "--exact".to_string()];
+        let mut argv = vec![binary.exe.display().to_string(), "--exact".to_string()];
         argv.extend(names);
-        steps.push(step(suite, guest, argv));
+        steps.push(step(suite, binary, argv));
     }
     Ok((steps, env))
 }
 
-/// The binary whose modules are the suites only a guest runs
-/// (tests/tests/guest/: device_faults, storage_stacks, ...).
-const GUEST_BINARY: &str = "guest";
+/// The binaries whose modules are suites: the host's real-kernel tests
+/// (tests/tests/host/: kernel_errors, volumes, ...) and those only a guest
+/// runs (tests/tests/guest/: device_faults, storage_stacks, ...).
+const SUITE_BINARIES: [&str; 2] = ["host", "guest"];
 
 fn step(suite: &Suite, test: &TestBinary, argv: Vec<String>) -> Step {
     Step {
@@ -754,7 +765,7 @@ fn suite_names(all: &[String]) -> Vec<&str> {
 }
 
 /// An integration test binary and its package's directory.
-#[derive(Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 struct TestBinary {
     name: String,
     exe: PathBuf,

@@ -26,7 +26,7 @@
 
 // controller_restart.rs reads all of it; this test only the history.
 #[allow(dead_code)]
-#[path = "controller/timeline.rs"]
+#[path = "../controller/timeline.rs"]
 mod timeline;
 
 use std::time::Duration;

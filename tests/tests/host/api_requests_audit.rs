@@ -17,7 +17,7 @@
 
 // The controller scenarios' helpers; this test uses a few.
 #[allow(dead_code)]
-#[path = "controller/support.rs"]
+#[path = "../controller/support.rs"]
 mod support;
 
 use std::time::Duration;

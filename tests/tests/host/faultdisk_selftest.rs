@@ -25,6 +25,8 @@ fn errno(res: &io::Result<impl Sized>) -> Option<i32> {
 
 #[test]
 fn o_direct_write_into_failing_range_is_eio_counted_once() -> Result<()> {
+    // It fails requests: not beside a test that counts exactly.
+    let _kernel = health_tests::shared_kernel();
     let disk = start(64 * MIB)?;
     let lo = disk.attach_loop(false)?;
     disk.add_rule(Rule::new(Op::Write, libc::EIO).range(MIB, 4096))?;
@@ -66,6 +68,8 @@ fn o_direct_write_into_failing_range_is_eio_counted_once() -> Result<()> {
 
 #[test]
 fn errno_passes_through_to_o_direct_callers() -> Result<()> {
+    // It fails requests: not beside a test that counts exactly.
+    let _kernel = health_tests::shared_kernel();
     let disk = start(16 * MIB)?;
     let lo = disk.attach_loop(false)?;
     // (errno answered by FUSE, errno the O_DIRECT caller sees), per the measured table in
@@ -116,6 +120,8 @@ fn errno_passes_through_to_o_direct_callers() -> Result<()> {
 
 #[test]
 fn reads_outside_the_range_succeed_and_are_not_counted() -> Result<()> {
+    // It fails requests: not beside a test that counts exactly.
+    let _kernel = health_tests::shared_kernel();
     let disk = start(32 * MIB)?;
     let lo = disk.attach_loop(false)?;
     let bad = 8 * MIB;
@@ -143,6 +149,8 @@ fn reads_outside_the_range_succeed_and_are_not_counted() -> Result<()> {
 
 #[test]
 fn limit_fails_at_most_n_times_and_rules_can_be_cleared() -> Result<()> {
+    // It fails requests: not beside a test that counts exactly.
+    let _kernel = health_tests::shared_kernel();
     let disk = start(16 * MIB)?;
     let lo = disk.attach_loop(false)?;
     disk.add_rule(Rule::new(Op::Write, libc::ENOSPC).limit(2))?;
@@ -200,6 +208,8 @@ fn limit_fails_at_most_n_times_and_rules_can_be_cleared() -> Result<()> {
 
 #[test]
 fn discard_and_flush_rules_are_counted() -> Result<()> {
+    // It fails requests: not beside a test that counts exactly.
+    let _kernel = health_tests::shared_kernel();
     let disk = start(32 * MIB)?;
     let lo = disk.attach_loop(false)?;
     let dev = lo.path().to_string_lossy().into_owned();
@@ -267,6 +277,8 @@ fn assert_nothing_left(image: &Path, loop_name: &str, maj_min: &str, mount_dir: 
 
 #[test]
 fn vanish_fails_all_io_and_drop_still_cleans_up() -> Result<()> {
+    // It fails requests: not beside a test that counts exactly.
+    let _kernel = health_tests::shared_kernel();
     let disk = start(64 * MIB)?;
     let lo = disk.attach_loop(false)?;
     fs::mkfs_ext4(lo.path())?;
@@ -304,6 +316,8 @@ fn vanish_fails_all_io_and_drop_still_cleans_up() -> Result<()> {
 
 #[test]
 fn ext4_file_on_partition_fails_exactly_where_fiemap_says() -> Result<()> {
+    // It fails requests: not beside a test that counts exactly.
+    let _kernel = health_tests::shared_kernel();
     let disk = start(128 * MIB)?;
     let lo = disk.attach_loop(true)?;
     let parts = fs::partition(&lo, &[48 * MIB, 0])?;
@@ -401,6 +415,8 @@ fn ext4_file_on_partition_fails_exactly_where_fiemap_says() -> Result<()> {
 
 #[test]
 fn xfs_and_btrfs_helpers_work_on_a_fault_disk() -> Result<()> {
+    // It fails requests: not beside a test that counts exactly.
+    let _kernel = health_tests::shared_kernel();
     let disk = start(320 * MIB)?;
     let lo = disk.attach_loop(false)?;
 
@@ -439,6 +455,8 @@ fn xfs_and_btrfs_helpers_work_on_a_fault_disk() -> Result<()> {
 
 #[test]
 fn one_loop_request_is_one_fuse_request() -> Result<()> {
+    // It fails requests: not beside a test that counts exactly.
+    let _kernel = health_tests::shared_kernel();
     let disk = start(64 * MIB)?;
     let lo = disk.attach_loop(false)?;
     let fit = LoopDevice::fuse_fit_kb(disk.info().max_request_bytes);
@@ -491,6 +509,8 @@ fn one_loop_request_is_one_fuse_request() -> Result<()> {
 
 #[test]
 fn orphaned_server_cleans_up_after_its_client_dies() -> Result<()> {
+    // It fails requests: not beside a test that counts exactly.
+    let _kernel = health_tests::shared_kernel();
     health_tests::require_env(&[])?;
     let exe = env!("CARGO_BIN_EXE_orphan-client");
     let out = std::process::Command::new(exe)
@@ -529,6 +549,8 @@ fn orphaned_server_cleans_up_after_its_client_dies() -> Result<()> {
 /// device over its image, the loop device, its own mount, the work dir) and exit 0.
 #[test]
 fn daemon_ignores_stdin_and_cleans_up_on_sigterm() -> Result<()> {
+    // It fails requests: not beside a test that counts exactly.
+    let _kernel = health_tests::shared_kernel();
     use std::io::BufRead;
     use std::process::{Command, Stdio};
     health_tests::require_env(&[])?;

@@ -312,6 +312,8 @@ fn fail_writes_until_refused(tree: &Tree, i: usize, dir: &Path, want: i32) -> Re
 
 #[test]
 fn ext4_error_remount_is_read_only_remount_on_every_kernel() -> Result<()> {
+    // It fails requests: not beside a test that counts exactly.
+    let _kernel = health_tests::shared_kernel();
     require_env(&[])?;
     let evidence = ext4_evidence();
     let mut tree = Tree::new()?;
@@ -396,6 +398,8 @@ fn ext4_error_remount_is_read_only_remount_on_every_kernel() -> Result<()> {
 
 #[test]
 fn xfs_shutdown_is_read_only_remount() -> Result<()> {
+    // It fails requests: not beside a test that counts exactly.
+    let _kernel = health_tests::shared_kernel();
     require_env(&[])?;
     let mut tree = Tree::new()?;
     // mkfs.xfs refuses filesystems below 300 MB; the image is sparse.
@@ -439,6 +443,8 @@ fn xfs_shutdown_is_read_only_remount() -> Result<()> {
 
 #[test]
 fn trigger_fs_error_and_remount_ro_on_purpose() -> Result<()> {
+    // It fails requests: not beside a test that counts exactly.
+    let _kernel = health_tests::shared_kernel();
     require_env(&[])?;
     let evidence = ext4_evidence();
     let mut tree = Tree::new()?;
@@ -486,6 +492,8 @@ fn trigger_fs_error_and_remount_ro_on_purpose() -> Result<()> {
 
 #[test]
 fn the_journal_thread_dates_the_mount() -> Result<()> {
+    // It fails requests: not beside a test that counts exactly.
+    let _kernel = health_tests::shared_kernel();
     require_env(&[])?;
     let mut tree = Tree::new()?;
     let i = tree.disk(64 * MIB)?;

@@ -268,6 +268,8 @@ fn assert_volume_fields(e: &Value, pv: &str, handle: &str, mode: &str) {
 #[test]
 fn kernel_errors_reach_exactly_their_pod_volumes() -> Result<()> {
     require_env(&["mkfs.xfs"])?;
+    // Its agent attaches programs: not beside a test that counts exactly.
+    let _kernel = health_tests::shared_kernel();
     let mut tree = Tree::new()?;
     // A PV shared by pods A and B (ext4), pod C on xfs, pod D's block
     // volume, pod E's healthy ext4 neighbour, and a disk backing no volume.
@@ -376,6 +378,8 @@ fn kernel_errors_reach_exactly_their_pod_volumes() -> Result<()> {
 #[test]
 fn a_running_watch_picks_up_new_volumes() -> Result<()> {
     require_env(&[])?;
+    // Its agent attaches programs: not beside a test that counts exactly.
+    let _kernel = health_tests::shared_kernel();
     let mut tree = Tree::new()?;
     std::fs::create_dir_all(tree.root().join("pods"))?;
     let mut agent = Agent::start(&["--kubelet-root", tree.root_arg()])?;
@@ -410,6 +414,8 @@ fn a_running_watch_picks_up_new_volumes() -> Result<()> {
 #[test]
 fn volumes_shows_the_kernel_evidence_of_the_running_watch() -> Result<()> {
     require_env(&[])?;
+    // Its agent attaches programs: not beside a test that counts exactly.
+    let _kernel = health_tests::shared_kernel();
     let bpffs = Bpffs::mount()?;
     let pin = bpffs.pin_dir_arg();
     let mut tree = Tree::new()?;
@@ -499,6 +505,8 @@ fn volumes_shows_the_kernel_evidence_of_the_running_watch() -> Result<()> {
 #[test]
 fn a_hung_volume_is_a_finding_and_never_holds_up_the_watch() -> Result<()> {
     require_env(&[])?;
+    // Its agent attaches programs: not beside a test that counts exactly.
+    let _kernel = health_tests::shared_kernel();
     let tree = Tree::new()?;
     let hung_path = tree
         .root()

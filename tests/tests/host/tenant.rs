@@ -297,6 +297,8 @@ fn a_hostile_tree_is_walked_without_following_opening_or_waiting() -> Result<()>
 #[test]
 fn the_watch_raises_path_hung_and_nothing_for_the_rest() -> Result<()> {
     require_env(&[])?;
+    // Its agent attaches programs: not beside a test that counts exactly.
+    let _kernel = health_tests::shared_kernel();
     let tree = Hostile::build()?;
     let agent = Agent::start(&[
         "--kubelet-root",
