@@ -4,9 +4,9 @@
 //! committed and checked against its sources, built with Debian's compiler
 //! when they change ([`ebpf`]), installing that toolchain and the test tools
 //! ([`bootstrap`]), building the agent with the object embedded ([`build`]),
-//! running the tests (as a user without root, too: [`as_user`]), writing
-//! the agent's image without an engine, for amd64 and arm64 ([`image`],
-//! [`cross`]), VMs with other kernels
+//! running the tests ([`suite`]; as a user without root, too:
+//! [`as_user`]), writing the agent's image without an engine, for amd64 and
+//! arm64 ([`image`], [`cross`]), VMs with other kernels
 //! ([`vm`]), fuzzing ([`fuzz`]), the manifest tools ([`k8s_tools`],
 //! [`promtool`]) and the Kubernetes and CSI components built from Go
 //! modules ([`components`]).
@@ -33,5 +33,6 @@ pub mod image;
 pub mod k8s_tools;
 pub mod lab_cli;
 pub mod promtool;
+pub mod suite;
 pub mod util;
 pub mod vm;

@@ -7,7 +7,7 @@
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use xtask::{as_user, build, components, ebpf, fuzz, image, k8s_tools, lab_cli, vm};
+use xtask::{as_user, build, components, ebpf, fuzz, image, k8s_tools, lab_cli, suite, vm};
 
 mod cluster_test;
 mod lab;
@@ -93,7 +93,7 @@ fn main() -> ExitCode {
         Command::Test {
             as_user: None,
             args,
-        } => build::test(&args),
+        } => suite::test(&args),
         Command::Lab(command) => lab::run_command(&command, &lab::words_after_subcommand()),
         Command::Fuzz(args) => fuzz::run_fuzz(&args),
         Command::Tools => k8s_tools::ensure().map(|t| {

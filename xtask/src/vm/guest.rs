@@ -292,6 +292,8 @@ pub struct Outcome {
     /// the most the guest's files ever needed (its ext4 reuses freed
     /// blocks, and nothing is discarded), against [`MIN_HOST_FREE`].
     pub scratch_bytes: Option<u64>,
+    /// Each failed test's name and message ([`super::failures::digest`]).
+    pub failures: Vec<String>,
 }
 
 /// Boots `kernel`, runs the steps of `queue` no other guest takes first in
@@ -491,11 +493,13 @@ fn follow(
             wait_poweroff(child, machine);
             out.drain(&mut std::io::stdout())?;
             err.drain(&mut std::io::stderr())?;
+            let stdout = fs::read(dir.join("stdout")).unwrap_or_default();
             return Ok(Outcome {
                 exit_code,
                 boot,
                 command,
                 scratch_bytes: None,
+                failures: super::failures::digest(&String::from_utf8_lossy(&stdout)),
             });
         }
         if let Some(status) = child.try_wait().context("waiting for QEMU")? {

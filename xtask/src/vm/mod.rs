@@ -37,6 +37,7 @@ mod apt;
 pub mod arm64_guests;
 mod binaries;
 mod devices;
+mod failures;
 mod file_servers;
 mod guest;
 mod kernels;
@@ -520,6 +521,9 @@ fn report(outcomes: &[(String, anyhow::Result<Outcome>)]) -> anyhow::Result<()> 
                     o.command.as_secs_f64(),
                     o.exit_code
                 ));
+                for failure in &o.failures {
+                    say(format!("{prefix}failed: {failure}"));
+                }
                 if o.exit_code != 0 && exit_code == 0 {
                     exit_code = o.exit_code;
                 }
@@ -584,6 +588,8 @@ fn run_on_host(steps: &[Step], env: &Env, timeout: Duration) -> anyhow::Result<O
         boot: Duration::ZERO,
         command: start.elapsed(),
         scratch_bytes: None,
+        // Its output went straight to this terminal, failures included.
+        failures: Vec::new(),
     })
 }
 

@@ -127,6 +127,23 @@ enum Skip {
     Unexpected { path: PathBuf, what: String },
 }
 
+impl Skip {
+    /// Listed a moment ago and gone now: the kubelet tore it down between the
+    /// listing and the read, which is a volume leaving, not a problem.
+    fn vanished(&self) -> bool {
+        matches!(self, Skip::Io { error, .. } if error.kind() == io::ErrorKind::NotFound)
+    }
+}
+
+/// Logs one skipped volume: a warning, unless it merely left mid-walk.
+fn skipped(what: &str, path: &Path, skip: &Skip) {
+    if skip.vanished() {
+        debug!(path = %path.display(), "{what} gone while it was read: {skip}");
+    } else {
+        warn!(path = %path.display(), "skipping {what}: {skip}");
+    }
+}
+
 fn unexpected(path: &Path, what: impl Into<String>) -> Skip {
     Skip::Unexpected {
         path: path.to_path_buf(),
@@ -163,7 +180,7 @@ pub fn discover(kubelet_root: &Path) -> Vec<KubeletVolume> {
             match csi_filesystem_volume(&tree, &csi_plugins, &uid, &name, &dir, ty) {
                 Ok(Some(v)) => keep(&mut found, v),
                 Ok(None) => {}
-                Err(e) => warn!(path = %dir.display(), "skipping CSI volume: {e}"),
+                Err(e) => skipped("CSI volume", &dir, &e),
             }
         }
         for (name, path, ty) in tree.list_dir(&volumes.join(LOCAL_PLUGIN_DIR)) {
@@ -189,7 +206,7 @@ pub fn discover(kubelet_root: &Path) -> Vec<KubeletVolume> {
         for (name, path, ty) in tree.list_dir(&devices.join(CSI_PLUGIN_DIR)) {
             match csi_block_volume(&tree, &block_dir, &uid, &name, path.clone(), ty) {
                 Ok(v) => keep(&mut found, v),
-                Err(e) => warn!(path = %path.display(), "skipping CSI block volume: {e}"),
+                Err(e) => skipped("CSI block volume", &path, &e),
             }
         }
         for (name, path, ty) in tree.list_dir(&devices.join(LOCAL_PLUGIN_DIR)) {
@@ -224,13 +241,13 @@ pub fn discover(kubelet_root: &Path) -> Vec<KubeletVolume> {
                 }
                 Some(Ok(mounted)) => mounted,
                 Some(Err(e)) => {
-                    warn!(path = %path.display(), "skipping CSI block volume: {e}");
+                    skipped("CSI block volume", &path, &e);
                     continue;
                 }
             };
             match csi_block_volume(&tree, &block_dir, &uid, &pv, path.clone(), ty) {
                 Ok(v) => keep(&mut found, v),
-                Err(e) => warn!(path = %path.display(), "skipping CSI block volume: {e}"),
+                Err(e) => skipped("CSI block volume", &path, &e),
             }
         }
     }
@@ -329,5 +346,16 @@ mod tests {
         assert!(discover(&tmp.path().join("absent")).is_empty());
         write(&tmp.path().join("pods"), "a file where pods/ should be");
         assert!(discover(tmp.path()).is_empty());
+    }
+
+    #[test]
+    fn only_a_volume_gone_mid_walk_is_vanished() {
+        let io = |kind| Skip::Io {
+            path: PathBuf::from("/var/lib/kubelet/pods/p/volumes/kubernetes.io~csi/pv1"),
+            error: io::Error::from(kind),
+        };
+        assert!(io(io::ErrorKind::NotFound).vanished());
+        assert!(!io(io::ErrorKind::PermissionDenied).vanished());
+        assert!(!unexpected(Path::new("/x"), "not a directory").vanished());
     }
 }
