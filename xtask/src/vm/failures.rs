@@ -5,11 +5,13 @@
 //! tail of a log keep the frames and lose the message. The summary at
 //! the end repeats each failure's message without the frames.
 
-/// The most lines kept of one failure's message.
-const LINES: usize = 12;
+/// The lines kept of a longer failure's message: its first (what failed)
+/// and its last (a log's last lines, where a process says why it ended).
+const FIRST: usize = 4;
+const LAST: usize = 8;
 
-/// One line per failed test: its name and the first lines of its panic
-/// or error, from libtest's `---- <name> stdout ----` sections in
+/// One line per failed test: its name and its panic or error (the first
+/// and last lines of a long one), from libtest's `---- <name> stdout ----` sections in
 /// `stdout` (the guest's, whole).
 pub fn digest(stdout: &str) -> Vec<String> {
     let mut failures = Vec::new();
@@ -32,9 +34,15 @@ pub fn digest(stdout: &str) -> Vec<String> {
             if !in_message || is_frame(next) || next.trim() == "Stack backtrace:" {
                 continue;
             }
-            if message.len() < LINES && !next.trim().is_empty() {
+            if !next.trim().is_empty() {
                 message.push(next.trim_end());
             }
+        }
+        if message.len() > FIRST + LAST {
+            let last = message.split_off(message.len() - LAST);
+            message.truncate(FIRST);
+            message.push("…");
+            message.extend(last);
         }
         let said = if message.is_empty() {
             "(no panic or error line in its output)".to_string()
@@ -109,6 +117,17 @@ failures:
     #[test]
     fn a_passing_run_has_no_failure_and_a_silent_one_says_so() {
         assert!(digest("running 1 test\ntest a ... ok\n").is_empty());
+        let log: String = (1..=20).map(|i| format!("log line {i}\n")).collect();
+        assert_eq!(
+            digest(&format!(
+                "---- a stdout ----\nError: agent exited with 1:\n{log}\nfailures:\n"
+            )),
+            [
+                "a: Error: agent exited with 1: | log line 1 | log line 2 | log line 3 | … | \
+              log line 13 | log line 14 | log line 15 | log line 16 | log line 17 | \
+              log line 18 | log line 19 | log line 20"
+            ]
+        );
         assert_eq!(
             digest("---- a stdout ----\nonly chatter\n\nfailures:\n    a\n"),
             ["a: (no panic or error line in its output)"]
