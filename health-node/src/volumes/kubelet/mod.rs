@@ -128,16 +128,20 @@ enum Skip {
 }
 
 impl Skip {
-    /// Listed a moment ago and gone now: the kubelet tore it down between the
-    /// listing and the read, which is a volume leaving, not a problem.
-    fn vanished(&self) -> bool {
+    /// `listed` was in its directory's listing a moment ago and is gone now:
+    /// the kubelet tore the volume down between the listing and the read,
+    /// which is a volume leaving, not a problem. A file missing below an
+    /// entry that is still there (a CSI volume without its vol_data.json)
+    /// is not that.
+    fn vanished(&self, listed: &Path) -> bool {
         matches!(self, Skip::Io { error, .. } if error.kind() == io::ErrorKind::NotFound)
+            && std::fs::symlink_metadata(listed).is_err_and(|e| e.kind() == io::ErrorKind::NotFound)
     }
 }
 
 /// Logs one skipped volume: a warning, unless it merely left mid-walk.
 fn skipped(what: &str, path: &Path, skip: &Skip) {
-    if skip.vanished() {
+    if skip.vanished(path) {
         debug!(path = %path.display(), "{what} gone while it was read: {skip}");
     } else {
         warn!(path = %path.display(), "skipping {what}: {skip}");
@@ -350,12 +354,18 @@ mod tests {
 
     #[test]
     fn only_a_volume_gone_mid_walk_is_vanished() {
-        let io = |kind| Skip::Io {
-            path: PathBuf::from("/var/lib/kubelet/pods/p/volumes/kubernetes.io~csi/pv1"),
+        let tmp = tempfile::tempdir().unwrap();
+        let (here, gone) = (tmp.path().join("pv1"), tmp.path().join("pv2"));
+        fs::create_dir(&here).unwrap();
+        let io = |kind, path: &Path| Skip::Io {
+            path: path.to_path_buf(),
             error: io::Error::from(kind),
         };
-        assert!(io(io::ErrorKind::NotFound).vanished());
-        assert!(!io(io::ErrorKind::PermissionDenied).vanished());
-        assert!(!unexpected(Path::new("/x"), "not a directory").vanished());
+        assert!(io(io::ErrorKind::NotFound, &gone).vanished(&gone));
+        // Its directory is still there: vol_data.json is missing, not the volume.
+        let vol_data = here.join("vol_data.json");
+        assert!(!io(io::ErrorKind::NotFound, &vol_data).vanished(&here));
+        assert!(!io(io::ErrorKind::PermissionDenied, &gone).vanished(&gone));
+        assert!(!unexpected(&gone, "not a directory").vanished(&gone));
     }
 }
