@@ -4,8 +4,9 @@
 
 use std::net::SocketAddr;
 use std::path::Path;
+use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use health_tests::agent::Agent;
 use health_tests::apiserver::{FakeApiServer, Mode};
 use health_tests::kubelet::{free_port, wait_ready, CsiVolume};
@@ -158,12 +159,53 @@ impl Fixture {
     }
 
     /// SIGKILL (as an OOM kill or a node's runtime does: no final flush, no
-    /// clean detach), then the same command line again, ready.
+    /// clean detach), then the same command line again, ready. Once the
+    /// node's copy of its Events holds what the API server accepted: the
+    /// agent saves it in the background after each accepted write, and a
+    /// kill inside that moment continues from the write before
+    /// (docs/how-it-works.md), which is not what a restart test is about.
     pub fn kill_and_restart(&mut self) -> Result<()> {
+        self.wait_events_kept(Duration::from_secs(10))?;
         // Dropping a running `Agent` kills it with SIGKILL and reaps it.
         drop(self.agent.take().context("the agent runs")?);
         self.start_agent()?;
         self.wait_ready()
+    }
+
+    /// Waits until `events.json` under `--state-dir` holds the API server's
+    /// Events with their counts.
+    fn wait_events_kept(&self, timeout: Duration) -> Result<()> {
+        let file = self
+            .root()
+            .join(health_tests::real_cluster::STATE_DIR_NAME)
+            .join("events.json");
+        let counts = |events: &[Value]| -> Vec<(String, Value)> {
+            let mut c: Vec<(String, Value)> = events
+                .iter()
+                .map(|e| (e["metadata"]["name"].to_string(), e["count"].clone()))
+                .collect();
+            c.sort_by(|a, b| a.0.cmp(&b.0));
+            c
+        };
+        let deadline = Instant::now() + timeout;
+        loop {
+            let accepted = counts(&self.api.events());
+            let kept = std::fs::read(&file)
+                .ok()
+                .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
+                .and_then(|v| v["events"].as_array().map(|e| counts(e)))
+                .unwrap_or_default();
+            if kept == accepted {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                bail!(
+                    "{} did not come to hold the API server's Events within {timeout:?}: kept {kept:?}, accepted {accepted:?}",
+                    file.display()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     pub fn root(&self) -> &Path {
