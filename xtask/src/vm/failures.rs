@@ -11,8 +11,8 @@ const FIRST: usize = 4;
 const LAST: usize = 8;
 
 /// One line per failed test: its name and its panic or error (the first
-/// and last lines of a long one), from libtest's `---- <name> stdout ----` sections in
-/// `stdout` (the guest's, whole).
+/// and last lines of a long one), from libtest's `---- <name> stdout ----`
+/// sections in `stdout` (the guest's, whole).
 pub fn digest(stdout: &str) -> Vec<String> {
     let mut failures = Vec::new();
     let mut lines = stdout.lines().peekable();
@@ -22,11 +22,8 @@ pub fn digest(stdout: &str) -> Vec<String> {
         };
         let mut message: Vec<&str> = Vec::new();
         let mut in_message = false;
-        while let Some(next) = lines.peek() {
-            if section_name(next).is_some() || next.trim() == "failures:" {
-                break;
-            }
-            let next = lines.next().unwrap_or_default();
+        let in_section = |l: &&str| section_name(l).is_none() && l.trim() != "failures:";
+        while let Some(next) = lines.next_if(in_section) {
             // A Result-returning test's `Error: `, or a panic's header.
             if next.starts_with("Error: ") || next.contains("' panicked at ") {
                 in_message = true;
@@ -59,9 +56,13 @@ fn section_name(line: &str) -> Option<&str> {
     line.strip_prefix("---- ")?.strip_suffix(" stdout ----")
 }
 
-/// A backtrace's frame (`  12: name`) or its location (`at file:line`).
+/// A backtrace's frame (`  12: name`) or its location (`      at
+/// file:line`), both indented, unlike a message's own lines.
 fn is_frame(line: &str) -> bool {
     let t = line.trim_start();
+    if t.len() == line.len() {
+        return false;
+    }
     t.starts_with("at ")
         || t.split_once(": ")
             .is_some_and(|(n, _)| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))

@@ -493,7 +493,11 @@ fn follow(
             wait_poweroff(child, machine);
             out.drain(&mut std::io::stdout())?;
             err.drain(&mut std::io::stderr())?;
-            let stdout = fs::read(dir.join("stdout")).unwrap_or_default();
+            // No file: the guest printed nothing.
+            let stdout = match fs::read(dir.join("stdout")) {
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+                read => read.context("reading the guest's stdout again for its failures")?,
+            };
             return Ok(Outcome {
                 exit_code,
                 boot,

@@ -129,7 +129,8 @@ pub fn run(args: &VmArgs) -> anyhow::Result<()> {
     let Some((host, suites)) = what_to_run(args)? else {
         return Ok(());
     };
-    if args.kernel.iter().any(|k| matches!(k, Target::Debian(_))) {
+    let boots_guests = args.kernel.iter().any(|k| matches!(k, Target::Debian(_)));
+    if boots_guests {
         guest::check_visible(&[
             ("the checkout", &workspace_root()),
             ("the target directory", &crate::util::target_dir()),
@@ -138,14 +139,10 @@ pub fn run(args: &VmArgs) -> anyhow::Result<()> {
     }
     // virtiofsd, which shares the host's root with the guests, compiles
     // (once) beside everything below; joined before the first boot.
-    let virtiofsd = args
-        .kernel
-        .iter()
-        .any(|k| matches!(k, Target::Debian(_)))
-        .then(|| {
-            let cache = crate::bootstrap::cache_dir().join("vm");
-            std::thread::spawn(move || tools::virtiofsd(&cache))
-        });
+    let virtiofsd = boots_guests.then(|| {
+        let cache = crate::bootstrap::cache_dir().join("vm");
+        std::thread::spawn(move || tools::virtiofsd(&cache))
+    });
     let (prepared, file_servers) = prepare_kernels(args, &suites)?;
     let (mut steps, mut env) = steps_and_env(args, &suites, file_servers.as_deref())?;
     if host {

@@ -4,12 +4,14 @@
 
 use std::net::SocketAddr;
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
+use health_kube::events::LocalCopy;
 use health_tests::agent::Agent;
 use health_tests::apiserver::{FakeApiServer, Mode};
 use health_tests::kubelet::{free_port, wait_ready, CsiVolume};
+use health_tests::node_cluster::poll;
 use health_tests::{require_env, shared_kernel, KernelUse};
 use serde_json::{json, Value};
 use tempfile::TempDir;
@@ -172,40 +174,50 @@ impl Fixture {
         self.wait_ready()
     }
 
-    /// Waits until `events.json` under `--state-dir` holds the API server's
-    /// Events with their counts.
-    fn wait_events_kept(&self, timeout: Duration) -> Result<()> {
+    /// Waits until the copy under `--state-dir` holds the API server's
+    /// Events with their counts; a copy the agent could not load back ends
+    /// the wait at once.
+    fn wait_events_kept(&self, within: Duration) -> Result<()> {
         let file = self
             .root()
             .join(health_tests::real_cluster::STATE_DIR_NAME)
             .join("events.json");
-        let counts = |events: &[Value]| -> Vec<(String, Value)> {
-            let mut c: Vec<(String, Value)> = events
+        let accepted = || -> Vec<(String, Value)> {
+            let mut counts: Vec<(String, Value)> = self
+                .api
+                .events()
                 .iter()
-                .map(|e| (e["metadata"]["name"].to_string(), e["count"].clone()))
+                .map(|e| {
+                    (
+                        e["metadata"]["name"]
+                            .as_str()
+                            .unwrap_or_default()
+                            .to_string(),
+                        e["count"].clone(),
+                    )
+                })
                 .collect();
-            c.sort_by(|a, b| a.0.cmp(&b.0));
-            c
+            counts.sort_by(|a, b| a.0.cmp(&b.0));
+            counts
         };
-        let deadline = Instant::now() + timeout;
-        loop {
-            let accepted = counts(&self.api.events());
-            let kept = std::fs::read(&file)
-                .ok()
-                .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
-                .and_then(|v| v["events"].as_array().map(|e| counts(e)))
-                .unwrap_or_default();
-            if kept == accepted {
-                return Ok(());
-            }
-            if Instant::now() >= deadline {
-                bail!(
-                    "{} did not come to hold the API server's Events within {timeout:?}: kept {kept:?}, accepted {accepted:?}",
-                    file.display()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        poll(
+            "the node's copy of its Events to hold what the API server accepted",
+            within,
+            || {
+                let copy = LocalCopy::load(&file)?;
+                let mut kept: Vec<(String, Value)> = copy
+                    .events()
+                    .into_iter()
+                    .map(|e| (e.metadata.name.unwrap_or_default(), json!(e.count)))
+                    .collect();
+                kept.sort_by(|a, b| a.0.cmp(&b.0));
+                let accepted = accepted();
+                Ok(match kept == accepted {
+                    true => Ok(()),
+                    false => Err(format!("kept {kept:?}, accepted {accepted:?}")),
+                })
+            },
+        )
     }
 
     pub fn root(&self) -> &Path {
